@@ -1,0 +1,20 @@
+"""qkinspect: the query-key geometry of trained attention heads, from the weights alone."""
+
+__version__ = "0.1.0"
+
+from qkinspect.errors import QkinspectError  # noqa: E402
+
+__all__ = ["__version__", "QkinspectError", "analyze", "load"]
+
+
+def __getattr__(name: str):
+    # Lazy: importing qkinspect must stay cheap (the CLI's --help should not pay for torch).
+    if name == "analyze":
+        from qkinspect.analysis import analyze
+
+        return analyze
+    if name == "load":
+        from qkinspect.loading import load
+
+        return load
+    raise AttributeError(f"module 'qkinspect' has no attribute {name!r}")

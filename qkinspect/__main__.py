@@ -1,0 +1,3 @@
+from qkinspect.cli.app import main
+
+main()

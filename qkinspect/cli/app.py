@@ -1,0 +1,123 @@
+"""The Typer application: global options, command discovery, and the one place errors become exit codes."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+import traceback
+
+import typer
+from typer.core import TyperGroup
+
+from qkinspect import __version__
+from qkinspect.errors import QkinspectError
+
+try:  # typer >= 0.26 vendors its own click
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover - older typer on plain click
+    from click import exceptions as click_exc
+
+_EXIT = tuple({typer.Exit, getattr(click_exc, "Exit", typer.Exit)})
+_ABORT = tuple({typer.Abort, getattr(click_exc, "Abort", typer.Abort)})
+_NO_ARGS = getattr(click_exc, "NoArgsIsHelpError", None)
+
+_state = {"debug": False}
+
+
+def _error(message: str) -> None:
+    # One line on stderr, whatever the message held.
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+
+
+class QkGroup(TyperGroup):
+    """Runs commands with click's standalone mode off so that every failure ends here:
+    usage errors and QkinspectError exit 2 (or the error's code) with one line; anything else exits 1."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        argv = list(sys.argv[1:] if args is None else args)
+        _state["debug"] = "--debug" in argv
+        try:
+            rv = super().main(args=argv, prog_name=prog_name, complete_var=complete_var,
+                              standalone_mode=False, **extra)
+        except _EXIT as e:
+            sys.exit(e.exit_code)
+        except _ABORT:
+            _error("aborted")
+            sys.exit(130)
+        except click_exc.UsageError as e:
+            if _NO_ARGS is not None and isinstance(e, _NO_ARGS):
+                print(e.ctx.get_help())
+                sys.exit(0)
+            if _state["debug"]:
+                traceback.print_exc()
+            _error(e.format_message())
+            sys.exit(2)
+        except click_exc.ClickException as e:
+            _error(e.format_message())
+            sys.exit(e.exit_code if e.exit_code != 1 else 2)
+        except QkinspectError as e:
+            if _state["debug"]:
+                traceback.print_exc()
+            _error(str(e))
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            _error("interrupted")
+            sys.exit(130)
+        except BrokenPipeError:
+            sys.exit(0)
+        except Exception as e:
+            if _state["debug"]:
+                traceback.print_exc()
+            else:
+                _error(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)")
+            sys.exit(1)
+        if isinstance(rv, int) and rv:
+            sys.exit(rv)
+        sys.exit(0)
+
+
+app = typer.Typer(
+    cls=QkGroup,
+    name="qkinspect",
+    help="Inspect the query-key geometry of trained attention heads, from the weights alone.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"qkinspect {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", callback=_version,
+                                 is_eager=True),
+    debug: bool = typer.Option(False, "--debug", help="Show a traceback on errors."),
+) -> None:
+    """Inspect the query-key geometry of trained attention heads, from the weights alone.
+
+    Example: qkinspect analyze            (the bundled demo model)
+    """
+    _state["debug"] = debug
+
+
+def _register_commands() -> None:
+    from qkinspect.cli import commands
+
+    for mod in sorted(m.name for m in pkgutil.iter_modules(commands.__path__)):
+        module = importlib.import_module(f"qkinspect.cli.commands.{mod}")
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(app)
+
+
+_register_commands()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,1 @@
+"""One module per command; each defines `register(app: typer.Typer) -> None` and is found automatically."""

@@ -1,0 +1,33 @@
+"""Domain errors. The library raises these; the CLI turns them into one line on stderr and an exit code."""
+
+
+class QkinspectError(Exception):
+    """Base class. `exit_code` 2 means bad input or usage, 1 an internal error."""
+
+    exit_code = 1
+
+
+class InputError(QkinspectError):
+    """The user's input (a path, an option, a checkpoint) is wrong; exit code 2."""
+
+    exit_code = 2
+
+
+class ModelNotFoundError(InputError):
+    """The model spec names nothing that can be found (path, hub id, cache)."""
+
+
+class UnsupportedModelError(InputError):
+    """The checkpoint's model_type (or format) has no adapter."""
+
+
+class CheckpointError(InputError):
+    """The checkpoint is corrupt, truncated, unsafe, or disagrees with its config."""
+
+
+class DemoNotInstalledError(InputError):
+    """No model was named and the demo extra is not installed."""
+
+
+class OutputError(InputError):
+    """An output file cannot be written."""

@@ -1,0 +1,153 @@
+"""Frozen result records (DESIGN.md §5): one row per (block, layer, head) and per (block, layer).
+
+`metrics/` produces them, `report/` and `cli/` only read them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from qkinspect.layer import ModelInfo
+
+SCHEMA = "qkinspect/1"
+
+
+@dataclass(frozen=True)
+class HeadRecord:
+    """Metrics of one head. `values` maps metric name -> float (NaN where undefined)."""
+
+    block: str
+    layer: int
+    head: int
+    kv_head: int
+    values: Mapping[str, float]
+
+    def row(self) -> dict[str, Any]:
+        return {"block": self.block, "layer": self.layer, "head": self.head, "kv_head": self.kv_head,
+                **self.values}
+
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """Metrics of one layer: summaries over its heads, the summed form's metrics when asked,
+    and the query-side head-by-head subspace overlap matrix (n_heads x n_heads)."""
+
+    block: str
+    layer: int
+    n_heads: int
+    values: Mapping[str, float]
+    head_overlap: np.ndarray | None = None
+
+    def row(self) -> dict[str, Any]:
+        return {"block": self.block, "layer": self.layer, "n_heads": self.n_heads, **self.values}
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A statistic for Gaussian factors of the same shapes (fixed seed): tells structure from chance."""
+
+    block: str
+    metric: str
+    mean: float
+    std: float
+    n: int
+
+
+@dataclass(frozen=True)
+class Processing:
+    """How the weights were processed before measuring; recorded with every result."""
+
+    fold_ln: bool = False
+    fold_qk_norm: bool = False
+    precision: str = "float32"
+    device: str = "cpu"
+    layer_form: bool = False
+    blocks: tuple[str, ...] | None = None
+    layers: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
+    metrics: tuple[str, ...] | None = None
+    baseline_seed: int = 0
+
+
+@dataclass
+class AnalysisResult:
+    """Everything `qkinspect.analyze` returns."""
+
+    model: ModelInfo
+    processing: Processing
+    heads: list[HeadRecord]
+    layers: list[LayerRecord]
+    baselines: list[Baseline] = field(default_factory=list)
+    # (block, layer, head) -> {"qk": singular values, "qk_eig": eigenvalues (complex), "ov": ..., "q": ...}
+    spectra: dict[tuple[str, int, int], dict[str, np.ndarray]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    metric_names: list[str] = field(default_factory=list)
+
+    def baseline(self, block: str, metric: str) -> Baseline | None:
+        for b in self.baselines:
+            if b.block == block and b.metric == metric:
+                return b
+        return None
+
+    def head_rows(self) -> list[dict[str, Any]]:
+        return [h.row() for h in self.heads]
+
+    def layer_rows(self) -> list[dict[str, Any]]:
+        return [r.row() for r in self.layers]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict following schema qkinspect/1 (docs/output.md). NaN becomes null."""
+        from qkinspect import __version__
+        from qkinspect.metrics.registry import definitions
+
+        return _clean({
+            "schema": SCHEMA,
+            "tool": {"name": "qkinspect", "version": __version__},
+            "model": model_dict(self.model),
+            "processing": asdict(self.processing),
+            "definitions": definitions(self.metric_names),
+            "baselines": [asdict(b) for b in self.baselines],
+            "heads": self.head_rows(),
+            "layers": [
+                {**r.row(), **({"head_overlap": r.head_overlap.tolist()} if r.head_overlap is not None else {})}
+                for r in self.layers
+            ],
+            "warnings": list(self.warnings),
+        })
+
+    def to_pandas(self):
+        """Head records as a pandas DataFrame (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("to_pandas() needs pandas: pip install pandas") from None
+        return pd.DataFrame(self.head_rows())
+
+
+def model_dict(info: ModelInfo) -> dict[str, Any]:
+    d = asdict(info)
+    d["blocks"] = [{**asdict(b), "flags": b.flags()} for b in info.blocks]
+    return d
+
+
+def _clean(x: Any) -> Any:
+    """Make a structure JSON-safe: NaN/inf -> None, numpy scalars -> Python, tuples -> lists."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _clean(x.tolist())
+    if isinstance(x, (np.floating, float)):
+        v = float(x)
+        return v if math.isfinite(v) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, complex):
+        return [x.real, x.imag]
+    return x
