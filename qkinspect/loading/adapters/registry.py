@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pkgutil
 from importlib import import_module
 from importlib.metadata import entry_points
 
@@ -10,8 +11,8 @@ from qkinspect.loading.adapters.base import Adapter
 
 ENTRY_POINT_GROUP = "qkinspect.adapters"
 
-# Modules under qkinspect.loading.adapters that define built-in adapters (imported lazily, once).
-BUILTIN_MODULES: tuple[str, ...] = ("bert",)
+# Every module in this package except these defines built-in adapters (imported lazily, once).
+_NOT_ADAPTERS = {"base", "registry"}
 
 _REGISTRY: dict[str, type[Adapter]] = {}
 _loaded = False
@@ -29,8 +30,11 @@ def _load_all() -> None:
     if _loaded:
         return
     _loaded = True
-    for mod in BUILTIN_MODULES:
-        import_module(f"qkinspect.loading.adapters.{mod}")
+    from qkinspect.loading import adapters
+
+    for mod in sorted(m.name for m in pkgutil.iter_modules(adapters.__path__)):
+        if mod not in _NOT_ADAPTERS:
+            import_module(f"qkinspect.loading.adapters.{mod}")
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         obj = ep.load()
         if isinstance(obj, type) and issubclass(obj, Adapter):
