@@ -1,0 +1,145 @@
+"""Benchmark qkinspect against the read floor and the naive dense route, in one run, as ratios.
+
+  (a) read floor: every q/k/v/o tensor read with safe_open and its bytes touched
+  (b) `qkinspect analyze` (default metrics, all heads) as a subprocess; wall time and peak RSS
+  (c) naive: dense per-head W_QK = W_Q W_K^T with torch.linalg.svdvals and eigvals, timed on a sample of heads
+      and scaled to the model
+
+Each of (a) and (b) is timed twice: with the checkpoint's pages evicted from the page cache first
+(posix_fadvise DONTNEED: a cold read from disk, as on a laptop opening a checkpoint) and with them cached.
+
+Usage:
+  python bench/make_checkpoints.py llama-7b bench/out/llama-7b
+  python bench/run.py bench/out/llama-7b [--naive-heads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ATTN = re.compile(r"\.self_attn\.(q|k|v|o)_proj\.weight$")
+
+
+def shards(folder: Path) -> dict[str, list[str]]:
+    """shard file -> attention tensor names in it."""
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    out: dict[str, list[str]] = {}
+    for name, f in index.items():
+        if ATTN.search(name):
+            out.setdefault(f, []).append(name)
+    return out
+
+
+def evict(folder: Path) -> None:
+    """Drop the checkpoint's pages from the page cache (no root needed for our own files)."""
+    for f in folder.glob("*.safetensors"):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def warm(folder: Path) -> None:
+    for f in folder.glob("*.safetensors"):
+        with open(f, "rb") as fh:
+            while fh.read(64 << 20):
+                pass
+
+
+def read_floor(folder: Path) -> tuple[float, int]:
+    """Seconds to read every attention tensor with safe_open and touch its bytes; bytes read."""
+    from safetensors import safe_open
+
+    t0 = time.perf_counter()
+    nbytes = 0
+    for f, names in shards(folder).items():
+        with safe_open(str(folder / f), framework="pt") as h:
+            for name in names:
+                t = h.get_tensor(name)  # copies from the mapping: every byte is read
+                int(t.view(torch.int16)[:, :1].sum())  # and used
+                nbytes += t.numel() * t.element_size()
+    return time.perf_counter() - t0, nbytes
+
+
+def run_analyze(folder: Path, extra: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (GiB) of `qkinspect analyze` in a child process."""
+    cmd = [sys.executable, "-m", "qkinspect", "analyze", str(folder), "--format", "json", *extra]
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    err = p.stderr.read().decode() if p.stderr else ""
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"qkinspect analyze failed:\n{err}")
+    return wall, usage.ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
+
+
+def naive_per_head(folder: Path, n_sample: int) -> float:
+    """Seconds per head for the dense route, measured on `n_sample` heads of layer 0."""
+    from safetensors import safe_open
+
+    cfg = json.loads((folder / "config.json").read_text())
+    H, G, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
+    d = D // H
+    where = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    p = "model.layers.0.self_attn"
+    with safe_open(str(folder / where[f"{p}.q_proj.weight"]), framework="pt") as h:
+        Wq = h.get_tensor(f"{p}.q_proj.weight").float()  # (H*d, D)
+    with safe_open(str(folder / where[f"{p}.k_proj.weight"]), framework="pt") as h:
+        Wk = h.get_tensor(f"{p}.k_proj.weight").float()  # (G*d, D)
+    t0 = time.perf_counter()
+    for h in range(n_sample):
+        g = h // (H // G)
+        M = Wq[h * d : (h + 1) * d].T @ Wk[g * d : (g + 1) * d]  # (D, D) = W_Q^h W_K^g^T
+        torch.linalg.svdvals(M)
+        torch.linalg.eigvals(M)
+    return (time.perf_counter() - t0) / n_sample
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--naive-heads", type=int, default=2, help="heads to time on the dense route")
+    ap.add_argument("--no-naive", action="store_true", help="skip (c), e.g. for the 70B shape")
+    ap.add_argument("--analyze-args", default="", help="extra arguments for qkinspect analyze")
+    a = ap.parse_args()
+    folder: Path = a.folder
+    cfg = json.loads((folder / "config.json").read_text())
+    n_heads = cfg["num_hidden_layers"] * cfg["num_attention_heads"]
+    extra = a.analyze_args.split()
+    print(f"checkpoint: {folder} ({cfg['num_hidden_layers']} layers x {cfg['num_attention_heads']} heads, "
+          f"d_model {cfg['hidden_size']}, {cfg['num_key_value_heads']} KV heads); torch threads "
+          f"{torch.get_num_threads()}, {os.cpu_count()} CPUs")
+
+    rows = {}
+    for cache in ("cold", "warm"):
+        (evict if cache == "cold" else warm)(folder)
+        floor, nbytes = read_floor(folder)
+        (evict if cache == "cold" else warm)(folder)
+        wall, rss = run_analyze(folder, extra)
+        rows[cache] = (floor, wall, rss)
+        print(f"[{cache}] (a) read floor {floor:7.2f} s ({nbytes / 2**30:.2f} GiB, {nbytes / 2**30 / floor:.2f} GiB/s)"
+              f" | (b) analyze {wall:7.2f} s, peak RSS {rss:.2f} GiB | (b)/(a) = {wall / floor:.2f}")
+
+    if not a.no_naive:
+        per_head = naive_per_head(folder, a.naive_heads)
+        naive = per_head * n_heads
+        print(f"(c) naive dense route: {per_head:.2f} s/head x {n_heads} heads = {naive:.0f} s "
+              f"({naive / 3600:.2f} h), measured on {a.naive_heads} heads")
+        for cache, (_floor, wall, _rss) in rows.items():
+            print(f"[{cache}] (c)/(b) = {naive / wall:.0f}")
+
+
+if __name__ == "__main__":
+    main()
