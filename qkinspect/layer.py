@@ -49,6 +49,13 @@ class BlockSpec:
     d_head_v: int | None = None  # value head width when it differs from d_head
     scale: float | None = None  # multiplier on q·k; None means 1/sqrt(d_head)
     attention_kind: str = "full"  # e.g. "lsh", "local", "sliding" (informational)
+    # Tells apart blocks of the same kind (CLIP's "text" and "vision" towers, both "encoder"); see `key`.
+    label: str | None = None
+
+    @property
+    def key(self) -> str:
+        """How loaders and records name this block: its label when it has one, else its kind."""
+        return self.label or self.name
 
     @property
     def kv_width(self) -> int:
@@ -132,8 +139,9 @@ class AttentionLayer:
             raise ValueError(f"n_heads={H} is not a multiple of n_kv_heads={G}")
 
     @property
-    def block(self) -> Block:
-        return self.spec.name
+    def block(self) -> str:
+        """The block's key: its kind (encoder/decoder/cross), or its label where a model has two of a kind."""
+        return self.spec.key
 
     def kv_index(self) -> Tensor:
         """For each query head h, its key/value head h // (H // G) (never h % G: DESIGN.md §2)."""
@@ -160,6 +168,6 @@ class ModelInfo:
 
     def block(self, name: str) -> BlockSpec:
         for b in self.blocks:
-            if b.name == name:
+            if b.key == name:
                 return b
         raise KeyError(name)

@@ -44,7 +44,7 @@ class Adapter:
 
     def spec(self, block: str) -> BlockSpec:
         for b in self.blocks():
-            if b.name == block:
+            if b.key == block:
                 return b
         raise KeyError(block)
 
