@@ -1,0 +1,182 @@
+"""Options shared by every command, declared once: import the `Annotated` aliases into a command's signature
+and turn the raw strings into library arguments with the `parse_*` helpers.
+
+Example:
+    >>> from qkinspect.cli.options import ModelArg, LayersOpt, FormatOpt, OutputOpt, parse_indices
+    >>> def plot(model: ModelArg = None, layers: LayersOpt = None, fmt: FormatOpt = None,
+    ...          output: OutputOpt = None) -> None:
+    ...     wanted = parse_indices(layers, "--layers")   # "0-3,7" -> (0, 1, 2, 3, 7)
+
+Parsing errors raise InputError, which the CLI turns into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from qkinspect.errors import InputError
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+    ndjson = "ndjson"
+    csv = "csv"
+
+
+class Precision(str, Enum):
+    float32 = "float32"
+    float64 = "float64"
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class BlockName(str, Enum):
+    encoder = "encoder"
+    decoder = "decoder"
+    cross = "cross"
+
+
+ModelArg = Annotated[
+    str | None,
+    typer.Argument(help="Model folder, .safetensors/.gguf file or hub id in the local cache; omit for the demo.",
+                   show_default=False),
+]
+RevisionOpt = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
+LayersOpt = Annotated[
+    str | None, typer.Option("--layers", "-l", metavar="LIST", help="Layers to include, e.g. 0-3,7 (default: all).")
+]
+HeadsOpt = Annotated[
+    str | None, typer.Option("--heads", metavar="LIST", help="Query heads to include, e.g. 0,2-5 (default: all).")
+]
+BlockOpt = Annotated[
+    list[BlockName] | None,
+    typer.Option("--block", "-b", help="Attention block to include; repeat for several (default: all)."),
+]
+MetricsOpt = Annotated[
+    list[str] | None,
+    typer.Option("--metrics", "-m", metavar="NAMES",
+                 help="Metrics to compute, comma-separated or repeated (default: all)."),
+]
+PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="Arithmetic precision.")]
+DeviceOpt = Annotated[Device, typer.Option("--device", help="Where to compute (cuda needs a GPU).")]
+FoldLnOpt = Annotated[bool, typer.Option("--fold-ln", help="Fold the preceding LayerNorm/RMSNorm into Q, K, V.")]
+FormatOpt = Annotated[
+    Format | None,
+    typer.Option("--format", "-f", show_default=False,
+                 help="Output format; default: from -o's extension, else table on a terminal and json in a pipe."),
+]
+OutputOpt = Annotated[
+    Path | None,
+    typer.Option("--output", "-o", metavar="FILE", help="Write results to FILE (atomically) instead of stdout."),
+]
+
+
+def parse_indices(text: str | None, option: str) -> tuple[int, ...] | None:
+    """"0-3,7" -> (0, 1, 2, 3, 7); None or "" -> None (all). Sorted, duplicates removed.
+
+    Example:
+        >>> parse_indices("5,0-2", "--layers")
+        (0, 1, 2, 5)
+    """
+    if text is None or not text.strip():
+        return None
+    out: set[int] = set()
+    for part in text.split(","):
+        out.update(_parse_range(part.strip(), option))
+    return tuple(sorted(out))
+
+
+def _parse_range(part: str, option: str) -> range:
+    lo, sep, hi = part.partition("-")
+    try:
+        a = int(lo)
+        b = int(hi) if sep else a
+    except ValueError:
+        raise InputError(f"{option}: {part!r} is not an index or a range like 0-3") from None
+    if a < 0 or b < a:
+        raise InputError(f"{option}: {part!r} is not a valid range (indices start at 0, low-high)")
+    return range(a, b + 1)
+
+
+def parse_names(values: list[str] | None) -> tuple[str, ...] | None:
+    """Comma-separated and/or repeated names -> a tuple in the given order, duplicates removed; None -> None."""
+    if not values:
+        return None
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    return tuple(dict.fromkeys(names)) or None
+
+
+def parse_blocks(values: list[BlockName] | None) -> tuple[str, ...] | None:
+    return tuple(dict.fromkeys(b.value for b in values)) if values else None
+
+
+def check_device(device: Device | str) -> str:
+    """Refuse cuda when no GPU is visible (before any work), with a clear message."""
+    name = device.value if isinstance(device, Device) else device
+    if name == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
+    return name
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to measure, parsed from the shared options; `kwargs()` feeds `qkinspect.analyze`."""
+
+    layers: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
+    blocks: tuple[str, ...] | None = None
+    metrics: tuple[str, ...] | None = None
+    precision: str = "float32"
+    device: str = "cpu"
+    fold_ln: bool = False
+
+    @classmethod
+    def parse(cls, *, layers: str | None = None, heads: str | None = None,
+              blocks: list[BlockName] | None = None, metrics: list[str] | None = None,
+              precision: Precision | str = Precision.float32, device: Device | str = Device.cpu,
+              fold_ln: bool = False) -> Selection:
+        return cls(
+            layers=parse_indices(layers, "--layers"),
+            heads=parse_indices(heads, "--heads"),
+            blocks=parse_blocks(blocks),
+            metrics=parse_names(metrics),
+            precision=precision.value if isinstance(precision, Precision) else str(precision),
+            device=check_device(device),
+            fold_ln=fold_ln,
+        )
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"layers": self.layers, "heads": self.heads, "blocks": self.blocks, "metrics": self.metrics,
+                "precision": self.precision, "device": self.device, "fold_ln": self.fold_ln}
+
+
+def check_selection(info, blocks: tuple[str, ...] | None, layers: tuple[int, ...] | None,
+                    heads: tuple[int, ...] | None = None) -> None:
+    """Refuse blocks, layers or heads the model does not have (InputError naming what it does have).
+
+    Example:
+        >>> check_selection(model.info, ("encoder",), (0, 1), None)
+    """
+    have = {b.name: b for b in info.blocks}
+    chosen = [have[b] for b in blocks if b in have] if blocks else list(have.values())
+    missing = [b for b in blocks or () if b not in have]
+    if missing:
+        raise InputError(f"--block {','.join(missing)}: this model has only {', '.join(have)}")
+    if layers and max(layers) >= max(b.n_layers for b in chosen):
+        raise InputError(f"--layers: {max(layers)} is out of range; "
+                         + ", ".join(f"{b.name} has layers 0-{b.n_layers - 1}" for b in chosen))
+    if heads and max(heads) >= max(b.n_heads for b in chosen):
+        raise InputError(f"--heads: {max(heads)} is out of range; "
+                         + ", ".join(f"{b.name} has heads 0-{b.n_heads - 1}" for b in chosen))

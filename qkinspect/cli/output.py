@@ -1,0 +1,291 @@
+"""Where results go and in what form, decided in one place for every command.
+
+A command builds a `Document` (a JSON-ready dict, tidy rows, and a rich rendering) and calls `emit`:
+
+- `--format table|json|ndjson|csv`; with `-o FILE` and no format, the extension decides (`.json`, `.ndjson`/`.jsonl`,
+  `.csv`, `.txt` for the table); without either, a terminal gets a table and a pipe gets JSON.
+- Results go to stdout or the file and nowhere else; notes, warnings and progress bars go to stderr.
+- Files are written atomically: a temporary file in the same folder, then `os.replace`, so an interrupted run never
+  leaves a partial file. `check_writable` lets a command fail before a long computation.
+
+Example:
+    >>> doc = Document(json={"schema": "qkinspect/1", "kind": "demo"}, rows=[{"layer": 0, "symmetry": 0.5}],
+    ...                render=lambda console: console.print("layer 0: 0.5"))
+    >>> emit(doc, fmt=None, output=Path("out.csv"))   # writes a CSV with a header row
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import IO, Any
+
+from qkinspect.errors import InputError, OutputError
+
+FORMATS = ("table", "json", "ndjson", "csv")
+EXTENSIONS = {".json": "json", ".ndjson": "ndjson", ".jsonl": "ndjson", ".csv": "csv", ".txt": "table"}
+TABLE_FILE_WIDTH = 160  # a table written to a file has no terminal to take its width from
+
+
+@dataclass
+class Document:
+    """One command's result in every form: `json` (the whole document), `rows` (tidy rows for csv/ndjson),
+    `render` (draws the human table on a rich Console)."""
+
+    json: dict[str, Any]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    render: Callable[[Any], None] | None = None
+
+
+def choose_format(fmt: str | Enum | None, output: Path | None, *, isatty: bool | None = None) -> str:
+    """The format to write: explicit, else from -o's extension, else table on a terminal, JSON in a pipe."""
+    if fmt is not None:
+        name = fmt.value if isinstance(fmt, Enum) else str(fmt)
+        if name not in FORMATS:
+            raise InputError(f"--format: {name!r} is not one of {', '.join(FORMATS)}")
+        return name
+    if output is not None:
+        ext = output.suffix.lower()
+        if ext not in EXTENSIONS:
+            raise InputError(f"-o {output}: cannot tell the format from {ext or 'no extension'!r}; "
+                             f"use --format or one of {', '.join(EXTENSIONS)}")
+        return EXTENSIONS[ext]
+    tty = sys.stdout.isatty() if isatty is None else isatty
+    return "table" if tty else "json"
+
+
+def check_writable(path: Path) -> None:
+    """Fail early, with one clear line, when `path` cannot be written (missing folder, no permission, a folder)."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise OutputError(f"{path}: is a folder, not a file")
+    if not folder.is_dir():
+        raise OutputError(f"{path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"{path}: folder {folder} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise OutputError(f"{path}: file is not writable")
+
+
+def atomic_write(path: Path, write: Callable[[IO], None], *, binary: bool = False) -> None:
+    """Call `write(f)` on a temporary file beside `path`, then rename it over `path`; on any failure
+    (including KeyboardInterrupt) remove the temporary file and leave `path` untouched."""
+    path = Path(path)
+    check_writable(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    except OSError as e:
+        raise OutputError(f"{path}: cannot create a file there ({e.strerror or e})") from None
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8", "newline": ""})) as f:
+            write(f)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove(tmp)
+        raise OutputError(f"{path}: cannot write ({e.strerror or e})") from None
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def atomic_write_file(path: Path, produce: Callable[[Path], None]) -> None:
+    """Like `atomic_write` for writers that need a file name (e.g. safetensors' save_file): `produce(tmp_path)`."""
+    path = Path(path)
+    check_writable(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    os.close(fd)
+    try:
+        produce(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove(tmp)
+        raise OutputError(f"{path}: cannot write ({e.strerror or e})") from None
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _remove(tmp: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+
+
+def envelope(kind: str, **fields: Any) -> dict[str, Any]:
+    """The head of every JSON document the CLI writes: schema, command kind, tool version, then `fields`."""
+    from qkinspect import __version__
+    from qkinspect.records import SCHEMA
+
+    return {"schema": SCHEMA, "kind": kind, "tool": {"name": "qkinspect", "version": __version__}, **fields}
+
+
+# -- serialisers -----------------------------------------------------------------------------------------------
+
+def jsonable(x: Any) -> Any:
+    """A JSON-safe copy: NaN/inf -> null, numpy -> Python, tuples -> lists, complex -> [re, im], Path/Enum -> str."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):  # numpy arrays and scalars, torch tensors
+        return jsonable(x.tolist())
+    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, complex):
+        return [jsonable(x.real), jsonable(x.imag)]
+    if isinstance(x, Enum):
+        return x.value
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def write_json(doc: dict[str, Any], f: IO[str]) -> None:
+    json.dump(jsonable(doc), f, indent=2, allow_nan=False)
+    f.write("\n")
+
+
+def write_ndjson(rows: Iterable[dict[str, Any]], f: IO[str]) -> None:
+    for row in rows:
+        f.write(json.dumps(jsonable(row), allow_nan=False, separators=(",", ":")))
+        f.write("\n")
+
+
+def write_csv(rows: list[dict[str, Any]], f: IO[str]) -> None:
+    """A header, then one row per record; missing or NaN values are empty cells."""
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
+    w.writeheader()
+    for row in rows:
+        w.writerow({k: _csv_cell(v) for k, v in jsonable(row).items()})
+
+
+def _csv_cell(v: Any) -> Any:
+    if v is None:
+        return ""
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return v
+
+
+def write_table(doc: Document, f: IO[str], *, terminal: bool, width: int = TABLE_FILE_WIDTH) -> None:
+    from rich.console import Console
+
+    if terminal:
+        console = Console(file=f)
+    else:
+        console = Console(file=f, width=width, no_color=True, force_terminal=False, color_system=None)
+    if doc.render is None:
+        console.print_json(data=jsonable(doc.json))
+    else:
+        doc.render(console)
+
+
+def emit(doc: Document, fmt: str | Enum | None, output: Path | None) -> str:
+    """Write `doc` in the chosen format to `output` (atomically) or to stdout; returns the format used."""
+    name = choose_format(fmt, output)
+    if output is None:
+        _write(doc, name, sys.stdout, terminal=sys.stdout.isatty())
+        sys.stdout.flush()
+    else:
+        atomic_write(output, lambda f: _write(doc, name, f, terminal=False))
+        note(f"wrote {name} to {output}")
+    return name
+
+
+def _write(doc: Document, name: str, f: IO[str], *, terminal: bool) -> None:
+    if name == "json":
+        write_json(doc.json, f)
+    elif name == "ndjson":
+        write_ndjson(doc.rows, f)
+    elif name == "csv":
+        write_csv(doc.rows, f)
+    else:
+        write_table(doc, f, terminal=terminal)
+
+
+def render_text(doc: Document, width: int = TABLE_FILE_WIDTH) -> str:
+    """The table as plain text (tests, README)."""
+    buf = io.StringIO()
+    write_table(doc, buf, terminal=False, width=width)
+    return buf.getvalue()
+
+
+# -- stderr: notes, warnings, progress ---------------------------------------------------------------------
+
+def note(message: str) -> None:
+    print(f"note: {message}", file=sys.stderr)
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+class Progress:
+    """A `progress(done, total)` callable that shows a rich bar on stderr once work has run for `delay` seconds,
+    and only when stderr is a terminal (pipes and logs stay clean)."""
+
+    def __init__(self, label: str, delay: float = 1.0):
+        self.label, self.delay = label, delay
+        self._t0 = time.monotonic()
+        self._bar = None
+        self._task = None
+        self._enabled = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self._enabled:
+            return
+        if self._bar is None and time.monotonic() - self._t0 >= self.delay and done < total:
+            self._start(total)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, total=total)
+
+    def _start(self, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RichProgress
+
+        self._bar = RichProgress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 console=Console(stderr=True), transient=True)
+        self._bar.start()
+        self._task = self._bar.add_task(self.label, total=total)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+@contextlib.contextmanager
+def progress(label: str, delay: float = 1.0) -> Iterator[Progress]:
+    """Context manager around `Progress` that always removes the bar.
+
+    Example:
+        >>> with progress("analysing") as p:
+        ...     result = qkinspect.analyze(None, progress=p)
+    """
+    p = Progress(label, delay)
+    try:
+        yield p
+    finally:
+        p.close()
