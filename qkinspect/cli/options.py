@@ -39,12 +39,6 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-class BlockName(str, Enum):
-    encoder = "encoder"
-    decoder = "decoder"
-    cross = "cross"
-
-
 ModelArg = Annotated[
     str | None,
     typer.Argument(help="Model folder, .safetensors/.gguf file or hub id in the local cache; omit for the demo.",
@@ -58,8 +52,10 @@ HeadsOpt = Annotated[
     str | None, typer.Option("--heads", metavar="LIST", help="Query heads to include, e.g. 0,2-5 (default: all).")
 ]
 BlockOpt = Annotated[
-    list[BlockName] | None,
-    typer.Option("--block", "-b", help="Attention block to include; repeat for several (default: all)."),
+    list[str] | None,
+    typer.Option("--block", "-b", metavar="BLOCK",
+                 help="Block to include: encoder, decoder, cross, or a tower's label (text, vision); "
+                      "comma-separated or repeated (default: all)."),
 ]
 MetricsOpt = Annotated[
     list[str] | None,
@@ -115,8 +111,9 @@ def parse_names(values: list[str] | None) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(names)) or None
 
 
-def parse_blocks(values: list[BlockName] | None) -> tuple[str, ...] | None:
-    return tuple(dict.fromkeys(b.value for b in values)) if values else None
+def parse_blocks(values: list[str] | None) -> tuple[str, ...] | None:
+    """Block names as given (kinds or labels); `check_selection` maps them to the model's block keys."""
+    return parse_names(values)
 
 
 def check_device(device: Device | str) -> str:
@@ -144,7 +141,7 @@ class Selection:
 
     @classmethod
     def parse(cls, *, layers: str | None = None, heads: str | None = None,
-              blocks: list[BlockName] | None = None, metrics: list[str] | None = None,
+              blocks: list[str] | None = None, metrics: list[str] | None = None,
               precision: Precision | str = Precision.float32, device: Device | str = Device.cpu,
               fold_ln: bool = False) -> Selection:
         return cls(
@@ -163,20 +160,28 @@ class Selection:
 
 
 def check_selection(info, blocks: tuple[str, ...] | None, layers: tuple[int, ...] | None,
-                    heads: tuple[int, ...] | None = None) -> None:
-    """Refuse blocks, layers or heads the model does not have (InputError naming what it does have).
+                    heads: tuple[int, ...] | None = None) -> tuple[str, ...] | None:
+    """Refuse blocks, layers or heads the model does not have (InputError naming what it has); return the
+    selected blocks' keys (a kind such as "encoder" selects every block of that kind, e.g. CLIP's two towers).
 
     Example:
         >>> check_selection(model.info, ("encoder",), (0, 1), None)
+        ('encoder',)
     """
-    have = {b.name: b for b in info.blocks}
-    chosen = [have[b] for b in blocks if b in have] if blocks else list(have.values())
-    missing = [b for b in blocks or () if b not in have]
-    if missing:
-        raise InputError(f"--block {','.join(missing)}: this model has only {', '.join(have)}")
-    if layers and max(layers) >= max(b.n_layers for b in chosen):
-        raise InputError(f"--layers: {max(layers)} is out of range; "
-                         + ", ".join(f"{b.name} has layers 0-{b.n_layers - 1}" for b in chosen))
-    if heads and max(heads) >= max(b.n_heads for b in chosen):
-        raise InputError(f"--heads: {max(heads)} is out of range; "
-                         + ", ".join(f"{b.name} has heads 0-{b.n_heads - 1}" for b in chosen))
+    chosen = list(info.blocks)
+    if blocks:
+        chosen = [b for b in info.blocks if b.key in blocks or b.name in blocks]
+        known = {b.name for b in info.blocks} | {b.key for b in info.blocks}
+        missing = [b for b in blocks if b not in known]
+        if missing:
+            have = ", ".join(dict.fromkeys(b.key for b in info.blocks))
+            raise InputError(f"--block {','.join(missing)}: this model's blocks are {have}")
+    _check_range("--layers", layers, {b.key: b.n_layers for b in chosen}, "layers")
+    _check_range("--heads", heads, {b.key: b.n_heads for b in chosen}, "heads")
+    return tuple(b.key for b in chosen) if blocks else None
+
+
+def _check_range(option: str, wanted: tuple[int, ...] | None, sizes: dict[str, int], what: str) -> None:
+    if wanted and max(wanted) >= max(sizes.values()):
+        have = ", ".join(f"{k} has {what} 0-{n - 1}" for k, n in sizes.items())
+        raise InputError(f"{option}: {max(wanted)} is out of range; {have}")

@@ -71,7 +71,7 @@ def check_writable(path: Path) -> None:
     if path.is_dir():
         raise OutputError(f"{path}: is a folder, not a file")
     if not folder.is_dir():
-        raise OutputError(f"{path}: folder {folder} does not exist")
+        raise OutputError(f"{path}: {folder} " + ("is not a folder" if folder.exists() else "does not exist"))
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputError(f"{path}: folder {folder} is not writable")
     if path.exists() and not os.access(path, os.W_OK):

@@ -63,7 +63,7 @@ def extract_heads(model: str | None, output: Path, *, layers: tuple[int, ...] | 
     tensors: dict[str, Any] = {}
     written: list[dict[str, Any]] = []
     with open_model(model, revision=revision) as m:
-        check_selection(m.info, blocks, layers)
+        blocks = check_selection(m.info, blocks, layers)
         plan = list(m.plan(blocks, layers))
         with progress("reading attention weights") as p:
             for done, (block, i) in enumerate(plan, 1):

@@ -31,7 +31,7 @@ def info_document(model: str | None, revision: str | None = None) -> Document:
     with open_model(model, revision=revision) as m:
         info, per_block = _with_sizes(m)
     d = model_dict(info)
-    rows = [_block_row(info, b, per_block.get(b["name"])) for b in d["blocks"]]
+    rows = [_block_row(info, b, per_block.get(s.key)) for b, s in zip(d["blocks"], info.blocks, strict=True)]
     return Document(json=envelope("info", model=d, attention_bytes_by_block=per_block), rows=rows,
                     render=lambda console: _render(console, info, rows))
 
@@ -43,7 +43,7 @@ def _with_sizes(m) -> tuple[Any, dict[str, int]]:
     if info.attention_bytes is not None and info.dtype is not None:
         return info, per_block
     dtype = info.dtype
-    plan = [(b.name, i) for b in info.blocks for i in range(1 if b.shared_layers else b.n_layers)]
+    plan = [(b.key, i) for b in info.blocks for i in range(1 if b.shared_layers else b.n_layers)]
     with progress("reading attention weights") as p:
         for done, (block, i) in enumerate(plan, 1):
             layer = m.layer(block, i)
@@ -55,7 +55,8 @@ def _with_sizes(m) -> tuple[Any, dict[str, int]]:
 
 def _block_row(info, b: dict[str, Any], nbytes: int | None) -> dict[str, Any]:
     return {
-        "model": info.name, "model_type": info.model_type, "block": b["name"], "n_layers": b["n_layers"],
+        "model": info.name, "model_type": info.model_type, "block": b.get("label") or b["name"],
+        "kind": b["name"], "n_layers": b["n_layers"],
         "n_heads": b["n_heads"], "n_kv_heads": b["n_kv_heads"], "d_model": b["d_model"], "d_head": b["d_head"],
         "positional": b["positional"], "rotary_dims": b["rotary_dims"], "flags": " ".join(b["flags"]),
         "attention_bytes": nbytes,

@@ -1,0 +1,47 @@
+"""Fixtures for CLI tests: a CliRunner, and tiny BERT checkpoints saved with save_pretrained."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from qkinspect.cli.app import app
+
+
+def save_bert(path, *, seed: int, hidden: int = 32, heads: int = 4, layers: int = 2):
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    cfg = BertConfig(vocab_size=50, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                     intermediate_size=2 * hidden, max_position_embeddings=16)
+    BertModel(cfg).eval().save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory):
+    return save_bert(tmp_path_factory.mktemp("bert_a"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_b(tmp_path_factory):
+    """Same architecture as tiny_bert, other weights (a 'fine-tuned' checkpoint)."""
+    return save_bert(tmp_path_factory.mktemp("bert_b"), seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_wide(tmp_path_factory):
+    """Another shape: 8 heads of 8 dims over d_model 64."""
+    return save_bert(tmp_path_factory.mktemp("bert_wide"), seed=2, hidden=64, heads=8)
+
+
+@pytest.fixture
+def cli():
+    """invoke(*args) -> Result with separate .stdout and .stderr."""
+    runner = CliRunner()
+
+    def invoke(*args: str, **kw):
+        return runner.invoke(app, [str(a) for a in args], **kw)
+
+    return invoke

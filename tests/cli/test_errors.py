@@ -1,0 +1,61 @@
+"""Bad input exits 2 with one line on stderr and nothing on stdout; internal errors exit 1; --debug traces."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _one_line_exit_2(r, needle: str = ""):
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert needle in lines[0]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["info", "--bogus"], "--bogus"),
+    (["info", "--format", "yaml"], "yaml"),
+    (["nosuchcommand"], "nosuchcommand"),
+    (["extract", "--layers", "x-1", "-o", "h.safetensors"], "--layers"),
+])
+def test_bad_options(cli, args, needle):
+    _one_line_exit_2(cli(*args), needle)
+
+
+@pytest.mark.parametrize("command", ["info", "extract"])
+def test_missing_model(cli, command, tmp_path):
+    _one_line_exit_2(cli(command, tmp_path / "no-such-model", "-o", tmp_path / "x.safetensors"), "no-such-model")
+
+
+def test_folder_without_config(cli, tmp_path):
+    _one_line_exit_2(cli("info", tmp_path), "config.json")
+
+
+@pytest.mark.parametrize("target", ["missing/out.json", "afile/out.json", "."])
+def test_unwritable_output(cli, tiny_bert, tmp_path, target):
+    (tmp_path / "afile").write_text("")
+    _one_line_exit_2(cli("info", tiny_bert, "-o", tmp_path / target))
+
+
+def test_unknown_extension(cli, tiny_bert, tmp_path):
+    _one_line_exit_2(cli("info", tiny_bert, "-o", tmp_path / "x.xlsx"), "--format")
+
+
+def test_internal_error_exit_1_and_debug_traceback(cli, tiny_bert, monkeypatch):
+    import qkinspect.cli.commands.info as info
+
+    def boom(*a, **k):
+        raise ZeroDivisionError("kaboom")
+
+    monkeypatch.setattr(info, "info_document", boom)
+    r = cli("info", tiny_bert)
+    assert r.exit_code == 1 and r.stdout == ""
+    assert "internal error: ZeroDivisionError: kaboom" in r.stderr and "Traceback" not in r.stderr
+    r = cli("--debug", "info", tiny_bert)
+    assert r.exit_code == 1 and "Traceback" in r.stderr
+
+
+def test_input_error_with_debug_shows_traceback(cli, tmp_path):
+    r = cli("--debug", "info", tmp_path / "missing")
+    assert r.exit_code == 2 and "Traceback" in r.stderr and "ModelNotFoundError" in r.stderr

@@ -1,0 +1,72 @@
+"""Shared option parsing (qkinspect/cli/options.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from qkinspect.cli.options import Selection, check_device, check_selection, parse_indices, parse_names
+from qkinspect.errors import InputError
+from qkinspect.layer import BlockSpec, ModelInfo
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("0-3,7", (0, 1, 2, 3, 7)),
+    ("7,0-1,1", (0, 1, 7)),
+    (" 2 ", (2,)),
+    ("4-4", (4,)),
+    (None, None),
+    ("", None),
+])
+def test_parse_indices(text, expected):
+    assert parse_indices(text, "--layers") == expected
+
+
+@pytest.mark.parametrize("text", ["a", "3-1", "-1", "1-", "0,,x", "1.5"])
+def test_parse_indices_refuses(text):
+    with pytest.raises(InputError, match="--heads"):
+        parse_indices(text, "--heads")
+
+
+def test_parse_names_commas_and_repeats():
+    assert parse_names(["symmetry,overlap_qk", "symmetry", " qk_k90 "]) == ("symmetry", "overlap_qk", "qk_k90")
+    assert parse_names(None) is None
+    assert parse_names([","]) is None
+
+
+def test_cuda_refused_when_unavailable(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(InputError, match="no CUDA device"):
+        check_device("cuda")
+    assert check_device("cpu") == "cpu"
+
+
+def _info():
+    enc = BlockSpec("encoder", n_layers=2, n_heads=4, n_kv_heads=4, d_model=16, d_head=4, label="text")
+    vis = BlockSpec("encoder", n_layers=3, n_heads=2, n_kv_heads=2, d_model=8, d_head=4, label="vision")
+    return ModelInfo(name="m", source="m", model_type="clip", format="safetensors", blocks=(enc, vis))
+
+
+def test_check_selection_maps_kinds_and_labels():
+    info = _info()
+    assert check_selection(info, None, (0, 2), (1,)) is None
+    assert check_selection(info, ("encoder",), None) == ("text", "vision")
+    assert check_selection(info, ("vision",), (2,)) == ("vision",)
+
+
+@pytest.mark.parametrize("blocks, layers, heads, message", [
+    (("decoder",), None, None, "blocks are text, vision"),
+    (("text",), (2,), None, "text has layers 0-1"),
+    (None, (3,), None, "out of range"),
+    (None, None, (4,), "--heads: 4 is out of range"),
+])
+def test_check_selection_refuses(blocks, layers, heads, message):
+    with pytest.raises(InputError, match=message):
+        check_selection(_info(), blocks, layers, heads)
+
+
+def test_selection_kwargs():
+    s = Selection.parse(layers="0-1", heads="3", blocks=["encoder"], metrics=["symmetry"], precision="float64")
+    assert s.kwargs() == {"layers": (0, 1), "heads": (3,), "blocks": ("encoder",), "metrics": ("symmetry",),
+                          "precision": "float64", "device": "cpu", "fold_ln": False}

@@ -1,0 +1,123 @@
+"""The output layer: format choice, serialisers and atomic writes (qkinspect/cli/output.py)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qkinspect.cli.output import Document, atomic_write, choose_format, emit, jsonable, write_csv, write_ndjson
+from qkinspect.errors import InputError, OutputError
+
+
+@pytest.mark.parametrize("fmt, output, tty, expected", [
+    ("csv", None, True, "csv"),
+    ("table", Path("x.json"), False, "table"),  # an explicit format wins over the extension
+    (None, Path("x.json"), True, "json"),
+    (None, Path("x.JSONL"), True, "ndjson"),
+    (None, Path("x.ndjson"), True, "ndjson"),
+    (None, Path("x.csv"), True, "csv"),
+    (None, Path("x.txt"), False, "table"),
+    (None, None, True, "table"),
+    (None, None, False, "json"),  # a pipe gets JSON
+])
+def test_choose_format(fmt, output, tty, expected):
+    assert choose_format(fmt, output, isatty=tty) == expected
+
+
+def test_choose_format_refuses_unknown_extension():
+    with pytest.raises(InputError, match="cannot tell the format"):
+        choose_format(None, Path("out.xlsx"))
+    with pytest.raises(InputError, match="not one of"):
+        choose_format("yaml", None)
+
+
+def test_jsonable():
+    x = {"a": float("nan"), "b": np.float32(0.5), "c": np.arange(2), "d": (1, 1j), "e": [math.inf], 3: Path("p")}
+    assert jsonable(x) == {"a": None, "b": 0.5, "c": [0, 1], "d": [1, [0.0, 1.0]], "e": [None], "3": "p"}
+    json.dumps(jsonable(x), allow_nan=False)
+
+
+def test_csv_is_tidy_with_header_and_empty_nan():
+    buf = io.StringIO()
+    write_csv([{"layer": 0, "head": 1, "symmetry": float("nan")}, {"layer": 0, "head": 2, "symmetry": 0.25}], buf)
+    rows = list(csv.DictReader(io.StringIO(buf.getvalue())))
+    assert rows == [{"layer": "0", "head": "1", "symmetry": ""}, {"layer": "0", "head": "2", "symmetry": "0.25"}]
+
+
+def test_ndjson_one_object_per_line():
+    buf = io.StringIO()
+    write_ndjson([{"a": 1}, {"a": float("nan")}], buf)
+    assert [json.loads(line) for line in buf.getvalue().splitlines()] == [{"a": 1}, {"a": None}]
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    target = tmp_path / "out.json"
+    target.write_text("old")
+    atomic_write(target, lambda f: f.write("new"))
+    assert target.read_text() == "new"
+    assert os.listdir(tmp_path) == ["out.json"]
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt()])
+def test_interrupted_write_leaves_old_file_and_no_temp(tmp_path, exc):
+    target = tmp_path / "out.json"
+    target.write_text("old")
+
+    def writer(f):
+        f.write("partial")
+        raise exc
+
+    with pytest.raises(type(exc)):
+        atomic_write(target, writer)
+    assert target.read_text() == "old"
+    assert os.listdir(tmp_path) == ["out.json"]
+
+
+def test_interrupted_first_write_leaves_nothing(tmp_path):
+    def writer(f):
+        f.write("partial")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(tmp_path / "new.csv", writer)
+    assert os.listdir(tmp_path) == []
+
+
+def test_unwritable_targets(tmp_path):
+    with pytest.raises(OutputError, match="does not exist"):
+        atomic_write(tmp_path / "missing" / "x.json", lambda f: f.write("x"))
+    with pytest.raises(OutputError, match="is a folder"):
+        atomic_write(tmp_path, lambda f: f.write("x"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(OutputError, match="is not a folder"):
+        atomic_write(tmp_path / "file" / "x.json", lambda f: f.write("x"))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores folder permissions")
+def test_read_only_folder(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        with pytest.raises(OutputError, match="not writable"):
+            atomic_write(ro / "x.json", lambda f: f.write("x"))
+    finally:
+        ro.chmod(0o700)
+
+
+def test_emit_to_file_by_extension(tmp_path, capsys):
+    doc = Document(json={"schema": "qkinspect/1"}, rows=[{"x": 1}], render=lambda c: c.print("table!"))
+    assert emit(doc, None, tmp_path / "r.csv") == "csv"
+    assert (tmp_path / "r.csv").read_text() == "x\n1\n"
+    assert emit(doc, None, tmp_path / "r.txt") == "table"
+    assert (tmp_path / "r.txt").read_text().strip() == "table!"
+    out = capsys.readouterr()
+    assert out.out == ""  # results went to the files, notes to stderr
+    assert "wrote csv" in out.err
