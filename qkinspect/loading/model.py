@@ -1,24 +1,43 @@
-"""An opened checkpoint: its identity, and its attention layers read one at a time."""
+"""An opened checkpoint: its identity, and its attention layers read one at a time.
+
+Opening checks every required attention tensor against the config (presence and shape, from the file headers), so a
+bad checkpoint fails before any layer is read. Iterating `layers()` reads one layer's tensors, builds its
+AttentionLayer, and releases each shard as soon as no later layer needs it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from torch import Tensor
 
-from qkinspect.errors import CheckpointError
+from qkinspect.errors import CheckpointError, QkinspectError
 from qkinspect.layer import AttentionLayer, ModelInfo
 from qkinspect.loading.adapters.base import Adapter
 from qkinspect.loading.resolve import Resolved
 
+Step = tuple[str, int]  # (block, layer)
+
 
 class LoadedModel:
-    """Use as a context manager; `layers()` yields AttentionLayers, reading only one layer's tensors at a time."""
+    """Use as a context manager; `layers()` yields AttentionLayers, reading only one layer's tensors at a time.
+
+    Example:
+        >>> from qkinspect.loading import open_model
+        >>> with open_model("path/to/bert") as m:  # doctest: +SKIP
+        ...     print(m.info.dtype, m.info.attention_bytes)
+        ...     for layer in m.layers(prefetch=True):  # reads layer i+1 while you work on layer i
+        ...         print(layer.block, layer.layer, layer.W_Q.shape)
+    """
 
     def __init__(self, resolved: Resolved, adapter: Adapter):
         self.resolved = resolved
         self.adapter = adapter
         self.source = resolved.source
+        self._lock = threading.Lock()  # one reader at a time (the prefetch thread or the caller)
         blocks = tuple(adapter.blocks())
         self.info = ModelInfo(
             name=resolved.name,
@@ -29,6 +48,8 @@ class LoadedModel:
             revision=resolved.revision,
             architecture=(getattr(resolved.config, "architectures", None) or [None])[0],
         )
+        dtype, nbytes = self._check_all()
+        self.info = replace(self.info, dtype=dtype, attention_bytes=nbytes)
 
     def __enter__(self) -> LoadedModel:
         return self
@@ -39,16 +60,50 @@ class LoadedModel:
     def close(self) -> None:
         self.source.close()
 
-    def plan(self, blocks: Iterable[str] | None = None, layers: Iterable[int] | None = None):
+    def plan(self, blocks: Iterable[str] | None = None, layers: Iterable[int] | None = None) -> Iterator[Step]:
         """(block, layer) pairs to read, in file order."""
         want_blocks = set(blocks) if blocks is not None else None
         want_layers = set(layers) if layers is not None else None
         for b in self.info.blocks:
-            if want_blocks is not None and b.key not in want_blocks:
+            if want_blocks is not None and b.name not in want_blocks:
                 continue
             for i in range(b.n_layers):
                 if want_layers is None or i in want_layers:
-                    yield b.key, i
+                    yield b.name, i
+
+    # -- checking and sizing, from headers only ------------------------------------------------------
+
+    def _check_all(self) -> tuple[str | None, int]:
+        """Check every required tensor's presence and shape; (storage dtype(s), bytes) of the attention weights.
+
+        Tensors shared by several layers (ALBERT) are counted once.
+        """
+        stored: dict[str, None] = {}
+        for block, i in self.plan():
+            shapes = self.adapter.expected_shapes(block, i)
+            for name in self.adapter.tensor_names(block, i):
+                s = self._stored_name(name, block, i)
+                self._check_shape(name, self.source.stored_shape(s), shapes.get(name))
+                stored[s] = None
+        dtypes = sorted({self.source.stored_dtype(s) for s in stored})
+        return ("+".join(dtypes) or None), sum(self.source.stored_nbytes(s) for s in stored)
+
+    def _stored_name(self, name: str, block: str, layer: int) -> str:
+        s = self.source.resolve(name)
+        if s is None:
+            raise self._missing(name, block, layer)
+        return s
+
+    def _missing(self, name: str, block: str, layer: int) -> CheckpointError:
+        return CheckpointError(f"{self.info.source}: tensor {name!r} is missing ({block} layer {layer})")
+
+    def _check_shape(self, name: str, shape: tuple[int, ...], want: tuple[int, ...] | None) -> None:
+        if want is not None and tuple(shape) != tuple(want):
+            raise CheckpointError(
+                f"{self.info.source}: tensor {name!r} has shape {tuple(shape)}, but the config implies {tuple(want)}"
+            )
+
+    # -- reading ---------------------------------------------------------------------------------------
 
     def read_tensors(self, block: str, layer: int) -> dict[str, Tensor]:
         """Read and shape-check one layer's tensors (required and optional)."""
@@ -58,13 +113,8 @@ class LoadedModel:
         for name in a.tensor_names(block, layer):
             t = self.source.get(name)
             if t is None:
-                raise CheckpointError(f"{self.info.source}: tensor {name!r} is missing ({block} layer {layer})")
-            want = shapes.get(name)
-            if want is not None and tuple(t.shape) != tuple(want):
-                raise CheckpointError(
-                    f"{self.info.source}: tensor {name!r} has shape {tuple(t.shape)}, "
-                    f"but the config implies {tuple(want)}"
-                )
+                raise self._missing(name, block, layer)
+            self._check_shape(name, tuple(t.shape), shapes.get(name))
             out[name] = t
         for name in a.optional_names(block, layer):
             t = self.source.get(name)
@@ -73,10 +123,68 @@ class LoadedModel:
         return out
 
     def layer(self, block: str, layer: int) -> AttentionLayer:
-        return self.adapter.build(block, layer, self.read_tensors(block, layer))
+        """Read and build one layer (random access; reopens a released shard if needed)."""
+        with self._lock:
+            tensors = self.read_tensors(block, layer)
+        try:
+            return self.adapter.build(block, layer, tensors)
+        except QkinspectError:
+            raise
+        except (ValueError, AssertionError) as e:  # shape checks inside the adapter or AttentionLayer
+            raise CheckpointError(f"{self.info.source}: {block} layer {layer}: {_one_line(e)}") from None
 
     def layers(
-        self, blocks: Iterable[str] | None = None, layers: Iterable[int] | None = None
+        self, blocks: Iterable[str] | None = None, layers: Iterable[int] | None = None, *, prefetch: bool = False
     ) -> Iterator[AttentionLayer]:
-        for block, i in list(self.plan(blocks, layers)):
-            yield self.layer(block, i)
+        """Yield the chosen layers in file order. With `prefetch`, a background thread reads layer i+1 while the
+        caller works on layer i (two layers in memory instead of one); its errors are raised here."""
+        steps = list(self.plan(blocks, layers))
+        done_after = self._release_plan(steps)
+
+        def read(k: int) -> AttentionLayer:
+            layer = self.layer(*steps[k])
+            with self._lock:
+                for shard in done_after[k]:
+                    self.source.release(shard)
+            return layer
+
+        if prefetch:
+            yield from _prefetched(read, len(steps))
+        else:
+            for k in range(len(steps)):
+                yield read(k)
+
+    def _release_plan(self, steps: list[Step]) -> list[list[Hashable]]:
+        """For each step, the shards that no later step reads (released right after it)."""
+        last: dict[Hashable, int] = {}
+        for k, (block, i) in enumerate(steps):
+            for name in self.adapter.tensor_names(block, i) + self.adapter.optional_names(block, i):
+                stored = self.source.resolve(name)
+                shard = None if stored is None else self.source.shard_of(stored)
+                if shard is not None:
+                    last[shard] = k
+        out: list[list[Hashable]] = [[] for _ in steps]
+        for shard, k in last.items():
+            out[k].append(shard)
+        return out
+
+
+def _prefetched(read: Callable[[int], AttentionLayer], n: int) -> Iterator[AttentionLayer]:
+    """Yield read(0..n-1), reading item k+1 in a worker thread while the caller holds item k."""
+    if n == 0:
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="qkinspect-prefetch") as pool:
+        pending = pool.submit(read, 0)
+        try:
+            for k in range(n):
+                layer = pending.result()  # re-raises the worker's exception in the caller
+                pending = pool.submit(read, k + 1) if k + 1 < n else None
+                yield layer
+                del layer
+        finally:
+            if pending is not None:
+                pending.cancel()  # the caller stopped early; the executor waits for a read already running
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__

@@ -1,28 +1,99 @@
-"""Turn a model spec (folder, file, hub id, GGUF, or nothing for the demo) into a config and a tensor source."""
+"""Turn a model spec (folder, file, hub id, GGUF, or nothing for the demo) into a config and a tensor source.
+
+Specs, tried in this order (docs/loading.md):
+    None                    the bundled demo model
+    an existing folder      config.json + weights (safetensors preferred over .bin; sharded via *.index.json)
+    an existing file        .safetensors or .bin beside a config.json; or a .gguf (config from its metadata)
+    ``org/name``            a Hugging Face hub id, through huggingface_hub (local cache when offline)
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qkinspect.errors import CheckpointError, ModelNotFoundError
+from qkinspect.errors import CheckpointError, ModelNotFoundError, UnsupportedModelError
 from qkinspect.loading.source import SafetensorsSource, TensorSource
+
+# What a snapshot download fetches: the config and the weights, nothing else.
+HUB_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json"]
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".json", ".pt", ".pth")
 
 
 @dataclass
 class Resolved:
     name: str
     path: Path
-    format: str
+    format: str  # "safetensors", "bin" or "gguf"
     config: Any  # transformers PretrainedConfig
     source: TensorSource
     revision: str | None = None
 
 
+def resolve(spec: str | Path | None, revision: str | None = None) -> Resolved:
+    """Resolve a model spec without reading any weights.
+
+    Raises:
+        ModelNotFoundError: nothing is found under that spec (path, hub id, cache).
+        UnsupportedModelError: the config's model_type, the file type or the GGUF architecture is not supported.
+        CheckpointError: a config or weight file is corrupt, truncated or unsafe.
+
+    Example:
+        >>> r = resolve("path/to/bert")  # doctest: +SKIP
+        >>> r.format, r.config.model_type  # doctest: +SKIP
+        ('safetensors', 'bert')
+    """
+    if spec is None:
+        from qkinspect.demo import DEMO_NAME, demo_path
+
+        folder = demo_path()
+        print(f"note: no model given; using the bundled demo model {DEMO_NAME}", file=sys.stderr)
+        return _from_folder(DEMO_NAME, folder)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _from_folder(str(spec), path, revision)
+    if path.is_file():
+        return _from_file(str(spec), path)
+    if is_hub_id(str(spec)):
+        folder = hub_snapshot(str(spec), revision)
+        return _from_folder(str(spec), folder, revision=folder.name)
+    raise ModelNotFoundError(f"{spec}: no such file or folder")
+
+
+def _from_folder(name: str, folder: Path, revision: str | None = None) -> Resolved:
+    config = load_config(folder)  # first: refuses a folder without config.json or with an unknown model_type
+    source, fmt = folder_source(folder)
+    return Resolved(name, folder, fmt, config, source, revision)
+
+
+def _from_file(name: str, path: Path) -> Resolved:
+    suffix = path.suffix.lower()
+    if suffix == ".gguf":
+        from qkinspect.loading.gguf import open_gguf
+
+        config, source = open_gguf(path)
+        return Resolved(name, path, "gguf", config, source)
+    if suffix not in (".safetensors", ".bin"):
+        raise UnsupportedModelError(f"{path}: unsupported file type; give a folder, or a .safetensors, .bin or "
+                                    f".gguf file")
+    if not (path.parent / "config.json").is_file():
+        raise ModelNotFoundError(f"{path}: no config.json beside this file")
+    config = load_config(path.parent)
+    if suffix == ".safetensors":
+        return Resolved(name, path, "safetensors", config, SafetensorsSource([path]))
+    from qkinspect.loading.torchbin import TorchBinSource
+
+    return Resolved(name, path, "bin", config, TorchBinSource([path]))
+
+
 def load_config(folder: Path) -> Any:
+    """The folder's config.json as a transformers config; its model_type must have an adapter (no remote code)."""
     from transformers import AutoConfig
 
     cfg_file = folder / "config.json"
@@ -30,9 +101,9 @@ def load_config(folder: Path) -> Any:
         raise ModelNotFoundError(f"{folder}: no config.json in this folder")
     try:
         raw = json.loads(cfg_file.read_text())
-    except ValueError as e:
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"{cfg_file}: not valid JSON ({e})") from None
-    model_type = raw.get("model_type")
+    model_type = raw.get("model_type") if isinstance(raw, dict) else None
     if not model_type:
         raise CheckpointError(f"{cfg_file}: no model_type")
     from qkinspect.loading.adapters.registry import adapter_for
@@ -45,25 +116,70 @@ def load_config(folder: Path) -> Any:
 
 
 def folder_source(folder: Path) -> tuple[TensorSource, str]:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return SafetensorsSource.from_index(index), "safetensors"
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return SafetensorsSource([single]), "safetensors"
-    raise ModelNotFoundError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+    """The weights of a folder: safetensors (sharded or single) first, then PyTorch .bin (sharded or single)."""
+    from qkinspect.loading.torchbin import TorchBinSource
+
+    candidates = [
+        ("model.safetensors.index.json", lambda p: SafetensorsSource.from_index(p), "safetensors"),
+        ("model.safetensors", lambda p: SafetensorsSource([p]), "safetensors"),
+        ("pytorch_model.bin.index.json", lambda p: TorchBinSource.from_index(p), "bin"),
+        ("pytorch_model.bin", lambda p: TorchBinSource([p]), "bin"),
+    ]
+    for file, make, fmt in candidates:
+        if (folder / file).is_file():
+            return make(folder / file), fmt
+    raise ModelNotFoundError(
+        f"{folder}: no weights (model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
+        f"pytorch_model.bin.index.json)"
+    )
 
 
-def resolve(spec: str | Path | None, revision: str | None = None) -> Resolved:
-    if spec is None:
-        from qkinspect.demo import DEMO_NAME, demo_path
+# -- the Hugging Face hub --------------------------------------------------------------------------------
 
-        folder = demo_path()
-        print(f"note: no model given; using the bundled demo model {DEMO_NAME}", file=sys.stderr)
-        source, fmt = folder_source(folder)
-        return Resolved(DEMO_NAME, folder, fmt, load_config(folder), source)
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        source, fmt = folder_source(path)
-        return Resolved(str(spec), path, fmt, load_config(path), source, revision)
-    raise ModelNotFoundError(f"{spec}: no such file or folder")
+
+def is_hub_id(spec: str) -> bool:
+    """``org/name`` that is not a local path: no leading ``.``/``/``/``~``, no weight-file suffix."""
+    return _HUB_ID.fullmatch(spec) is not None and not spec.lower().endswith(_WEIGHT_SUFFIXES)
+
+
+def hub_cache_dir() -> Path:
+    """The hub cache, read from the environment at call time: HF_HUB_CACHE, else HF_HOME/hub, else the default."""
+    env = os.environ
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"]).expanduser()
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
+    """Download (or find in the cache) the config and weights of a hub model; the snapshot folder.
+
+    Offline (HF_HUB_OFFLINE) or when the hub cannot be reached, only the local cache is used.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    cache = hub_cache_dir()
+    kw = dict(repo_id=repo_id, revision=revision, cache_dir=cache, allow_patterns=HUB_PATTERNS,
+              endpoint=os.environ.get("HF_ENDPOINT") or None)
+    if not hub_offline():
+        try:
+            return Path(snapshot_download(**kw))
+        except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError) as e:
+            what = "gated (accept its licence and log in)" if isinstance(e, GatedRepoError) else "not found"
+            raise ModelNotFoundError(f"{repo_id}: {what} on the Hugging Face hub (revision {revision or 'main'})") \
+                from None
+        except Exception:
+            pass  # no network, or the hub failed: fall back to the local cache below
+    try:
+        return Path(snapshot_download(**kw, local_files_only=True))
+    except Exception:
+        how = "offline (HF_HUB_OFFLINE)" if hub_offline() else "the hub could not be reached"
+        raise ModelNotFoundError(
+            f"{repo_id}: no such file or folder, and not in the Hugging Face cache at {cache} "
+            f"(revision {revision or 'main'}; {how})"
+        ) from None

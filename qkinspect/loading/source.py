@@ -1,8 +1,15 @@
-"""Tensor sources: read named tensors one at a time from a checkpoint, never the whole file."""
+"""Tensor sources: read named tensors one at a time from a checkpoint, never the whole file.
+
+A source knows every tensor's shape, storage dtype and stored size from the file headers, so the loader can check a
+checkpoint against its config and total the attention bytes before reading any data. Sharded sources open a shard
+when a tensor in it is first read and close it again on `release`, so the loader can drop each shard's mapping once
+no later layer needs it.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable, Iterable
 from pathlib import Path
 
 import torch
@@ -10,10 +17,22 @@ from torch import Tensor
 
 from qkinspect.errors import CheckpointError
 
+# safetensors header dtype -> torch dtype (the storage dtype of a tensor, as stored).
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
 
 class TensorSource:
     """Named tensors of a checkpoint. Names may carry a base-model prefix (``bert.``, ``model.``);
-    `resolve` maps an adapter's unprefixed name to the stored one."""
+    `resolve` maps an adapter's unprefixed name to the stored one.
+
+    Subclasses implement `keys`, `_read`, `stored_shape`, `stored_dtype` and `stored_nbytes`; sharded ones also
+    `shard_of` and `release`.
+    """
 
     def keys(self) -> list[str]:
         raise NotImplementedError
@@ -23,6 +42,21 @@ class TensorSource:
 
     def stored_shape(self, stored_name: str) -> tuple[int, ...]:
         raise NotImplementedError
+
+    def stored_dtype(self, stored_name: str) -> str:
+        """Storage dtype as a short name: ``float32``, ``bfloat16``, or a GGML type such as ``q4_1``."""
+        raise NotImplementedError
+
+    def stored_nbytes(self, stored_name: str) -> int:
+        """Bytes the tensor takes in the file, from the header alone."""
+        raise NotImplementedError
+
+    def shard_of(self, stored_name: str) -> Hashable | None:
+        """The shard (file) holding a tensor, or None for single-mapping sources."""
+        return None
+
+    def release(self, shard: Hashable) -> None:
+        """Close one shard's handle and mapping; a later read opens it again."""
 
     def close(self) -> None:
         pass
@@ -64,52 +98,107 @@ class TensorSource:
 
 
 class SafetensorsSource(TensorSource):
-    """One or more .safetensors files (a sharded checkpoint lists them in model.safetensors.index.json)."""
+    """One or more .safetensors files (a sharded checkpoint lists them in model.safetensors.index.json).
 
-    def __init__(self, files: list[Path]):
-        from safetensors import safe_open
+    Every file's header is read and checked up front (a truncated or corrupt file fails here, naming the file);
+    data is read with `safe_open`, one tensor at a time.
 
-        self.files = files
-        self._handles = {}
+    Example:
+        >>> src = SafetensorsSource([Path("model.safetensors")])  # doctest: +SKIP
+        >>> src.get("encoder.layer.0.attention.self.query.weight").shape  # doctest: +SKIP
+        torch.Size([384, 384])
+    """
+
+    def __init__(self, files: Iterable[Path]):
+        self.files = [Path(f) for f in files]
+        self._handles: dict[Path, object] = {}
         self._where: dict[str, Path] = {}
-        for f in files:
-            try:
-                h = safe_open(str(f), framework="pt")
-            except Exception as e:  # safetensors raises its own error types for corrupt headers
-                raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from None
-            self._handles[f] = h
+        self._meta: dict[str, tuple[str, tuple[int, ...]]] = {}  # name -> (header dtype, shape)
+        for f in self.files:
+            h = _open_safetensors(f)
             for k in h.keys():
+                s = h.get_slice(k)
                 self._where[k] = f
+                self._meta[k] = (s.get_dtype(), tuple(s.get_shape()))
+            del h  # headers read; the mapping is opened again on the first read from this file
 
     @classmethod
     def from_index(cls, index: Path) -> SafetensorsSource:
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError) as e:
-            raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from None
-        files = sorted({index.parent / f for f in weight_map.values()})
-        return cls(files)
+        return cls(shards_from_index(index))
 
     def keys(self) -> list[str]:
         return list(self._where)
 
     def stored_shape(self, stored_name: str) -> tuple[int, ...]:
-        h = self._handles[self._where[stored_name]]
-        return tuple(h.get_slice(stored_name).get_shape())
+        return self._meta[stored_name][1]
+
+    def stored_dtype(self, stored_name: str) -> str:
+        raw = self._meta[stored_name][0]
+        dt = _SAFETENSORS_DTYPES.get(raw)
+        return raw.lower() if dt is None else storage_dtype(dt)
+
+    def stored_nbytes(self, stored_name: str) -> int:
+        raw, shape = self._meta[stored_name]
+        dt = _SAFETENSORS_DTYPES.get(raw)
+        if dt is None:
+            raise CheckpointError(f"{self._where[stored_name]}: tensor {stored_name!r} has unsupported dtype {raw}")
+        return _numel(shape) * dt.itemsize
+
+    def shard_of(self, stored_name: str) -> Path:
+        return self._where[stored_name]
+
+    def release(self, shard: Hashable) -> None:
+        self._handles.pop(shard, None)  # type: ignore[call-overload]
 
     def _read(self, stored_name: str) -> Tensor:
         f = self._where[stored_name]
         try:
-            return self._handles[f].get_tensor(stored_name)
+            h = self._handles.get(f)
+            if h is None:
+                h = self._handles[f] = _open_safetensors(f)
+            return h.get_tensor(stored_name)  # type: ignore[attr-defined]
+        except CheckpointError:
+            raise
         except Exception as e:
-            raise CheckpointError(f"{f}: cannot read tensor {stored_name!r} ({e})") from None
+            raise CheckpointError(f"{f}: cannot read tensor {stored_name!r} ({_one_line(e)})") from None
 
     def close(self) -> None:
         self._handles.clear()
 
 
+def _open_safetensors(f: Path):
+    from safetensors import safe_open
+
+    try:
+        return safe_open(str(f), framework="pt")
+    except FileNotFoundError:
+        raise CheckpointError(f"{f}: file is missing") from None
+    except Exception as e:  # safetensors raises its own error types for corrupt or truncated files
+        raise CheckpointError(f"{f}: not a readable safetensors file, corrupt or truncated ({_one_line(e)})") from None
+
+
+def shards_from_index(index: Path) -> list[Path]:
+    """The shard files named by a ``*.index.json`` weight map, each checked to exist."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{index}: not a valid checkpoint index ({_one_line(e)})") from None
+    files = [index.parent / n for n in names]
+    for f in files:
+        if not f.is_file():
+            raise CheckpointError(f"{index}: lists shard {f.name}, which is missing")
+    return files
+
+
 class DictSource(TensorSource):
-    """In-memory tensors (tests, and checkpoints already loaded by other means)."""
+    """In-memory tensors (tests, and checkpoints already loaded by other means).
+
+    Example:
+        >>> src = DictSource({"w": torch.zeros(2, 3)})
+        >>> src.shape("w")
+        (2, 3)
+    """
 
     def __init__(self, tensors: dict[str, Tensor]):
         self.tensors = tensors
@@ -120,12 +209,32 @@ class DictSource(TensorSource):
     def stored_shape(self, stored_name: str) -> tuple[int, ...]:
         return tuple(self.tensors[stored_name].shape)
 
+    def stored_dtype(self, stored_name: str) -> str:
+        return storage_dtype(self.tensors[stored_name].dtype)
+
+    def stored_nbytes(self, stored_name: str) -> int:
+        t = self.tensors[stored_name]
+        return t.numel() * t.element_size()
+
     def _read(self, stored_name: str) -> Tensor:
         return self.tensors[stored_name]
 
 
-def storage_dtype(t: Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
+def storage_dtype(t: Tensor | torch.dtype) -> str:
+    """``torch.bfloat16`` (or a tensor of it) -> ``"bfloat16"``."""
+    dt = t.dtype if isinstance(t, Tensor) else t
+    return str(dt).removeprefix("torch.")
 
 
-__all__ = ["TensorSource", "SafetensorsSource", "DictSource", "storage_dtype", "torch"]
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+__all__ = ["TensorSource", "SafetensorsSource", "DictSource", "shards_from_index", "storage_dtype", "torch"]
