@@ -65,11 +65,11 @@ class LoadedModel:
         want_blocks = set(blocks) if blocks is not None else None
         want_layers = set(layers) if layers is not None else None
         for b in self.info.blocks:
-            if want_blocks is not None and b.name not in want_blocks:
+            if want_blocks is not None and b.key not in want_blocks:
                 continue
             for i in range(b.n_layers):
                 if want_layers is None or i in want_layers:
-                    yield b.name, i
+                    yield b.key, i
 
     # -- checking and sizing, from headers only ------------------------------------------------------
 
