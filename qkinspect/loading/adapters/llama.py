@@ -141,6 +141,11 @@ class SplitProjectionAdapter(DecoderAdapter):
     norm_path: str | None = "input_layernorm"
     norm_kind = "rmsnorm"
     norm_unit_offset = False  # Gemma: RMSNorm multiplies by (1 + weight)
+    # q/k norm after the projections (Qwen3, Gemma3, OLMo2): module names inside the attention module, and
+    # their scope: "head" normalises each head's d values (gain (d,)), "projection" all H*d at once (OLMo2).
+    qk_norm_paths: tuple[str, str] | None = None
+    qk_norm_scope = "head"
+    qk_norm_kind = "rmsnorm"
 
     def block_spec(self) -> BlockSpec:
         c = self.config
@@ -157,12 +162,16 @@ class SplitProjectionAdapter(DecoderAdapter):
 
     def spec_fields(self, d_head: int) -> dict[str, Any]:
         """Positional scheme, scale, qk_norm ... (BlockSpec keyword arguments)."""
-        return {**rope_spec(self.config, d_head), "attention_kind": attention_kind(self.config)}
+        return {**rope_spec(self.config, d_head), "attention_kind": attention_kind(self.config),
+                "qk_norm": self.qk_norm_paths is not None}
 
     def names(self, layer: int) -> dict[str, str]:
         p = f"{self.layer_path.format(i=layer)}.{self.attn_path}"
         n = {r: f"{p}.{m}.weight" for r, m in self.proj.items()}
         n.update({f"b{r}": f"{p}.{m}.bias" for r, m in self.proj.items()})  # bq, bk, bv, bo
+        if self.qk_norm_paths is not None:
+            qn, kn = self.qk_norm_paths
+            n.update(qn=f"{p}.{qn}.weight", kn=f"{p}.{kn}.weight", qnb=f"{p}.{qn}.bias", knb=f"{p}.{kn}.bias")
         if self.norm_path is not None:
             lp = self.layer_path.format(i=layer)
             n["norm_w"] = f"{lp}.{self.norm_path}.weight"
@@ -175,6 +184,9 @@ class SplitProjectionAdapter(DecoderAdapter):
         H, G, d, D = s.n_heads, s.n_kv_heads, s.d_head, s.d_model
         shapes = {"q": (H * d, D), "k": (G * d, D), "v": (G * d, D), "o": (D, H * d),
                   "bq": (H * d,), "bk": (G * d,), "bv": (G * d,), "bo": (D,), "norm_w": (D,), "norm_b": (D,)}
+        per_proj = self.qk_norm_scope == "projection"
+        shapes.update(qn=(H * d,) if per_proj else (d,), kn=(G * d,) if per_proj else (d,))
+        shapes.update(qnb=shapes["qn"], knb=shapes["kn"])
         return {n[r]: shape for r, shape in shapes.items() if r in n}
 
     def _build(self, layer: int, t: Mapping[str, Tensor]) -> AttentionLayer:
@@ -197,11 +209,37 @@ class SplitProjectionAdapter(DecoderAdapter):
         )
 
     def qk_norm_fields(self, t: Mapping[str, Tensor]) -> dict[str, Any]:
-        """q_norm / k_norm gains for families that have them (Qwen3, Gemma3, OLMo2)."""
-        return {}
+        """q_norm / k_norm gains for families that have them (Qwen3, Gemma3, OLMo2), as multipliers.
+
+        Head scope: gains (d,), shared by the heads. Projection scope (OLMo2): the norm's RMS runs over all H*d
+        query values of a token, a positive per-token factor common to every head, so each head still sees
+        `x W_Q[h] diag(gain[h])` up to that factor; the (H*d,) gain is reshaped to (H, d), (G*d,) to (G, d).
+        """
+        if self.qk_norm_paths is None or t.get("qn") is None or t.get("kn") is None:
+            return {}
+        s = self._spec
+        q, k = self.qk_gain(t["qn"]), self.qk_gain(t["kn"])
+        if self.qk_norm_scope == "projection":
+            q, k = q.reshape(s.n_heads, s.d_head), k.reshape(s.n_kv_heads, s.d_head)  # (H*d,) -> (H, d)
+        extra = {"qk_norm_kind": self.qk_norm_kind, "qk_norm_scope": self.qk_norm_scope}
+        if t.get("qnb") is not None:  # LayerNorm q/k norms (Phi with qk_layernorm) also have biases
+            extra.update(q_norm_bias=t["qnb"], k_norm_bias=t["knb"])
+        return {"q_norm": q, "k_norm": k, "extra": extra}
+
+    def qk_gain(self, w: Tensor) -> Tensor:
+        """The stored q/k-norm weight as the multiplier it is (Gemma3 overrides: 1 + weight)."""
+        return w
+
+    rotary_style = "half"  # rotate_half: dims (i, i + r/2) are rotated together; GPT-J: "interleaved" (2i, 2i+1)
 
     def layer_extra(self, layer: int) -> dict[str, Any]:
-        return {"rotary_style": "half"}  # rotate_half: dims (i, i + r/2) form the rotated pairs
+        extra: dict[str, Any] = {}
+        if self._spec.positional == "rope":
+            extra["rotary_style"] = self.rotary_style
+        types = getattr(self.config, "layer_types", None)
+        if types:  # per-layer attention type (Gemma2/3: "sliding_attention" or "full_attention")
+            extra["layer_type"] = types[layer]
+        return extra
 
 
 def attention_kind(c: Any) -> str:
