@@ -42,7 +42,7 @@ class Device(str, Enum):
 ModelArg = Annotated[
     str | None,
     typer.Argument(help="Model folder, .safetensors/.gguf file or hub id in the local cache; omit for the demo.",
-                   show_default=False),
+                   show_default=False, metavar="MODEL"),
 ]
 RevisionOpt = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
 LayersOpt = Annotated[

@@ -1,0 +1,79 @@
+"""`qkinspect analyze`: per-head metrics of W_Q W_Kᵀ (symmetry, spectra, ranks) and Q/K/V similarity."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated
+
+import typer
+
+from qkinspect.cli.options import (
+    BlockOpt,
+    Device,
+    DeviceOpt,
+    FoldLnOpt,
+    FormatOpt,
+    HeadsOpt,
+    LayersOpt,
+    MetricsOpt,
+    ModelArg,
+    OutputOpt,
+    Precision,
+    PrecisionOpt,
+    RevisionOpt,
+    Selection,
+)
+from qkinspect.cli.output import Document, check_writable, emit, envelope
+
+
+class By(str, Enum):
+    head = "head"
+    layer = "layer"
+
+
+ByOpt = Annotated[By, typer.Option("--by", help="Rows per head, or per layer (summaries and the summed form).")]
+SortOpt = Annotated[str | None, typer.Option("--sort", metavar="METRIC", help="Sort rows by METRIC, largest first.")]
+AscendingOpt = Annotated[bool, typer.Option("--ascending", help="With --sort: smallest first.")]
+TopOpt = Annotated[int | None, typer.Option("--top", metavar="N", help="Keep the first N rows (after --sort).")]
+LayerFormOpt = Annotated[bool, typer.Option(
+    "--layer-form", help="Also measure each layer's summed form Σ_h W_Q W_Kᵀ (costs O(d_model³) per layer).")]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def analyze(
+        model: ModelArg = None, layers: LayersOpt = None, heads: HeadsOpt = None, block: BlockOpt = None,
+        metrics: MetricsOpt = None, by: ByOpt = By.head, sort: SortOpt = None, ascending: AscendingOpt = False,
+        top: TopOpt = None, fold_ln: FoldLnOpt = False, layer_form: LayerFormOpt = False,
+        precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
+        fmt: FormatOpt = None, output: OutputOpt = None,
+    ) -> None:
+        """Measure every attention head: symmetry and spectrum of W_Q W_Kᵀ, effective rank, Q/K/V overlap,
+        with a random baseline and a per-layer summary.
+
+        Example: qkinspect analyze ./my-bert --layers 0-3 --metrics symmetry,overlap_qk --sort symmetry --top 10
+        """
+        from qkinspect.cli.run import run_analysis, sort_and_trim
+
+        if output is not None:
+            check_writable(output)
+        sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
+                              device=device, fold_ln=fold_ln)
+        result = run_analysis(model, sel, revision=revision, layer_form=layer_form)
+        result = sort_and_trim(result, sort=sort, top=top, by=by.value, ascending=ascending)
+        emit(analysis_document(result, by=by.value, requested=sel.metrics, sort=sort), fmt, output)
+
+
+def analysis_document(result, *, by: str = "head", requested=None, sort: str | None = None) -> Document:
+    """JSON: the result's schema-qkinspect/1 dict (with "kind": "analyze"); rows: tidy per head (or per layer)."""
+    from qkinspect.cli.tables import default_columns, render_analysis
+
+    body = result.to_dict()
+    body.pop("schema", None)
+    body.pop("tool", None)
+    records = result.heads if by == "head" else result.layers
+    rows = [{"model": result.model.name, **r.row()} for r in records]
+    cols = default_columns(result, requested, sort)
+    return Document(json=envelope("analyze", **body), rows=rows,
+                    render=lambda console: render_analysis(console, result, columns=cols, by=by,
+                                                           grouped=sort is None))

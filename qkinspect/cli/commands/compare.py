@@ -1,0 +1,128 @@
+"""`qkinspect compare`: per-head differences of the metrics between two checkpoints of one architecture
+(a base model and its fine-tune, or two training steps). Differences are B − A."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+import typer
+
+from qkinspect.cli.options import (
+    BlockOpt,
+    Device,
+    DeviceOpt,
+    FoldLnOpt,
+    FormatOpt,
+    HeadsOpt,
+    LayersOpt,
+    MetricsOpt,
+    OutputOpt,
+    Precision,
+    PrecisionOpt,
+    Selection,
+)
+from qkinspect.cli.output import Document, check_writable, emit, envelope
+from qkinspect.errors import InputError
+
+SHAPE_FIELDS = ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head")
+
+ModelA = Annotated[str, typer.Argument(help="The reference checkpoint (A).", show_default=False, metavar="MODEL_A")]
+ModelB = Annotated[str, typer.Argument(help="The checkpoint compared with it (B); differences are B − A.",
+                                       show_default=False, metavar="MODEL_B")]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def compare(
+        model_a: ModelA, model_b: ModelB, layers: LayersOpt = None, heads: HeadsOpt = None, block: BlockOpt = None,
+        metrics: MetricsOpt = None, fold_ln: FoldLnOpt = False, precision: PrecisionOpt = Precision.float32,
+        device: DeviceOpt = Device.cpu, fmt: FormatOpt = None, output: OutputOpt = None,
+    ) -> None:
+        """Per-head differences (B − A) of every metric for two checkpoints of the same architecture.
+
+        Example: qkinspect compare ./bert-base ./bert-finetuned --metrics symmetry,overlap_qk -o diff.csv
+        """
+        from qkinspect.cli.run import model_info, run_analysis
+
+        if output is not None:
+            check_writable(output)
+        info_a, info_b = model_info(model_a), model_info(model_b)
+        check_same_shapes(info_a, info_b)
+        sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
+                              device=device, fold_ln=fold_ln)
+        a = run_analysis(model_a, sel, info=info_a)
+        b = run_analysis(model_b, sel, info=info_b)
+        emit(compare_document(a, b, requested=sel.metrics), fmt, output)
+
+
+def check_same_shapes(a, b) -> None:
+    """InputError naming every difference when two models' attention blocks do not line up head for head."""
+    sa = {x.key: x for x in a.blocks}
+    sb = {x.key: x for x in b.blocks}
+    if list(sa) != list(sb):
+        raise InputError(f"cannot compare: {a.name} has blocks {', '.join(sa)} but {b.name} has {', '.join(sb)}")
+    diffs = [f"{k} {f} {getattr(sa[k], f)} vs {getattr(sb[k], f)}"
+             for k in sa for f in SHAPE_FIELDS if getattr(sa[k], f) != getattr(sb[k], f)]
+    if diffs:
+        raise InputError(f"cannot compare {a.name} with {b.name}: shapes differ ({'; '.join(diffs)})")
+
+
+def common_metrics(a, b) -> list[str]:
+    """Head metrics both results computed, in A's order."""
+    in_b = {k for h in b.heads for k in h.values}
+    names = list(a.metric_names) or sorted({k for h in a.heads for k in h.values})
+    return [m for m in names if m in in_b and any(m in h.values for h in a.heads)]
+
+
+def head_deltas(a, b) -> list[dict[str, Any]]:
+    """One row per head: block, layer, head, kv_head, then per metric `{m}_a`, `{m}_b` and `delta_{m}` (B − A)."""
+    names = common_metrics(a, b)
+    other = {(h.block, h.layer, h.head): h for h in b.heads}
+    rows = []
+    for ha in a.heads:
+        hb = other.get((ha.block, ha.layer, ha.head))
+        if hb is None:
+            continue
+        row: dict[str, Any] = {"block": ha.block, "layer": ha.layer, "head": ha.head, "kv_head": ha.kv_head}
+        for m in names:
+            va, vb = ha.values.get(m), hb.values.get(m)
+            row[f"{m}_a"], row[f"{m}_b"], row[f"delta_{m}"] = va, vb, _diff(vb, va)
+        rows.append(row)
+    return rows
+
+
+def _diff(x, y) -> float:
+    if x is None or y is None:
+        return math.nan
+    return float(x) - float(y)
+
+
+def compare_document(a, b, *, requested=None) -> Document:
+    from qkinspect.cli.tables import default_columns
+    from qkinspect.records import model_dict
+
+    rows = head_deltas(a, b)
+    body = {"model_a": model_dict(a.model), "model_b": model_dict(b.model), "processing": a.processing,
+            "metrics": common_metrics(a, b),
+            "heads": rows, "warnings": [*a.warnings, *b.warnings]}
+    cols = [f"delta_{m}" for m in default_columns(a, requested)]
+    return Document(json=envelope("compare", **body), rows=rows,
+                    render=lambda console: _render(console, a, b, rows, cols))
+
+
+def _render(console, a, b, rows: list[dict[str, Any]], cols: list[str]) -> None:
+    from types import SimpleNamespace
+
+    from qkinspect.cli.tables import head_table, model_line
+
+    console.print(f"A: {model_line(a.model)}", highlight=False, soft_wrap=True)
+    console.print(f"B: {model_line(b.model)}", highlight=False, soft_wrap=True)
+    heads = [SimpleNamespace(block=r["block"], layer=r["layer"], head=r["head"], kv_head=r["kv_head"], values=r)
+             for r in rows]
+    console.print(head_table(heads, cols, title="per-head differences, B − A"))
+    for c in cols:
+        vals = [abs(r[c]) for r in rows if r[c] is not None and not math.isnan(r[c])]
+        if vals:
+            console.print(f"{c}: mean |Δ| {sum(vals) / len(vals):.4f}, max |Δ| {max(vals):.4f}", style="dim",
+                          highlight=False)
