@@ -4,6 +4,8 @@ and compare the canonical matrices with the model's own projections captured in 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -98,3 +100,125 @@ def output_proj(z: torch.Tensor, W_O: torch.Tensor, b_O: torch.Tensor | None) ->
     """Per-head attention outputs z (..., H, dv) through canonical W_O (H, dv, D) and b_O (D,) -> (..., D)."""
     y = torch.einsum("...hd,hdm->...m", z.double(), W_O.double())
     return y if b_O is None else y + b_O.double()
+
+
+# -- helpers added for the encoder and encoder-decoder proofs ------------------------------------------------------
+
+def randomise_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Make every projection and norm distinguishable, so that a wrong tensor cannot pass by accident:
+    linear and convolution weights ~ N(0, 1/fan_in) (scores of order 1), other tables (embeddings, class tokens,
+    position tables) ~ N(0, 1), 1-D weights (norm gains) ~ U(0.5, 1.5), 1-D biases ~ N(0, 0.1). Default inits
+    leave gains at 1, biases at 0 and some tokens at 0, which would hide a wrong norm or bias."""
+    g = torch.Generator().manual_seed(seed)
+    fan_in = {}
+    for mod in model.modules():
+        if isinstance(mod, (torch.nn.Linear, torch.nn.modules.conv._ConvNd)):
+            fan_in[id(mod.weight)] = mod.weight[0].numel()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if id(p) in fan_in:
+                p.copy_(torch.randn(p.shape, generator=g) * fan_in[id(p)] ** -0.5)
+            elif p.ndim >= 2:
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif p.ndim == 1 and name.endswith("weight"):
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+            elif p.ndim == 1 and name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return model.eval()
+
+
+def assert_normalised(x: torch.Tensor, norm, what: str = "", tol: float = 1e-3):
+    """`x` (..., D) was produced by `norm` (a qkinspect Norm): undoing its gain and bias leaves rows of zero mean
+    and unit variance (LayerNorm) or unit mean square (RMSNorm)."""
+    n = x.double()
+    if norm.bias is not None:
+        n = n - norm.bias.double()
+    n = n / norm.gain.double()
+    if norm.kind == "layernorm":
+        err = max(n.mean(-1).abs().max().item(), (n.var(-1, unbiased=False) - 1).abs().max().item())
+    else:
+        err = (n.pow(2).mean(-1) - 1).abs().max().item()
+    assert err <= tol, f"{what}: input is not the output of the recorded {norm.kind} (error {err:.3g})"
+
+
+def assert_out_proj(z: torch.Tensor, W_O: torch.Tensor, b_O: torch.Tensor | None, expected: torch.Tensor,
+                    what: str = ""):
+    """The output projection's input z (..., H*dv) through canonical W_O (H, dv, D) reproduces its output."""
+    H, dv, _ = W_O.shape
+    zh = split_heads(z.double(), H, dv)  # (..., H*dv) -> (..., H, dv)
+    got = torch.einsum("...hv,hvm->...m", zh, W_O.double())
+    if b_O is not None:
+        got = got + b_O.double()
+    err = (got - expected.double()).abs().max().item()
+    assert err <= ATOL, f"{what}: W_O max abs error {err:.3g} > {ATOL}"
+
+
+def record_input(rec) -> torch.Tensor:
+    """The first positional input (or `hidden_states`) of a captured call (args, kwargs, output)."""
+    args, kwargs, _ = rec
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def record_output(rec) -> torch.Tensor:
+    out = rec[2]
+    return out[0] if isinstance(out, tuple) else out
+
+
+@dataclasses.dataclass
+class Sites:
+    """Where one layer's projections live in the real model, named independently of the adapter under test.
+    For a fused projection q, k and v are the same module and `split` maps its output to the flat
+    (q, k, v) outputs, each (..., n*d), exactly as the model's own code splits it."""
+
+    q: torch.nn.Module
+    k: torch.nn.Module
+    v: torch.nn.Module
+    o: torch.nn.Module
+    split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+
+
+def check_layers(model: torch.nn.Module, run: Callable[[torch.nn.Module], object], layers: list[AttentionLayer],
+                 sites_of: Callable[[str, int], Sites]) -> dict[tuple[str, int], dict[str, torch.Tensor]]:
+    """Run the model once, capturing every layer's projections, and assert that each layer's canonical
+    W_Q/b_Q, W_K/b_K, W_V/b_V reproduce the model's query, key and value states from the projections' own
+    inputs, that W_O/b_O reproduce the output projection, and that the recorded norms produced those inputs.
+    A module serving several layers (ALBERT) is matched call by call in layer order.
+    Returns, per (block, layer), the captured query-side input "x_q" and key-side input "x_kv"."""
+    sites = {(lay.block, lay.layer): sites_of(lay.block, lay.layer) for lay in layers}
+    modules: list[torch.nn.Module] = []
+    for s in sites.values():
+        for m in (s.q, s.k, s.v, s.o):
+            if all(m is not other for other in modules):
+                modules.append(m)
+    index = {id(m): i for i, m in enumerate(modules)}
+    with torch.no_grad(), capture(*modules) as records:
+        run(model)
+    calls: dict[int, int] = {}
+    captured = {}
+    for lay in layers:
+        s, key = sites[(lay.block, lay.layer)], (lay.block, lay.layer)
+        distinct = {id(m): m for m in (s.q, s.k, s.v, s.o)}
+        rec = {i: records[index[i]][calls.get(i, 0)] for i in distinct}
+        for i in distinct:
+            calls[i] = calls.get(i, 0) + 1
+        captured[key] = _check_one(lay, s, {role: rec[id(getattr(s, role))] for role in "qkvo"})
+    return captured
+
+
+def _check_one(lay: AttentionLayer, s: Sites, rec: dict) -> dict[str, torch.Tensor]:
+    sp, what = lay.spec, f"{lay.block} layer {lay.layer}"
+    if s.split is not None:
+        q, k, v = s.split(record_output(rec["q"]))
+    else:
+        q, k, v = (record_output(rec[r]) for r in "qkv")
+    x_q, x_kv = record_input(rec["q"]), record_input(rec["k"])
+    assert torch.equal(record_input(rec["v"]), x_kv), f"{what}: keys and values read different inputs"
+    assert_heads(x_q, lay.W_Q, lay.b_Q, split_heads(q, sp.n_heads, sp.d_head), f"{what} queries")
+    assert_heads(x_kv, lay.W_K, lay.b_K, split_heads(k, sp.n_kv_heads, sp.d_head), f"{what} keys")
+    assert_heads(x_kv, lay.W_V, lay.b_V, split_heads(v, sp.n_kv_heads, sp.v_head), f"{what} values")
+    assert_out_proj(record_input(rec["o"]), lay.W_O, lay.b_O, record_output(rec["o"]), what)
+    if lay.norm_q is not None:
+        assert_normalised(x_q, lay.norm_q, f"{what} query input")
+    if lay.norm_kv is not None:
+        assert_normalised(x_kv, lay.norm_kv, f"{what} key/value input")
+    return {"x_q": x_q, "x_kv": x_kv}
