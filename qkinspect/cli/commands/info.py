@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import typer
 
 from qkinspect.cli.options import FormatOpt, ModelArg, OutputOpt, RevisionOpt
-from qkinspect.cli.output import Document, check_writable, emit, envelope, progress
+from qkinspect.cli.output import Document, check_writable, emit, envelope
 
 
 def register(app: typer.Typer) -> None:
@@ -25,41 +24,23 @@ def register(app: typer.Typer) -> None:
 
 
 def info_document(model: str | None, revision: str | None = None) -> Document:
+    """The model's identity and block shapes; dtype and bytes come from the checkpoint's headers (no weights read)."""
     from qkinspect.loading import open_model
     from qkinspect.records import model_dict
 
     with open_model(model, revision=revision) as m:
-        info, per_block = _with_sizes(m)
+        info = m.info
     d = model_dict(info)
-    rows = [_block_row(info, b, per_block.get(s.key)) for b, s in zip(d["blocks"], info.blocks, strict=True)]
-    return Document(json=envelope("info", model=d, attention_bytes_by_block=per_block), rows=rows,
-                    render=lambda console: _render(console, info, rows))
+    rows = [_block_row(info, b) for b in d["blocks"]]
+    return Document(json=envelope("info", model=d), rows=rows, render=lambda console: _render(console, info, rows))
 
 
-def _with_sizes(m) -> tuple[Any, dict[str, int]]:
-    """Fill in attention bytes and storage dtype, reading one layer at a time when the loader did not."""
-    info = m.info
-    per_block: dict[str, int] = {}
-    if info.attention_bytes is not None and info.dtype is not None:
-        return info, per_block
-    dtype = info.dtype
-    plan = [(b.key, i) for b in info.blocks for i in range(1 if b.shared_layers else b.n_layers)]
-    with progress("reading attention weights") as p:
-        for done, (block, i) in enumerate(plan, 1):
-            layer = m.layer(block, i)
-            per_block[block] = per_block.get(block, 0) + layer.nbytes()
-            dtype = dtype or str(layer.W_Q.dtype).removeprefix("torch.")
-            p(done, len(plan))
-    return dataclasses.replace(info, attention_bytes=sum(per_block.values()), dtype=dtype), per_block
-
-
-def _block_row(info, b: dict[str, Any], nbytes: int | None) -> dict[str, Any]:
+def _block_row(info, b: dict[str, Any]) -> dict[str, Any]:
     return {
         "model": info.name, "model_type": info.model_type, "block": b.get("label") or b["name"],
-        "kind": b["name"], "n_layers": b["n_layers"],
-        "n_heads": b["n_heads"], "n_kv_heads": b["n_kv_heads"], "d_model": b["d_model"], "d_head": b["d_head"],
-        "positional": b["positional"], "rotary_dims": b["rotary_dims"], "flags": " ".join(b["flags"]),
-        "attention_bytes": nbytes,
+        "kind": b["name"], "n_layers": b["n_layers"], "n_heads": b["n_heads"], "n_kv_heads": b["n_kv_heads"],
+        "d_model": b["d_model"], "d_head": b["d_head"], "positional": b["positional"],
+        "rotary_dims": b["rotary_dims"], "flags": " ".join(b["flags"]), "dtype": info.dtype,
     }
 
 
@@ -83,10 +64,10 @@ def _render(console, info, rows: list[dict[str, Any]]) -> None:
     console.print(f"source: {info.source}  format: {info.format}  dtype: {info.dtype or '?'}  "
                   f"attention weights: {human_bytes(info.attention_bytes)}", highlight=False, soft_wrap=True)
     t = Table(show_edge=False, header_style="bold")
-    for col in ("block", "layers", "heads", "KV heads", "d_model", "d_head", "positional", "flags", "bytes"):
+    for col in ("block", "layers", "heads", "KV heads", "d_model", "d_head", "positional", "flags"):
         t.add_column(col, justify="left" if col in ("block", "positional", "flags") else "right")
     for r in rows:
         pos = r["positional"] + (f" ({r['rotary_dims']} dims)" if r["rotary_dims"] else "")
         t.add_row(r["block"], str(r["n_layers"]), str(r["n_heads"]), str(r["n_kv_heads"]), str(r["d_model"]),
-                  str(r["d_head"]), pos, r["flags"] or "-", human_bytes(r["attention_bytes"]))
+                  str(r["d_head"]), pos, r["flags"] or "-")
     console.print(t)
