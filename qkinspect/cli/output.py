@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -140,9 +141,12 @@ def envelope(kind: str, **fields: Any) -> dict[str, Any]:
 # -- serialisers -----------------------------------------------------------------------------------------------
 
 def jsonable(x: Any) -> Any:
-    """A JSON-safe copy: NaN/inf -> null, numpy -> Python, tuples -> lists, complex -> [re, im], Path/Enum -> str."""
+    """A JSON-safe copy: NaN/inf -> null, numpy -> Python, tuples -> lists, complex -> [re, im], Path/Enum -> str,
+    dataclasses -> dicts."""
     if isinstance(x, dict):
         return {str(k): jsonable(v) for k, v in x.items()}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return jsonable(dataclasses.asdict(x))
     if isinstance(x, (list, tuple)):
         return [jsonable(v) for v in x]
     if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):  # numpy arrays and scalars, torch tensors
