@@ -1,0 +1,104 @@
+"""Layer x head heatmaps and their colour bars, shared by the symmetry, overlap, heads and compare figures."""
+
+from __future__ import annotations
+
+import matplotlib
+import numpy as np
+from matplotlib.colors import Normalize, TwoSlopeNorm
+
+from qkinspect.report.grid import Grid
+from qkinspect.report.style import DIVERGING, MISSING, SEQUENTIAL, fmt, set_index_ticks, symmetric_limit
+
+# Write each cell's value only while cells stay large enough to read at paper width.
+ANNOTATE_MAX_CELLS = 16 * 16
+ANNOTATE_MAX_HEADS = 12
+
+
+def cmap(name: str):
+    """A colour map whose NaN cells show as light grey (heads not analysed, undefined values)."""
+    return matplotlib.colormaps[name].with_extremes(bad=MISSING)
+
+
+def diverging_norm(*arrays: np.ndarray) -> TwoSlopeNorm:
+    """Centred at 0, half-width fitted to the data so small signed values still show colour."""
+    lim = symmetric_limit(np.concatenate([np.ravel(a) for a in arrays]) if arrays else [])
+    return TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim)
+
+
+def diverging_norm_unbounded(*arrays: np.ndarray) -> TwoSlopeNorm:
+    """Like `diverging_norm` for quantities not bounded by 1 (changes in rank, in dimensions)."""
+    lim = symmetric_limit(np.concatenate([np.ravel(a) for a in arrays]), floor=0.1, cap=None)
+    return TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim)
+
+
+def unit_norm(*arrays: np.ndarray, floor: float = 0.1) -> Normalize:
+    """From 0 to the data's maximum rounded up (at most 1): overlaps far below 1 keep their contrast."""
+    lim = symmetric_limit(np.concatenate([np.ravel(a) for a in arrays]), floor=floor)
+    return Normalize(vmin=0.0, vmax=lim)
+
+
+def block_rows(fig, n_layers: list[int], ncols: int, **kw):
+    """Panels with one row per block, each row as tall as its number of layers (at least 3)."""
+    ratios = [max(n, 3) for n in n_layers]
+    return fig.subplots(len(n_layers), ncols, squeeze=False, gridspec_kw={"height_ratios": ratios}, **kw)
+
+
+def height_for(n_layers: list[int], per_layer: float = 0.2, per_block: float = 1.1) -> float:
+    """Figure height (inches) for block rows of heatmaps: cells stay readable, the page is never exceeded."""
+    return float(np.clip(sum(max(n, 3) for n in n_layers) * per_layer + per_block * len(n_layers) + 0.6, 3.2, 9.5))
+
+
+def draw(ax, grid: Grid, norm, cmap_name: str = DIVERGING, annotate: bool = True, max_ticks: int = 16):
+    """Draw one layer x head grid on `ax`; returns the image for a colour bar."""
+    im = ax.imshow(np.ma.masked_invalid(grid.values), cmap=cmap(cmap_name), norm=norm, aspect="auto",
+                   interpolation="nearest")
+    set_index_ticks(ax, len(grid.heads), "x", grid.heads, max_ticks)
+    set_index_ticks(ax, len(grid.layers), "y", grid.layers)
+    ax.set_xlabel("head index")
+    ax.set_ylabel("layer index")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(True)
+    if annotate and grid.values.size <= ANNOTATE_MAX_CELLS:
+        _annotate(ax, grid.values, norm, cmap_name)
+    return im
+
+
+def draw_square(ax, matrix: np.ndarray, norm, cmap_name: str = SEQUENTIAL, label: str = "head",
+                max_ticks: int = 16):
+    """A head x head matrix (rows and columns are heads)."""
+    im = ax.imshow(np.ma.masked_invalid(matrix), cmap=cmap(cmap_name), norm=norm, interpolation="nearest")
+    set_index_ticks(ax, matrix.shape[1], "x", max_ticks=max_ticks)
+    set_index_ticks(ax, matrix.shape[0], "y", max_ticks=max_ticks)
+    ax.set_xlabel(f"{label} index")
+    ax.set_ylabel(f"{label} index")
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(True)
+    return im
+
+
+def _annotate(ax, values: np.ndarray, norm, cmap_name: str) -> None:
+    n_rows, n_cols = values.shape  # (n_layers, n_heads)
+    if n_cols > ANNOTATE_MAX_HEADS:
+        return  # at paper width the numbers would overlap; the colour bar carries the scale
+    for i in range(n_rows):
+        for j in range(n_cols):
+            v = values[i, j]
+            if np.isfinite(v):
+                ax.text(j, i, fmt(v), ha="center", va="center", fontsize=6, color=_ink(norm(v), cmap_name))
+
+
+def _ink(level: float, cmap_name: str) -> str:
+    """Black or white text, whichever reads on the cell colour."""
+    r, g, b, _ = matplotlib.colormaps[cmap_name](float(np.clip(level, 0, 1)))
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+
+
+def colorbar(fig, im, axes, label: str, mark: float | None = None):
+    """One colour bar for a set of panels; `mark` draws a dashed reference line (the random baseline)."""
+    cb = fig.colorbar(im, ax=axes, shrink=0.9, aspect=30, pad=0.02)
+    lo, hi = cb.mappable.norm.vmin, cb.mappable.norm.vmax
+    if mark is not None and np.isfinite(mark) and lo <= mark <= hi:
+        cb.ax.axhline(mark, color="black", lw=1.5, ls="--")
+        label += "\n(dashed line: random baseline)"
+    cb.set_label(label)
+    return cb

@@ -1,0 +1,154 @@
+"""Text pages for the PDF report: headings, wrapped paragraphs and tables laid out on A4 Figures, flowing onto
+new pages as they fill. Text is real text (TrueType), so the PDF stays searchable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
+from matplotlib.textpath import text_to_path
+
+from qkinspect.report.style import PAGE
+from qkinspect.report.tables import Table
+
+MARGIN = 0.75  # inches on every side
+LEADING = 1.38  # line height as a multiple of the font size
+FIRST_COLUMN = 0.55  # inches for a table's layer column
+MAX_COLUMN = 1.25  # inches at most for any other column
+TABLE_SIZE = 7.5
+
+
+def text_width(s: str, size: float, bold: bool = False) -> float:
+    """Width of `s` in inches at `size` points in the report font."""
+    prop = FontProperties(family="DejaVu Sans", size=size, weight="bold" if bold else "normal")
+    return text_to_path.get_text_width_height_descent(s, prop, ismath=False)[0] / 72
+
+
+def wrap(s: str, width: float, size: float, bold: bool = False) -> list[str]:
+    """Greedy word wrap to `width` inches, measuring the real glyph widths."""
+    lines, line = [], ""
+    for word in s.split():
+        trial = f"{line} {word}" if line else word
+        if line and text_width(trial, size, bold) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = trial
+    return [*lines, line] if line else lines
+
+
+class TextPages:
+    """Lays text out top to bottom on A4 pages; each full page goes to `sink` (e.g. PdfPages.savefig).
+
+    Example:
+        >>> with PdfPages("out.pdf") as pdf:
+        ...     pages = TextPages(pdf.savefig, footer="model: report")
+        ...     pages.heading("Summary")
+        ...     pages.paragraph("The median symmetry score is 0.512.")
+        ...     pages.close()
+    """
+
+    def __init__(self, sink: Callable[[Figure], None], footer: str = ""):
+        self.sink, self.footer = sink, footer
+        self.width = PAGE[0] - 2 * MARGIN
+        self.fig: Figure | None = None
+        self.y = 0.0
+        self.count = 0
+
+    def _put(self, x: float, s: str, size: float, **kw) -> None:
+        self.fig.text(x, self.y, s, transform=self.fig.dpi_scale_trans, fontsize=size, va="baseline", **kw)
+
+    def _need(self, height: float) -> None:
+        if self.fig is None or self.y - height < MARGIN:
+            self.new_page()
+
+    def new_page(self) -> None:
+        self.flush()
+        self.fig = Figure(figsize=PAGE)
+        self.y = PAGE[1] - MARGIN
+
+    def flush(self) -> None:
+        if self.fig is None:
+            return
+        self.count += 1
+        self.fig.text(MARGIN, MARGIN / 2, self.footer, transform=self.fig.dpi_scale_trans, fontsize=7, color="0.4")
+        self.fig.text(PAGE[0] - MARGIN, MARGIN / 2, str(self.count), transform=self.fig.dpi_scale_trans,
+                      fontsize=7, color="0.4", ha="right")
+        self.sink(self.fig)
+        self.fig = None
+
+    def close(self) -> None:
+        self.flush()
+
+    def skip(self, inches: float) -> None:
+        if self.fig is not None:
+            self.y -= inches
+
+    def heading(self, s: str, size: float = 13) -> None:
+        """A bold heading, kept on the same page as at least three lines that follow."""
+        self._need(size * LEADING / 72 * 4 + 0.2)
+        self.skip(0.12)
+        for line in wrap(s, self.width, size, bold=True):
+            self.y -= size * LEADING / 72
+            self._put(MARGIN, line, size, fontweight="bold")
+        self.y -= 0.06
+
+    def paragraph(self, s: str, size: float = 9.5, indent: float = 0.0, color: str = "black") -> None:
+        for line in wrap(s, self.width - indent, size):
+            self._need(size * LEADING / 72)
+            self.y -= size * LEADING / 72
+            self._put(MARGIN + indent, line, size, color=color)
+        self.y -= 0.08
+
+    def pairs(self, items: list[tuple[str, str]], size: float = 9.5, key_width: float = 1.8) -> None:
+        """Aligned "key   value" lines (the cover's identity and processing lists)."""
+        for key, value in items:
+            lines = wrap(value, self.width - key_width, size) or [""]
+            for i, line in enumerate(lines):
+                self._need(size * LEADING / 72)
+                self.y -= size * LEADING / 72
+                if i == 0:
+                    self._put(MARGIN, key, size, color="0.3")
+                self._put(MARGIN + key_width, line, size)
+        self.y -= 0.08
+
+    def table(self, t: Table, size: float = TABLE_SIZE) -> None:
+        """A table with right-aligned columns and a rule under the header, repeated on each new page."""
+        for part in t.split(max_columns=1 + int((self.width - FIRST_COLUMN) // 0.95)):
+            self._table(part, size)
+
+    def _table(self, t: Table, size: float) -> None:
+        lh = size * LEADING / 72
+        col = min(MAX_COLUMN, (self.width - FIRST_COLUMN) / max(1, len(t.header) - 1))
+        rights = [FIRST_COLUMN * 0.6] + [FIRST_COLUMN + col * (i + 1) - 0.08 for i in range(len(t.header) - 1)]
+        header = [wrap(h.replace("_", "_ "), col - 0.1, size, bold=True) for h in t.header]
+        header = [[w.replace("_ ", "_") for w in h] for h in header]
+        depth = max(len(h) for h in header)
+        self.heading(t.title, size=10)
+        self._header(header, depth, rights, size, lh)
+        for row in t.rows:
+            if self.y - lh < MARGIN:
+                self.new_page()
+                self._header(header, depth, rights, size, lh)
+            self.y -= lh
+            for x, cell in zip(rights, row, strict=True):
+                self._put(MARGIN + x, cell, size, ha="right", family="DejaVu Sans Mono")
+        self.y -= 0.15
+
+    def _header(self, header: list[list[str]], depth: int, rights: list[float], size: float, lh: float) -> None:
+        self._need(lh * (depth + 2))
+        for k in range(depth):
+            self.y -= lh
+            for x, lines in zip(rights, header, strict=True):
+                i = k - (depth - len(lines))  # bottom-align wrapped headers
+                if i >= 0:
+                    self._put(MARGIN + x, lines[i], size, ha="right", fontweight="bold")
+        self.y -= lh * 0.35
+        self.fig.add_artist(_rule(self.fig, self.y, self.width))
+
+
+def _rule(fig: Figure, y: float, width: float):
+    from matplotlib.lines import Line2D
+
+    return Line2D([MARGIN, MARGIN + width], [y, y], transform=fig.dpi_scale_trans, color="0.5", lw=0.6)

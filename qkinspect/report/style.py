@@ -1,0 +1,128 @@
+"""One look for every figure and page: headless matplotlib (Agg, no pyplot), paper-size figures, shared
+colour maps, tick thinning and the one number format the report uses."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: never needs a display; we build Figures directly and never import pyplot
+
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+# Sizes in inches. 7 in is a full text width in most paper templates; A4 pages for the PDF report.
+WIDTH = 7.0
+PAGE = (8.27, 11.69)
+DPI = 200
+
+DIVERGING = "RdBu_r"  # signed quantities (symmetry, changes): white at 0, red positive, blue negative
+SEQUENTIAL = "viridis"  # [0, 1] quantities (subspace overlap)
+HEADS_CMAP = "viridis"  # colour = head index in spectra plots
+MISSING = "#d9d9d9"  # cells with no value (NaN, heads not analysed)
+
+DECIMALS = 3
+NUMBER_NOTE = f"Numbers are rounded to {DECIMALS} decimals, as the qkinspect CLI prints them."
+
+RC = {
+    "font.family": "DejaVu Sans",
+    "font.size": 9,
+    "axes.titlesize": 9.5,
+    "axes.labelsize": 9,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "legend.fontsize": 8,
+    "figure.titlesize": 11,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": False,
+    "grid.alpha": 0.3,
+    "image.interpolation": "nearest",
+    "savefig.dpi": DPI,
+    "pdf.fonttype": 42,  # TrueType, so text in PDFs stays searchable and selectable
+    "svg.fonttype": "none",  # text stays text in SVG
+}
+
+
+@contextmanager
+def style() -> Iterator[None]:
+    """Apply the report style while building and saving figures.
+
+    Example:
+        >>> with style():
+        ...     fig = new_figure(2.0)
+    """
+    with matplotlib.rc_context(RC):
+        yield
+
+
+def new_figure(height: float, width: float = WIDTH) -> Figure:
+    """A figure of the given size with constrained layout (labels never overlap; size stays fixed)."""
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+# Makes the surface a figure draws on from the height (and width) it asks for: `new_figure` for a file of its own,
+# a SubFigure of an A4 page in the PDF report.
+Canvas = Callable[..., Any]
+
+
+def fmt(x: float | None) -> str:
+    """Format a number the way the whole report (and the CLI's tables) does: 3 decimals (4 significant digits from
+    1000 up), 'n/a' where undefined.
+
+    Example:
+        >>> fmt(0.12345), fmt(float("nan"))
+        ('0.123', 'n/a')
+    """
+    if x is None or not math.isfinite(float(x)):
+        return "n/a"
+    x = float(x)
+    return f"{x:.{DECIMALS}f}" if abs(x) < 1000 else f"{x:.4g}"
+
+
+def tick_step(n: int, max_ticks: int = 16) -> int:
+    """Label every k-th of n categories so at most `max_ticks` labels show (1, 2, 4, 8 ... for regular grids)."""
+    step = 1
+    while math.ceil(n / step) > max_ticks:
+        step *= 2
+    return step
+
+
+def set_index_ticks(ax, n: int, axis: str, labels: list[int] | None = None, max_ticks: int = 16) -> None:
+    """Integer category ticks (heads, layers) thinned to stay readable with 32+ categories."""
+    labels = list(range(n)) if labels is None else labels
+    pos = list(range(0, n, tick_step(n, max_ticks)))
+    text = [str(labels[i]) for i in pos]
+    if axis == "x":
+        ax.set_xticks(pos, text)
+    else:
+        ax.set_yticks(pos, text)
+
+
+def symmetric_limit(values, floor: float = 0.05, cap: float | None = 1.0) -> float:
+    """Half-width of a colour scale centred at 0 that fits the data: max |value| rounded up, never below `floor`,
+    never above `cap`. A fixed [-1, 1] scale would wash out a model whose scores all lie within ±0.2.
+
+    Example:
+        >>> symmetric_limit([0.13, -0.02])
+        0.15
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    top = max(floor, nice_ceil(float(np.abs(v).max()))) if v.size else 1.0
+    return top if cap is None else min(cap, top)
+
+
+def nice_ceil(x: float) -> float:
+    """Round up to a round number: 1, 1.5, 2, 2.5, 3, 4, 5, 6, 8 times a power of ten (0.13 -> 0.15, 0.62 -> 0.8)."""
+    if not x > 0:
+        return 0.0
+    p = 10 ** math.floor(math.log10(x))
+    for m in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
+        if x <= m * p * (1 + 1e-9):
+            return round(m * p, 12)
+    return 10 * p

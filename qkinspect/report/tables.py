@@ -1,0 +1,70 @@
+"""Per-layer tables for the report: the layer records as analyze reports them, and per-layer medians over heads
+of the head metrics that layer records do not summarise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from qkinspect.records import AnalysisResult
+from qkinspect.report.grid import blocks_of, has_metric, head_grid
+from qkinspect.report.style import fmt
+
+# Head metrics worth a per-layer median column when the layer records do not already hold one.
+HEAD_MEDIANS = ("symmetry", "directionality", "qk_effective_rank", "qk_stable_rank", "qk_participation_ratio",
+                "qk_k90", "overlap_qk", "overlap_qv", "overlap_kv")
+
+
+@dataclass(frozen=True)
+class Table:
+    """A titled table of strings: `header` names the columns, `rows` are already formatted."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+
+    def split(self, max_columns: int) -> list[Table]:
+        """Split wide tables into several (each repeating the first column) to fit a page."""
+        if len(self.header) <= max_columns:
+            return [self]
+        width = max_columns - 1
+        out = []
+        for i, start in enumerate(range(1, len(self.header), width)):
+            cols = [0, *range(start, min(start + width, len(self.header)))]
+            out.append(Table(self.title + (f" (continued, {i + 1})" if i else ""),
+                             [self.header[c] for c in cols], [[r[c] for c in cols] for r in self.rows]))
+        return out
+
+
+def layer_tables(result: AnalysisResult) -> list[Table]:
+    """For each block: its layer records' values, then medians over heads (where the records lack them).
+
+    Example:
+        >>> for t in layer_tables(result):
+        ...     print(t.title, t.header)
+    """
+    out = []
+    for block in blocks_of(result):
+        recs = sorted((r for r in result.layers if r.block == block), key=lambda r: r.layer)
+        names = list(dict.fromkeys(k for r in recs for k in r.values))
+        if names:
+            rows = [[str(r.layer), *(fmt(r.values.get(k, np.nan)) for k in names)] for r in recs]
+            out.append(Table(f"{block}: per-layer values (layer records)", ["layer", *names], rows))
+        medians = [m for m in HEAD_MEDIANS if has_metric(result, m) and f"{m}_median" not in names]
+        if medians:
+            out.append(_median_table(result, block, medians))
+    return out
+
+
+def _median_table(result: AnalysisResult, block: str, metrics: list[str]) -> Table:
+    grids = [head_grid(result, block, m) for m in metrics]
+    layers = grids[0].layers
+    cols = []
+    for g in grids:
+        finite = np.isfinite(g.values).any(axis=1)  # (n_layers,)
+        med = np.full(len(layers), np.nan)
+        med[finite] = np.nanmedian(g.values[finite], axis=1)  # (n_layers, n_heads) -> (n_layers,)
+        cols.append(med)
+    rows = [[str(layer), *(fmt(c[i]) for c in cols)] for i, layer in enumerate(layers)]
+    return Table(f"{block}: per-layer median over heads", ["layer", *metrics], rows)
