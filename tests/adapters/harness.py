@@ -222,3 +222,24 @@ def _check_one(lay: AttentionLayer, s: Sites, rec: dict) -> dict[str, torch.Tens
     if lay.norm_kv is not None:
         assert_normalised(x_kv, lay.norm_kv, f"{what} key/value input")
     return {"x_q": x_q, "x_kv": x_kv}
+
+
+def attention_probs(lay: AttentionLayer, x_q: torch.Tensor, x_kv: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """softmax(score_scale * q k^T) from the canonical matrices: x_q (B, T, D), x_kv (B, S, Dk) -> (B, H, T, S).
+    Only for attention with no positional term inside the scores (absolute positions, or none)."""
+    q = per_head(x_q.double(), lay.W_Q.double(), None if lay.b_Q is None else lay.b_Q.double())  # (B, T, H, d)
+    k = per_head(x_kv.double(), lay.W_K.double(), None if lay.b_K is None else lay.b_K.double())  # (B, S, G, d)
+    k = k[:, :, lay.kv_index()]  # (B, S, G, d) -> (B, S, H, d): query head h reads KV head h // group
+    scores = torch.einsum("bthd,bshd->bhts", q, k) * lay.spec.score_scale
+    if causal:
+        T, S = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(T, S, dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(-1)
+
+
+def assert_probs(lay: AttentionLayer, x_q: torch.Tensor, x_kv: torch.Tensor, expected: torch.Tensor,
+                 causal: bool = False, what: str = ""):
+    """The model's own attention probabilities (B, H, T, S) from softmax(score_scale * q k^T)."""
+    got = attention_probs(lay, x_q, x_kv, causal)
+    err = (got - expected.double()).abs().max().item()
+    assert err <= ATOL, f"{what}: attention probabilities max abs error {err:.3g} > {ATOL}"

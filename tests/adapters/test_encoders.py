@@ -11,18 +11,33 @@ import pytest
 import torch
 import transformers as tf
 
-from tests.adapters.harness import Sites, check_layers, load_layers, randomise_, save_tiny
+from tests.adapters.harness import Sites, assert_probs, check_layers, load_layers, randomise_, save_tiny
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=99)
 
 
-def text(model: torch.nn.Module):
-    ids = torch.randint(3, 99, (2, 7), generator=torch.Generator().manual_seed(1))
-    return model(input_ids=ids)
+def text_ids():
+    return torch.randint(3, 99, (2, 7), generator=torch.Generator().manual_seed(1))
 
 
-def pixels(model: torch.nn.Module):
-    return model(pixel_values=torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(2)))
+def image():
+    return torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+
+
+def text(model: torch.nn.Module, **kw):
+    return model(input_ids=text_ids(), **kw)
+
+
+def pixels(model: torch.nn.Module, **kw):
+    return model(pixel_values=image(), **kw)
+
+
+def both(model: torch.nn.Module, **kw):
+    return model(input_ids=text_ids(), pixel_values=image(), **kw)
+
+
+def encoder_attentions(out) -> dict:
+    return {"encoder": out.attentions}
 
 
 def bert_sites(m, block, i):
@@ -72,6 +87,9 @@ class Case:
     sites: Callable
     blocks: dict[str, int]  # block key -> layers
     norm_none: tuple[tuple[str, int], ...] = ()  # layers with no norm directly before them
+    # The model's own attention probabilities per block, where scores are q·k alone (no relative term).
+    attentions: Callable[[object], dict] | None = encoder_attentions
+    causal: tuple[str, ...] = ()  # blocks with a causal mask
 
 
 def _bert_like(config_cls, model_cls, **kw):
@@ -91,13 +109,18 @@ CASES = {
                        text, distilbert_sites, {"encoder": 2}),
     "albert": Case(lambda: tf.AlbertModel(tf.AlbertConfig(**{**SMALL, "num_hidden_layers": 3}, embedding_size=32)),
                    text, albert_sites, {"encoder": 3}, norm_none=(("encoder", 0),)),
+    # DeBERTa-v3's layout: relative attention (c2p and p2c terms), shared position keys, a convolution after layer 0.
     "deberta-v2": Case(lambda: tf.DebertaV2Model(tf.DebertaV2Config(
         **SMALL, relative_attention=True, pos_att_type=["p2c", "c2p"], position_biased_input=False,
         position_buckets=8, max_relative_positions=16, norm_rel_ebd="layer_norm", share_att_key=True,
-        conv_kernel_size=3)), text, deberta_sites, {"encoder": 2}),
+        conv_kernel_size=3)), text, deberta_sites, {"encoder": 2}, attentions=None),
     "deberta-v2-plain": Case(lambda: tf.DebertaV2Model(tf.DebertaV2Config(**SMALL)), text, deberta_sites,
                              {"encoder": 2}),
-    "mpnet": Case(lambda: tf.MPNetModel(tf.MPNetConfig(**SMALL)), text, mpnet_sites, {"encoder": 2}),
+    # pos_att_type without relative terms: scores are q·k alone, still divided by sqrt(3 d_head).
+    "deberta-v2-scaled": Case(lambda: tf.DebertaV2Model(tf.DebertaV2Config(**SMALL, pos_att_type=["p2c", "c2p"])),
+                              text, deberta_sites, {"encoder": 2}),
+    "mpnet": Case(lambda: tf.MPNetModel(tf.MPNetConfig(**SMALL)), text, mpnet_sites, {"encoder": 2},
+                  attentions=None),
     "vit": Case(lambda: tf.ViTModel(tf.ViTConfig(**SMALL, image_size=16, patch_size=8)), pixels, vit_sites,
                 {"encoder": 2}),
     "deit": Case(lambda: tf.DeiTModel(tf.DeiTConfig(**SMALL, image_size=16, patch_size=8)), pixels, vit_sites,
@@ -105,18 +128,15 @@ CASES = {
     "clip": Case(lambda: tf.CLIPModel(tf.CLIPConfig(
         text_config=dict(**SMALL, bos_token_id=0, eos_token_id=2, pad_token_id=1),
         vision_config=dict(**{**SMALL, "hidden_size": 48, "num_hidden_layers": 3}, image_size=16, patch_size=8))),
-        lambda m: m(input_ids=text_ids(), pixel_values=torch.randn(2, 3, 16, 16)), clip_sites,
-        {"text": 2, "vision": 3}),
+        both, clip_sites, {"text": 2, "vision": 3}, causal=("text",),
+        attentions=lambda o: {"text": o.text_model_output.attentions, "vision": o.vision_model_output.attentions}),
     "clip_text_model": Case(lambda: tf.CLIPTextModel(tf.CLIPTextConfig(**SMALL, bos_token_id=0, eos_token_id=2,
                                                                        pad_token_id=1)),
-                            text, clip_sites, {"text": 2}),
+                            text, clip_sites, {"text": 2}, causal=("text",),
+                            attentions=lambda o: {"text": o.attentions}),
     "clip_vision_model": Case(lambda: tf.CLIPVisionModel(tf.CLIPVisionConfig(**SMALL, image_size=16, patch_size=8)),
-                              pixels, clip_sites, {"vision": 2}),
+                              pixels, clip_sites, {"vision": 2}, attentions=lambda o: {"vision": o.attentions}),
 }
-
-
-def text_ids():
-    return torch.randint(3, 99, (2, 7), generator=torch.Generator().manual_seed(1))
 
 
 def build_and_load(case: Case, tmp_path):
@@ -139,6 +159,23 @@ def test_reproduces_projections(name, tmp_path):
         assert (lay.norm_q is not None) == expect_norm, (lay.block, lay.layer)
         assert lay.norm_kv is lay.norm_q  # self-attention: keys read the same stream
         assert lay.W_O is not None and lay.b_Q is not None
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in CASES.items() if c.attentions is not None))
+def test_reproduces_attention_probabilities(name, tmp_path):
+    """softmax(score_scale * q k^T) from qkinspect's matrices equals the model's own (eager) probabilities:
+    this pins the recorded scale as well as the matrices."""
+    case = CASES[name]
+    model, layers = build_and_load(case, tmp_path)
+    model.set_attn_implementation("eager")
+    outs = []
+    inputs = check_layers(model, lambda m: outs.append(case.run(m, output_attentions=True)), layers,
+                          lambda b, i: case.sites(model, b, i))
+    probs = case.attentions(outs[0])
+    for lay in layers:
+        x = inputs[(lay.block, lay.layer)]
+        assert_probs(lay, x["x_q"], x["x_kv"], probs[lay.block][lay.layer], lay.block in case.causal,
+                     f"{name} {lay.block} layer {lay.layer}")
 
 
 def test_albert_shares_one_set_of_weights(tmp_path):
@@ -174,6 +211,8 @@ def test_deberta_records_its_scale(tmp_path):
     s = layers[0].spec
     assert s.positional == "relative"
     assert math.isclose(s.score_scale, (16 * 3) ** -0.5)  # sqrt(d_head * (1 + |{c2p, p2c}|))
+    _, scaled = build_and_load(CASES["deberta-v2-scaled"], tmp_path / "scaled")
+    assert scaled[0].spec.positional == "absolute" and math.isclose(scaled[0].spec.score_scale, (16 * 3) ** -0.5)
     _, plain = build_and_load(CASES["deberta-v2-plain"], tmp_path / "plain")
     assert plain[0].spec.positional == "absolute" and math.isclose(plain[0].spec.score_scale, 16**-0.5)
 
