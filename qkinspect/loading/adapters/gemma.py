@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor
 
-from qkinspect.loading.adapters.llama import SplitProjectionAdapter
+from qkinspect.loading.adapters._decoder import SplitProjectionAdapter
 from qkinspect.loading.adapters.registry import register
 
 

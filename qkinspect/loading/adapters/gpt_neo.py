@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qkinspect.loading.adapters.llama import SplitProjectionAdapter
+from qkinspect.loading.adapters._decoder import SplitProjectionAdapter
 from qkinspect.loading.adapters.registry import register
 
 

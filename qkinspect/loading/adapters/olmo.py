@@ -12,7 +12,7 @@ W_Q[h] diag(gain_q[h] gain_k[g(h)]) W_K[g(h)]^T times a per-token temperature. T
 
 from __future__ import annotations
 
-from qkinspect.loading.adapters.llama import SplitProjectionAdapter
+from qkinspect.loading.adapters._decoder import SplitProjectionAdapter
 from qkinspect.loading.adapters.registry import register
 
 

@@ -8,7 +8,7 @@ Qwen3 layout, beyond Llama's::
 
 from __future__ import annotations
 
-from qkinspect.loading.adapters.llama import SplitProjectionAdapter
+from qkinspect.loading.adapters._decoder import SplitProjectionAdapter
 from qkinspect.loading.adapters.registry import register
 
 
