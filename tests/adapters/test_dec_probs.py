@@ -1,0 +1,111 @@
+"""Attention probabilities: from qkinspect's matrices, the spec's scale and the layer input captured in a real
+forward pass, rebuild the model's own attention weights (eager attention, output_attentions=True). Positions
+enter only through the model's own terms: its rotary function applied to its captured cos/sin, or the ALiBi
+tensor it passed to the layer. One model per fused layout (GPT-2 sectioned Conv1D, GPT-NeoX and BLOOM interleaved
+per head, Falcon interleaved per KV group, multi-query and multi-head, MPT and Phi-3 sectioned), plus Llama
+(grouped query), GPT-Neo (scale 1, local window) and Gemma2 (query_pre_attn_scalar, soft-capping)."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+import transformers as tf
+
+from tests.adapters import test_dec_fused as fused
+from tests.adapters import test_decoders as split
+from tests.adapters.harness import assert_close, capture, load_layers, per_head, randomize, save_tiny
+
+T, V = 7, 99
+
+
+@dataclass
+class Case:
+    config: tf.PretrainedConfig
+    layers: str  # base model attribute path to the decoder layers
+    attn: str  # decoder layer attribute path to the attention module
+    rotary: str | None = None  # modeling module whose apply_rotary_pos_emb(q, k, cos, sin) the model uses
+    alibi: str | None = None  # "bloom": scores*scale + alibi; "falcon": (scores + alibi)*scale; "mpt": like bloom
+
+
+F = fused.CASES
+S = split.CASES
+CASES = {
+    "gpt2": Case(F["gpt2"].config, "h", "attn"),
+    "gpt_neox": Case(F["gpt_neox"].config, "layers", "attention", rotary="gpt_neox"),
+    "bloom": Case(F["bloom"].config, "h", "self_attention", alibi="bloom"),
+    "falcon-gqa": Case(F["falcon-gqa"].config, "h", "self_attention", rotary="falcon"),
+    "falcon-mqa": Case(F["falcon-mqa"].config, "h", "self_attention", rotary="falcon"),
+    "falcon-mha-alibi": Case(F["falcon-mha-alibi"].config, "h", "self_attention", alibi="falcon"),
+    "mpt": Case(F["mpt"].config, "blocks", "attn", alibi="mpt"),
+    "phi3": Case(F["phi3"].config, "layers", "self_attn", rotary="phi3"),
+    "llama": Case(S["llama"].config, "layers", "self_attn", rotary="llama"),
+    "gpt_neo-local": Case(S["gpt_neo"].config, "h", "attn.attention"),
+    "gemma2": Case(S["gemma2"].config, "layers", "self_attn", rotary="gemma2"),
+}
+
+
+def get_attr(obj, path: str):
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def positional_terms(case: Case, attn_kwargs: dict, q, k, H: int):
+    """Apply the model's own rotary function, or return the model's own ALiBi bias (B, H, 1, T)."""
+    if case.rotary:
+        mod = importlib.import_module(f"transformers.models.{case.rotary}.modeling_{case.rotary}")
+        cos, sin = (t.double() for t in attn_kwargs["position_embeddings"])
+        q, k = mod.apply_rotary_pos_emb(q, k, cos, sin)
+        return q, k, None
+    if case.alibi:
+        bias = attn_kwargs["position_bias" if case.alibi == "mpt" else "alibi"].double()
+        if case.alibi == "mpt":
+            return q, k, bias[None, :, :, -q.shape[2]:]  # (H, 1, max_len) -> (1, H, 1, T)
+        return q, k, bias.view(-1, H, 1, bias.shape[-1])  # (B*H, 1, T) -> (B, H, 1, T)
+    return q, k, None
+
+
+def our_probabilities(case: Case, ours, x, attn_kwargs) -> torch.Tensor:
+    """softmax(scale * q_h . k_{h // rep} + positional terms), causal, from canonical matrices only."""
+    s = ours.spec
+    q = per_head(x.double(), ours.W_Q.double(), None if ours.b_Q is None else ours.b_Q.double())
+    k = per_head(x.double(), ours.W_K.double(), None if ours.b_K is None else ours.b_K.double())
+    q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, T, n, d) -> (B, n, T, d)
+    q, k, alibi = positional_terms(case, attn_kwargs, q, k, s.n_heads)
+    k = k[:, ours.kv_index()]  # (B, G, T, d) -> (B, H, T, d): query head h reads KV head h // rep
+    raw = q @ k.transpose(-1, -2)  # (B, H, T, T)
+    if alibi is not None and case.alibi == "falcon":
+        # FalconModel (transformers 5) also folds alibi / sqrt(d) into the mask it hands every layer, and the
+        # eager path adds alibi again: take the model's own mask, which carries the causal part too.
+        scores = (raw + alibi) * s.score_scale + attn_kwargs["attention_mask"].double()
+        return scores.softmax(-1)
+    scores = raw * s.score_scale + (0 if alibi is None else alibi)
+    cap = ours.extra.get("attn_logit_softcapping")
+    if cap:
+        scores = cap * torch.tanh(scores / cap)
+    allowed = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).tril()
+    if ours.extra.get("window_size"):
+        allowed &= ~allowed.tril(-ours.extra["window_size"])  # GPT-Neo local layers: a sliding window
+    return scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_attention_probabilities_from_canonical_matrices(name, tmp_path):
+    case = CASES[name]
+    torch.manual_seed(0)
+    model = randomize(tf.AutoModel.from_config(case.config, attn_implementation="eager"))
+    layers = load_layers(save_tiny(model, tmp_path / "m"))
+    ids = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
+    blocks = get_attr(model, case.layers)
+    attns = [get_attr(b, case.attn) for b in blocks]
+    with capture(*attns) as rec, torch.no_grad():
+        out = model(ids, output_attentions=True)
+    for ours, r in zip(layers, rec, strict=True):
+        args, kwargs, _ = r[0]
+        x = args[0] if args else kwargs["hidden_states"]
+        want = out.attentions[ours.layer]
+        assert want[..., -1, :].amax(-1).mean() > 2 / T, "probabilities too flat to tell wrong matrices from right"
+        assert_close(our_probabilities(case, ours, x, kwargs), want, f"{name} layer {ours.layer} probabilities")
