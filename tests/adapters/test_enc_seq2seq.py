@@ -157,3 +157,12 @@ def test_t5_encoder_only_checkpoint(tmp_path):
     a = model.encoder.block
     check_layers(model, lambda m: m(input_ids=ids(1, 7)), layers,
                  lambda b, i: Sites(*(getattr(a[i].layer[0].SelfAttention, n) for n in "qkvo")))
+
+
+def test_whisper_audio_classifier_is_encoder_only(tmp_path):
+    cfg = tf.WhisperConfig(**{**BART_SMALL, "bos_token_id": 1}, num_mel_bins=8, max_source_positions=16)
+    model = randomise_(tf.WhisperForAudioClassification(cfg))
+    layers = load_layers(save_tiny(model, tmp_path / "m"))
+    assert [(lay.block, lay.layer) for lay in layers] == [("encoder", 0), ("encoder", 1)]
+    feats = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(3))
+    check_layers(model, lambda m: m(input_features=feats), layers, lambda b, i: bart_sites(model, b, i))

@@ -36,7 +36,18 @@ class Projections:
 
 
 class ProjectionAdapter(Adapter):
-    """An adapter for separate q/k/v/o linear layers: subclasses define `blocks` and `projections`."""
+    """An adapter for separate q/k/v/o linear layers: subclasses define `blocks` and `projections`.
+
+    Example (a third-party family, registered through the ``qkinspect.adapters`` entry point):
+        >>> class TinyAdapter(ProjectionAdapter):
+        ...     model_types = ("tiny",)
+        ...     def blocks(self):
+        ...         c = self.config
+        ...         return [self_attention_spec("encoder", c.num_hidden_layers, c.num_attention_heads, c.hidden_size)]
+        ...     def projections(self, block, layer):
+        ...         a = f"layers.{layer}.attn"
+        ...         return Projections(f"{a}.q", f"{a}.k", f"{a}.v", f"{a}.o", norm_q=f"layers.{layer}.norm")
+    """
 
     norm_kind: ClassVar[Literal["layernorm", "rmsnorm"]] = "layernorm"
 
