@@ -3,7 +3,8 @@ forward pass, rebuild the model's own attention weights (eager attention, output
 enter only through the model's own terms: its rotary function applied to its captured cos/sin, or the ALiBi
 tensor it passed to the layer. One model per fused layout (GPT-2 sectioned Conv1D, GPT-NeoX and BLOOM interleaved
 per head, Falcon interleaved per KV group, multi-query and multi-head, MPT and Phi-3 sectioned), plus Llama
-(grouped query), GPT-Neo (scale 1, local window) and Gemma2 (query_pre_attn_scalar, soft-capping)."""
+(grouped query), GPT-Neo (scale 1, local window), Gemma2 (query_pre_attn_scalar, soft-capping), GPT-J (interleaved
+partial rotary) and GPT-2 with scale_attn_by_inverse_layer_idx (a scale per layer)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ CASES = {
     "llama": Case(S["llama"].config, "layers", "self_attn", rotary="llama"),
     "gpt_neo-local": Case(S["gpt_neo"].config, "h", "attn.attention"),
     "gemma2": Case(S["gemma2"].config, "layers", "self_attn", rotary="gemma2"),
+    "gptj-interleaved-partial": Case(S["gptj"].config, "h", "attn", rotary="gptj"),
+    "gpt2-inverse-layer-scale": Case(tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=V, n_positions=32,
+                                                   scale_attn_by_inverse_layer_idx=True), "h", "attn"),
 }
 
 
@@ -53,8 +57,27 @@ def get_attr(obj, path: str):
     return obj
 
 
-def positional_terms(case: Case, attn_kwargs: dict, q, k, H: int):
+def gptj_rotary(attn, attn_kwargs: dict, q, k, rot: int):
+    """GPT-J's own rotation (interleaved pairs) on the first `rot` dims, from its own sin/cos table."""
+    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb
+
+    pos = attn_kwargs["position_ids"]  # (B, T)
+    table = attn._get_embed_positions(pos)  # (B, max_positions, rot)
+    sincos = torch.gather(table, 1, pos.unsqueeze(-1).repeat(1, 1, table.shape[-1])).double()  # (B, T, rot)
+    sin, cos = torch.split(sincos, sincos.shape[-1] // 2, dim=-1)  # (B, T, rot/2) each
+    out = []
+    for t in (q, k):
+        t = t.transpose(1, 2)  # (B, n, T, d) -> (B, T, n, d): the layout GPT-J rotates in
+        t = torch.cat([apply_rotary_pos_emb(t[..., :rot], sin, cos), t[..., rot:]], dim=-1)
+        out.append(t.transpose(1, 2))  # (B, T, n, d) -> (B, n, T, d)
+    return out
+
+
+def positional_terms(case: Case, attn, attn_kwargs: dict, q, k, spec):
     """Apply the model's own rotary function, or return the model's own ALiBi bias (B, H, 1, T)."""
+    H = spec.n_heads
+    if case.rotary == "gptj":
+        return (*gptj_rotary(attn, attn_kwargs, q, k, spec.rotary_dims), None)
     if case.rotary:
         mod = importlib.import_module(f"transformers.models.{case.rotary}.modeling_{case.rotary}")
         cos, sin = (t.double() for t in attn_kwargs["position_embeddings"])
@@ -68,13 +91,13 @@ def positional_terms(case: Case, attn_kwargs: dict, q, k, H: int):
     return q, k, None
 
 
-def our_probabilities(case: Case, ours, x, attn_kwargs) -> torch.Tensor:
+def our_probabilities(case: Case, ours, attn, x, attn_kwargs) -> torch.Tensor:
     """softmax(scale * q_h . k_{h // rep} + positional terms), causal, from canonical matrices only."""
     s = ours.spec
     q = per_head(x.double(), ours.W_Q.double(), None if ours.b_Q is None else ours.b_Q.double())
     k = per_head(x.double(), ours.W_K.double(), None if ours.b_K is None else ours.b_K.double())
     q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, T, n, d) -> (B, n, T, d)
-    q, k, alibi = positional_terms(case, attn_kwargs, q, k, s.n_heads)
+    q, k, alibi = positional_terms(case, attn, attn_kwargs, q, k, s)
     k = k[:, ours.kv_index()]  # (B, G, T, d) -> (B, H, T, d): query head h reads KV head h // rep
     raw = q @ k.transpose(-1, -2)  # (B, H, T, T)
     if alibi is not None and case.alibi == "falcon":
@@ -103,9 +126,10 @@ def test_attention_probabilities_from_canonical_matrices(name, tmp_path):
     attns = [get_attr(b, case.attn) for b in blocks]
     with capture(*attns) as rec, torch.no_grad():
         out = model(ids, output_attentions=True)
-    for ours, r in zip(layers, rec, strict=True):
+    for ours, attn, r in zip(layers, attns, rec, strict=True):
         args, kwargs, _ = r[0]
         x = args[0] if args else kwargs["hidden_states"]
         want = out.attentions[ours.layer]
         assert want[..., -1, :].amax(-1).mean() > 2 / T, "probabilities too flat to tell wrong matrices from right"
-        assert_close(our_probabilities(case, ours, x, kwargs), want, f"{name} layer {ours.layer} probabilities")
+        got = our_probabilities(case, ours, attn, x, kwargs)
+        assert_close(got, want, f"{name} layer {ours.layer} probabilities")
