@@ -1,0 +1,257 @@
+"""`qkinspect.analyze`: a model in, per-head and per-layer records out (DESIGN.md §1).
+
+Layers are read one at a time (the next one prefetched while the current one is measured), processed (folds),
+measured batched over their heads, and turned into frozen records; a random baseline per block comes last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qkinspect.errors import InputError
+from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
+from qkinspect.metrics.baseline import gaussian_baselines
+from qkinspect.metrics.fold import fold_ln as fold_ln_layer
+from qkinspect.metrics.fold import fold_qk_norm as fold_qk_norm_layer
+from qkinspect.metrics.heads import HEAD_METRICS, check_spectra, head_warnings, measure_products
+from qkinspect.metrics.layer_form import head_overlap, layer_form_metrics
+from qkinspect.metrics.products import HeadProducts
+from qkinspect.metrics.registry import LAYER_FORM, METRICS, resolve_metrics
+from qkinspect.records import AnalysisResult, Baseline, HeadRecord, LayerRecord, Processing
+
+PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
+Progress = Callable[[int, int], None]
+
+
+def analyze(
+    model=None,
+    *,
+    layers: Iterable[int] | None = None,
+    heads: Iterable[int] | None = None,
+    blocks: Iterable[str] | None = None,
+    metrics: Iterable[str] | None = None,
+    fold_ln: bool = False,
+    fold_qk_norm: bool = False,
+    layer_form: bool = False,
+    precision: str = "float32",
+    device: str = "cpu",
+    spectra: Iterable[str] | None = ("qk",),
+    progress: Progress | None = None,
+    revision: str | None = None,
+) -> AnalysisResult:
+    """Measure every selected attention head of a model, from its weights alone.
+
+    Args:
+        model: a path, hub id or GGUF file; None for the bundled demo model; or an opened LoadedModel.
+        layers, heads, blocks: selections (layer indexes, query-head indexes, block kinds or labels).
+        metrics: metric or group names (qkinspect.metrics.registry); None for the defaults.
+        fold_ln, fold_qk_norm: fold the pre-attention norm / the q-k norm gains into the weights first.
+        layer_form: also measure each layer's summed form Σ_h W_Q W_Kᵀ (O(d_model³) per layer).
+        precision: "float32" or "float64" (half precision is always cast up before any decomposition).
+        device: "cpu", "cuda" or "cuda:N".
+        spectra: which spectra to keep per head: "qk" (default), "qk_eig", "q", "k", "v", "ov", "ov_eig".
+        progress: called as progress(done, total) after each layer.
+        revision: hub revision when `model` is a hub id.
+
+    Returns:
+        AnalysisResult with head and layer records, spectra, baselines, warnings and the processing flags.
+
+    Raises:
+        InputError (and its subclasses): an unknown metric, block, layer, head, precision or device; a model
+        that cannot be opened; --fold-ln on a model without norms.
+
+    Example:
+        >>> import qkinspect
+        >>> result = qkinspect.analyze(None, layers=[0], metrics=["symmetry"])  # the demo model
+        >>> result.heads[0].values["symmetry"] > 0
+        True
+    """
+    run = _Run.make(metrics, spectra, precision, device, fold_ln, fold_qk_norm, layer_form)
+    with _opened(model, revision) as m:
+        chosen = _select_blocks(m.info, blocks)
+        run.heads = _check_indexes("heads", heads, {b.key: b.n_heads for b in chosen})
+        layer_sel = _check_indexes("layers", layers, {b.key: b.n_layers for b in chosen})
+        keys = [b.key for b in chosen if run.head_index(b) is None or len(run.head_index(b))]
+        total = sum(1 for _ in m.plan(keys, layer_sel))
+        if progress is not None:
+            progress(0, total)
+        for done, layer in enumerate(_layers(m, keys, layer_sel), start=1):
+            run.measure(layer)
+            if progress is not None:
+                progress(done, total)
+        run.add_baselines([b for b in chosen if b.key in keys])
+        info = m.info
+    return run.result(info, blocks, layer_sel)
+
+
+@contextlib.contextmanager
+def _opened(model, revision: str | None) -> Iterator:
+    """Yield an opened model; close it afterwards only if we opened it."""
+    from qkinspect.loading import LoadedModel, open_model
+
+    if isinstance(model, LoadedModel):
+        yield model
+        return
+    if model is not None and not isinstance(model, (str, Path)):
+        raise InputError(f"model must be a path, a hub id, None (the demo) or an opened model, not {type(model)}")
+    with open_model(model, revision=revision) as m:
+        yield m
+
+
+def _layers(m, keys: list[str], layers: tuple[int, ...] | None) -> Iterator[AttentionLayer]:
+    if "prefetch" in inspect.signature(m.layers).parameters:
+        return m.layers(keys, layers, prefetch=True)
+    return m.layers(keys, layers)
+
+
+def _select_blocks(info: ModelInfo, blocks: Iterable[str] | None) -> list[BlockSpec]:
+    """Blocks by key (label or kind) or by kind; InputError naming the model's blocks for an unknown one."""
+    if blocks is None:
+        return list(info.blocks)
+    wanted = [blocks] if isinstance(blocks, str) else list(blocks)
+    known = {b.key for b in info.blocks} | {b.name for b in info.blocks}
+    missing = [w for w in wanted if w not in known]
+    if missing:
+        have = ", ".join(dict.fromkeys(b.key for b in info.blocks))
+        raise InputError(f"block {', '.join(missing)}: this model's blocks are {have}")
+    return [b for b in info.blocks if b.key in wanted or b.name in wanted]
+
+
+def _check_indexes(what: str, idx: Iterable[int] | None, sizes: dict[str, int]) -> tuple[int, ...] | None:
+    """Sorted unique indexes; InputError for one no selected block has."""
+    if idx is None:
+        return None
+    out = tuple(sorted({int(i) for i in idx}))
+    top = max(sizes.values(), default=0)
+    bad = [i for i in out if i < 0 or i >= top]
+    if bad:
+        have = ", ".join(f"{k}: {n}" for k, n in sizes.items())
+        raise InputError(f"{what} {', '.join(map(str, bad))} out of range ({what} per block: {have})")
+    return out
+
+
+@dataclass
+class _Run:
+    """Settings of one analysis and the records it accumulates."""
+
+    names: tuple[str, ...]
+    spectra: tuple[str, ...]
+    dtype: torch.dtype
+    device: str
+    fold_ln: bool
+    fold_qk_norm: bool
+    heads: tuple[int, ...] | None = None
+    head_records: list[HeadRecord] = field(default_factory=list)
+    layer_records: list[LayerRecord] = field(default_factory=list)
+    spectra_out: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    baselines: list[Baseline] = field(default_factory=list)
+
+    @classmethod
+    def make(cls, metrics, spectra, precision, device, fold_ln, fold_qk_norm, layer_form) -> _Run:
+        precision = str(getattr(precision, "value", precision))
+        if precision not in PRECISIONS:
+            raise InputError(f"precision {precision!r}: choose float32 or float64")
+        return cls(resolve_metrics(metrics, layer_form=layer_form), check_spectra(spectra or ()),
+                   PRECISIONS[precision], _check_device(device), bool(fold_ln), bool(fold_qk_norm))
+
+    @property
+    def head_names(self) -> list[str]:
+        return [n for n in self.names if n in HEAD_METRICS]
+
+    def head_index(self, spec: BlockSpec) -> torch.Tensor | None:
+        """The selected query heads this block has (None: all of them)."""
+        if self.heads is None:
+            return None
+        return torch.tensor([h for h in self.heads if h < spec.n_heads], dtype=torch.int64)
+
+    def measure(self, layer: AttentionLayer) -> None:
+        layer = self._process(layer)
+        where = f"{layer.block} layer {layer.layer}"
+        p = HeadProducts(layer, self.head_index(layer.spec), dtype=self.dtype, device=self.device)
+        values, spectra = measure_products(p, self.head_names, self.spectra)
+        self.warnings += head_warnings(p, where)
+        heads, kvs = p.heads.tolist(), p.kv.tolist()
+        for i, (h, g) in enumerate(zip(heads, kvs, strict=True)):
+            self.head_records.append(HeadRecord(layer.block, layer.layer, h, g,
+                                                {n: float(values[n][i]) for n in self.head_names}))
+            if spectra:
+                self.spectra_out[(layer.block, layer.layer, h)] = {k: v[i] for k, v in spectra.items()}
+        self.layer_records.append(self._layer_record(layer, p, values))
+
+    def _process(self, layer: AttentionLayer) -> AttentionLayer:
+        if self.fold_ln:
+            layer = fold_ln_layer(layer)
+        if self.fold_qk_norm:
+            layer = fold_qk_norm_layer(layer)
+        return layer
+
+    def _layer_record(self, layer: AttentionLayer, p: HeadProducts, values: dict[str, np.ndarray]) -> LayerRecord:
+        out: dict[str, float] = {}
+        for name in self.names:
+            m = METRICS[name]
+            if m.source and m.source in values:
+                out[name] = _summary(values[m.source], name.rsplit("_", 1)[1])
+        if any(n in self.names for n in LAYER_FORM):
+            out.update(self._layer_form(layer, p))
+        overlap = None
+        if "head_overlap" in self.names:
+            overlap = head_overlap(p).detach().to("cpu", torch.float64).numpy()
+            overlap[p.bad.cpu().numpy()] = np.nan
+            overlap[:, p.bad.cpu().numpy()] = np.nan
+        return LayerRecord(layer.block, layer.layer, layer.spec.n_heads, out, overlap)
+
+    def _layer_form(self, layer: AttentionLayer, p: HeadProducts) -> dict[str, float]:
+        """Summed-form metrics over all the layer's heads (reusing the cast weights when all were selected)."""
+        full = p if p.grouped else HeadProducts(layer, dtype=self.dtype, device=self.device)
+        if bool(full.bad.any()):
+            self.warnings.append(f"{layer.block} layer {layer.layer}: non-finite weights; layer-form metrics are NaN")
+            return dict.fromkeys(LAYER_FORM, float("nan"))
+        vals = layer_form_metrics(full.Q, full.K, full.kv)
+        return {k: v for k, v in vals.items() if k in self.names}
+
+    def add_baselines(self, specs: list[BlockSpec]) -> None:
+        for spec in specs:
+            self.baselines += gaussian_baselines(spec, self.names, dtype=self.dtype, device=self.device)
+
+    def result(self, info: ModelInfo, blocks, layers) -> AnalysisResult:
+        present = set(self.head_names) | {k for r in self.layer_records for k in r.values}
+        if any(r.head_overlap is not None for r in self.layer_records):
+            present.add("head_overlap")
+        processing = Processing(
+            fold_ln=self.fold_ln, fold_qk_norm=self.fold_qk_norm, precision=str(self.dtype).removeprefix("torch."),
+            device=self.device, layer_form=any(n in self.names for n in LAYER_FORM),
+            blocks=None if blocks is None else tuple([blocks] if isinstance(blocks, str) else blocks),
+            layers=layers, heads=self.heads, metrics=self.names)
+        return AnalysisResult(model=info, processing=processing, heads=self.head_records, layers=self.layer_records,
+                              baselines=self.baselines, spectra=self.spectra_out,
+                              warnings=list(dict.fromkeys(self.warnings)),
+                              metric_names=[n for n in self.names if n in present])
+
+
+def _summary(v: np.ndarray, how: str) -> float:
+    """Median or mean over the finite values; NaN when there are none."""
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return float("nan")
+    return float(np.median(v) if how == "median" else v.mean())
+
+
+def _check_device(device) -> str:
+    name = str(getattr(device, "value", device))
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise InputError(f"device {name!r}: not a torch device (cpu, cuda, cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"device {name}: no CUDA device is available (torch.cuda.is_available() is False)")
+    if dev.type not in ("cpu", "cuda"):
+        raise InputError(f"device {name}: only cpu and cuda are supported")
+    return name

@@ -1,0 +1,49 @@
+"""The random baseline: symmetry and subspace overlap for Gaussian factors of a block's exact shapes (fixed seed),
+so a reader can tell structure from chance (symmetry ~ 0; overlap ~ d_head / d_model)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from qkinspect.layer import AttentionLayer, BlockSpec
+from qkinspect.metrics.heads import HEAD_METRICS
+from qkinspect.metrics.products import HeadProducts
+from qkinspect.records import Baseline
+
+BASELINE_METRICS = ("symmetry", "overlap_qk", "overlap_qv", "overlap_kv")
+SAMPLES = 32
+
+
+def gaussian_layer(spec: BlockSpec, n: int = SAMPLES, seed: int = 0) -> AttentionLayer:
+    """n independent Gaussian heads (W_Q, W_K, W_V entries N(0, 1)) with the block's shapes."""
+    g = torch.Generator().manual_seed(seed)
+    s = replace(spec, n_heads=n, n_kv_heads=n, n_layers=1, shared_qk=False)
+    D, Dk, d, dv = spec.d_model, spec.kv_width, spec.d_head, spec.v_head
+    return AttentionLayer(spec=s, layer=0, W_Q=torch.randn(n, D, d, generator=g, dtype=torch.float64),
+                          W_K=torch.randn(n, Dk, d, generator=g, dtype=torch.float64),
+                          W_V=torch.randn(n, Dk, dv, generator=g, dtype=torch.float64))
+
+
+def gaussian_baselines(spec: BlockSpec, metrics, *, block: str | None = None, n: int = SAMPLES, seed: int = 0,
+                       dtype: torch.dtype = torch.float32, device: str = "cpu") -> list[Baseline]:
+    """Baselines (mean, std with Bessel's correction, n) of the requested BASELINE_METRICS for one block.
+
+    Example:
+        >>> b = gaussian_baselines(spec, ["symmetry"])[0]  # doctest: +SKIP
+        >>> abs(b.mean) < 3 * b.std / b.n ** 0.5  # doctest: +SKIP
+        True
+    """
+    names = [m for m in BASELINE_METRICS if m in set(metrics)]
+    if not names:
+        return []
+    p = HeadProducts(gaussian_layer(spec, n, seed), dtype=dtype, device=device)
+    out = []
+    for name in names:
+        v = HEAD_METRICS[name](p).detach().to("cpu", torch.float64).numpy()
+        v = v[np.isfinite(v)]
+        if v.size:
+            out.append(Baseline(block or spec.key, name, float(v.mean()), float(v.std(ddof=1)), int(v.size)))
+    return out

@@ -1,0 +1,164 @@
+"""One layer's heads in compute precision, with every d_head x d_head product computed once, on first use.
+
+Metric functions take a `HeadProducts` and ask for what they need (`p.fq`, `p.c_qk`, `p.sigma_qk` ...), so a
+run that asks for symmetry alone never pays for eigenvalues or the OV circuit.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+from qkinspect.layer import AttentionLayer
+from qkinspect.metrics.factored import GramFactor, factor_gram, gram_factor, paired, row_norms
+
+
+class HeadProducts:
+    """The selected query heads of one layer (n of them) and their key/value heads, cast up to `dtype`.
+
+    Shapes: Q (n, D, d), K (G, Dk, d), V (G, Dk, dv), O (n, dv, D) or None; `kv` (n,) maps each query head to
+    its KV head h // (H // G). Non-finite entries are zeroed here (so no decomposition fails) and the heads
+    that had them are flagged in `bad`, for the caller to report as NaN.
+    """
+
+    def __init__(self, layer: AttentionLayer, heads: Tensor | None = None, *, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu"):
+        s = layer.spec
+        H = s.n_heads
+        sel = torch.arange(H) if heads is None else heads.to(torch.int64)
+        self.heads = sel
+        self.kv = sel // s.group_size
+        self.grouped = bool(heads is None or torch.equal(sel, torch.arange(H)))
+        self.spec = s
+
+        def cast(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device=device, dtype=dtype)  # half precision up before anything
+
+        q_raw = layer.W_Q if self.grouped else layer.W_Q[sel]
+        self.same_qk = _same_qk(layer)
+        Q, K, V = cast(q_raw), cast(layer.W_K), cast(layer.W_V)
+        O = cast(layer.W_O if layer.W_O is None or self.grouped else layer.W_O[sel])
+        bad_q, bad_kv = _bad(Q), _bad(K) | _bad(V)
+        bad_o = _bad(O) if O is not None else torch.zeros_like(bad_q)
+        self.Q, self.K, self.V, self.O = _zeroed(Q), _zeroed(K), _zeroed(V), _zeroed(O)
+        self.bad = bad_q | bad_kv[self.kv.to(bad_q.device)]
+        self.bad_ov = bad_o | bad_kv[self.kv.to(bad_q.device)]
+        self.b_Q = cast(layer.b_Q if layer.b_Q is None or self.grouped else layer.b_Q[sel])
+        self.b_K, self.b_V = cast(layer.b_K), cast(layer.b_V)
+        self.dtype, self.device = dtype, Q.device
+        self.kv = self.kv.to(self.device)
+
+    # -- shapes -----------------------------------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        return self.Q.shape[0]
+
+    @property
+    def square(self) -> bool:
+        """Queries and keys read the same space (D == Dk): symmetry, eigenvalues, Q-vs-K/V similarity defined."""
+        return self.Q.shape[1] == self.K.shape[1]
+
+    def nan(self) -> Tensor:
+        return torch.full((self.n,), float("nan"), dtype=self.dtype, device=self.device)
+
+    # -- Gram factors -----------------------------------------------------------------------------------
+    @cached_property
+    def fq(self) -> GramFactor:
+        return gram_factor(self.Q)
+
+    @cached_property
+    def fk_all(self) -> GramFactor:
+        return gram_factor(self.K)
+
+    @cached_property
+    def fk(self) -> GramFactor:
+        return self.fq if self.same_qk else self.fk_all.index(self.kv)
+
+    @cached_property
+    def fv_all(self) -> GramFactor:
+        return gram_factor(self.V)
+
+    @cached_property
+    def fv(self) -> GramFactor:
+        return self.fv_all.index(self.kv)
+
+    # -- cross products (n, e, d) -------------------------------------------------------------------------
+    @cached_property
+    def c_qk(self) -> Tensor:
+        """W_Kᵀ W_Q per head (n, d, d): its eigenvalues are the nonzero eigenvalues of W_Q W_Kᵀ."""
+        return self.fq.gram if self.same_qk else paired(self.K, self.Q, self.kv, self.grouped)
+
+    @cached_property
+    def c_qv(self) -> Tensor:
+        """W_Vᵀ W_Q per head (n, dv, d)."""
+        return paired(self.V, self.Q, self.kv, self.grouped)
+
+    @cached_property
+    def c_kv(self) -> Tensor:
+        """W_Vᵀ W_K per head (n, dv, d)."""
+        return (self.V.mT @ self.K)[self.kv]  # (G, dv, Dk) @ (G, Dk, d) -> (G, dv, d) -> (n, dv, d)
+
+    # -- the bilinear form M = W_Q W_Kᵀ -----------------------------------------------------------------------
+    @cached_property
+    def sigma_qk(self) -> Tensor:
+        """Singular values of M (n, d), descending: those of R_Q R_Kᵀ."""
+        return torch.linalg.svdvals(self.fq.root @ self.fk.root.mT)  # (n, d, d) @ (n, d, d)
+
+    @cached_property
+    def eig_qk(self) -> Tensor:
+        """The d eigenvalues of W_Kᵀ W_Q (n, d) complex: M's nonzero eigenvalues, padded with zeros."""
+        return torch.linalg.eigvals(self.c_qk)
+
+    @cached_property
+    def row_col_norms(self) -> tuple[Tensor, Tensor]:
+        """Row norms (n, D) and column norms (n, Dk) of M, from R_K and R_Q without forming M."""
+        rows = row_norms(self.Q, self.fk.root)  # ||W_Q[i] W_Kᵀ||
+        K = self.Q if self.same_qk else (self.K[self.kv] if not self.grouped else None)
+        if K is None:  # grouped: broadcast each KV head over its query heads
+            G = self.K.shape[0]
+            R = self.fq.root.reshape(G, self.n // G, *self.fq.root.shape[1:])  # (n, d, d) -> (G, rep, d, d)
+            cols = torch.linalg.vector_norm(self.K.unsqueeze(1) @ R.mT, dim=-1)  # (G, rep, Dk)
+            cols = cols.reshape(self.n, -1)  # (G, rep, Dk) -> (n, Dk)
+        else:
+            cols = row_norms(K, self.fq.root)  # ||W_K[j] W_Qᵀ||
+        return rows, cols
+
+    # -- the OV circuit W_OV = W_V W_O --------------------------------------------------------------------------
+    @cached_property
+    def fo(self) -> GramFactor:
+        """Factors of W_Oᵀ (n, D, dv): Gram W_O W_Oᵀ (n, dv, dv)."""
+        return factor_gram(self.O @ self.O.mT, rows=self.O.shape[-1])
+
+    @cached_property
+    def sigma_ov(self) -> Tensor:
+        """Singular values of W_V W_O (n, dv): those of R_V R_Oᵀ."""
+        return torch.linalg.svdvals(self.fv.root @ self.fo.root.mT)
+
+    @cached_property
+    def c_ov(self) -> Tensor:
+        """(W_O W_V)ᵀ = W_Vᵀ W_Oᵀ per head (n, dv, dv): same nonzero eigenvalues as W_V W_O."""
+        return paired(self.V, self.O.mT, self.kv, self.grouped)
+
+    @cached_property
+    def eig_ov(self) -> Tensor:
+        return torch.linalg.eigvals(self.c_ov)
+
+
+def _same_qk(layer: AttentionLayer) -> bool:
+    """W_K is W_Q (Reformer's shared-QK attention, or equal tensors): reuse W_Q's products for the keys, so that
+    s = 1 exactly. Checked on the stored tensors, before any head selection."""
+    Wq, Wk = layer.W_Q, layer.W_K
+    return Wk is Wq or (Wq.shape == Wk.shape and Wq.dtype == Wk.dtype and torch.equal(Wq, Wk))
+
+
+def _bad(t: Tensor) -> Tensor:
+    """Per head (first dim): any non-finite entry."""
+    return ~torch.isfinite(t).flatten(1).all(-1)
+
+
+def _zeroed(t: Tensor | None) -> Tensor | None:
+    if t is None or bool(torch.isfinite(t).all()):
+        return t
+    return torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0)

@@ -1,0 +1,88 @@
+"""How alike the query, key and value maps of a head are: subspace overlap, entry-wise cosine, linear CKA.
+
+For a pair (A, B) of tall factors with the same number of rows, from their Gram factors and the cross product BᵀA:
+- subspace overlap: mean cos² of the principal angles between the column spaces, ||U_Aᵀ U_B||_F² / min(rank A,
+  rank B) (= ||U_Aᵀ U_B||_F² / d_head for full-rank heads), in [0, 1]; invariant to any invertible re-basing.
+- entry-wise cosine: ⟨A, B⟩_F / (||A||_F ||B||_F), in [-1, 1]; needs equal shapes; depends on the basis.
+- linear CKA (Kornblith et al. 2019), rows as samples, centred: ||A_cᵀ B_c||_F² / (||A_cᵀ A_c||_F ||B_cᵀ B_c||_F),
+  in [0, 1]; invariant to orthogonal transforms and scaling of either side, not to general ones.
+Q-vs-K and Q-vs-V need the query and key/value inputs to be the same space (D == Dk): NaN otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from qkinspect.metrics.factored import GramFactor, trace
+from qkinspect.metrics.products import HeadProducts
+
+
+def subspace_overlap(fa: GramFactor, fb: GramFactor, cross: Tensor) -> Tensor:
+    """Mean cos² of principal angles between col(A) and col(B), from cross = BᵀA (n, db, da) -> (n,)."""
+    T = fb.whitener.mT @ cross @ fa.whitener  # U_Bᵀ U_A: (n, db, db) @ (n, db, da) @ (n, da, da)
+    k = torch.minimum(fa.rank, fb.rank).to(T.dtype)
+    return (T**2).sum((-2, -1)) / k  # k = 0 (a zero head): NaN
+
+
+def entrywise_cosine(fa: GramFactor, fb: GramFactor, cross: Tensor) -> Tensor:
+    """⟨A, B⟩_F / (||A|| ||B||) = tr(BᵀA) / sqrt(tr AᵀA · tr BᵀB) for equal shapes."""
+    return trace(cross) / (fa.fro2() * fb.fro2()).sqrt()
+
+
+def linear_cka(fa: GramFactor, fb: GramFactor, cross: Tensor, mean_a: Tensor, mean_b: Tensor, rows: int) -> Tensor:
+    """Centred linear CKA with rows as samples, from Grams, cross = BᵀA and column means (n, da), (n, db)."""
+    cc = cross - rows * mean_b.unsqueeze(-1) * mean_a.unsqueeze(-2)  # B_cᵀ A_c (n, db, da)
+    ga = fa.gram - rows * mean_a.unsqueeze(-1) * mean_a.unsqueeze(-2)  # A_cᵀ A_c (n, da, da)
+    gb = fb.gram - rows * mean_b.unsqueeze(-1) * mean_b.unsqueeze(-2)
+    fro = torch.linalg.matrix_norm
+    return (cc**2).sum((-2, -1)) / (fro(ga) * fro(gb))
+
+
+def _means(p: HeadProducts) -> tuple[Tensor, Tensor, Tensor]:
+    """Column means over rows of W_Q (n, d), W_K (n, d), W_V (n, dv) per query head."""
+    return p.Q.mean(-2), p.K.mean(-2)[p.kv], p.V.mean(-2)[p.kv]
+
+
+def overlap_qk(p: HeadProducts) -> Tensor:
+    return subspace_overlap(p.fq, p.fk, p.c_qk) if p.square else p.nan()
+
+
+def overlap_qv(p: HeadProducts) -> Tensor:
+    return subspace_overlap(p.fq, p.fv, p.c_qv) if p.square else p.nan()
+
+
+def overlap_kv(p: HeadProducts) -> Tensor:
+    return subspace_overlap(p.fk, p.fv, p.c_kv)
+
+
+def cosine_qk(p: HeadProducts) -> Tensor:
+    return entrywise_cosine(p.fq, p.fk, p.c_qk) if p.square else p.nan()
+
+
+def cosine_qv(p: HeadProducts) -> Tensor:
+    same_shape = p.square and p.Q.shape[-1] == p.V.shape[-1]
+    return entrywise_cosine(p.fq, p.fv, p.c_qv) if same_shape else p.nan()
+
+
+def cosine_kv(p: HeadProducts) -> Tensor:
+    return entrywise_cosine(p.fk, p.fv, p.c_kv) if p.K.shape[-1] == p.V.shape[-1] else p.nan()
+
+
+def cka_qk(p: HeadProducts) -> Tensor:
+    if not p.square:
+        return p.nan()
+    mq, mk, _ = _means(p)
+    return linear_cka(p.fq, p.fk, p.c_qk, mq, mk, p.Q.shape[-2])
+
+
+def cka_qv(p: HeadProducts) -> Tensor:
+    if not p.square:
+        return p.nan()
+    mq, _, mv = _means(p)
+    return linear_cka(p.fq, p.fv, p.c_qv, mq, mv, p.Q.shape[-2])
+
+
+def cka_kv(p: HeadProducts) -> Tensor:
+    _, mk, mv = _means(p)
+    return linear_cka(p.fk, p.fv, p.c_kv, mk, mv, p.K.shape[-2])
