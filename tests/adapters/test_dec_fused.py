@@ -12,6 +12,7 @@ import pytest
 import torch
 import transformers as tf
 
+from qkinspect.loading import open_model
 from tests.adapters.harness import (
     apply_norm,
     assert_close,
@@ -137,8 +138,10 @@ def test_fused_projections_reproduce_model(name, tmp_path):
     model, path = build(case, tmp_path)
     layers = load_layers(path)
     assert len(layers) == L
+    with open_model(path) as m:
+        block = m.info.blocks[0]
     for key, want in case.expect.items():
-        assert getattr(layers[0].spec, key) == want, key
+        assert getattr(block, key) == want, key
     blocks = getattr(model, case.layers)
     for ours in layers:
         check_layer(case, model, ours, blocks[ours.layer])

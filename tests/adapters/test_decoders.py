@@ -70,7 +70,7 @@ CASES = {
     "qwen3_moe": Case(llama_like(tf.Qwen3MoeConfig, head_dim=16, **MOE), qk=QK),
     "gemma": Case(llama_like(tf.GemmaConfig, **GEMMA), expect=dict(d_head=24, n_kv_heads=1)),
     "gemma2": Case(llama_like(tf.Gemma2Config, query_pre_attn_scalar=20, **GEMMA),
-                   expect=dict(d_head=24, scale=20**-0.5, attention_kind="sliding+full")),
+                   expect=dict(d_head=24, scale=20**-0.5, attention_kind="full+sliding")),
     "gemma3_text": Case(llama_like(tf.Gemma3TextConfig, query_pre_attn_scalar=20, **GEMMA), qk=QK,
                         expect=dict(d_head=24, scale=20**-0.5, qk_norm=True)),
     "olmo2": Case(llama_like(tf.Olmo2Config), norm=None, qk=QK, expect=dict(qk_norm=True)),
@@ -82,7 +82,7 @@ CASES = {
     "gpt_neo": Case(tf.GPTNeoConfig(hidden_size=D, num_layers=L, num_heads=H, window_size=4, vocab_size=V,
                                     attention_types=[[["global", "local"], 1]], max_position_embeddings=32,
                                     intermediate_size=64),
-                    **NEO, expect=dict(scale=1.0, positional="absolute", attention_kind="global+local")),
+                    **NEO, expect=dict(scale=1.0, positional="absolute", attention_kind="full+local")),
     "gptj": Case(tf.GPTJConfig(n_embd=D, n_layer=L, n_head=H, rotary_dim=8, n_positions=32, vocab_size=V, n_inner=64),
                  **GPTJ, expect=dict(positional="rope", rotary_dims=8)),
 }
@@ -165,8 +165,10 @@ def test_split_projections_reproduce_model(name, tmp_path):
     model, path = build(case, tmp_path)
     layers = load_layers(path)
     assert [(a.block, a.layer) for a in layers] == [("decoder", i) for i in range(L)]
+    with open_model(path) as m:
+        block = m.info.blocks[0]
     for key, want in case.expect.items():
-        assert getattr(layers[0].spec, key) == want, key
+        assert getattr(block, key) == want, key
     blocks = get_attr(model, case.layers)
     mods = [watched(case, blocks, i) for i in range(L)]
     ids = torch.randint(0, V, (2, 7), generator=torch.Generator().manual_seed(1))
@@ -184,3 +186,15 @@ def test_model_type_recorded(tmp_path):
     with open_model(path) as m:
         assert m.info.model_type == "llama"
         assert m.info.blocks[0].flags() == ["gqa"]
+
+
+@pytest.mark.parametrize("name, kinds", [("gemma2", ["sliding", "full"]), ("gpt_neo", ["full", "local"]),
+                                         ("mistral", ["sliding", "sliding"]), ("llama", ["full", "full"])])
+def test_per_layer_attention_kind(name, kinds, tmp_path):
+    """Where layers of a block differ, each layer's spec carries its own kind; the block keeps the summary."""
+    _, path = build(CASES[name], tmp_path)
+    with open_model(path) as m:
+        got = [a.spec.attention_kind for a in m.layers()]
+        summary = m.info.blocks[0].attention_kind
+    assert got == kinds
+    assert summary == "+".join(sorted(set(kinds)))

@@ -79,8 +79,15 @@ class DecoderAdapter(Adapter):
         return [self._spec]
 
     def layer_spec(self, layer: int) -> BlockSpec:
-        """The spec of one layer; families whose scale varies by layer override this."""
-        return self._spec
+        """The block's spec refined for one layer: its own `attention_kind` where layers differ ("full",
+        "sliding", "local"); families whose scale varies by layer refine that too (GPT-2)."""
+        kind = self.layer_kind(layer)
+        s = self._spec
+        return s if kind is None or kind == s.attention_kind else replace(s, attention_kind=kind)
+
+    def layer_kind(self, layer: int) -> str | None:
+        """This layer's attention kind when layers of the block differ; None when they do not."""
+        return None
 
     def layer_extra(self, layer: int) -> dict[str, Any]:
         """Per-layer facts that are not BlockSpec fields (rotary style, sliding window, ...)."""
@@ -223,21 +230,31 @@ class SplitProjectionAdapter(DecoderAdapter):
         extra: dict[str, Any] = {}
         if self._spec.positional == "rope":
             extra["rotary_style"] = self.rotary_style
-        types = getattr(self.config, "layer_types", None)
-        if types:  # per-layer attention type (Gemma2/3: "sliding_attention" or "full_attention")
-            extra["layer_type"] = types[layer]
+        kinds = layer_kinds(self.config)
+        if kinds:
+            extra["layer_type"] = self.config.layer_types[layer]  # as the config names it
+            if kinds[layer] == "sliding":
+                extra["sliding_window"] = self.config.sliding_window
         return extra
+
+    def layer_kind(self, layer: int) -> str | None:
+        kinds = layer_kinds(self.config)
+        return kinds[layer] if kinds else None
+
+
+def layer_kinds(c: Any) -> list[str] | None:
+    """Per-layer kinds from `config.layer_types` ("sliding_attention" -> "sliding", "full_attention" -> "full")."""
+    types = getattr(c, "layer_types", None)
+    return [t.removesuffix("_attention") for t in types] if types else None
 
 
 def attention_kind(c: Any) -> str:
-    """"sliding" when every layer uses a sliding window (Mistral), "sliding+full" when layers mix (Gemma2/3)."""
-    types = set(getattr(c, "layer_types", None) or [])
-    if "sliding_attention" in types and "full_attention" in types:
-        return "sliding+full"
-    if types == {"sliding_attention"} or (not types and getattr(c, "sliding_window", None)
-                                          and getattr(c, "use_sliding_window", True)):
-        return "sliding"
-    return "full"
+    """The block summary: "full", "sliding" (Mistral: every layer), or the layers' kinds joined ("full+sliding")."""
+    kinds = layer_kinds(c)
+    if kinds:
+        return "+".join(sorted(set(kinds)))
+    window = getattr(c, "sliding_window", None)
+    return "sliding" if window and getattr(c, "use_sliding_window", True) is not False else "full"
 
 
 def with_scale(spec: BlockSpec, scale: float | None) -> BlockSpec:

@@ -49,7 +49,7 @@ class GPT2Adapter(FusedQKVAdapter):
         return s / (layer + 1) if getattr(c, "scale_attn_by_inverse_layer_idx", False) else s
 
     def layer_spec(self, layer: int) -> BlockSpec:
-        return with_scale(self._spec, self.scale(layer, self._spec.d_head))
+        return with_scale(super().layer_spec(layer), self.scale(layer, self._spec.d_head))
 
     def expected_shapes(self, block: str, layer: int) -> dict[str, tuple[int, ...]]:
         n, D = self.names(layer), self._spec.d_model

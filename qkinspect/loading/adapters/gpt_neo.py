@@ -4,7 +4,8 @@
     h.{i}.attn.attention.{q,k,v}_proj.weight  (D, D)  nn.Linear, no bias
     h.{i}.attn.attention.out_proj.{weight,bias}
 
-Layers alternate global and local (sliding-window) attention: `extra["layer_type"]` says which.
+Layers alternate global and local (sliding-window) attention: each layer's spec says "full" or "local"
+(`attention_kind`; the block summary is "full+local"), and `extra["window_size"]` gives a local layer's window.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ class GPTNeoAdapter(SplitProjectionAdapter):
     norm_kind = "layernorm"
 
     def spec_fields(self, d_head: int) -> dict[str, Any]:
-        kinds = set(self.config.attention_layers)
-        return {"positional": "absolute", "scale": 1.0,
-                "attention_kind": "full" if kinds == {"global"} else "+".join(sorted(kinds))}
+        kinds = {self.layer_kind(i) for i in range(self.config.num_layers)}
+        return {"positional": "absolute", "scale": 1.0, "attention_kind": "+".join(sorted(kinds))}
+
+    def layer_kind(self, layer: int) -> str:
+        return "local" if self.config.attention_layers[layer] == "local" else "full"
 
     def layer_extra(self, layer: int) -> dict[str, Any]:
         kind = self.config.attention_layers[layer]
         extra: dict[str, Any] = {"layer_type": kind}
         if kind == "local":
-            extra["window_size"] = self.config.window_size
+            extra["window_size"] = self.config.window_size  # a query sees itself and the window_size - 1 before it
         return extra
