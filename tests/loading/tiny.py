@@ -88,3 +88,75 @@ def tree(folder: Path) -> dict[str, tuple[int, int]]:
     """Every file under `folder` with its size and mtime: to show that nothing was written."""
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
             for p in sorted(folder.rglob("*"))}
+
+
+# -- GGUF, written the way llama.cpp's convert_hf_to_gguf.py writes it ------------------------------------------
+
+
+def llama_cpp_permute(w, n_head: int, n_head_kv: int | None):
+    """LlamaModel.permute from llama.cpp's converter, verbatim in effect: applied to q (n_head, n_head) and
+    k (n_head, n_head_kv) rows before writing."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute_by_index(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The inverse, written row by row (independent of the loader's reshape): HF row h*d + j*d/2 + i is
+    llama.cpp row h*d + 2*i + j."""
+    d = w.shape[0] // n_heads
+    order = [h * d + 2 * i + j for h in range(n_heads) for j in range(2) for i in range(d // 2)]
+    return w[order]
+
+
+GGUF_ROLES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output"}
+
+
+def write_gguf(path: Path, config, state: dict, arch: str = "llama", permute: bool = True, qtype=None,
+               meta: bool = True) -> Path:
+    """Write a Llama-layout state dict as GGUF: metadata from `config`, q/k permuted as llama.cpp does,
+    tensors as F32 or quantised to `qtype`."""
+    import gguf
+    import numpy as np
+
+    H, G = config.num_attention_heads, config.num_key_value_heads
+    w = gguf.GGUFWriter(str(path), arch)
+    if meta:
+        w.add_block_count(config.num_hidden_layers)
+        w.add_embedding_length(config.hidden_size)
+        w.add_feed_forward_length(config.intermediate_size)
+        w.add_head_count(H)
+        w.add_head_count_kv(G)
+        w.add_key_length(config.head_dim)
+        w.add_value_length(config.head_dim)
+        w.add_rope_dimension_count(config.head_dim)
+        w.add_rope_freq_base(config.rope_parameters["rope_theta"])
+        w.add_layer_norm_rms_eps(config.rms_norm_eps)
+        w.add_context_length(config.max_position_embeddings)
+        w.add_vocab_size(config.vocab_size)
+
+    def add(name: str, t: torch.Tensor) -> None:
+        a = t.float().numpy().astype(np.float32)
+        if qtype is None or a.ndim == 1:
+            w.add_tensor(name, a)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+
+    add("token_embd.weight", state["embed_tokens.weight"])
+    for i in range(config.num_hidden_layers):
+        p = f"layers.{i}"
+        for proj, role in GGUF_ROLES.items():
+            for kind in ("weight", "bias"):
+                t = state.get(f"{p}.self_attn.{proj}.{kind}")
+                if t is None:
+                    continue
+                if permute and proj in ("q_proj", "k_proj"):
+                    t = llama_cpp_permute(t, H, H if proj == "q_proj" else G)
+                add(f"blk.{i}.{role}.{kind}", t)
+        add(f"blk.{i}.attn_norm.weight", state[f"{p}.input_layernorm.weight"])
+        add(f"blk.{i}.ffn_norm.weight", state[f"{p}.post_attention_layernorm.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
