@@ -144,11 +144,16 @@ class Selection:
               blocks: list[str] | None = None, metrics: list[str] | None = None,
               precision: Precision | str = Precision.float32, device: Device | str = Device.cpu,
               fold_ln: bool = False) -> Selection:
+        names = parse_names(metrics)
+        if names is not None:
+            from qkinspect.metrics.registry import resolve_metrics
+
+            resolve_metrics(names)  # refuse unknown names (listing the known ones) before opening the model
         return cls(
             layers=parse_indices(layers, "--layers"),
             heads=parse_indices(heads, "--heads"),
             blocks=parse_blocks(blocks),
-            metrics=parse_names(metrics),
+            metrics=names,
             precision=precision.value if isinstance(precision, Precision) else str(precision),
             device=check_device(device),
             fold_ln=fold_ln,

@@ -17,28 +17,27 @@ from qkinspect.cli.output import progress, warn
 from qkinspect.errors import InputError
 
 
-def model_info(model: str | None, revision: str | None = None):
-    """Open a model only to read its identity and shapes (config and headers; no weights)."""
-    from qkinspect.loading import open_model
-
-    with open_model(model, revision=revision) as m:
-        return m.info
-
-
-def run_analysis(model: str | None, selection: Selection, *, revision: str | None = None, info=None, **options: Any):
+def run_analysis(model, selection: Selection, *, revision: str | None = None, **options: Any):
     """`qkinspect.analyze` with the CLI's selection; `options` pass through (layer_form, spectra, ...).
 
-    Refuses a selection the model does not have before any work; warnings go to stderr.
+    `model` is a spec (opened here, once) or an already opened LoadedModel. A selection the model does not have is
+    refused before any work; a progress bar shows on stderr for long runs; the library's warnings go to stderr.
     """
+    from qkinspect.loading import LoadedModel, open_model
+
+    if isinstance(model, LoadedModel):
+        return _analyze_opened(model, selection, options)
+    with open_model(model, revision=revision) as m:
+        return _analyze_opened(m, selection, options)
+
+
+def _analyze_opened(m, selection: Selection, options: dict[str, Any]):
     import qkinspect
 
-    info = info if info is not None else model_info(model, revision)
     kwargs = selection.kwargs()
-    kwargs["blocks"] = check_selection(info, selection.blocks, selection.layers, selection.heads)
-    if revision is not None:
-        options["revision"] = revision
+    kwargs["blocks"] = check_selection(m.info, selection.blocks, selection.layers, selection.heads)
     with progress("analysing heads") as p:
-        result = qkinspect.analyze(model, progress=p, **kwargs, **options)
+        result = qkinspect.analyze(m, progress=p, **kwargs, **options)
     for w in result.warnings:
         warn(w)
     if not result.heads:

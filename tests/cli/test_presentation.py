@@ -73,5 +73,6 @@ def test_head_deltas_b_minus_a():
 
 def test_check_same_shapes():
     check_same_shapes(info("a"), info("b"))
-    with pytest.raises(InputError, match=r"shapes differ \(encoder n_heads 2 vs 4; encoder n_kv_heads 2 vs 4; encoder d_model 8 vs 16\)"):
+    msg = r"shapes differ \(encoder n_heads 2 vs 4; encoder n_kv_heads 2 vs 4; encoder d_model 8 vs 16\)"
+    with pytest.raises(InputError, match=msg):
         check_same_shapes(info("a"), info("b", n_heads=4, d_model=16))

@@ -43,16 +43,17 @@ def register(app: typer.Typer) -> None:
 
         Example: qkinspect compare ./bert-base ./bert-finetuned --metrics symmetry,overlap_qk -o diff.csv
         """
-        from qkinspect.cli.run import model_info, run_analysis
+        from qkinspect.cli.run import run_analysis
+        from qkinspect.loading import open_model
 
         if output is not None:
             check_writable(output)
-        info_a, info_b = model_info(model_a), model_info(model_b)
-        check_same_shapes(info_a, info_b)
         sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
                               device=device, fold_ln=fold_ln)
-        a = run_analysis(model_a, sel, info=info_a)
-        b = run_analysis(model_b, sel, info=info_b)
+        with open_model(model_a) as ma, open_model(model_b) as mb:
+            check_same_shapes(ma.info, mb.info)  # before any work
+            a = run_analysis(ma, sel)
+            b = run_analysis(mb, sel)
         emit(compare_document(a, b, requested=sel.metrics), fmt, output)
 
 

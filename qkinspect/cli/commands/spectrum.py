@@ -53,15 +53,16 @@ def register(app: typer.Typer) -> None:
 
         Example: qkinspect spectrum ./my-bert --layer 3 --head 5 --matrix qk --format csv
         """
-        from qkinspect.cli.run import model_info, run_analysis
+        from qkinspect.cli.run import run_analysis
+        from qkinspect.loading import open_model
 
         if output is not None:
             check_writable(output)
-        info = model_info(model, revision)
-        blocks = block or [_only_block(info)]
-        sel = Selection.parse(layers=str(layer), heads=str(head), blocks=blocks, precision=precision,
-                              device=device, fold_ln=fold_ln)
-        result = run_analysis(model, sel, revision=revision, info=info, spectra=(matrix.value,))
+        with open_model(model, revision=revision) as m:
+            sel = Selection.parse(layers=str(layer), heads=str(head), blocks=block or [_only_block(m.info)],
+                                  metrics=["symmetry"], precision=precision, device=device, fold_ln=fold_ln)
+            spectra = (matrix.value, f"{matrix.value}_eig") if matrix.value in WITH_EIGENVALUES else (matrix.value,)
+            result = run_analysis(m, sel, spectra=spectra)
         emit(spectrum_document(result, matrix.value), fmt, output)
 
 
