@@ -3,8 +3,9 @@ forward pass, rebuild the model's own attention weights (eager attention, output
 enter only through the model's own terms: its rotary function applied to its captured cos/sin, or the ALiBi
 tensor it passed to the layer. One model per fused layout (GPT-2 sectioned Conv1D, GPT-NeoX and BLOOM interleaved
 per head, Falcon interleaved per KV group, multi-query and multi-head, MPT and Phi-3 sectioned), plus Llama
-(grouped query), GPT-Neo (scale 1, local window), Gemma2 (query_pre_attn_scalar, soft-capping), GPT-J (interleaved
-partial rotary) and GPT-2 with scale_attn_by_inverse_layer_idx (a scale per layer)."""
+(grouped query), GPT-Neo (scale 1, local window), Mistral and Phi-3 (sliding windows), Gemma2
+(query_pre_attn_scalar, soft-capping), GPT-J (interleaved partial rotary) and GPT-2 with
+scale_attn_by_inverse_layer_idx (a scale per layer)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,9 @@ CASES = {
     "llama": Case(S["llama"].config, "layers", "self_attn", rotary="llama"),
     "gpt_neo-local": Case(S["gpt_neo"].config, "h", "attn.attention"),
     "gemma2": Case(S["gemma2"].config, "layers", "self_attn", rotary="gemma2"),
+    "mistral-sliding": Case(S["mistral"].config, "layers", "self_attn", rotary="mistral"),
+    "phi3-sliding": Case(tf.Phi3Config(**{**F["phi3"].config.to_diff_dict(), "sliding_window": 3}), "layers",
+                         "self_attn", rotary="phi3"),
     "gptj-interleaved-partial": Case(S["gptj"].config, "h", "attn", rotary="gptj"),
     "gpt2-inverse-layer-scale": Case(tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=V, n_positions=32,
                                                    scale_attn_by_inverse_layer_idx=True), "h", "attn"),
@@ -110,8 +114,9 @@ def our_probabilities(case: Case, ours, attn, x, attn_kwargs) -> torch.Tensor:
     if cap:
         scores = cap * torch.tanh(scores / cap)
     allowed = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).tril()
-    if ours.extra.get("window_size"):
-        allowed &= ~allowed.tril(-ours.extra["window_size"])  # GPT-Neo local layers: a sliding window
+    window = ours.extra.get("window_size") or ours.extra.get("sliding_window")  # GPT-Neo local / Mistral, Phi-3
+    if window:
+        allowed &= ~allowed.tril(-window)  # a query sees itself and the window - 1 keys before it
     return scores.masked_fill(~allowed, float("-inf")).softmax(-1)
 
 

@@ -230,11 +230,10 @@ class SplitProjectionAdapter(DecoderAdapter):
         extra: dict[str, Any] = {}
         if self._spec.positional == "rope":
             extra["rotary_style"] = self.rotary_style
-        kinds = layer_kinds(self.config)
-        if kinds:
+        if layer_kinds(self.config):
             extra["layer_type"] = self.config.layer_types[layer]  # as the config names it
-            if kinds[layer] == "sliding":
-                extra["sliding_window"] = self.config.sliding_window
+        if self.layer_spec(layer).attention_kind == "sliding":
+            extra["sliding_window"] = self.config.sliding_window
         return extra
 
     def layer_kind(self, layer: int) -> str | None:

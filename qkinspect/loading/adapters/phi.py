@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import Tensor
 
-from qkinspect.loading.adapters._decoder import SplitProjectionAdapter, rope_spec
+from qkinspect.loading.adapters._decoder import SplitProjectionAdapter, attention_kind, rope_spec
 from qkinspect.loading.adapters._fused import Blocks, FusedQKVAdapter, sectioned
 from qkinspect.loading.adapters.registry import register
 
@@ -57,10 +57,11 @@ class Phi3Adapter(FusedQKVAdapter):
     norm_kind = "rmsnorm"
 
     def spec_fields(self, d_head: int) -> dict[str, Any]:
-        return rope_spec(self.config, d_head)
+        return {**rope_spec(self.config, d_head), "attention_kind": attention_kind(self.config)}
 
     def layer_extra(self, layer: int) -> dict[str, Any]:
-        return {"rotary_style": "half"}
+        window = getattr(self.config, "sliding_window", None)  # Phi-3 mini/medium: every layer, when set
+        return {"rotary_style": "half", **({"sliding_window": window} if window else {})}
 
     def layout(self, w: Tensor) -> Blocks:
         s = self._spec
