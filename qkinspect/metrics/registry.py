@@ -115,7 +115,7 @@ _LAYER = [
        "[-1, 1]", "yes", per="layer", default=False, cost="O(D³) per layer", reference=SAPONATI, requires=SQUARE),
     _m("directionality_layer", "layer_form", "directionality of the layer's summed form (all heads)", "[-1, 1]",
        "yes", per="layer", default=False, cost="O(D³) per layer", reference=SAPONATI),
-    _m("head_overlap", "head_overlap", "(H, H) matrix: overlap of the query-side column spaces of heads i and j",
+    _m("head_overlap", "head_similarity", "(H, H) matrix: overlap of the query-side column spaces of heads i and j",
        "[0, 1]", "yes", per="layer", default=False, cost="O(H² D d²) per layer"),
 ]
 
