@@ -30,9 +30,19 @@ def _error(message: str) -> None:
     print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
 
 
+class _Interrupted(Exception):
+    """Ctrl-C inside a command (typer would turn it into a silent exit 130)."""
+
+
 class QkGroup(TyperGroup):
     """Runs commands with click's standalone mode off so that every failure ends here:
     usage errors and QkinspectError exit 2 (or the error's code) with one line; anything else exits 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise _Interrupted() from None
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         argv = list(sys.argv[1:] if args is None else args)
@@ -61,7 +71,7 @@ class QkGroup(TyperGroup):
                 traceback.print_exc()
             _error(str(e))
             sys.exit(e.exit_code)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, _Interrupted):
             _error("interrupted")
             sys.exit(130)
         except BrokenPipeError:

@@ -29,6 +29,13 @@ def default_columns(result, requested: Sequence[str] | None = None, sort: str | 
     return cols
 
 
+def basis_dependent(names: Iterable[str]) -> list[str]:
+    """The metrics among `names` that are not invariant under the full gauge freedom (registry's gauge_invariant)."""
+    from qkinspect.metrics.registry import METRICS
+
+    return [n for n in names if n in METRICS and METRICS[n].gauge_invariant != "yes"]
+
+
 def fmt_value(v: Any, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
@@ -66,8 +73,9 @@ def head_table(heads: Iterable, columns: Sequence[str], *, grouped: bool = True,
     t = Table(title=title, header_style="bold", show_edge=False, pad_edge=False)
     for name in ("block", "layer", "head", "kv"):
         t.add_column(name, justify="left" if name == "block" else "right")
+    marked = set(basis_dependent(c.removeprefix("delta_") for c in columns))
     for c in columns:
-        t.add_column(c, justify="right")
+        t.add_column(c + ("*" if c.removeprefix("delta_") in marked else ""), justify="right")
     last = None
     for h in heads:
         if grouped and last is not None and (h.block, h.layer) != last:
@@ -125,6 +133,14 @@ def model_line(info, processing=None) -> str:
     return line
 
 
+def gauge_note(console, columns: Iterable[str]) -> None:
+    """The footnote for columns marked '*' by `head_table`."""
+    marked = basis_dependent(c.removeprefix("delta_") for c in columns)
+    if marked:
+        console.print(f"* not gauge-invariant (depends on the basis of the head space): {', '.join(marked)}",
+                      style="dim", highlight=False)
+
+
 def render_analysis(console, result, *, columns: Sequence[str], by: str = "head", grouped: bool = True,
                     notes: Sequence[str] = ()) -> None:
     """The whole human view of an AnalysisResult."""
@@ -133,8 +149,11 @@ def render_analysis(console, result, *, columns: Sequence[str], by: str = "head"
         console.print("rotary positions: the metrics describe the form at offset 0", style="dim")
     if by == "head":
         console.print(head_table(result.heads, columns, grouped=grouped))
-    console.print(layer_table(result.layers))
+    subset = getattr(result.processing, "heads", None) is not None
+    console.print(layer_table(result.layers, title="per layer (over the selected heads)" if subset else "per layer"))
     for line in baseline_lines(result.baselines):
         console.print(line, style="dim", highlight=False)
+    if by == "head":
+        gauge_note(console, columns)
     for n in notes:
         console.print(n, style="dim", highlight=False)

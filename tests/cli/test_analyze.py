@@ -117,3 +117,23 @@ def test_cuda_refused_without_gpu(cli, tiny_bert, monkeypatch):
     r = cli("analyze", tiny_bert, "--device", "cuda")
     assert r.exit_code == 2 and r.stdout == ""
     assert "no CUDA device" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_basis_dependent_columns_are_marked(cli, tiny_bert):
+    r = cli("analyze", tiny_bert, "-f", "table", "--metrics", "symmetry,cosine_qk,cka_kv", "--layers", "0")
+    assert "cosine_qk*" in r.stdout and "cka_kv*" in r.stdout and "symmetry*" not in r.stdout
+    assert "* not gauge-invariant (depends on the basis of the head space): cosine_qk, cka_kv" in r.stdout
+
+
+def test_interrupted_run_leaves_no_file(cli, tiny_bert, tmp_path, monkeypatch):
+    import qkinspect.cli.output as output
+
+    def interrupted(doc, f):
+        f.write('{"partial": ')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(output, "write_json", interrupted)
+    out = tmp_path / "r.json"
+    r = cli("analyze", tiny_bert, "-o", out)
+    assert r.exit_code == 130 and r.stdout == "" and "interrupted" in r.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -121,3 +121,26 @@ def test_emit_to_file_by_extension(tmp_path, capsys):
     out = capsys.readouterr()
     assert out.out == ""  # results went to the files, notes to stderr
     assert "wrote csv" in out.err
+
+
+def test_progress_only_on_a_terminal_and_after_the_delay(monkeypatch):
+    import sys
+
+    from qkinspect.cli.output import Progress
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    p = Progress("x", delay=0.0)
+    p(1, 3)
+    assert p._bar is None  # a pipe or a log: no bar
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    slow = Progress("x", delay=3600.0)
+    slow(1, 3)
+    assert slow._bar is None  # short work: no bar
+    fast = Progress("x", delay=0.0)
+    try:
+        fast(1, 3)
+        assert fast._bar is not None
+        assert fast._bar.tasks[0].completed == 1 and fast._bar.tasks[0].total == 3
+    finally:
+        fast.close()
+    assert fast._bar is None
