@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import pkgutil
 import sys
 import traceback
@@ -34,6 +36,10 @@ class _Interrupted(Exception):
     """Ctrl-C inside a command (typer would turn it into a silent exit 130)."""
 
 
+class _PipeClosed(Exception):
+    """The reader of stdout went away (`| head`); typer would exit 1."""
+
+
 class QkGroup(TyperGroup):
     """Runs commands with click's standalone mode off so that every failure ends here:
     usage errors and QkinspectError exit 2 (or the error's code) with one line; anything else exits 1."""
@@ -43,6 +49,8 @@ class QkGroup(TyperGroup):
             return super().invoke(ctx)
         except KeyboardInterrupt:
             raise _Interrupted() from None
+        except BrokenPipeError:
+            raise _PipeClosed() from None
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         argv = list(sys.argv[1:] if args is None else args)
@@ -74,7 +82,10 @@ class QkGroup(TyperGroup):
         except (KeyboardInterrupt, _Interrupted):
             _error("interrupted")
             sys.exit(130)
-        except BrokenPipeError:
+        except (BrokenPipeError, _PipeClosed):
+            # Python would complain again when it flushes stdout at exit: point it at /dev/null.
+            with contextlib.suppress(OSError, ValueError):  # a stdout without a file descriptor (tests)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(0)
         except Exception as e:
             if _state["debug"]:

@@ -59,3 +59,14 @@ def test_internal_error_exit_1_and_debug_traceback(cli, tiny_bert, monkeypatch):
 def test_input_error_with_debug_shows_traceback(cli, tmp_path):
     r = cli("--debug", "info", tmp_path / "missing")
     assert r.exit_code == 2 and "Traceback" in r.stderr and "ModelNotFoundError" in r.stderr
+
+
+def test_closed_pipe_exits_0_quietly(cli, tiny_bert, monkeypatch):
+    import qkinspect.cli.output as output
+
+    def reader_gone(doc, f):
+        raise BrokenPipeError
+
+    monkeypatch.setattr(output, "write_json", reader_gone)
+    r = cli("info", tiny_bert, "-f", "json")
+    assert r.exit_code == 0 and r.stderr == ""
