@@ -100,10 +100,22 @@ def test_hub_cache_env_wins_and_revision_selects_snapshot(tmp_path, monkeypatch)
 
 
 def test_hub_unreachable_falls_back_to_cache(tmp_path, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub import constants
+
     monkeypatch.delenv("HF_HUB_OFFLINE")  # online, but HF_ENDPOINT (conftest) refuses every connection
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the library read the variable at import
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
     state = fake_hub_model(tmp_path / "cache")
+    real, calls = huggingface_hub.snapshot_download, []
+
+    def spy(**kw):
+        calls.append(kw.get("local_files_only", False))
+        return real(**kw)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", spy)
     assert torch.equal(q_weight("org/name")[1], expected_q(state))
+    assert calls[0] is False  # the hub was tried first
 
 
 @pytest.mark.parametrize("offline", [True, False])
