@@ -36,3 +36,25 @@ def test_schema_rejects_broken_documents(cli, tiny_bert, break_it):
     break_it(bad)
     with pytest.raises(jsonschema.ValidationError):
         validate(bad)
+
+
+def _documented_example() -> dict:
+    import re
+
+    from tests.cli.schema import SCHEMA_FILE
+
+    text = (SCHEMA_FILE.parent / "output.md").read_text()
+    (example,) = re.findall(r"```json\n(.*?)\n```", text, flags=re.S)
+    return json.loads(example)
+
+
+def test_documented_example_is_valid():
+    doc = validate(_documented_example())
+    assert doc["kind"] == "analyze" and doc["heads"][0]["symmetry"] is not None
+
+
+def test_documented_example_is_real_output(cli):
+    doc = _documented_example()
+    now = json.loads(cli("analyze", "--layers", "0", "--heads", "0", "--metrics", "symmetry", "-f", "json").stdout)
+    assert now["heads"] == [pytest.approx(h) for h in doc["heads"]]
+    assert now["processing"] == doc["processing"] and now["model"]["blocks"] == doc["model"]["blocks"]
