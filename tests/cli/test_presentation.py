@@ -56,7 +56,7 @@ def test_render_analysis_text():
     render_analysis(Console(file=buf, width=120, no_color=True), result(SYM), columns=["symmetry", "overlap_qk"])
     text = buf.getvalue()
     for s in ("m (bert) encoder: 2 layers x 2 heads", "0.900", "-0.400", "0.450", "per layer", "symmetry_median",
-              "random baseline (encoder): symmetry 0.001 ± 0.002"):
+              "random baseline (encoder, 64 Gaussian heads): symmetry 0.001 ± 0.002"):
         assert s in text, s
     assert baseline_lines([]) == []
 
