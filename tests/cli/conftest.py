@@ -45,3 +45,17 @@ def cli():
         return runner.invoke(app, [str(a) for a in args], **kw)
 
     return invoke
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """Grouped-query attention with rotary positions: 4 query heads share 2 key/value heads."""
+    import torch
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(3)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+    path = tmp_path_factory.mktemp("llama")
+    LlamaModel(cfg).eval().save_pretrained(path, safe_serialization=True)
+    return path

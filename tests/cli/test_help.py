@@ -35,3 +35,10 @@ def test_show_completion_script(cli):
     r = cli("--show-completion", "bash")
     assert r.exit_code == 0
     assert "complete" in r.stdout and "qkinspect" in r.stdout.lower()
+
+
+def test_install_completion_writes_the_shell_setup(cli, tmp_path):
+    r = cli("--install-completion", "bash", env={"HOME": str(tmp_path), "SHELL": "/bin/bash"})
+    assert r.exit_code == 0, r.stderr
+    assert "completion installed" in (r.stdout + r.stderr).lower()
+    assert "qkinspect" in (tmp_path / ".bashrc").read_text().lower()
