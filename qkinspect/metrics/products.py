@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from qkinspect.layer import AttentionLayer
-from qkinspect.metrics.factored import GramFactor, factor_gram, gram_factor, paired, row_norms
+from qkinspect.metrics.factored import GramFactor, eigvals, factor_gram, gram_factor, paired, per_group, row_norms
 
 
 class HeadProducts:
@@ -40,9 +40,10 @@ class HeadProducts:
         self.same_qk = _same_qk(layer)
         Q, K, V = cast(q_raw), cast(layer.W_K), cast(layer.W_V)
         O = cast(layer.W_O if layer.W_O is None or self.grouped else layer.W_O[sel])
-        bad_q, bad_kv = _bad(Q), _bad(K) | _bad(V)
+        bad_q, bad_k, bad_v = _bad(Q), _bad(K), _bad(V)
         bad_o = _bad(O) if O is not None else torch.zeros_like(bad_q)
-        self.Q, self.K, self.V, self.O = _zeroed(Q), _zeroed(K), _zeroed(V), _zeroed(O)
+        self.Q, self.K, self.V, self.O = _zeroed(Q, bad_q), _zeroed(K, bad_k), _zeroed(V, bad_v), _zeroed(O, bad_o)
+        bad_kv = bad_k | bad_v
         self.bad = bad_q | bad_kv[self.kv.to(bad_q.device)]
         self.bad_ov = bad_o | bad_kv[self.kv.to(bad_q.device)]
         self.b_Q = cast(layer.b_Q if layer.b_Q is None or self.grouped else layer.b_Q[sel])
@@ -100,6 +101,11 @@ class HeadProducts:
         """W_Vᵀ W_K per head (n, dv, d)."""
         return (self.V.mT @ self.K)[self.kv]  # (G, dv, Dk) @ (G, Dk, d) -> (G, dv, d) -> (n, dv, d)
 
+    @cached_property
+    def means(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Column means over the rows of W_Q (n, d), W_K (n, d), W_V (n, dv) per query head (for CKA)."""
+        return self.Q.mean(-2), self.K.mean(-2)[self.kv], self.V.mean(-2)[self.kv]
+
     # -- the bilinear form M = W_Q W_Kᵀ -----------------------------------------------------------------------
     @cached_property
     def sigma_qk(self) -> Tensor:
@@ -109,20 +115,18 @@ class HeadProducts:
     @cached_property
     def eig_qk(self) -> Tensor:
         """The d eigenvalues of W_Kᵀ W_Q (n, d) complex: M's nonzero eigenvalues, padded with zeros."""
-        return torch.linalg.eigvals(self.c_qk)
+        return eigvals(self.c_qk)
 
     @cached_property
     def row_col_norms(self) -> tuple[Tensor, Tensor]:
         """Row norms (n, D) and column norms (n, Dk) of M, from R_K and R_Q without forming M."""
         rows = row_norms(self.Q, self.fk.root)  # ||W_Q[i] W_Kᵀ||
-        K = self.Q if self.same_qk else (self.K[self.kv] if not self.grouped else None)
-        if K is None:  # grouped: broadcast each KV head over its query heads
-            G = self.K.shape[0]
-            R = self.fq.root.reshape(G, self.n // G, *self.fq.root.shape[1:])  # (n, d, d) -> (G, rep, d, d)
-            cols = torch.linalg.vector_norm(self.K.unsqueeze(1) @ R.mT, dim=-1)  # (G, rep, Dk)
-            cols = cols.reshape(self.n, -1)  # (G, rep, Dk) -> (n, Dk)
+        if self.same_qk:
+            return rows, rows
+        if self.grouped:  # each KV head against the roots of its query heads: ||W_K[j] W_Qᵀ||
+            cols = per_group(lambda R: row_norms(self.K, R), self.fq.root, self.K.shape[0])
         else:
-            cols = row_norms(K, self.fq.root)  # ||W_K[j] W_Qᵀ||
+            cols = row_norms(self.K[self.kv], self.fq.root)
         return rows, cols
 
     # -- the OV circuit W_OV = W_V W_O --------------------------------------------------------------------------
@@ -143,7 +147,7 @@ class HeadProducts:
 
     @cached_property
     def eig_ov(self) -> Tensor:
-        return torch.linalg.eigvals(self.c_ov)
+        return eigvals(self.c_ov)
 
 
 def _same_qk(layer: AttentionLayer) -> bool:
@@ -154,11 +158,13 @@ def _same_qk(layer: AttentionLayer) -> bool:
 
 
 def _bad(t: Tensor) -> Tensor:
-    """Per head (first dim): any non-finite entry."""
-    return ~torch.isfinite(t).flatten(1).all(-1)
+    """Per head (first dim): any non-finite entry. A NaN or inf makes the head's sum non-finite, and a sum is
+    ten times cheaper than torch.isfinite on a large tensor."""
+    return ~torch.isfinite(t.flatten(1).sum(-1))
 
 
-def _zeroed(t: Tensor | None) -> Tensor | None:
-    if t is None or bool(torch.isfinite(t).all()):
+def _zeroed(t: Tensor | None, bad: Tensor) -> Tensor | None:
+    """`t` with non-finite entries set to 0 (a copy), or `t` itself when no head is bad."""
+    if t is None or not bool(bad.any()):
         return t
     return torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0)

@@ -39,11 +39,6 @@ def linear_cka(fa: GramFactor, fb: GramFactor, cross: Tensor, mean_a: Tensor, me
     return (cc**2).sum((-2, -1)) / (fro(ga) * fro(gb))
 
 
-def _means(p: HeadProducts) -> tuple[Tensor, Tensor, Tensor]:
-    """Column means over rows of W_Q (n, d), W_K (n, d), W_V (n, dv) per query head."""
-    return p.Q.mean(-2), p.K.mean(-2)[p.kv], p.V.mean(-2)[p.kv]
-
-
 def overlap_qk(p: HeadProducts) -> Tensor:
     return subspace_overlap(p.fq, p.fk, p.c_qk) if p.square else p.nan()
 
@@ -72,17 +67,17 @@ def cosine_kv(p: HeadProducts) -> Tensor:
 def cka_qk(p: HeadProducts) -> Tensor:
     if not p.square:
         return p.nan()
-    mq, mk, _ = _means(p)
+    mq, mk, _ = p.means
     return linear_cka(p.fq, p.fk, p.c_qk, mq, mk, p.Q.shape[-2])
 
 
 def cka_qv(p: HeadProducts) -> Tensor:
     if not p.square:
         return p.nan()
-    mq, _, mv = _means(p)
+    mq, _, mv = p.means
     return linear_cka(p.fq, p.fv, p.c_qv, mq, mv, p.Q.shape[-2])
 
 
 def cka_kv(p: HeadProducts) -> Tensor:
-    _, mk, mv = _means(p)
+    _, mk, mv = p.means
     return linear_cka(p.fk, p.fv, p.c_kv, mk, mv, p.K.shape[-2])
