@@ -59,3 +59,17 @@ def tiny_llama(tmp_path_factory):
     path = tmp_path_factory.mktemp("llama")
     LlamaModel(cfg).eval().save_pretrained(path, safe_serialization=True)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_bart(tmp_path_factory):
+    """An encoder-decoder: encoder, decoder and cross-attention blocks."""
+    import torch
+    from transformers import BartConfig, BartModel
+
+    torch.manual_seed(4)
+    cfg = BartConfig(vocab_size=50, d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=16)
+    path = tmp_path_factory.mktemp("bart")
+    BartModel(cfg).eval().save_pretrained(path, safe_serialization=True)
+    return path

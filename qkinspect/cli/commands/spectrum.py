@@ -20,6 +20,8 @@ from qkinspect.cli.options import (
     PrecisionOpt,
     RevisionOpt,
     Selection,
+    check_selection,
+    parse_blocks,
 )
 from qkinspect.cli.output import Document, check_writable, emit, envelope
 from qkinspect.errors import InputError
@@ -59,15 +61,16 @@ def register(app: typer.Typer) -> None:
         if output is not None:
             check_writable(output)
         with open_model(model, revision=revision) as m:
-            sel = Selection.parse(layers=str(layer), heads=str(head), blocks=block or [_only_block(m.info)],
+            sel = Selection.parse(layers=str(layer), heads=str(head), blocks=[_one_block(m.info, block)],
                                   metrics=["symmetry"], precision=precision, device=device, fold_ln=fold_ln)
             spectra = (matrix.value, f"{matrix.value}_eig") if matrix.value in WITH_EIGENVALUES else (matrix.value,)
             result = run_analysis(m, sel, spectra=spectra)
         emit(spectrum_document(result, matrix.value), fmt, output)
 
 
-def _only_block(info) -> str:
-    keys = [b.key for b in info.blocks]
+def _one_block(info, block: list[str] | None) -> str:
+    """The one block the head lives in: --block names it (a kind or a label), or the model has only one."""
+    keys = check_selection(info, parse_blocks(block), None) or tuple(b.key for b in info.blocks)
     if len(keys) > 1:
         raise InputError(f"this model has several blocks ({', '.join(keys)}): choose one with --block")
     return keys[0]
