@@ -45,6 +45,20 @@ def _analyze_opened(m, selection: Selection, options: dict[str, Any]):
     return result
 
 
+def check_sort(sort: str | None, top: int | None, *, metrics: tuple[str, ...] | None, by: str = "head",
+               layer_form: bool = False) -> None:
+    """Refuse --sort/--top values that cannot apply, before the (possibly long) analysis runs."""
+    from qkinspect.metrics.registry import METRICS, resolve_metrics
+
+    if top is not None and top < 1:
+        raise InputError(f"--top: {top} must be at least 1")
+    if sort is None:
+        return
+    names = [n for n in resolve_metrics(metrics, layer_form=layer_form) if METRICS[n].per == by]
+    if sort not in names:
+        raise InputError(f"--sort: {sort!r} is not among the {by} metrics computed: {', '.join(names)}")
+
+
 def sort_key(metric: str, ascending: bool):
     """Sort rows by `metric`, NaN and missing values last whatever the direction."""
 

@@ -76,3 +76,16 @@ def test_check_same_shapes():
     msg = r"shapes differ \(encoder n_heads 2 vs 4; encoder n_kv_heads 2 vs 4; encoder d_model 8 vs 16\)"
     with pytest.raises(InputError, match=msg):
         check_same_shapes(info("a"), info("b", n_heads=4, d_model=16))
+
+
+def test_check_sort_before_the_analysis():
+    from qkinspect.cli.run import check_sort
+
+    check_sort("symmetry", 3, metrics=None)
+    check_sort("symmetry_layer", None, metrics=("symmetry",), by="layer", layer_form=True)
+    with pytest.raises(InputError, match="not among the head metrics computed: symmetry$"):
+        check_sort("overlap_qk", None, metrics=("symmetry",))
+    with pytest.raises(InputError, match="layer metrics"):
+        check_sort("symmetry", None, metrics=None, by="layer")
+    with pytest.raises(InputError, match="--top"):
+        check_sort(None, 0, metrics=None)

@@ -53,12 +53,13 @@ def register(app: typer.Typer) -> None:
 
         Example: qkinspect analyze ./my-bert --layers 0-3 --metrics symmetry,overlap_qk --sort symmetry --top 10
         """
-        from qkinspect.cli.run import run_analysis, sort_and_trim
+        from qkinspect.cli.run import check_sort, run_analysis, sort_and_trim
 
         if output is not None:
             check_writable(output)
         sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
                               device=device, fold_ln=fold_ln)
+        check_sort(sort, top, metrics=sel.metrics, by=by.value, layer_form=layer_form)
         result = run_analysis(model, sel, revision=revision, layer_form=layer_form)
         result = sort_and_trim(result, sort=sort, top=top, by=by.value, ascending=ascending)
         emit(analysis_document(result, by=by.value, requested=sel.metrics, sort=sort), fmt, output)
