@@ -41,7 +41,7 @@ class Device(str, Enum):
 
 ModelArg = Annotated[
     str | None,
-    typer.Argument(help="Model folder, .safetensors/.gguf file or hub id in the local cache; omit for the demo.",
+    typer.Argument(help="Model folder, .safetensors/.bin/.gguf file, or hub id (org/name); omit for the demo.",
                    show_default=False, metavar="MODEL"),
 ]
 RevisionOpt = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
@@ -60,7 +60,8 @@ BlockOpt = Annotated[
 MetricsOpt = Annotated[
     list[str] | None,
     typer.Option("--metrics", "-m", metavar="NAMES",
-                 help="Metrics to compute, comma-separated or repeated (default: all)."),
+                 help="Metric or group names (symmetry, overlap, spectrum, all, ...), comma-separated or repeated "
+                      "(default: the 'default' group)."),
 ]
 PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="Arithmetic precision.")]
 DeviceOpt = Annotated[Device, typer.Option("--device", help="Where to compute (cuda needs a GPU).")]
