@@ -120,13 +120,20 @@ class AnalysisResult:
             "warnings": list(self.warnings),
         })
 
-    def to_pandas(self):
-        """Head records as a pandas DataFrame (needs pandas)."""
+    def to_pandas(self, by: str = "head"):
+        """Head records (or, with by="layer", layer records) as a pandas DataFrame (needs pandas).
+
+        Example:
+            >>> df = qkinspect.analyze().to_pandas()  # doctest: +SKIP
+            >>> df.groupby("layer")["symmetry"].median()  # doctest: +SKIP
+        """
         try:
             import pandas as pd
         except ImportError:
             raise ImportError("to_pandas() needs pandas: pip install pandas") from None
-        return pd.DataFrame(self.head_rows())
+        if by not in ("head", "layer"):
+            raise ValueError(f"by must be 'head' or 'layer', not {by!r}")
+        return pd.DataFrame(self.head_rows() if by == "head" else self.layer_rows())
 
 
 def model_dict(info: ModelInfo) -> dict[str, Any]:

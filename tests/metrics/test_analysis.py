@@ -83,6 +83,7 @@ def test_default_run_records_everything(minilm):
     doc = json.loads(json.dumps(r.to_dict()))
     assert doc["definitions"]["symmetry"]["gauge_invariant"] == "yes" and len(doc["heads"]) == 24
     assert r.to_pandas().shape[0] == 24
+    assert list(r.to_pandas("layer")["layer"]) == [0, 5]
     assert r.warnings == []
 
 
