@@ -137,3 +137,22 @@ def test_interrupted_run_leaves_no_file(cli, tiny_bert, tmp_path, monkeypatch):
     r = cli("analyze", tiny_bert, "-o", out)
     assert r.exit_code == 130 and r.stdout == "" and "interrupted" in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_zero_head_gives_null_and_a_warning_on_stderr(cli, tmp_path):
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(5)
+    model = BertModel(BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                 intermediate_size=64, max_position_embeddings=16)).eval()
+    with torch.no_grad():
+        model.encoder.layer[0].attention.self.query.weight[8:16] = 0  # head 1 of 4 (d_head 8) reads nothing
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    r = cli("analyze", tmp_path, "-f", "json", "--metrics", "symmetry")
+    assert r.exit_code == 0
+    d = validate(json.loads(r.stdout))
+    assert [h["symmetry"] is None for h in d["heads"]] == [False, True, False, False]
+    assert r.stderr.startswith("warning: ") and d["warnings"]
+    rows = list(csv.DictReader(io.StringIO(cli("analyze", tmp_path, "-f", "csv", "--metrics", "symmetry").stdout)))
+    assert rows[1]["symmetry"] == ""
