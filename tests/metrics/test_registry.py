@@ -57,3 +57,11 @@ def test_definitions_are_json_ready():
     assert list(d) == ["symmetry", "cosine_qk"]
     assert d["symmetry"]["gauge_invariant"] == "yes" and d["cosine_qk"]["gauge_invariant"] == "orthogonal"
     json.dumps(definitions())
+
+
+def test_every_metric_and_group_is_documented():
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
+    missing = [n for n in [*METRICS, *groups()] if f"`{n}`" not in text]
+    assert not missing, f"docs/metrics.md does not describe {missing}"
