@@ -66,6 +66,13 @@ def choose_format(fmt: str | Enum | None, output: Path | None, *, isatty: bool |
     return "table" if tty else "json"
 
 
+def check_output(fmt: str | Enum | None, output: Path | None) -> None:
+    """Refuse a bad format, an extension that names none, or an unwritable -o, before any work."""
+    choose_format(fmt, output, isatty=False)
+    if output is not None:
+        check_writable(output)
+
+
 def check_writable(path: Path) -> None:
     """Fail early, with one clear line, when `path` cannot be written (missing folder, no permission, a folder)."""
     folder = path.parent if str(path.parent) else Path(".")

@@ -23,9 +23,17 @@ def test_bad_options(cli, args, needle):
     _one_line_exit_2(cli(*args), needle)
 
 
-@pytest.mark.parametrize("command", ["info", "extract"])
-def test_missing_model(cli, command, tmp_path):
-    _one_line_exit_2(cli(command, tmp_path / "no-such-model", "-o", tmp_path / "x.safetensors"), "no-such-model")
+@pytest.mark.parametrize("command, out", [("info", "x.json"), ("extract", "x.safetensors"), ("analyze", "x.csv"),
+                                          ("spectrum", "x.json")])
+def test_missing_model(cli, command, out, tmp_path):
+    _one_line_exit_2(cli(command, tmp_path / "no-such-model", "-o", tmp_path / out), "no-such-model")
+    if command != "extract":  # extract asks for -o first
+        _one_line_exit_2(cli(command, tmp_path / "no-such-model"), "no-such-model")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_compare_missing_model(cli, tiny_bert, tmp_path):
+    _one_line_exit_2(cli("compare", tiny_bert, tmp_path / "no-such-model"), "no-such-model")
 
 
 def test_folder_without_config(cli, tmp_path):
@@ -70,3 +78,17 @@ def test_closed_pipe_exits_0_quietly(cli, tiny_bert, monkeypatch):
     monkeypatch.setattr(output, "write_json", reader_gone)
     r = cli("info", tiny_bert, "-f", "json")
     assert r.exit_code == 0 and r.stderr == ""
+
+
+@pytest.mark.parametrize("args", [["-o", "out.xlsx"], ["-o", "missing/out.json"], ["--sort", "nope"],
+                                  ["--metrics", "nope"], ["--top", "0"]])
+def test_analyze_refuses_before_any_work(cli, tiny_bert, tmp_path, monkeypatch, args):
+    import qkinspect.analysis
+
+    def never(*a, **k):
+        raise AssertionError("analyze ran")
+
+    monkeypatch.setattr(qkinspect.analysis, "analyze", never)
+    monkeypatch.chdir(tmp_path)
+    _one_line_exit_2(cli("analyze", tiny_bert, *args))
+    assert list(tmp_path.iterdir()) == []

@@ -23,7 +23,7 @@ from qkinspect.cli.options import (
     RevisionOpt,
     Selection,
 )
-from qkinspect.cli.output import Document, check_writable, emit, envelope
+from qkinspect.cli.output import Document, check_output, emit, envelope
 
 
 class By(str, Enum):
@@ -55,8 +55,7 @@ def register(app: typer.Typer) -> None:
         """
         from qkinspect.cli.run import check_sort, run_analysis, sort_and_trim
 
-        if output is not None:
-            check_writable(output)
+        check_output(fmt, output)
         sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
                               device=device, fold_ln=fold_ln)
         check_sort(sort, top, metrics=sel.metrics, by=by.value, layer_form=layer_form)

@@ -22,7 +22,7 @@ from qkinspect.cli.options import (
     PrecisionOpt,
     Selection,
 )
-from qkinspect.cli.output import Document, check_writable, emit, envelope
+from qkinspect.cli.output import Document, check_output, emit, envelope
 from qkinspect.errors import InputError
 
 SHAPE_FIELDS = ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head")
@@ -46,8 +46,7 @@ def register(app: typer.Typer) -> None:
         from qkinspect.cli.run import run_analysis
         from qkinspect.loading import open_model
 
-        if output is not None:
-            check_writable(output)
+        check_output(fmt, output)
         sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
                               device=device, fold_ln=fold_ln)
         with open_model(model_a) as ma, open_model(model_b) as mb:

@@ -7,7 +7,7 @@ from typing import Any
 import typer
 
 from qkinspect.cli.options import FormatOpt, ModelArg, OutputOpt, RevisionOpt
-from qkinspect.cli.output import Document, check_writable, emit, envelope
+from qkinspect.cli.output import Document, check_output, emit, envelope
 
 
 def register(app: typer.Typer) -> None:
@@ -18,8 +18,7 @@ def register(app: typer.Typer) -> None:
 
         Example: qkinspect info ./my-bert --format json
         """
-        if output is not None:
-            check_writable(output)
+        check_output(fmt, output)
         emit(info_document(model, revision), fmt, output)
 
 

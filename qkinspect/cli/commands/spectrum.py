@@ -23,7 +23,7 @@ from qkinspect.cli.options import (
     check_selection,
     parse_blocks,
 )
-from qkinspect.cli.output import Document, check_writable, emit, envelope
+from qkinspect.cli.output import Document, check_output, emit, envelope
 from qkinspect.errors import InputError
 
 
@@ -58,8 +58,7 @@ def register(app: typer.Typer) -> None:
         from qkinspect.cli.run import run_analysis
         from qkinspect.loading import open_model
 
-        if output is not None:
-            check_writable(output)
+        check_output(fmt, output)
         with open_model(model, revision=revision) as m:
             sel = Selection.parse(layers=str(layer), heads=str(head), blocks=[_one_block(m.info, block)],
                                   metrics=["symmetry"], precision=precision, device=device, fold_ln=fold_ln)
