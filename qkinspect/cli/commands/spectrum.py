@@ -86,9 +86,10 @@ def spectrum_document(result, matrix: str) -> Document:
     sv = np.asarray(spectra[matrix], dtype=float)
     eig = np.asarray(spectra[f"{matrix}_eig"]) if f"{matrix}_eig" in spectra else None
     rows = _rows(sv, eig)
+    pairs = None if eig is None else np.stack([eig.real, eig.imag], -1)  # (n,) complex -> (n, 2) [re, im]
     body = {"model": model_dict(result.model), "processing": result.processing, "block": h.block,
             "layer": h.layer, "head": h.head, "kv_head": h.kv_head, "matrix": matrix,
-            "singular_values": sv, "eigenvalues": None if eig is None else np.stack([eig.real, eig.imag], -1)}
+            "singular_values": sv, "eigenvalues": pairs}
     return Document(json=envelope("spectrum", **body), rows=rows,
                     render=lambda console: _render(console, result, h, matrix, rows))
 
