@@ -206,7 +206,7 @@ class _Run:
             overlap = head_overlap(p).detach().to("cpu", torch.float64).numpy()
             overlap[p.bad.cpu().numpy()] = np.nan
             overlap[:, p.bad.cpu().numpy()] = np.nan
-        return LayerRecord(layer.block, layer.layer, layer.spec.n_heads, out, overlap)
+        return LayerRecord(layer.block, layer.layer, p.n, out, overlap)
 
     def _layer_form(self, layer: AttentionLayer, p: HeadProducts) -> dict[str, float]:
         """Summed-form metrics over all the layer's heads (reusing the cast weights when all were selected)."""

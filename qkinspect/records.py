@@ -34,8 +34,9 @@ class HeadRecord:
 
 @dataclass(frozen=True)
 class LayerRecord:
-    """Metrics of one layer: summaries over its heads, the summed form's metrics when asked,
-    and the query-side head-by-head subspace overlap matrix (n_heads x n_heads)."""
+    """Metrics of one layer: summaries over its measured heads (`n_heads`: all of them, or the selection),
+    the summed form's metrics when asked (always over all heads), and the query-side head-by-head subspace overlap
+    matrix (n_heads x n_heads, in head order) when asked."""
 
     block: str
     layer: int

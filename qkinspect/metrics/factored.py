@@ -115,7 +115,7 @@ def trace(A: Tensor) -> Tensor:
 
 def tr_prod(A: Tensor, B: Tensor) -> Tensor:
     """tr(A B) for batches (n, a, b) and (n, b, a), in O(ab) without forming the product."""
-    return (A * B.mT).sum((-2, -1))
+    return (A * B.mT).sum((-2, -1))  # Σ_ij A_ij B_ji; B.mT (n, a, b)
 
 
 def eigvals(C: Tensor) -> Tensor:

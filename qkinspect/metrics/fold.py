@@ -76,6 +76,11 @@ def fold_qk_norm(layer: AttentionLayer) -> AttentionLayer:
 
     Raises:
         InputError: the layer has no q/k norm gains.
+
+    Example:
+        >>> folded = fold_qk_norm(layer)  # a Qwen3 / OLMo2 / Gemma3 layer  # doctest: +SKIP
+        >>> folded.q_norm is None  # doctest: +SKIP
+        True
     """
     if layer.q_norm is None or layer.k_norm is None:
         raise InputError(f"--fold-qk-norm: {layer.block} layer {layer.layer} has no q/k norm gains to fold")

@@ -28,7 +28,7 @@ def layer_form_metrics(Q: Tensor, K: Tensor, kv: Tensor) -> dict[str, float]:
     """
     M = summed_form(Q, K, kv)
     fro2 = (M * M).sum()
-    sym = (M * M.T).sum() / fro2 if M.shape[0] == M.shape[1] else torch.tensor(float("nan"))
+    sym = (M * M.T).sum() / fro2 if M.shape[0] == M.shape[1] else torch.tensor(float("nan"))  # M.T (Dk, D)
     rows = torch.linalg.vector_norm(M, dim=1)  # (D,)
     cols = torch.linalg.vector_norm(M, dim=0)  # (Dk,)
     direc = directionality_from_norms(rows.unsqueeze(0), cols.unsqueeze(0))[0]

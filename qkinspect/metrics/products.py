@@ -21,6 +21,11 @@ class HeadProducts:
     Shapes: Q (n, D, d), K (G, Dk, d), V (G, Dk, dv), O (n, dv, D) or None; `kv` (n,) maps each query head to
     its KV head h // (H // G). Non-finite entries are zeroed here (so no decomposition fails) and the heads
     that had them are flagged in `bad`, for the caller to report as NaN.
+
+    Example:
+        >>> p = HeadProducts(layer, torch.tensor([0, 3]), dtype=torch.float64)  # doctest: +SKIP
+        >>> p.sigma_qk.shape, p.c_qk.shape  # singular values of M, and W_Kᵀ W_Q, for heads 0 and 3  # doctest: +SKIP
+        (torch.Size([2, 64]), torch.Size([2, 64, 64]))
     """
 
     def __init__(self, layer: AttentionLayer, heads: Tensor | None = None, *, dtype: torch.dtype = torch.float32,
@@ -133,17 +138,17 @@ class HeadProducts:
     @cached_property
     def fo(self) -> GramFactor:
         """Factors of W_Oᵀ (n, D, dv): Gram W_O W_Oᵀ (n, dv, dv)."""
-        return factor_gram(self.O @ self.O.mT, rows=self.O.shape[-1])
+        return factor_gram(self.O @ self.O.mT, rows=self.O.shape[-1])  # (n, dv, D) @ (n, D, dv)
 
     @cached_property
     def sigma_ov(self) -> Tensor:
         """Singular values of W_V W_O (n, dv): those of R_V R_Oᵀ."""
-        return torch.linalg.svdvals(self.fv.root @ self.fo.root.mT)
+        return torch.linalg.svdvals(self.fv.root @ self.fo.root.mT)  # (n, dv, dv) @ (n, dv, dv)
 
     @cached_property
     def c_ov(self) -> Tensor:
         """(W_O W_V)ᵀ = W_Vᵀ W_Oᵀ per head (n, dv, dv): same nonzero eigenvalues as W_V W_O."""
-        return paired(self.V, self.O.mT, self.kv, self.grouped)
+        return paired(self.V, self.O.mT, self.kv, self.grouped)  # W_Oᵀ: (n, dv, D) -> (n, D, dv)
 
     @cached_property
     def eig_ov(self) -> Tensor:
