@@ -134,6 +134,8 @@ def dense_ov(layer: AttentionLayer, h: int, g: int, V: np.ndarray) -> dict[str, 
 def dense_layer_form(layer: AttentionLayer) -> dict[str, float]:
     H, G = layer.spec.n_heads, layer.spec.n_kv_heads
     M = sum(layer.W_Q[h].double().numpy() @ layer.W_K[h // (H // G)].double().numpy().T for h in range(H))
+    if not M.any():
+        return {"symmetry_layer": float("nan"), "directionality_layer": float("nan")}
     R, C = _excess(np.linalg.norm(M, axis=1)), _excess(np.linalg.norm(M, axis=0))
     sym = (M * M.T).sum() / (M * M).sum() if M.shape[0] == M.shape[1] else float("nan")
     return {"symmetry_layer": sym, "directionality_layer": (R - C) / (R + C) if R + C > 0 else 0.0}

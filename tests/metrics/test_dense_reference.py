@@ -67,9 +67,6 @@ def test_layer_form_matches_dense_reference(layer):
     p = HeadProducts(layer, dtype=torch.float64)
     got = layer_form_metrics(p.Q, p.K, p.kv)
     want = dense_layer_form(layer)
-    if not np.any([layer.W_Q[h].any() and layer.W_K[h // (layer.spec.group_size)].any()
-                   for h in range(layer.spec.n_heads)]):
-        return  # every head zero: nothing to compare (both 0/0)
     for k, v in want.items():
         assert_close(got[k], v, what=k)
 
