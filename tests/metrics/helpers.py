@@ -64,7 +64,7 @@ def _eig_stats(M: np.ndarray) -> tuple[float, float]:
     lam = np.linalg.eigvals(M)
     if not M.any():
         return float("nan"), float("nan")
-    tol = np.sqrt(np.finfo(float).eps) * np.abs(lam).max()
+    tol = 1e-3 * np.abs(lam).max()  # eigenvalues below 0.1% of the largest do not count
     nonzero = np.abs(lam) > tol
     return _ratio((lam.real > tol).sum(), nonzero.sum()), lam.real.sum() / np.abs(lam).sum()
 
