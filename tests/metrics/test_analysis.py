@@ -176,3 +176,37 @@ def test_smollm2_layer_form_is_less_symmetric_than_minilm(minilm):
     np.testing.assert_allclose([r.values["symmetry_layer"] for r in got.layers], want, rtol=1e-5)
     bert = qkinspect.analyze(minilm, metrics=["symmetry"], layer_form=True)
     assert np.median(want) < 0.5 * np.median([r.values["symmetry_layer"] for r in bert.layers])
+
+
+def _save(model, path: Path) -> Path:
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_bart(tmp_path_factory) -> Path:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BartConfig(d_model=32, encoder_attention_heads=4, decoder_attention_heads=2, encoder_layers=2,
+                                  decoder_layers=1, encoder_ffn_dim=32, decoder_ffn_dim=32, vocab_size=50)
+    return _save(transformers.BartModel(cfg), tmp_path_factory.mktemp("bart"))
+
+
+def test_blocks_filter_and_per_block_baselines(tiny_bart):
+    r = qkinspect.analyze(tiny_bart, blocks=["cross"], metrics=["symmetry", "overlap_qk"])
+    assert {h.block for h in r.heads} == {"cross"} and len(r.heads) == 2
+    assert {(b.block, b.metric) for b in r.baselines} == {("cross", "symmetry"), ("cross", "overlap_qk")}
+    every = qkinspect.analyze(tiny_bart, heads=[3], metrics=["symmetry"])
+    assert [(h.block, h.head) for h in every.heads] == [("encoder", 3), ("encoder", 3)]  # decoder has 2 heads
+
+
+def test_reformer_shared_qk_layers_are_exactly_symmetric(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.ReformerConfig(hidden_size=32, num_attention_heads=2, attention_head_size=16,
+                                      attn_layers=["lsh", "local"], feed_forward_size=32, vocab_size=50,
+                                      axial_pos_shape=[4, 8], axial_pos_embds_dim=[16, 16], max_position_embeddings=32)
+    r = qkinspect.analyze(_save(transformers.ReformerModel(cfg), tmp_path), metrics=["symmetry"], layer_form=True)
+    lsh = [h.values["symmetry"] for h in r.heads if h.layer == 0]
+    assert lsh == [1.0, 1.0] and r.layers[0].values["symmetry_layer"] == pytest.approx(1.0, abs=1e-12)
+    assert all(abs(h.values["symmetry"]) < 0.5 for h in r.heads if h.layer == 1)  # local attention: W_K is its own
