@@ -14,20 +14,25 @@ from qkinspect.metrics.products import HeadProducts
 from qkinspect.records import Baseline
 
 BASELINE_METRICS = ("symmetry", "overlap_qk", "overlap_qv", "overlap_kv")
-SAMPLES = 32
 
 
-def gaussian_layer(spec: BlockSpec, n: int = SAMPLES, seed: int = 0) -> AttentionLayer:
+def samples(spec: BlockSpec) -> int:
+    """32 Gaussian heads; 16 for wide blocks (d_model x d_head > 2^17, e.g. 4096 x 128), where the statistics
+    concentrate (symmetry's spread shrinks like 1/sqrt(d_model d_head)) and drawing them costs as much as a layer."""
+    return 32 if spec.d_model * spec.d_head <= 2**17 else 16
+
+
+def gaussian_layer(spec: BlockSpec, n: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> AttentionLayer:
     """n independent Gaussian heads (W_Q, W_K, W_V entries N(0, 1)) with the block's shapes."""
     g = torch.Generator().manual_seed(seed)
     s = replace(spec, n_heads=n, n_kv_heads=n, n_layers=1, shared_qk=False)
     D, Dk, d, dv = spec.d_model, spec.kv_width, spec.d_head, spec.v_head
-    return AttentionLayer(spec=s, layer=0, W_Q=torch.randn(n, D, d, generator=g, dtype=torch.float64),
-                          W_K=torch.randn(n, Dk, d, generator=g, dtype=torch.float64),
-                          W_V=torch.randn(n, Dk, dv, generator=g, dtype=torch.float64))
+    return AttentionLayer(spec=s, layer=0, W_Q=torch.randn(n, D, d, generator=g, dtype=dtype),
+                          W_K=torch.randn(n, Dk, d, generator=g, dtype=dtype),
+                          W_V=torch.randn(n, Dk, dv, generator=g, dtype=dtype))
 
 
-def gaussian_baselines(spec: BlockSpec, metrics, *, block: str | None = None, n: int = SAMPLES, seed: int = 0,
+def gaussian_baselines(spec: BlockSpec, metrics, *, block: str | None = None, n: int | None = None, seed: int = 0,
                        dtype: torch.dtype = torch.float32, device: str = "cpu") -> list[Baseline]:
     """Baselines (mean, std with Bessel's correction, n) of the requested BASELINE_METRICS for one block.
 
@@ -39,7 +44,7 @@ def gaussian_baselines(spec: BlockSpec, metrics, *, block: str | None = None, n:
     names = [m for m in BASELINE_METRICS if m in set(metrics)]
     if not names:
         return []
-    p = HeadProducts(gaussian_layer(spec, n, seed), dtype=dtype, device=device)
+    p = HeadProducts(gaussian_layer(spec, n or samples(spec), seed, dtype), dtype=dtype, device=device)
     out = []
     for name in names:
         v = HEAD_METRICS[name](p).detach().to("cpu", torch.float64).numpy()

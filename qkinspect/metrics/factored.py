@@ -65,7 +65,7 @@ def factor_gram(gram: Tensor, rows: int) -> GramFactor:
         True
     """
     gram = (gram + gram.mT) / 2  # exact symmetry for eigh
-    evals, evecs = torch.linalg.eigh(gram)  # ascending
+    evals, evecs = threaded(torch.linalg.eigh, gram)  # ascending
     evals, evecs = evals.flip(-1), evecs.flip(-1)  # (n, d), (n, d, d): descending
     d = gram.shape[-1]
     tol = max(rows, d) * torch.finfo(gram.dtype).eps * evals[..., :1].clamp_min(0)  # (n, 1)
@@ -118,11 +118,25 @@ def tr_prod(A: Tensor, B: Tensor) -> Tensor:
     return (A * B.mT).sum((-2, -1))  # Σ_ij A_ij B_ji; B.mT (n, a, b)
 
 
+def threaded(fn, A: Tensor):
+    """fn on a batch of small matrices (n, a, b), split across torch's CPU threads. LAPACK's small
+    decompositions run each matrix on one core and torch releases the GIL, so the chunks run in parallel
+    (2-3x on two cores for eigvals and svdvals). `fn` returns a tensor or a tuple of tensors."""
+    workers = min(torch.get_num_threads(), A.shape[0] // 4)
+    if A.device.type != "cpu" or workers < 2:
+        return fn(A)
+    with ThreadPoolExecutor(workers, thread_name_prefix="qkinspect-linalg") as pool:
+        parts = list(pool.map(fn, A.chunk(workers)))
+    if isinstance(parts[0], Tensor):
+        return torch.cat(parts)
+    return tuple(torch.cat(p) for p in zip(*parts, strict=True))
+
+
 def eigvals(C: Tensor) -> Tensor:
-    """torch.linalg.eigvals of a batch (n, d, d), split across torch's CPU threads: LAPACK's nonsymmetric
-    eigensolver runs one matrix on one core, and torch releases the GIL, so chunks run in parallel."""
-    workers = min(torch.get_num_threads(), C.shape[0] // 4)
-    if C.device.type != "cpu" or workers < 2:
-        return torch.linalg.eigvals(C)
-    with ThreadPoolExecutor(workers, thread_name_prefix="qkinspect-eig") as pool:
-        return torch.cat(list(pool.map(torch.linalg.eigvals, C.chunk(workers))))
+    """Eigenvalues of a batch of square matrices (n, d, d), complex."""
+    return threaded(torch.linalg.eigvals, C)
+
+
+def svdvals(A: Tensor) -> Tensor:
+    """Singular values of a batch (n, a, b), descending."""
+    return threaded(torch.linalg.svdvals, A)

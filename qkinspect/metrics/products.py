@@ -12,7 +12,16 @@ import torch
 from torch import Tensor
 
 from qkinspect.layer import AttentionLayer
-from qkinspect.metrics.factored import GramFactor, eigvals, factor_gram, gram_factor, paired, per_group, row_norms
+from qkinspect.metrics.factored import (
+    GramFactor,
+    eigvals,
+    factor_gram,
+    gram_factor,
+    paired,
+    per_group,
+    row_norms,
+    svdvals,
+)
 
 
 class HeadProducts:
@@ -115,7 +124,7 @@ class HeadProducts:
     @cached_property
     def sigma_qk(self) -> Tensor:
         """Singular values of M (n, d), descending: those of R_Q R_Kᵀ."""
-        return torch.linalg.svdvals(self.fq.root @ self.fk.root.mT)  # (n, d, d) @ (n, d, d)
+        return svdvals(self.fq.root @ self.fk.root.mT)  # (n, d, d) @ (n, d, d)
 
     @cached_property
     def eig_qk(self) -> Tensor:
@@ -143,7 +152,7 @@ class HeadProducts:
     @cached_property
     def sigma_ov(self) -> Tensor:
         """Singular values of W_V W_O (n, dv): those of R_V R_Oᵀ."""
-        return torch.linalg.svdvals(self.fv.root @ self.fo.root.mT)  # (n, dv, dv) @ (n, dv, dv)
+        return svdvals(self.fv.root @ self.fo.root.mT)  # (n, dv, dv) @ (n, dv, dv)
 
     @cached_property
     def c_ov(self) -> Tensor:
@@ -165,7 +174,7 @@ def _same_qk(layer: AttentionLayer) -> bool:
 def _bad(t: Tensor) -> Tensor:
     """Per head (first dim): any non-finite entry. A NaN or inf makes the head's sum non-finite, and a sum is
     ten times cheaper than torch.isfinite on a large tensor."""
-    return ~torch.isfinite(t.flatten(1).sum(-1))
+    return ~torch.isfinite(t.sum(dim=tuple(range(1, t.dim()))))  # no flatten: it would copy a transposed view
 
 
 def _zeroed(t: Tensor | None, bad: Tensor) -> Tensor | None:
