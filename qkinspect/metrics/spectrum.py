@@ -13,8 +13,8 @@ def effective_rank(sigma: Tensor) -> Tensor:
     """Roy & Vetterli (2007): exp of the entropy of p_i = σ_i / Σσ, in [1, k].
 
     Example:
-        >>> effective_rank(torch.tensor([[1.0, 1.0, 0.0]]))
-        tensor([2.0000])
+        >>> effective_rank(torch.tensor([[1.0, 1.0, 0.0]])).item()
+        2.0
     """
     p = sigma / sigma.sum(-1, keepdim=True)
     plogp = torch.where(p > 0, p * p.clamp_min(torch.finfo(p.dtype).tiny).log(), torch.zeros_like(p))
