@@ -40,30 +40,30 @@ class HeadProducts:
     def __init__(self, layer: AttentionLayer, heads: Tensor | None = None, *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu"):
         s = layer.spec
-        H = s.n_heads
-        sel = torch.arange(H) if heads is None else heads.to(torch.int64)
-        self.heads = sel
-        self.kv = sel // s.group_size
-        self.grouped = bool(heads is None or torch.equal(sel, torch.arange(H)))
-        self.spec = s
-
-        def cast(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.to(device=device, dtype=dtype)  # half precision up before anything
-
-        q_raw = layer.W_Q if self.grouped else layer.W_Q[sel]
+        sel = torch.arange(s.n_heads) if heads is None else heads.to(torch.int64)
+        self.spec, self.heads, self.dtype = s, sel, dtype
+        self.grouped = bool(heads is None or torch.equal(sel, torch.arange(s.n_heads)))
         self.same_qk = _same_qk(layer)
-        Q, K, V = cast(q_raw), cast(layer.W_K), cast(layer.W_V)
-        O = cast(layer.W_O if layer.W_O is None or self.grouped else layer.W_O[sel])
+        self._load(layer, device)
+
+    def _load(self, layer: AttentionLayer, device: str | torch.device) -> None:
+        """Cast (half precision up before anything), select the query heads, zero and flag non-finite heads."""
+
+        def take(t: Tensor | None, per_query_head: bool) -> Tensor | None:
+            if t is None:
+                return None
+            t = t if self.grouped or not per_query_head else t[self.heads]
+            return t.to(device=device, dtype=self.dtype)
+
+        Q, K, V, O = (take(layer.W_Q, True), take(layer.W_K, False), take(layer.W_V, False), take(layer.W_O, True))
         bad_q, bad_k, bad_v = _bad(Q), _bad(K), _bad(V)
         bad_o = _bad(O) if O is not None else torch.zeros_like(bad_q)
         self.Q, self.K, self.V, self.O = _zeroed(Q, bad_q), _zeroed(K, bad_k), _zeroed(V, bad_v), _zeroed(O, bad_o)
-        bad_kv = bad_k | bad_v
-        self.bad = bad_q | bad_kv[self.kv.to(bad_q.device)]
-        self.bad_ov = bad_o | bad_kv[self.kv.to(bad_q.device)]
-        self.b_Q = cast(layer.b_Q if layer.b_Q is None or self.grouped else layer.b_Q[sel])
-        self.b_K, self.b_V = cast(layer.b_K), cast(layer.b_V)
-        self.dtype, self.device = dtype, Q.device
-        self.kv = self.kv.to(self.device)
+        self.device = self.Q.device
+        self.kv = (self.heads // self.spec.group_size).to(self.device)  # h // (H // G), never h % G
+        bad_kv = (bad_k | bad_v)[self.kv]
+        self.bad, self.bad_ov = bad_q | bad_kv, bad_o | bad_kv
+        self.b_Q, self.b_K, self.b_V = take(layer.b_Q, True), take(layer.b_K, False), take(layer.b_V, False)
 
     # -- shapes -----------------------------------------------------------------------------------------
     @property
