@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,13 +79,16 @@ def analyze(
         run.heads = _check_indexes("heads", heads, {b.key: b.n_heads for b in chosen})
         layer_sel = _check_indexes("layers", layers, {b.key: b.n_layers for b in chosen})
         keys = [b.key for b in chosen if run.head_index(b) is None or len(run.head_index(b))]
+        if fold_qk_norm and not any(b.qk_norm for b in chosen if b.key in keys):
+            raise InputError("--fold-qk-norm: the selected blocks have no q/k norm")
         total = sum(1 for _ in m.plan(keys, layer_sel))
         if progress is not None:
             progress(0, total)
-        for done, layer in enumerate(_layers(m, keys, layer_sel), start=1):
-            run.measure(layer)
-            if progress is not None:
-                progress(done, total)
+        with contextlib.closing(_layers(m, keys, layer_sel)) as stream:  # stops the prefetch thread on an error
+            for done, layer in enumerate(stream, start=1):
+                run.measure(layer)
+                if progress is not None:
+                    progress(done, total)
         run.add_baselines([b for b in chosen if b.key in keys])
         info = m.info
     return run.result(info, blocks, layer_sel)
@@ -105,7 +108,8 @@ def _opened(model, revision: str | None) -> Iterator:
         yield m
 
 
-def _layers(m, keys: list[str], layers: tuple[int, ...] | None) -> Iterator[AttentionLayer]:
+def _layers(m, keys: list[str], layers: tuple[int, ...] | None) -> Generator[AttentionLayer, None, None]:
+    """The chosen layers in file order, the next one read while the current one is measured."""
     if "prefetch" in inspect.signature(m.layers).parameters:
         return m.layers(keys, layers, prefetch=True)
     return m.layers(keys, layers)
@@ -189,7 +193,7 @@ class _Run:
     def _process(self, layer: AttentionLayer) -> AttentionLayer:
         if self.fold_ln:
             layer = fold_ln_layer(layer)
-        if self.fold_qk_norm:
+        if self.fold_qk_norm and layer.spec.qk_norm:  # blocks without q/k norms have nothing to fold
             layer = fold_qk_norm_layer(layer)
         return layer
 
