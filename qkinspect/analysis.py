@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
 from qkinspect.metrics.baseline import gaussian_baselines
 from qkinspect.metrics.fold import fold_ln as fold_ln_layer
 from qkinspect.metrics.fold import fold_qk_norm as fold_qk_norm_layer
-from qkinspect.metrics.heads import HEAD_METRICS, check_spectra, head_warnings, measure_products
+from qkinspect.metrics.heads import HEAD_METRICS, check_spectra, head_warnings, measure_products, needs_o
 from qkinspect.metrics.layer_form import head_overlap, layer_form_metrics
 from qkinspect.metrics.products import HeadProducts
 from qkinspect.metrics.registry import LAYER_FORM, METRICS, resolve_metrics
@@ -84,7 +85,8 @@ def analyze(
         total = sum(1 for _ in m.plan(keys, layer_sel))
         if progress is not None:
             progress(0, total)
-        with contextlib.closing(_layers(m, keys, layer_sel)) as stream:  # stops the prefetch thread on an error
+        stream = _layers(m, keys, layer_sel, need_o=run.needs_o, dtype=run.dtype)
+        with _threads(), contextlib.closing(stream):  # closing stops the prefetch thread on an error
             for done, layer in enumerate(stream, start=1):
                 run.measure(layer)
                 if progress is not None:
@@ -108,11 +110,27 @@ def _opened(model, revision: str | None) -> Iterator:
         yield m
 
 
-def _layers(m, keys: list[str], layers: tuple[int, ...] | None) -> Generator[AttentionLayer, None, None]:
-    """The chosen layers in file order, the next one read while the current one is measured."""
-    if "prefetch" in inspect.signature(m.layers).parameters:
-        return m.layers(keys, layers, prefetch=True)
-    return m.layers(keys, layers)
+def _layers(m, keys: list[str], layers: tuple[int, ...] | None, **options) -> Generator[AttentionLayer, None, None]:
+    """The chosen layers in file order, the next one read (and cast to the analysis dtype, without W_O when no
+    metric needs it) while the current one is measured. Options a model's `layers` does not take are dropped."""
+    accepted = inspect.signature(m.layers).parameters
+    kwargs = {k: v for k, v in {"prefetch": True, **options}.items() if k in accepted}
+    return m.layers(keys, layers, **kwargs)
+
+
+@contextlib.contextmanager
+def _threads() -> Iterator[None]:
+    """torch's intra-op threads raised to the CPUs this process may use (if lower), restored afterwards. Not
+    more: the prefetch thread mostly waits on the disk, and more threads than cores slow the GEMMs down."""
+    before = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cores > before:
+        torch.set_num_threads(cores)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def _select_blocks(info: ModelInfo, blocks: Iterable[str] | None) -> list[BlockSpec]:
@@ -169,6 +187,11 @@ class _Run:
     @property
     def head_names(self) -> list[str]:
         return [n for n in self.names if n in HEAD_METRICS]
+
+    @property
+    def needs_o(self) -> bool:
+        """Whether any selected metric or spectrum reads W_O (else the loader need not read it)."""
+        return needs_o(self.head_names, self.spectra)
 
     def head_index(self, spec: BlockSpec) -> torch.Tensor | None:
         """The selected query heads this block has (None: all of them)."""

@@ -61,7 +61,8 @@ MetricsOpt = Annotated[
     list[str] | None,
     typer.Option("--metrics", "-m", metavar="NAMES",
                  help="Metric or group names (symmetry, overlap, spectrum, all, ...), comma-separated or repeated "
-                      "(default: the 'default' group)."),
+                      "(default: the 'default' group; the eigenvalue metrics 'eigen' and the OV circuit 'ov' are "
+                      "opt-in, e.g. default,eigen,ov)."),
 ]
 PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="Arithmetic precision.")]
 DeviceOpt = Annotated[Device, typer.Option("--device", help="Where to compute (cuda needs a GPU).")]

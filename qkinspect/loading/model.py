@@ -12,6 +12,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+import torch
 from torch import Tensor
 
 from qkinspect.errors import CheckpointError, QkinspectError
@@ -105,46 +106,70 @@ class LoadedModel:
 
     # -- reading ---------------------------------------------------------------------------------------
 
-    def read_tensors(self, block: str, layer: int) -> dict[str, Tensor]:
-        """Read and shape-check one layer's tensors (required and optional)."""
+    def read_tensors(self, block: str, layer: int, *, need_o: bool = True,
+                     dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        """Read and shape-check one layer's tensors (required and optional).
+
+        `need_o=False`: the tensors the adapter names as feeding only W_O / b_O are not read; a shape-only
+        placeholder (on the meta device) stands in for each. `dtype`: floating tensors are cast to it as they are
+        read (always a copy, so no returned tensor keeps the file's mapping alive).
+        """
         a = self.adapter
+        skip = set() if need_o else set(a.output_names(block, layer))
         out: dict[str, Tensor] = {}
         shapes = a.expected_shapes(block, layer)
         for name in a.tensor_names(block, layer):
-            t = self.source.get(name)
+            t = self._placeholder(name) if name in skip else self.source.get(name)
             if t is None:
                 raise self._missing(name, block, layer)
             self._check_shape(name, tuple(t.shape), shapes.get(name))
-            out[name] = t
+            out[name] = _cast(t, dtype)
         for name in a.optional_names(block, layer):
-            t = self.source.get(name)
+            t = self._placeholder(name) if name in skip else self.source.get(name)
             if t is not None:
-                out[name] = t
+                out[name] = _cast(t, dtype)
         return out
 
-    def layer(self, block: str, layer: int) -> AttentionLayer:
-        """Read and build one layer (random access; reopens a released shard if needed)."""
+    def _placeholder(self, name: str) -> Tensor | None:
+        """A tensor of the stored shape with no data (meta device), or None when the checkpoint lacks `name`."""
+        stored = self.source.resolve(name)
+        return None if stored is None else torch.empty(self.source.stored_shape(stored), device="meta")
+
+    def layer(self, block: str, layer: int, *, need_o: bool = True, dtype: torch.dtype | None = None
+              ) -> AttentionLayer:
+        """Read and build one layer (random access; reopens a released shard if needed).
+
+        `need_o=False` gives W_O = b_O = None (and does not read them where the adapter names them); `dtype`
+        casts the floating tensors as they are read (see `read_tensors`).
+        """
         with self._lock:
-            tensors = self.read_tensors(block, layer)
+            tensors = self.read_tensors(block, layer, need_o=need_o, dtype=dtype)
         try:
-            return self.adapter.build(block, layer, tensors)
+            built = self.adapter.build(block, layer, tensors)
         except QkinspectError:
             raise
         except (ValueError, AssertionError) as e:  # shape checks inside the adapter or AttentionLayer
             raise CheckpointError(f"{self.info.source}: {block} layer {layer}: {_one_line(e)}") from None
+        return built if need_o else replace(built, W_O=None, b_O=None)
 
     def layers(
-        self, blocks: Iterable[str] | None = None, layers: Iterable[int] | None = None, *, prefetch: bool = False
+        self, blocks: Iterable[str] | None = None, layers: Iterable[int] | None = None, *, prefetch: bool = False,
+        need_o: bool = True, dtype: torch.dtype | None = None,
     ) -> Iterator[AttentionLayer]:
         """Yield the chosen layers in file order. With `prefetch`, a background thread reads layer i+1 while the
-        caller works on layer i (two layers in memory instead of one); its errors are raised here."""
+        caller works on layer i (two layers in memory instead of one); its errors are raised here.
+
+        `need_o=False` skips W_O; `dtype` casts as the tensors are read (in the prefetch thread with `prefetch`,
+        so the cast overlaps the caller's work), and then each shard's mapping is released right after the layer
+        is read: the cast copies hold no pages of the file, and a later layer reopens the shard (a header read).
+        """
         steps = list(self.plan(blocks, layers))
-        done_after = self._release_plan(steps)
+        release = self._release_plan(steps, every_step=dtype is not None)
 
         def read(k: int) -> AttentionLayer:
-            layer = self.layer(*steps[k])
+            layer = self.layer(*steps[k], need_o=need_o, dtype=dtype)
             with self._lock:
-                for shard in done_after[k]:
+                for shard in release[k]:
                     self.source.release(shard)
             return layer
 
@@ -154,18 +179,22 @@ class LoadedModel:
             for k in range(len(steps)):
                 yield read(k)
 
-    def _release_plan(self, steps: list[Step]) -> list[list[Hashable]]:
-        """For each step, the shards that no later step reads (released right after it)."""
+    def _release_plan(self, steps: list[Step], every_step: bool = False) -> list[list[Hashable]]:
+        """For each step, the shards to release right after it: those no later step reads, or (`every_step`)
+        every shard the step read."""
         last: dict[Hashable, int] = {}
+        out: list[list[Hashable]] = [[] for _ in steps]
         for k, (block, i) in enumerate(steps):
             for name in self.adapter.tensor_names(block, i) + self.adapter.optional_names(block, i):
                 stored = self.source.resolve(name)
                 shard = None if stored is None else self.source.shard_of(stored)
                 if shard is not None:
                     last[shard] = k
-        out: list[list[Hashable]] = [[] for _ in steps]
-        for shard, k in last.items():
-            out[k].append(shard)
+                    if every_step and shard not in out[k]:
+                        out[k].append(shard)
+        if not every_step:
+            for shard, k in last.items():
+                out[k].append(shard)
         return out
 
 
@@ -184,6 +213,13 @@ def _prefetched(read: Callable[[int], AttentionLayer], n: int) -> Iterator[Atten
         finally:
             if pending is not None:
                 pending.cancel()  # the caller stopped early; the executor waits for a read already running
+
+
+def _cast(t: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """A floating tensor as a `dtype` copy (placeholders and other tensors as they are)."""
+    if dtype is None or t.is_meta or not t.is_floating_point():
+        return t
+    return t.to(dtype, copy=True)
 
 
 def _one_line(e: BaseException) -> str:

@@ -61,6 +61,17 @@ HEAD_METRICS: dict[str, Metric] = {
     "ov_norm_spec": ov.ov_norm_spec,
 }
 OV_METRICS = ("ov_effective_rank", "ov_copying", "ov_norm_spec")
+OV_SPECTRA = ("ov", "ov_eig")
+
+
+def needs_o(names: Iterable[str], spectra: Iterable[str] = ()) -> bool:
+    """Whether any of these metrics or spectra reads W_O (the OV circuit).
+
+    Example:
+        >>> needs_o(["symmetry", "overlap_qk"], ["qk"]), needs_o(["ov_copying"])
+        (False, True)
+    """
+    return any(n in OV_METRICS for n in names) or any(k in OV_SPECTRA for k in spectra)
 
 
 def _spectrum(p: HeadProducts, key: str) -> Tensor | None:

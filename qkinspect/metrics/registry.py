@@ -20,6 +20,7 @@ ROY = "Roy & Vetterli 2007, The effective rank"
 KORNBLITH = "Kornblith et al. 2019, Similarity of neural network representations revisited"
 ELHAGE = "Elhage et al. 2021, A mathematical framework for transformer circuits"
 D3 = "O(D d²) per head"
+EIG = "O(D d²) + O(d³) eigenvalues per head"
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,9 @@ _HEAD = [
     _m("qk_participation_ratio", "rank", "(Σσ²)² / Σσ⁴ of M's singular values", "[1, d_head]", "yes"),
     _m("qk_k90", "rank", "smallest k whose top singular values hold 90% of Σσ²", "[1, d_head]", "yes"),
     _m("qk_eig_pos_frac", "eigen", "fraction of M's eigenvalues (|λ| > 1e-3 max|λ|) with Re λ > 1e-3 max|λ|",
-       "[0, 1]", "yes", cost="O(D d²) + O(d³) eigenvalues per head", requires=SQUARE),
+       "[0, 1]", "yes", default=False, cost=EIG, requires=SQUARE),
     _m("qk_eig_real_ratio", "eigen", "Re Σλ / Σ|λ| over M's eigenvalues (tr M / Σ|λ|)", "[-1, 1]", "yes",
-       cost="O(D d²) + O(d³) eigenvalues per head", requires=SQUARE),
+       default=False, cost=EIG, requires=SQUARE),
     _m("overlap_qk", "overlap", "mean cos² of the principal angles between the column spaces of W_Q and W_K",
        "[0, 1]", "yes", requires=SQUARE),
     _m("overlap_qv", "overlap", "mean cos² of the principal angles between the column spaces of W_Q and W_V",
@@ -94,11 +95,11 @@ _HEAD = [
        requires="a key bias"),
     _m("bias_v_norm", "bias", "norm of the value bias", "[0, inf)", "orthogonal", cost="O(d) per head",
        requires="a value bias"),
-    _m("ov_effective_rank", "ov", "effective rank of W_OV = W_V W_O", "[1, d_head_v]", "yes", reference=ROY,
-       requires="W_O"),
+    _m("ov_effective_rank", "ov", "effective rank of W_OV = W_V W_O", "[1, d_head_v]", "yes", default=False,
+       reference=ROY, requires="W_O"),
     _m("ov_copying", "ov", "Re Σλ / Σ|λ| of W_OV's eigenvalues (copying score on the residual stream)", "[-1, 1]",
-       "yes", reference=ELHAGE, cost="O(D d²) + O(d³) eigenvalues per head", requires="W_O and D == Dk"),
-    _m("ov_norm_spec", "ov", "spectral norm of W_OV = W_V W_O", "[0, inf)", "yes", requires="W_O"),
+       "yes", default=False, reference=ELHAGE, cost=EIG, requires="W_O and D == Dk"),
+    _m("ov_norm_spec", "ov", "spectral norm of W_OV = W_V W_O", "[0, inf)", "yes", default=False, requires="W_O"),
 ]
 
 SUMMARY = "O(H) per layer"

@@ -74,12 +74,13 @@ def test_default_run_records_everything(minilm):
     r = qkinspect.analyze(minilm, layers=[0, 5], progress=lambda done, total: calls.append((done, total)))
     assert calls == [(0, 2), (1, 2), (2, 2)]
     assert len(r.heads) == 24 and [x.layer for x in r.layers] == [0, 5]
-    assert r.metric_names[0] == "symmetry" and "ov_copying" in r.metric_names and "symmetry_median" in r.metric_names
+    assert r.metric_names[0] == "symmetry" and "symmetry_median" in r.metric_names
+    assert "ov_copying" not in r.metric_names and "qk_eig_pos_frac" not in r.metric_names  # opt-in groups
     assert set(r.heads[0].values) == {n for n in r.metric_names if not n.endswith(("_median", "_mean"))}
     assert {b.metric for b in r.baselines} == {"symmetry", "overlap_qk", "overlap_qv", "overlap_kv"}
     sv = r.spectra[("encoder", 0, 3)]["qk"]
     assert sv.shape == (32,) and np.all(np.diff(sv) <= 0)
-    assert r.spectra[("encoder", 0, 3)]["qk_eig"].dtype.kind == "c"
+    assert set(r.spectra[("encoder", 0, 3)]) == {"qk"}  # no eigenvalue metric ran, so no eigenvalues came along
     doc = json.loads(json.dumps(r.to_dict()))
     assert doc["definitions"]["symmetry"]["gauge_invariant"] == "yes" and len(doc["heads"]) == 24
     assert r.to_pandas().shape[0] == 24
@@ -88,9 +89,11 @@ def test_default_run_records_everything(minilm):
 
 
 def test_float32_agrees_with_float64(minilm):
-    """Every default metric, every head: the float32 default is not a different measurement."""
-    a = qkinspect.analyze(minilm)
-    b = qkinspect.analyze(minilm, precision="float64")
+    """Every head metric (the defaults and the opt-in eigenvalues and OV circuit), every head: the float32 default
+    is not a different measurement."""
+    every = ["default", "eigen", "ov"]
+    a = qkinspect.analyze(minilm, metrics=every)
+    b = qkinspect.analyze(minilm, metrics=every, precision="float64")
     assert a.processing.precision == "float32" and b.processing.precision == "float64"
     for x, y in zip(a.heads, b.heads, strict=True):
         for n, v in y.values.items():

@@ -32,7 +32,11 @@ def test_every_spec_is_complete():
 
 def test_defaults_and_groups():
     default = resolve_metrics(None)
-    assert "symmetry" in default and "ov_copying" in default and "symmetry_median" in default
+    assert "symmetry" in default and "symmetry_median" in default and "norm_q_spec" in default
+    opt_in = ("qk_eig_pos_frac", "qk_eig_real_ratio", "ov_effective_rank", "ov_copying", "ov_norm_spec")
+    assert not set(opt_in) & set(default), "eigenvalues and the OV circuit are opt-in"
+    assert resolve_metrics(["eigen"]) == opt_in[:2] and resolve_metrics(["ov"]) == opt_in[2:]
+    assert set(opt_in) <= set(resolve_metrics(["all"])) and set(opt_in[:2]) <= set(resolve_metrics(["spectrum"]))
     assert "head_overlap" not in default and "symmetry_layer" not in default
     similarity = resolve_metrics(["similarity"])
     assert similarity == tuple(n for n in METRICS if n.startswith(("overlap", "cosine", "cka")))

@@ -107,6 +107,10 @@ class DecoderAdapter(Adapter):
         n = self.names(layer)
         return [v for r, v in n.items() if r not in self.required_roles]
 
+    def output_names(self, block: str, layer: int) -> list[str]:
+        n = self.names(layer)
+        return [n[r] for r in ("o", "bo") if r in n]
+
     def build(self, block: str, layer: int, tensors: Mapping[str, Tensor]) -> AttentionLayer:
         check_shapes(tensors, self.expected_shapes(block, layer))
         n = self.names(layer)

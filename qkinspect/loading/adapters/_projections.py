@@ -69,6 +69,10 @@ class ProjectionAdapter(Adapter):
         p = self.projections(block, layer)
         return list(dict.fromkeys(f"{m}.weight" for m in (p.q, p.k, p.v, p.o)))
 
+    def output_names(self, block: str, layer: int) -> list[str]:
+        p = self.projections(block, layer)
+        return [f"{p.o}.weight", f"{p.o}.bias"]
+
     def _norm_prefixes(self, p: Projections) -> list[str]:
         return [n for n in dict.fromkeys((p.norm_q, p.norm_kv if p.cross else None)) if n is not None]
 

@@ -35,6 +35,11 @@ class Adapter:
         """Tensors used when present (biases, norms)."""
         return []
 
+    def output_names(self, block: str, layer: int) -> list[str]:
+        """Tensors (among the required and optional ones) that feed only W_O and b_O: the loader may skip reading
+        them when no metric needs the output projection. [] (the default) means: read everything."""
+        return []
+
     def expected_shapes(self, block: str, layer: int) -> dict[str, tuple[int, ...]]:
         """Shapes the config implies for required tensors; the loader checks them before `build`."""
         return {}
