@@ -31,7 +31,7 @@ class Resolved:
     name: str
     path: Path
     format: str  # "safetensors", "bin" or "gguf"
-    config: Any  # transformers PretrainedConfig
+    config: Any  # a LightConfig, or a transformers PretrainedConfig (GGUF, families without light rules)
     source: TensorSource
     revision: str | None = None
 
@@ -93,9 +93,11 @@ def _from_file(name: str, path: Path) -> Resolved:
 
 
 def load_config(folder: Path) -> Any:
-    """The folder's config.json as a transformers config; its model_type must have an adapter (no remote code)."""
-    from transformers import AutoConfig
+    """The folder's config.json as the adapters read it; its model_type must have an adapter (no remote code).
 
+    A `LightConfig` answers from the JSON what it can answer exactly as transformers would, and builds the
+    transformers config only for the rest (qkinspect.loading.config): opening a model need not import it.
+    """
     cfg_file = folder / "config.json"
     if not cfg_file.is_file():
         raise ModelNotFoundError(f"{folder}: no config.json in this folder")
@@ -109,10 +111,9 @@ def load_config(folder: Path) -> Any:
     from qkinspect.loading.adapters.registry import adapter_for
 
     adapter_for(model_type)  # refuse unknown types before transformers tries to import remote code
-    try:
-        return AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
-    except Exception as e:
-        raise CheckpointError(f"{cfg_file}: transformers cannot read this config ({e})") from None
+    from qkinspect.loading.config import read_config
+
+    return read_config(folder, raw)
 
 
 def folder_source(folder: Path) -> tuple[TensorSource, str]:
