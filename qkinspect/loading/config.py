@@ -27,6 +27,7 @@ from qkinspect.loading.config_rules import DEFER, Alias, quotient
 # activation's spelling.
 _DIVISIBLE = {"llama", "gemma2", "gemma3_text", "gpt_neox", "clip_text_model", "clip_vision_model"}
 _T5 = {"t5", "mt5", "umt5"}
+_OWN = {"data", "family", "deferred", "_rules", "_make_real", "_real", "_lock", "_values", "_nested"}
 
 
 class LightConfig:
@@ -53,7 +54,7 @@ class LightConfig:
             self.real()  # transformers refuses the config (CheckpointError), or knows better than these rules
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):  # private and protocol names (copy, pickle) are never config fields
+        if name.startswith("__") or name in _OWN:  # protocol names (copy, pickle), or not yet initialised
             raise AttributeError(name)
         value = self.value(name)
         if value is DEFER:
@@ -80,7 +81,8 @@ class LightConfig:
     def nested(self, name: str, family: str) -> Any:
         """A sub-config: a LightConfig over the JSON's dict (absent or None: the class defaults), else DEFER."""
         if name not in self._nested:
-            sub = self.data.get(name) or {}
+            sub = self.data.get(name)
+            sub = {} if sub is None else sub
             if type(sub) is not dict or defer_keys(family) & set(sub):
                 return DEFER
             self._nested[name] = LightConfig(sub, family, real=lambda: getattr(self.real(), name))

@@ -181,6 +181,9 @@ FAMILIES: dict[str, Rules] = {
                     partial_rotary_factor=absent()),  # Phi-3 reads it without consuming it
 }
 
+for _rules in FAMILIES.values():  # PreTrainedConfig's own field, read by the loader for every model
+    _rules.setdefault("architectures", Field(STRS, None, nullable=True))
+
 # Sub-configs: their class's model_type ("" for MPT's attention config, which has none of its own).
 SUB_MODEL_TYPES = {"clip_text_model": "clip_text_model", "clip_vision_model": "clip_vision_model",
                    "mpt_attention": ""}
@@ -203,7 +206,3 @@ def defer_keys(family: str) -> set[str]:
     rules = FAMILIES[family]
     aliased = {n for n, r in rules.items() if isinstance(r, Alias)}
     return aliased | set(DEFER_KEYS.get(family, ())) | set(GLOBAL_DEFER_KEYS)
-
-
-for _rules in FAMILIES.values():  # PreTrainedConfig's own field, read by the loader for every model
-    _rules.setdefault("architectures", Field(STRS, None, nullable=True))

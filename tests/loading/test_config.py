@@ -9,6 +9,7 @@ records from either; and for the forms the rules model, transformers must not ha
 
 from __future__ import annotations
 
+import doctest
 import json
 import math
 import subprocess
@@ -20,7 +21,7 @@ import transformers as tf
 from transformers import AutoConfig, PreTrainedConfig
 
 from qkinspect.errors import CheckpointError
-from qkinspect.loading import adapter_for, open_model, supported_model_types
+from qkinspect.loading import adapter_for, config, open_model, supported_model_types
 from qkinspect.loading.config import LightConfig, read_config
 from qkinspect.loading.config_families import FAMILIES, SUB_MODEL_TYPES
 from qkinspect.loading.config_rules import Alias, Nested
@@ -337,6 +338,11 @@ def test_configs_transformers_refuses_are_still_refused(bad, tmp_path):
     (folder / "config.json").write_text(json.dumps({**data, **bad}))
     with pytest.raises(CheckpointError, match="transformers cannot read this config"):
         open_model(folder)
+
+
+def test_docstring_examples():
+    result = doctest.testmod(config)
+    assert result.failed == 0 and result.attempted > 0
 
 
 # -- what `qkinspect info` imports --------------------------------------------------------------------------------
