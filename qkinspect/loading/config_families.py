@@ -40,6 +40,9 @@ from qkinspect.loading.config_rules import (
 
 Rules = dict[str, Any]
 INT, BOOL, FLOAT, STRS = "int", "bool", "float", "strs"
+# RoPE types the standard conversion keeps as given, in classes without an original_max_position_embeddings field
+# (Phi-3 has one, which overwrites the RoPE dict's)
+LLAMA3 = ("default", "llama3")
 
 
 def sizes(hidden: int, heads_: int, layers: int) -> Rules:
@@ -61,8 +64,8 @@ def decoder(hidden: int, heads_: int, layers: int, kv: Any, head_dim: Any, rope:
     """A Llama-style decoder: sizes, key/value heads, head_dim, RoPE, and the sliding-window fields it reads.
     `kv` / `head_dim` are rules; `rope` None is the standard conversion (rope_theta, partial_rotary_factor)."""
     return {**sizes(hidden, heads_, layers), "num_key_value_heads": kv, "head_dim": head_dim,
-            "rope_parameters": rope or Rope(), "partial_rotary_factor": Popped(), "layer_types": layer_types(None),
-            "sliding_window": absent(), "use_sliding_window": absent(), **more}
+            "rope_parameters": rope or Rope(types=LLAMA3), "partial_rotary_factor": Popped(),
+            "layer_types": layer_types(None), "sliding_window": absent(), "use_sliding_window": absent(), **more}
 
 
 def without(rules: Rules, *names: str) -> Rules:
@@ -132,7 +135,7 @@ FAMILIES: dict[str, Rules] = {
     "mistral": decoder(4096, 32, 32, OrElse(INT, 8, heads), OR_QUOTIENT,
                        sliding_window=Field(INT, 4096, nullable=True)),
     "mixtral": decoder(4096, 32, 32, OrElse(INT, 8, heads), Field(INT, None, nullable=True),  # no head_dim default
-                       Rope(theta=("rope_theta", 1e6)),
+                       Rope(theta=("rope_theta", 1e6), types=LLAMA3),
                        sliding_window=Field(INT, None, nullable=True), **aliases(num_experts="num_local_experts")),
     "qwen2": qwen(4096, 32, 32, OrElse(INT, 32, heads), absent(), None, qwen_pattern),
     "qwen2_moe": qwen(2048, 16, 24, Field(INT, 16, nullable=True), absent(), 0, qwen2_moe_pattern),
@@ -147,7 +150,7 @@ FAMILIES: dict[str, Rules] = {
                                                      legacy=("partial_rotary_factor",)),
                           partial_rotary_factor=absent()),  # not consumed by Gemma3's own RoPE conversion
     "olmo2": decoder(4096, 32, 32, OR_HEADS, absent()),
-    "phi": decoder(2048, 32, 24, OR_HEADS, absent(), Rope(partial=("partial_rotary_factor", 0.5)),
+    "phi": decoder(2048, 32, 24, OR_HEADS, absent(), Rope(partial=("partial_rotary_factor", 0.5), types=LLAMA3),
                    qk_layernorm=Field(BOOL, False)),
     "opt": {**sizes(768, 12, 12), **NO_HEAD_DIM, "do_layer_norm_before": Field(BOOL, True),
             "layer_types": layer_types(None)},

@@ -243,18 +243,25 @@ def neo_attention_layers(cfg: Any) -> Any:
 # -- RoPE -------------------------------------------------------------------------------------------------------
 
 _ROPE_KEYS = frozenset({"rope_type", "rope_theta", "partial_rotary_factor"})
+# Keys each modelled RoPE type requires besides those (transformers' _validate_<type>_rope_parameters).
+SCALING_KEYS = {
+    "default": frozenset(),
+    "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}),
+}
 
 
 def is_number(v: Any) -> bool:
     return type(v) in (int, float)
 
 
-def standard_rope(d: Any, need_partial: bool = False) -> bool:
-    """A dict in transformers 5's own form, which it keeps unchanged: rope_type "default", a rope_theta, and a
-    partial_rotary_factor where the family always adds one. Other RoPE types (linear, llama3, yarn ...) defer."""
-    return (type(d) is dict and d.keys() <= _ROPE_KEYS and d.get("rope_type") == "default"
-            and is_number(d.get("rope_theta")) and ("partial_rotary_factor" in d or not need_partial)
-            and is_number(d.get("partial_rotary_factor", 1.0)))
+def standard_rope(d: Any, need_partial: bool = False, types: tuple[str, ...] = ("default",)) -> bool:
+    """A dict in transformers 5's own form, which it keeps unchanged: a rope_type among `types` with exactly its
+    keys (numbers), a rope_theta, and a partial_rotary_factor where the family always adds one."""
+    if type(d) is not dict or d.get("rope_type") not in types:
+        return False
+    extra = SCALING_KEYS[d["rope_type"]]
+    return (d.keys() <= _ROPE_KEYS | extra and all(is_number(d.get(k)) for k in extra | {"rope_theta"})
+            and ("partial_rotary_factor" in d or not need_partial) and is_number(d.get("partial_rotary_factor", 1.0)))
 
 
 def odd_full_rotation(cfg: Any, params: list[dict]) -> bool:
@@ -273,33 +280,41 @@ def odd_full_rotation(cfg: Any, params: list[dict]) -> bool:
 class Rope:
     """rope_parameters of a family with one set of RoPE parameters.
 
-    Stored in the standard form (and no legacy key beside it): as stored. Absent or None: built as the family's
-    convert_rope_params_to_dict builds it, from `theta` and `partial` (JSON key, default; partial default None: no
-    partial_rotary_factor). `legacy` keys make any other form defer, and a non-null rope_scaling always does.
+    Stored in the standard form (and no legacy key beside it): as stored. Absent or None (older configs): built as
+    the family's convert_rope_params_to_dict builds it, from rope_scaling (None or a dict) with `theta` and
+    `partial` (JSON key, default; partial default None: no partial_rotary_factor) filled in, and checked to be in
+    the standard form. `types`: the RoPE types modelled (llama3 where the class keeps its
+    original_max_position_embeddings as given). Any other form, and `legacy` keys beside a stored dict, defer.
     """
 
     theta: tuple[str, Any] = ("rope_theta", 10000.0)
     partial: tuple[str, Any] = ("partial_rotary_factor", None)
     legacy: tuple[str, ...] = ("rope_scaling", "rope_theta", "partial_rotary_factor")
+    types: tuple[str, ...] = ("default",)
 
     def __call__(self, cfg: Any, name: str) -> Any:
-        data, need_partial = cfg.data, self.partial[1] is not None
+        data = cfg.data
         stored = data.get("rope_parameters")
-        if stored is not None:
-            ok = standard_rope(stored, need_partial) and not any(k in data for k in self.legacy)
-            return dict(stored) if ok and not odd_full_rotation(cfg, [stored]) else DEFER
-        if data.get("rope_scaling") is not None or any(k in data for k in self.legacy if k not in self.built_from):
-            return DEFER
-        theta, partial = data.get(*self.theta), data.get(*self.partial)
-        if not is_number(theta) or not (partial is None or is_number(partial)):
-            return DEFER
-        out = {"rope_theta": theta, **({"partial_rotary_factor": partial} if partial is not None else {}),
-               "rope_type": "default"}
-        return DEFER if odd_full_rotation(cfg, [out]) else out
+        if stored is None:
+            out = self.from_legacy(data)
+        elif standard_rope(stored, self.partial[1] is not None, self.types) and not any(k in data for k in self.legacy):
+            out = dict(stored)
+        else:
+            out = DEFER
+        return DEFER if out is DEFER or odd_full_rotation(cfg, [out]) else out
 
-    @property
-    def built_from(self) -> tuple[str, ...]:
-        return ("rope_scaling", self.theta[0], self.partial[0])
+    def from_legacy(self, data: dict) -> Any:
+        built_from = ("rope_scaling", self.theta[0], self.partial[0])
+        scaling = data.get("rope_scaling")
+        if any(k in data for k in self.legacy if k not in built_from) or type(scaling) not in (dict, type(None)):
+            return DEFER
+        out = dict(scaling or {})
+        out.setdefault("rope_theta", data.get(*self.theta))
+        partial = data.get(*self.partial)
+        if partial is not None:
+            out.setdefault("partial_rotary_factor", partial)
+        out.setdefault("rope_type", "default")
+        return out if standard_rope(out, self.partial[1] is not None, self.types) else DEFER
 
 
 @dataclass(frozen=True)

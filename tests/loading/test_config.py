@@ -32,6 +32,8 @@ from tests.loading import tiny
 
 # -- the configs ------------------------------------------------------------------------------------------------
 
+LLAMA3_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192,
+                      rope_type="llama3")
 IMG = dict(image_size=16, patch_size=8)
 SAVED: dict[str, PreTrainedConfig] = {
     **{f"dec-{n}": c.config for n, c in test_decoders.CASES.items()},
@@ -55,6 +57,8 @@ SAVED: dict[str, PreTrainedConfig] = {
                                   axial_pos_embds_dim=[32, 32], max_position_embeddings=16),
     "t5": tf.T5Config(**T5_SMALL), "mt5": tf.MT5Config(**T5_SMALL), "umt5": tf.UMT5Config(**T5_SMALL),
     "t5-encoder": tf.T5Config(**T5_SMALL, architectures=["T5EncoderModel"]),
+    "llama-3.1-saved": tf.LlamaConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                                      rope_parameters={**LLAMA3_SCALING, "rope_theta": 5e5}),
     "bart": tf.BartConfig(**BART_SMALL), "marian": tf.MarianConfig(**BART_SMALL),
     "whisper": tf.WhisperConfig(**BART_SMALL, num_mel_bins=8),
 }
@@ -62,8 +66,6 @@ SAVED: dict[str, PreTrainedConfig] = {
 LLAMA2 = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=11008,
               num_attention_heads=32, num_hidden_layers=32, num_key_value_heads=32, rope_theta=10000.0,
               rope_scaling=None, rms_norm_eps=1e-5, torch_dtype="float16", max_position_embeddings=4096)
-LLAMA3_SCALING = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192,
-                      rope_type="llama3")
 QWEN2 = dict(model_type="qwen2", hidden_size=896, num_attention_heads=14, num_key_value_heads=2, num_hidden_layers=24,
              max_window_layers=21, rope_theta=1000000.0, sliding_window=32768, use_sliding_window=False)
 GEMMA3 = dict(model_type="gemma3_text", hidden_size=1152, num_attention_heads=4, num_key_value_heads=1, head_dim=256,
@@ -78,7 +80,12 @@ HUB: dict[str, tuple[dict, bool]] = {
     "llama-nulls": ({**LLAMA2, "num_key_value_heads": None, "head_dim": None, "rope_theta": 500000}, True),
     "llama-partial-rope": ({**LLAMA2, "partial_rotary_factor": 0.5}, True),
     "llama-3.1": ({**LLAMA2, "num_key_value_heads": 8, "rope_theta": 500000.0, "rope_scaling": LLAMA3_SCALING},
-                  False),
+                  True),
+    "llama-3.1-v5": ({**LLAMA2, "rope_theta": None, "rope_parameters": {**LLAMA3_SCALING, "rope_theta": 5e5}}, False),
+    "llama-3.1-missing-key": ({**LLAMA2, "rope_scaling": {**LLAMA3_SCALING, "low_freq_factor": None}}, False),
+    "llama-linear-type-key": ({**LLAMA2, "rope_scaling": {"type": "linear", "factor": 2.0}}, False),
+    "qwen2-yarn": ({**QWEN2, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                              "original_max_position_embeddings": 32768}}, False),
     "llama-layer-types": ({**LLAMA2, "num_hidden_layers": 2, "layer_types": ["full_attention"] * 2}, True),
     "llama-legacy-layer-types": ({**LLAMA2, "num_hidden_layers": 2, "layer_types": ["attention"] * 2}, False),
     "mistral-v0.1": (dict(LLAMA2, model_type="mistral", num_key_value_heads=8, sliding_window=4096), True),
@@ -160,8 +167,8 @@ HUB: dict[str, tuple[dict, bool]] = {
     "per-layer-null": (dict(LLAMA2, per_layer_config=None), False),
     "modernbert-window-key": (dict(model_type="modernbert", local_attention=128, sliding_window=32), False),
 }
-REFUSED = {"bert-string-size", "gemma-null-kv", "gemma2-int-softcap", "gpt-neo-bad-types", "mpt-int-clip",
-           "t5-bad-activation"}
+REFUSED = {"bert-string-size", "gemma-null-kv", "gemma2-int-softcap", "gpt-neo-bad-types", "llama-3.1-missing-key",
+           "mpt-int-clip", "t5-bad-activation"}
 DEFAULTS = {f"defaults-{mt}": ({"model_type": mt}, True) for mt in supported_model_types()}
 CASES = {**{n: (c.to_dict(), True) for n, c in SAVED.items()}, **HUB, **DEFAULTS}
 
@@ -374,5 +381,5 @@ def test_info_imports_transformers_only_when_the_rules_cannot_answer(tmp_path):
     (folder / "config.json").write_text(json.dumps(hub_style))
     assert "transformers.models.llama.configuration_llama" not in imported_by(INFO.format(args=["info", str(folder)]))
     # Positive control: RoPE scaling the rules do not model is read by transformers, and the import shows.
-    (folder / "config.json").write_text(json.dumps({**hub_style, "rope_scaling": LLAMA3_SCALING}))
+    (folder / "config.json").write_text(json.dumps({**hub_style, "rope_scaling": {"rope_type": "linear", "factor": 2}}))
     assert "transformers.models.llama.configuration_llama" in imported_by(INFO.format(args=["info", str(folder)]))
