@@ -1,62 +1,140 @@
 """Factored linear algebra: everything per head from d_head x d_head products, never a d_model x d_model matrix.
 
 A head's factors are tall matrices X (rows, d): W_Q (D, d), W_K (Dk, d), W_V (Dk, dv), W_Oᵀ (D, dv).
-Their Gram matrices XᵀX (d, d) are cheap batched matmuls; the symmetric eigendecomposition of a Gram gives
-the singular values of X, a square root R with RᵀR = XᵀX (equal to the R of X = QR up to an orthogonal factor
-on the left, which no singular value or norm below can see), and a whitener Z with XZ orthonormal.
+Their Gram matrices XᵀX (d, d) are cheap batched matmuls. From a Gram come the singular values of X (its
+eigenvalues, `eigvalsh`), a square root R with RᵀR = XᵀX (equal to the R of X = QR up to an orthogonal factor on
+the left, which no singular value or norm below can see), and a whitener Z with XZ orthonormal. R and Z come from
+a Cholesky factorisation where the Gram is safely positive definite, else from its eigendecomposition.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from contextlib import contextmanager
+from functools import cached_property
 
 import torch
 from torch import Tensor
 
+SAFE = 8.0  # Cholesky where λ_min > SAFE x the rank tolerance: every direction resolved, with room for rounding
 
-@dataclass(frozen=True)
+
 class GramFactor:
-    """The Gram matrices XᵀX of a batch of tall matrices X (n, rows, d) and their eigendecomposition.
+    """The Gram matrices XᵀX of a batch of tall matrices X (n, rows, d), decomposed on first use.
 
     Eigenvalues at or below `max(rows, d) * eps * λ_max` are below what the Gram resolves in its dtype
-    (numpy's matrix_rank rule, applied to λ = σ²): they count as zero in `rank`, `root` and `whitener`.
+    (numpy's matrix_rank rule, applied to λ = σ²): they count as zero in `evals`, `rank`, `root` and `whitener`.
+    Heads whose smallest eigenvalue is more than SAFE times that tolerance (and whose Cholesky factorisation
+    succeeds) take R and Z from the Cholesky factor L (R = Lᵀ, Z = L⁻ᵀ, a few ms for a batch of 128 x 128);
+    the others from a symmetric eigendecomposition (R = diag(σ) Uᵀ, Z = U diag(1/σ) on the resolved directions).
+
+    Example:
+        >>> X = torch.randn(4, 64, 8, dtype=torch.float64)
+        >>> f = GramFactor(X.mT @ X, rows=64)
+        >>> torch.allclose(f.sigma, torch.linalg.svdvals(X)), torch.allclose(f.root.mT @ f.root, f.gram)
+        (True, True)
     """
 
-    gram: Tensor  # (n, d, d)
-    evals: Tensor  # (n, d) descending, resolved ones only (the rest set to 0)
-    evecs: Tensor  # (n, d, d) column i pairs with evals[:, i]
-    rank: Tensor  # (n,) int64
+    def __init__(self, gram: Tensor, rows: int):
+        self.gram = (gram + gram.mT) / 2  # (n, d, d), exactly symmetric
+        self.rows = rows
+
+    @cached_property
+    def _spectrum(self) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """(eigenvalues (n, d) descending as computed, Cholesky factors L (n, d, d), cholesky-safe heads (n,),
+        eigenvectors (m, d, d) of the m other heads or None). Eigenvalues of the other heads come from the same
+        eigendecomposition as their eigenvectors, so rank, root and whitener agree."""
+        evals = eigvalsh(self.gram).flip(-1)  # ascending -> descending
+        L, info = threaded(torch.linalg.cholesky_ex, self.gram)  # (n, d, d) lower; info (n,) 0 where it succeeded
+        safe = (evals[..., -1] > SAFE * self._tol(evals)[..., 0]) & (info == 0)
+        if bool(safe.all()):
+            return evals, L, safe, None
+        ev, vecs = threaded(torch.linalg.eigh, self.gram[~safe])  # ascending
+        evals = evals.clone()
+        evals[~safe] = ev.flip(-1)
+        return evals, L, safe, vecs.flip(-1)  # columns paired with the descending eigenvalues
+
+    def _tol(self, evals: Tensor) -> Tensor:
+        """(n, 1): the smallest eigenvalue the Gram resolves, per head."""
+        return max(self.rows, self.gram.shape[-1]) * torch.finfo(evals.dtype).eps * evals[..., :1].clamp_min(0)
+
+    @cached_property
+    def evals(self) -> Tensor:
+        """Eigenvalues of XᵀX (n, d) descending, resolved ones only (the rest set to 0)."""
+        evals = self._spectrum[0]
+        return torch.where(evals > self._tol(evals), evals, torch.zeros_like(evals))
+
+    @property
+    def rank(self) -> Tensor:
+        """Resolved directions per head (n,) int64."""
+        return (self.evals > 0).sum(-1)
 
     @property
     def sigma(self) -> Tensor:
         """Singular values of X, descending (n, d)."""
         return self.evals.sqrt()
 
-    @property
+    @cached_property
     def root(self) -> Tensor:
-        """R (n, d, d) with RᵀR = XᵀX: R = diag(σ) Uᵀ."""
-        return self.sigma.unsqueeze(-1) * self.evecs.mT  # (n, d, 1) * (n, d, d)
+        """R (n, d, d) with RᵀR = XᵀX on the resolved directions."""
+        _, L, safe, vecs = self._spectrum
+        R = L.mT  # (n, d, d): G = L Lᵀ = (Lᵀ)ᵀ Lᵀ
+        if vecs is None:
+            return R
+        R = R.clone()
+        R[~safe] = self.sigma[~safe].unsqueeze(-1) * vecs.mT  # diag(σ) Uᵀ: (m, d, 1) * (m, d, d)
+        return R
 
-    @property
+    @cached_property
     def whitener(self) -> Tensor:
-        """Z (n, d, d) = U diag(1/σ) on the resolved directions, 0 elsewhere: X Z is an orthonormal basis of
-        X's column space, padded with zero columns."""
-        s = self.sigma
-        inv = torch.where(self.evals > 0, 1 / s.clamp_min(torch.finfo(s.dtype).tiny), torch.zeros_like(s))
-        return self.evecs * inv.unsqueeze(-2)  # (n, d, d) * (n, 1, d): scale columns
+        """Z (n, d, d) with X Z an orthonormal basis of X's column space, padded with zero columns."""
+        _, L, safe, vecs = self._spectrum
+        Z = threaded(_inverse_lower, L).mT  # L⁻ᵀ: Zᵀ G Z = L⁻¹ L Lᵀ L⁻ᵀ = I
+        if vecs is None:
+            return Z
+        s = self.sigma[~safe]
+        inv = torch.where(s > 0, 1 / s.clamp_min(torch.finfo(s.dtype).tiny), torch.zeros_like(s))
+        Z[~safe] = vecs * inv.unsqueeze(-2)  # U diag(1/σ): (m, d, d) * (m, 1, d) scales columns
+        return Z
 
     def fro2(self) -> Tensor:
         """Squared Frobenius norm of X (n,): the trace of the Gram (exact, not truncated)."""
         return self.gram.diagonal(dim1=-2, dim2=-1).sum(-1)
 
     def index(self, idx: Tensor) -> GramFactor:
-        """The factors of X[idx] (e.g. each query head's KV head)."""
-        return GramFactor(self.gram[idx], self.evals[idx], self.evecs[idx], self.rank[idx])
+        """The factors of X[idx] (e.g. each query head's KV head), decomposed once for the distinct heads."""
+        return _Indexed(self, idx)
+
+
+class _Indexed(GramFactor):
+    """A GramFactor of X[idx] whose decompositions are the parent's, indexed (none is computed twice)."""
+
+    def __init__(self, parent: GramFactor, idx: Tensor):
+        self.parent, self.idx = parent, idx
+        self.gram, self.rows = parent.gram[idx], parent.rows
+
+    @cached_property
+    def evals(self) -> Tensor:
+        return self.parent.evals[self.idx]
+
+    @cached_property
+    def root(self) -> Tensor:
+        return self.parent.root[self.idx]
+
+    @cached_property
+    def whitener(self) -> Tensor:
+        return self.parent.whitener[self.idx]
+
+
+def _inverse_lower(L: Tensor) -> Tensor:
+    """L⁻¹ of a batch of lower-triangular matrices (n, d, d)."""
+    eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
+    return torch.linalg.solve_triangular(L, eye, upper=False)
 
 
 def factor_gram(gram: Tensor, rows: int) -> GramFactor:
-    """Eigendecompose a batch of Gram matrices (n, d, d) of matrices with `rows` rows.
+    """GramFactor of a batch of Gram matrices (n, d, d) of matrices with `rows` rows.
 
     Example:
         >>> X = torch.randn(4, 64, 8, dtype=torch.float64)
@@ -64,19 +142,12 @@ def factor_gram(gram: Tensor, rows: int) -> GramFactor:
         >>> torch.allclose(f.sigma, torch.linalg.svdvals(X))
         True
     """
-    gram = (gram + gram.mT) / 2  # exact symmetry for eigh
-    evals, evecs = threaded(torch.linalg.eigh, gram)  # ascending
-    evals, evecs = evals.flip(-1), evecs.flip(-1)  # (n, d), (n, d, d): descending
-    d = gram.shape[-1]
-    tol = max(rows, d) * torch.finfo(gram.dtype).eps * evals[..., :1].clamp_min(0)  # (n, 1)
-    resolved = evals > tol
-    evals = torch.where(resolved, evals, torch.zeros_like(evals))
-    return GramFactor(gram, evals, evecs, resolved.sum(-1))
+    return GramFactor(gram, rows)
 
 
 def gram_factor(X: Tensor) -> GramFactor:
     """GramFactor of a batch of tall matrices X (n, rows, d)."""
-    return factor_gram(X.mT @ X, rows=X.shape[-2])  # (n, d, rows) @ (n, rows, d) -> (n, d, d)
+    return GramFactor(X.mT @ X, rows=X.shape[-2])  # (n, d, rows) @ (n, rows, d) -> (n, d, d)
 
 
 def paired(Y: Tensor, X: Tensor, kv: Tensor, grouped: bool) -> Tensor:
@@ -119,22 +190,43 @@ def tr_prod(A: Tensor, B: Tensor) -> Tensor:
 
 
 def threaded(fn, A: Tensor):
-    """fn on a batch of small matrices (n, a, b), split across torch's CPU threads. LAPACK's small
-    decompositions run each matrix on one core and torch releases the GIL, so the chunks run in parallel
-    (2-3x on two cores for eigvals and svdvals). `fn` returns a tensor or a tuple of tensors."""
-    workers = min(torch.get_num_threads(), A.shape[0] // 4)
-    if A.device.type != "cpu" or workers < 2:
+    """fn on a batch of small matrices (n, a, b), split across torch's CPU threads, each running LAPACK on one
+    core. A small decomposition is a long chain of short parallel steps: with two OpenMP threads per call each
+    step ends in a barrier, and on a shared machine a descheduled thread stalls every barrier (a 15 ms eigvalsh
+    batch was seen to take 1 s). One thread per chunk has no barriers, and torch releases the GIL, so the
+    chunks run in parallel. `fn` returns a tensor or a tuple of tensors."""
+    if A.device.type != "cpu":
         return fn(A)
-    with ThreadPoolExecutor(workers, thread_name_prefix="qkinspect-linalg") as pool:
-        parts = list(pool.map(fn, A.chunk(workers)))
+    workers = min(torch.get_num_threads(), A.shape[0] // 4)
+    with _one_thread():  # also the count the pool's new threads start with
+        if workers < 2:
+            return fn(A)
+        with ThreadPoolExecutor(workers, thread_name_prefix="qkinspect-linalg") as pool:
+            parts = list(pool.map(fn, A.chunk(workers)))
     if isinstance(parts[0], Tensor):
         return torch.cat(parts)
     return tuple(torch.cat(p) for p in zip(*parts, strict=True))
 
 
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch (OpenMP, MKL) on one thread in the calling thread, and in threads started meanwhile."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def eigvals(C: Tensor) -> Tensor:
     """Eigenvalues of a batch of square matrices (n, d, d), complex."""
     return threaded(torch.linalg.eigvals, C)
+
+
+def eigvalsh(G: Tensor) -> Tensor:
+    """Eigenvalues of a batch of symmetric matrices (n, d, d), ascending (no eigenvectors: cheaper than eigh)."""
+    return threaded(torch.linalg.eigvalsh, G)
 
 
 def svdvals(A: Tensor) -> Tensor:

@@ -6,30 +6,22 @@ run that asks for symmetry alone never pays for eigenvalues or the OV circuit.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
 
 import torch
 from torch import Tensor
 
 from qkinspect.layer import AttentionLayer
-from qkinspect.metrics.factored import (
-    GramFactor,
-    eigvals,
-    factor_gram,
-    gram_factor,
-    paired,
-    per_group,
-    row_norms,
-    svdvals,
-)
+from qkinspect.metrics.factored import GramFactor, eigvals, paired, per_group, row_norms, svdvals, trace
 
 
 class HeadProducts:
     """The selected query heads of one layer (n of them) and their key/value heads, cast up to `dtype`.
 
     Shapes: Q (n, D, d), K (G, Dk, d), V (G, Dk, dv), O (n, dv, D) or None; `kv` (n,) maps each query head to
-    its KV head h // (H // G). Non-finite entries are zeroed here (so no decomposition fails) and the heads
-    that had them are flagged in `bad`, for the caller to report as NaN.
+    its KV head h // (H // G). A head with non-finite entries is found by its Gram (computed on first use of
+    the factor), zeroed (so no decomposition fails) and flagged in `bad`, for the caller to report as NaN.
 
     Example:
         >>> p = HeadProducts(layer, torch.tensor([0, 3]), dtype=torch.float64)  # doctest: +SKIP
@@ -47,7 +39,8 @@ class HeadProducts:
         self._load(layer, device)
 
     def _load(self, layer: AttentionLayer, device: str | torch.device) -> None:
-        """Cast (half precision up before anything), select the query heads, zero and flag non-finite heads."""
+        """Cast (half precision up before anything) and select the query heads; the finiteness check comes with
+        each factor's Gram (`_checked`)."""
 
         def take(t: Tensor | None, per_query_head: bool) -> Tensor | None:
             if t is None:
@@ -55,25 +48,61 @@ class HeadProducts:
             t = t if self.grouped or not per_query_head else t[self.heads]
             return t.to(device=device, dtype=self.dtype)
 
-        Q, K, V, O = (take(layer.W_Q, True), take(layer.W_K, False), take(layer.W_V, False), take(layer.W_O, True))
-        bad_q, bad_k, bad_v = _bad(Q), _bad(K), _bad(V)
-        bad_o = _bad(O) if O is not None else torch.zeros_like(bad_q)
-        self.Q, self.K, self.V, self.O = _zeroed(Q, bad_q), _zeroed(K, bad_k), _zeroed(V, bad_v), _zeroed(O, bad_o)
-        self.device = self.Q.device
+        self._raw = {"Q": take(layer.W_Q, True), "K": take(layer.W_K, False), "V": take(layer.W_V, False),
+                     "O": take(layer.W_O, True)}
+        self._checked_factors: dict[str, _Checked] = {}
+        self.device = self._raw["Q"].device
         self.kv = (self.heads // self.spec.group_size).to(self.device)  # h // (H // G), never h % G
-        bad_kv = (bad_k | bad_v)[self.kv]
-        self.bad, self.bad_ov = bad_q | bad_kv, bad_o | bad_kv
         self.b_Q, self.b_K, self.b_V = take(layer.b_Q, True), take(layer.b_K, False), take(layer.b_V, False)
+
+    def _checked(self, name: str) -> _Checked:
+        """Factor `name` with its Gram and its non-finite heads (zeroed), computed once."""
+        if name not in self._checked_factors:
+            X = self._raw[name]
+            gram_of = _outer_gram if name == "O" else _gram  # W_O is (n, dv, D): its rows are the factor's columns
+            self._checked_factors[name] = _check(X, gram_of)
+        return self._checked_factors[name]
+
+    # -- the factors, non-finite heads zeroed (their metrics are NaN: `bad`, `bad_ov`) ------------------------
+    @property
+    def Q(self) -> Tensor:
+        return self._checked("Q").X
+
+    @property
+    def K(self) -> Tensor:
+        return self._checked("K").X
+
+    @property
+    def V(self) -> Tensor:
+        return self._checked("V").X
+
+    @property
+    def O(self) -> Tensor | None:  # noqa: E743 (the paper's name)
+        return None if self._raw["O"] is None else self._checked("O").X
+
+    @cached_property
+    def _bad_kv(self) -> Tensor:
+        return (self._checked("K").bad | self._checked("V").bad)[self.kv]
+
+    @cached_property
+    def bad(self) -> Tensor:
+        """(n,) query heads whose W_Q, or whose KV head's W_K or W_V, has non-finite entries (or overflows)."""
+        return self._checked("Q").bad | self._bad_kv
+
+    @cached_property
+    def bad_ov(self) -> Tensor:
+        """(n,) heads whose W_O, W_K or W_V is non-finite (the OV metrics' NaN mask)."""
+        return self._bad_kv if self._raw["O"] is None else self._checked("O").bad | self._bad_kv
 
     # -- shapes -----------------------------------------------------------------------------------------
     @property
     def n(self) -> int:
-        return self.Q.shape[0]
+        return self._raw["Q"].shape[0]
 
     @property
     def square(self) -> bool:
         """Queries and keys read the same space (D == Dk): symmetry, eigenvalues, Q-vs-K/V similarity defined."""
-        return self.Q.shape[1] == self.K.shape[1]
+        return self._raw["Q"].shape[1] == self._raw["K"].shape[1]
 
     def nan(self) -> Tensor:
         return torch.full((self.n,), float("nan"), dtype=self.dtype, device=self.device)
@@ -81,11 +110,11 @@ class HeadProducts:
     # -- Gram factors -----------------------------------------------------------------------------------
     @cached_property
     def fq(self) -> GramFactor:
-        return gram_factor(self.Q)
+        return GramFactor(self._checked("Q").gram, rows=self.Q.shape[-2])
 
     @cached_property
     def fk_all(self) -> GramFactor:
-        return gram_factor(self.K)
+        return GramFactor(self._checked("K").gram, rows=self.K.shape[-2])
 
     @cached_property
     def fk(self) -> GramFactor:
@@ -93,7 +122,7 @@ class HeadProducts:
 
     @cached_property
     def fv_all(self) -> GramFactor:
-        return gram_factor(self.V)
+        return GramFactor(self._checked("V").gram, rows=self.V.shape[-2])
 
     @cached_property
     def fv(self) -> GramFactor:
@@ -147,7 +176,7 @@ class HeadProducts:
     @cached_property
     def fo(self) -> GramFactor:
         """Factors of W_Oᵀ (n, D, dv): Gram W_O W_Oᵀ (n, dv, dv)."""
-        return factor_gram(self.O @ self.O.mT, rows=self.O.shape[-1])  # (n, dv, D) @ (n, D, dv)
+        return GramFactor(self._checked("O").gram, rows=self.O.shape[-1])
 
     @cached_property
     def sigma_ov(self) -> Tensor:
@@ -171,14 +200,30 @@ def _same_qk(layer: AttentionLayer) -> bool:
     return Wk is Wq or (Wq.shape == Wk.shape and Wq.dtype == Wk.dtype and torch.equal(Wq, Wk))
 
 
-def _bad(t: Tensor) -> Tensor:
-    """Per head (first dim): any non-finite entry. A NaN or inf makes the head's sum non-finite, and a sum is
-    ten times cheaper than torch.isfinite on a large tensor."""
-    return ~torch.isfinite(t.sum(dim=tuple(range(1, t.dim()))))  # no flatten: it would copy a transposed view
+@dataclass(frozen=True)
+class _Checked:
+    """One factor X, its Gram, and the heads (n,) whose Gram was not finite; those heads are zeroed in X and gram."""
+
+    X: Tensor
+    gram: Tensor
+    bad: Tensor
 
 
-def _zeroed(t: Tensor | None, bad: Tensor) -> Tensor | None:
-    """`t` with non-finite entries set to 0 (a copy), or `t` itself when no head is bad."""
-    if t is None or not bool(bad.any()):
-        return t
-    return torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0)
+def _gram(X: Tensor) -> Tensor:
+    return X.mT @ X  # (n, d, rows) @ (n, rows, d) -> (n, d, d)
+
+
+def _outer_gram(X: Tensor) -> Tensor:
+    return X @ X.mT  # (n, dv, D) @ (n, D, dv) -> (n, dv, dv)
+
+
+def _check(X: Tensor, gram_of) -> _Checked:
+    """A NaN or inf entry makes its column's diagonal Gram entry non-finite, so the Gram, needed anyway, is the
+    check: no extra pass over the weights. Its rare bad heads (entries non-finite, or too large for the dtype:
+    their squares overflow) are zeroed and the Gram recomputed, so no decomposition sees them."""
+    gram = gram_of(X)
+    bad = ~torch.isfinite(trace(gram))
+    if bool(bad.any()):
+        X = torch.where(bad.view(-1, 1, 1), torch.zeros((), dtype=X.dtype, device=X.device), X)  # (n, 1, 1)
+        gram = gram_of(X)
+    return _Checked(X, gram, bad)
