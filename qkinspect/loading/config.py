@@ -111,7 +111,6 @@ class LightConfig:
             checks.append(t5_activation_ok(self.data.get("feed_forward_proj", "relu")))
         return all(c is not DEFER for c in checks)
 
-
     def _checked(self, name: str) -> Any:
         try:
             return self.value(name)

@@ -3,7 +3,7 @@
 A rule is called as ``rule(cfg, name)`` on a `LightConfig` and returns the value transformers would give, raises
 AttributeError where transformers' config has no such attribute, or returns `DEFER` where it does not know: then the
 real transformers config answers. A rule never guesses: every form it does not model (a value of another type, a
-legacy key, a RoPE scaling type other than "default") is DEFER. The family table is in `config_families`.
+legacy key, a RoPE type other than "default" and Llama 3's) is DEFER. The family table is in `config_families`.
 """
 
 from __future__ import annotations

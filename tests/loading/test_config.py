@@ -170,7 +170,11 @@ HUB: dict[str, tuple[dict, bool]] = {
 REFUSED = {"bert-string-size", "gemma-null-kv", "gemma2-int-softcap", "gpt-neo-bad-types", "llama-3.1-missing-key",
            "mpt-int-clip", "t5-bad-activation"}
 DEFAULTS = {f"defaults-{mt}": ({"model_type": mt}, True) for mt in supported_model_types()}
-CASES = {**{n: (c.to_dict(), True) for n, c in SAVED.items()}, **HUB, **DEFAULTS}
+# name -> (a config to save, or a config.json's content; whether the light rules answer it alone)
+CASES: dict[str, tuple[PreTrainedConfig | dict, bool]] = {
+    **{f"saved-{n}": (c, True) for n, c in SAVED.items()}, **{f"hub-{n}": case for n, case in HUB.items()},
+    **DEFAULTS,
+}
 
 
 def write(tmp_path, data: dict | PreTrainedConfig):
@@ -186,8 +190,7 @@ def write(tmp_path, data: dict | PreTrainedConfig):
 def both(tmp_path, name: str):
     """(light config, transformers config) for a case, or None where AutoConfig refuses the config, after checking
     that the light reader refuses it too."""
-    data, _ = CASES[name]
-    folder, raw = write(tmp_path, SAVED.get(name) or data)
+    folder, raw = write(tmp_path, CASES[name][0])
     try:
         real = AutoConfig.from_pretrained(str(folder))
     except Exception:
