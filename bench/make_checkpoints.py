@@ -89,12 +89,13 @@ def tensor_shapes(s: Shape) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def shard(entries: list[tuple[str, tuple[int, ...]]]) -> list[list[tuple[str, tuple[int, ...]]]]:
+def shard(entries: list[tuple[str, tuple[int, ...]]], shard_bytes: int = SHARD_BYTES
+          ) -> list[list[tuple[str, tuple[int, ...]]]]:
     shards: list[list] = [[]]
     size = 0
     for name, shape in entries:
         n = 2 * _numel(shape)
-        if shards[-1] and size + n > SHARD_BYTES:
+        if shards[-1] and size + n > shard_bytes:
             shards.append([])
             size = 0
         shards[-1].append((name, shape))
@@ -140,12 +141,13 @@ def write_shard(path: Path, entries: list[tuple[str, tuple[int, ...]]], gen: tor
     tmp.replace(path)
 
 
-def make(shape_name: str, out: Path) -> Path:
-    s = SHAPES[shape_name]
+def make(shape: str | Shape, out: Path, shard_bytes: int = SHARD_BYTES, seed: int = 0) -> Path:
+    """Write a checkpoint of `shape` (a name in SHAPES, or a Shape) into the folder `out`; returns `out`."""
+    s = SHAPES[shape] if isinstance(shape, str) else shape
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config_dict(s), indent=2))
-    shards = shard(tensor_shapes(s))
-    gen = torch.Generator().manual_seed(0)
+    shards = shard(tensor_shapes(s), shard_bytes)
+    gen = torch.Generator().manual_seed(seed)
     weight_map = {}
     total = 0
     for k, entries in enumerate(shards, 1):
@@ -157,7 +159,7 @@ def make(shape_name: str, out: Path) -> Path:
             total += 2 * _numel(shape)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    (out / "DONE").write_text(shape_name)
+    (out / "DONE").write_text(shape if isinstance(shape, str) else repr(shape))
     return out
 
 
