@@ -89,6 +89,7 @@ def analyze(
         with _threads(), contextlib.closing(stream):  # closing stops the prefetch thread on an error
             for done, layer in enumerate(stream, start=1):
                 run.measure(layer)
+                del layer  # before the next read: the loader reuses the memory of layers nothing holds
                 if progress is not None:
                     progress(done, total)
         run.add_baselines([b for b in chosen if b.key in keys])

@@ -21,6 +21,7 @@ import qkinspect
 from qkinspect import analysis
 from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.loading import open_model
+from qkinspect.loading.cast import Caster
 from qkinspect.loading.source import SafetensorsSource
 from qkinspect.metrics.heads import HEAD_METRICS, measure_heads
 from qkinspect.metrics.registry import resolve_metrics
@@ -171,3 +172,28 @@ def test_analyze_leaves_torch_threads_as_it_found_them(ckpt):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_cast_buffers_are_reused_only_when_free():
+    cast = Caster(torch.float32, recycle=True)
+    a = cast(torch.ones(3, 4, dtype=torch.bfloat16))
+    b = cast(torch.full((3, 4), 2.0, dtype=torch.bfloat16))  # `a` is held: another buffer
+    assert a.data_ptr() != b.data_ptr() and a.sum() == 12 and b.sum() == 24
+    ptr = a.data_ptr()
+    view, arr = a.T, a.numpy()
+    del a
+    c = cast(torch.zeros(3, 4, dtype=torch.bfloat16))  # a view and an array still use the first buffer
+    assert c.data_ptr() != ptr and view.sum() == 12 and arr.sum() == 12
+    del view, arr, c
+    d = cast(torch.full((3, 4), 5.0, dtype=torch.bfloat16))
+    assert d.data_ptr() == ptr and d.sum() == 60  # free again: reused, no fresh pages
+
+
+def test_layers_kept_by_the_caller_stay_intact(ckpt, state):
+    """Holding every layer (no buffer is ever free) gives the same tensors as reading them one by one."""
+    with open_model(ckpt) as m:
+        kept = list(m.layers(prefetch=True, dtype=torch.float32))
+    for layer in kept:
+        ref = memory_layer(state, layer.layer)
+        for name in ("W_Q", "W_K", "W_V", "W_O"):
+            assert torch.equal(getattr(layer, name), getattr(ref, name).float()), (layer.layer, name)

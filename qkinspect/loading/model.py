@@ -18,6 +18,7 @@ from torch import Tensor
 from qkinspect.errors import CheckpointError, QkinspectError
 from qkinspect.layer import AttentionLayer, ModelInfo
 from qkinspect.loading.adapters.base import Adapter
+from qkinspect.loading.cast import Caster
 from qkinspect.loading.resolve import Resolved
 
 Step = tuple[str, int]  # (block, layer)
@@ -114,6 +115,9 @@ class LoadedModel:
         placeholder (on the meta device) stands in for each. `dtype`: floating tensors are cast to it as they are
         read (always a copy, so no returned tensor keeps the file's mapping alive).
         """
+        return self._read_tensors(block, layer, need_o, Caster(dtype))
+
+    def _read_tensors(self, block: str, layer: int, need_o: bool, cast: Caster) -> dict[str, Tensor]:
         a = self.adapter
         skip = set() if need_o else set(a.output_names(block, layer))
         out: dict[str, Tensor] = {}
@@ -123,11 +127,11 @@ class LoadedModel:
             if t is None:
                 raise self._missing(name, block, layer)
             self._check_shape(name, tuple(t.shape), shapes.get(name))
-            out[name] = _cast(t, dtype)
+            out[name] = cast(t)
         for name in a.optional_names(block, layer):
             t = self._placeholder(name) if name in skip else self.source.get(name)
             if t is not None:
-                out[name] = _cast(t, dtype)
+                out[name] = cast(t)
         return out
 
     def _placeholder(self, name: str) -> Tensor | None:
@@ -142,8 +146,11 @@ class LoadedModel:
         `need_o=False` gives W_O = b_O = None (and does not read them where the adapter names them); `dtype`
         casts the floating tensors as they are read (see `read_tensors`).
         """
+        return self._layer(block, layer, need_o, Caster(dtype))
+
+    def _layer(self, block: str, layer: int, need_o: bool, cast: Caster) -> AttentionLayer:
         with self._lock:
-            tensors = self.read_tensors(block, layer, need_o=need_o, dtype=dtype)
+            tensors = self._read_tensors(block, layer, need_o, cast)
         try:
             built = self.adapter.build(block, layer, tensors)
         except QkinspectError:
@@ -162,12 +169,15 @@ class LoadedModel:
         `need_o=False` skips W_O; `dtype` casts as the tensors are read (in the prefetch thread with `prefetch`,
         so the cast overlaps the caller's work), and then each shard's mapping is released right after the layer
         is read: the cast copies hold no pages of the file, and a later layer reopens the shard (a header read).
+        Cast layers are written into buffers reused from earlier layers that nothing holds any more (see
+        `qkinspect.loading.cast`): drop a layer (and its views) when done with it to let its memory be reused.
         """
         steps = list(self.plan(blocks, layers))
         release = self._release_plan(steps, every_step=dtype is not None)
+        cast = Caster(dtype, recycle=True)  # used by one reading thread at a time
 
         def read(k: int) -> AttentionLayer:
-            layer = self.layer(*steps[k], need_o=need_o, dtype=dtype)
+            layer = self._layer(*steps[k], need_o, cast)
             with self._lock:
                 for shard in release[k]:
                     self.source.release(shard)
@@ -213,13 +223,6 @@ def _prefetched(read: Callable[[int], AttentionLayer], n: int) -> Iterator[Atten
         finally:
             if pending is not None:
                 pending.cancel()  # the caller stopped early; the executor waits for a read already running
-
-
-def _cast(t: Tensor, dtype: torch.dtype | None) -> Tensor:
-    """A floating tensor as a `dtype` copy (placeholders and other tensors as they are)."""
-    if dtype is None or t.is_meta or not t.is_floating_point():
-        return t
-    return t.to(dtype, copy=True)
 
 
 def _one_line(e: BaseException) -> str:

@@ -17,6 +17,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+CHUNK_BYTES = 8 << 20  # large per-head temporaries are formed in pieces of about this size (see row_norms)
 SAFE = 8.0  # Cholesky where λ_min > SAFE x the rank tolerance: every direction resolved, with room for rounding
 
 
@@ -174,9 +175,26 @@ def per_group(fn, X: Tensor, G: int) -> Tensor:
     return out.reshape(n, *out.shape[2:])  # (G, rep, ...) -> (n, ...)
 
 
-def row_norms(X: Tensor, R: Tensor) -> Tensor:
-    """Row norms of X Yᵀ from X (n, rows, d) and a root R of YᵀY (n, d, d): ||X[i] Rᵀ|| = ||X[i] Yᵀ||."""
-    return torch.linalg.vector_norm(X @ R.mT, dim=-1)  # (n, rows, d) @ (n, d, d) -> (n, rows)
+def row_norms(X: Tensor, R: Tensor, idx: Tensor | None = None) -> Tensor:
+    """Row norms of X Yᵀ from X (m, rows, d) and a root R of YᵀY (n, d, d): ||X[i] Rᵀ|| = ||X[i] Yᵀ||, for
+    X[idx] when `idx` (n,) is given (else m == n) -> (n, rows).
+
+    On a CPU the (n, rows, d) product is formed a few heads at a time in one reused buffer: a fresh 64 MB tensor
+    per layer costs as much in page faults as the GEMM itself, and X[idx] is never copied whole.
+    """
+    n, rows = R.shape[0], X.shape[-2]
+    if X.device.type != "cpu":
+        Xi = X if idx is None else X[idx]
+        return torch.linalg.vector_norm(Xi @ R.mT, dim=-1)  # (n, rows, d) @ (n, d, d) -> (n, rows)
+    step = max(1, CHUNK_BYTES // (rows * R.shape[-1] * R.element_size()))
+    out = torch.empty(n, rows, dtype=R.dtype)
+    buf = torch.empty(min(step, n), rows, R.shape[-1], dtype=R.dtype)
+    for i in range(0, n, step):
+        j = min(i + step, n)
+        Xi = X[i:j] if idx is None else X[idx[i:j]]
+        prod = torch.matmul(Xi, R[i:j].mT, out=buf[: j - i])  # (c, rows, d) @ (c, d, d)
+        torch.linalg.vector_norm(prod, dim=-1, out=out[i:j])
+    return out
 
 
 def trace(A: Tensor) -> Tensor:

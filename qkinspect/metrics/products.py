@@ -169,7 +169,7 @@ class HeadProducts:
         if self.grouped:  # each KV head against the roots of its query heads: ||W_K[j] W_Qᵀ||
             cols = per_group(lambda R: row_norms(self.K, R), self.fq.root, self.K.shape[0])
         else:
-            cols = row_norms(self.K[self.kv], self.fq.root)
+            cols = row_norms(self.K, self.fq.root, idx=self.kv)
         return rows, cols
 
     # -- the OV circuit W_OV = W_V W_O --------------------------------------------------------------------------
@@ -197,7 +197,11 @@ def _same_qk(layer: AttentionLayer) -> bool:
     """W_K is W_Q (Reformer's shared-QK attention, or equal tensors): reuse W_Q's products for the keys, so that
     s = 1 exactly. Checked on the stored tensors, before any head selection."""
     Wq, Wk = layer.W_Q, layer.W_K
-    return Wk is Wq or (Wq.shape == Wk.shape and Wq.dtype == Wk.dtype and torch.equal(Wq, Wk))
+    if Wk is Wq:
+        return True
+    if Wq.shape != Wk.shape or Wq.dtype != Wk.dtype:
+        return False
+    return torch.equal(Wq[0, 0], Wk[0, 0]) and torch.equal(Wq, Wk)  # one row first: most pairs differ there
 
 
 @dataclass(frozen=True)
