@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -80,17 +81,33 @@ def read_floor(folder: Path) -> tuple[float, int]:
     return time.perf_counter() - t0, nbytes
 
 
+# Runs `python -m qkinspect ...` and reports the peak resident set of its own memory (VmHWM, which exec resets).
+# Not ru_maxrss from wait4: Linux carries a process's maximum over fork/vfork and exec, so a child of this
+# benchmark would report this process's peak (it touched the whole checkpoint while timing the read floor).
+_PEAK_WRAPPER = """
+import runpy, sys
+sys.argv = ["qkinspect", *sys.argv[1:]]
+try:
+    runpy.run_module("qkinspect", run_name="__main__", alter_sys=True)
+finally:
+    hwm = [line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")]
+    print("peak-rss-kib", *hwm, file=sys.stderr)
+"""
+
+
 def run_analyze(folder: Path, extra: list[str]) -> tuple[float, float]:
     """Wall seconds and peak RSS (GiB) of `qkinspect analyze` in a child process."""
-    cmd = [sys.executable, "-m", "qkinspect", "analyze", str(folder), "--format", "json", *extra]
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(p.pid, 0)
-    wall = time.perf_counter() - t0
-    err = p.stderr.read().decode() if p.stderr else ""
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"qkinspect analyze failed:\n{err}")
-    return wall, usage.ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
+    cmd = [sys.executable, "-c", _PEAK_WRAPPER, "analyze", str(folder), "--format", "json", *extra]
+    with tempfile.TemporaryFile() as err:  # a file, not a pipe: a full pipe would block the child
+        t0 = time.perf_counter()
+        code = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err).returncode
+        wall = time.perf_counter() - t0
+        err.seek(0)
+        text = err.read().decode(errors="replace")
+    if code != 0:
+        raise SystemExit(f"qkinspect analyze failed:\n{text}")
+    peak = [line.split()[1] for line in text.splitlines() if line.startswith("peak-rss-kib")]
+    return wall, int(peak[-1]) / 2**20  # KiB -> GiB
 
 
 def naive_per_head(folder: Path, n_sample: int) -> float:
