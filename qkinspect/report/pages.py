@@ -16,6 +16,7 @@ MARGIN = 0.75  # inches on every side
 LEADING = 1.38  # line height as a multiple of the font size
 FIRST_COLUMN = 0.55  # inches for a table's layer column
 MAX_COLUMN = 1.25  # inches at most for any other column
+MIN_COLUMN = 0.8  # inches at least: wider tables are split into several
 TABLE_SIZE = 7.5
 
 
@@ -69,14 +70,18 @@ class TextPages:
         self.y = PAGE[1] - MARGIN
 
     def flush(self) -> None:
-        if self.fig is None:
-            return
+        """Finish the current text page (if any) and send it on."""
+        if self.fig is not None:
+            fig, self.fig = self.fig, None
+            self.add_page(fig)
+
+    def add_page(self, fig: Figure) -> None:
+        """Send a finished page (text or figure) on, with the footer and page number."""
         self.count += 1
-        self.fig.text(MARGIN, MARGIN / 2, self.footer, transform=self.fig.dpi_scale_trans, fontsize=7, color="0.4")
-        self.fig.text(PAGE[0] - MARGIN, MARGIN / 2, str(self.count), transform=self.fig.dpi_scale_trans,
-                      fontsize=7, color="0.4", ha="right")
-        self.sink(self.fig)
-        self.fig = None
+        fig.text(MARGIN, MARGIN / 2, self.footer, transform=fig.dpi_scale_trans, fontsize=7, color="0.4")
+        fig.text(PAGE[0] - MARGIN, MARGIN / 2, str(self.count), transform=fig.dpi_scale_trans, fontsize=7,
+                 color="0.4", ha="right")
+        self.sink(fig)
 
     def close(self) -> None:
         self.flush()
@@ -115,7 +120,7 @@ class TextPages:
 
     def table(self, t: Table, size: float = TABLE_SIZE) -> None:
         """A table with right-aligned columns and a rule under the header, repeated on each new page."""
-        for part in t.split(max_columns=1 + int((self.width - FIRST_COLUMN) // 0.95)):
+        for part in t.split(max_columns=1 + int((self.width - FIRST_COLUMN) // MIN_COLUMN)):
             self._table(part, size)
 
     def _table(self, t: Table, size: float) -> None:

@@ -1,0 +1,110 @@
+"""`qkinspect plot`: one figure (symmetry, overlap, spectra, rank, distribution, heads, compare) as PNG, SVG or PDF."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from qkinspect.cli.options import (
+    BlockOpt,
+    Device,
+    DeviceOpt,
+    FoldLnOpt,
+    LayersOpt,
+    ModelArg,
+    Precision,
+    PrecisionOpt,
+    RevisionOpt,
+    Selection,
+)
+from qkinspect.cli.output import atomic_write_file, check_writable, note
+from qkinspect.errors import InputError
+
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+# The heads figure reads the layer records' head-by-head overlap matrices, which are opt-in.
+HEADS_METRICS = ("default", "head_overlap")
+
+
+class Kind(str, Enum):
+    symmetry = "symmetry"
+    overlap = "overlap"
+    spectra = "spectra"
+    rank = "rank"
+    distribution = "distribution"
+    heads = "heads"
+    compare = "compare"
+
+
+KindOpt = Annotated[Kind, typer.Option("--kind", "-k", help="Which figure to draw.")]
+FigureOut = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE",
+                                                help="The figure file: .png, .svg or .pdf (written atomically).")]
+LayerOpt = Annotated[int | None, typer.Option(
+    "--layer", metavar="N", help="--kind heads: the layer to show (default: every layer as small multiples).")]
+CompareOpt = Annotated[str | None, typer.Option(
+    "--compare", metavar="MODEL_B", help="--kind compare: the second model; the figure shows B − A per head.")]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def plot(
+        model: ModelArg = None, kind: KindOpt = Kind.symmetry, output: FigureOut = None, layer: LayerOpt = None,
+        compare: CompareOpt = None, layers: LayersOpt = None, block: BlockOpt = None, fold_ln: FoldLnOpt = False,
+        precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
+    ) -> None:
+        """Draw one figure of the attention geometry (heatmaps of symmetry or Q/K/V overlap, singular-value spectra,
+        ranks by layer, the symmetry histogram against chance, head-by-head overlap, or a two-model comparison).
+
+        Example: qkinspect plot ./my-bert --kind symmetry -o symmetry.png
+        """
+        output = check_figure_path(output)
+        if kind is Kind.compare and compare is None:
+            raise InputError("--kind compare needs a second model: --compare MODEL_B")
+        if compare is not None and kind is not Kind.compare:
+            raise InputError(f"--compare applies to --kind compare only, not --kind {kind.value}")
+        if layer is not None and kind is not Kind.heads:
+            raise InputError(f"--layer applies to --kind heads only (use --layers to select layers for {kind.value})")
+        metrics = list(HEADS_METRICS) if kind is Kind.heads else None
+        sel = Selection.parse(layers=layers, blocks=block, metrics=metrics, precision=precision, device=device,
+                              fold_ln=fold_ln)
+        if layer is not None and sel.layers is not None and layer not in sel.layers:
+            raise InputError(f"--layer {layer} is not among --layers {layers}")
+        draw_figure(model, kind.value, output, sel, layer=layer, other=compare, revision=revision)
+        note(f"wrote the {kind.value} figure to {output}")
+
+
+def check_figure_path(output: Path | None) -> Path:
+    """The -o path, refused (InputError) when missing or not .png/.svg/.pdf, or when it cannot be written."""
+    if output is None:
+        raise InputError("plot writes a file: give -o FILE.png (or .svg, .pdf)")
+    if output.suffix.lower() not in FIGURE_SUFFIXES:
+        raise InputError(f"-o {output}: plot writes {', '.join(FIGURE_SUFFIXES)}; name the file with one of them")
+    check_writable(output)
+    return output
+
+
+def draw_figure(model: str | None, kind: str, output: Path, selection: Selection, *, layer: int | None = None,
+                other: str | None = None, revision: str | None = None) -> None:
+    """Analyse `model` (and `other` for compare), draw the figure `kind` and save it atomically to `output`.
+
+    Example:
+        >>> draw_figure(None, "symmetry", Path("symmetry.png"), Selection.parse())
+    """
+    from qkinspect.cli.run import run_analysis
+    from qkinspect.report.figures import figure
+
+    result = run_analysis(model, selection, revision=revision)
+    result_b = run_analysis(other, selection) if other is not None else None
+    fig = figure(result, kind, layer=layer, other=result_b)  # the heads figure takes the first selected block
+    save_figure(fig, output)
+
+
+def save_figure(fig, output: Path) -> None:
+    """Save a matplotlib Figure atomically; the format follows the file's extension."""
+    from qkinspect.report.style import style
+
+    fmt = output.suffix.lower().lstrip(".")
+    with style():
+        atomic_write_file(output, lambda tmp: fig.savefig(tmp, format=fmt))

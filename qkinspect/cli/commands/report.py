@@ -1,0 +1,77 @@
+"""`qkinspect report`: a multi-page, searchable PDF report (cover, summary, definitions, figures, tables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from qkinspect.cli.options import (
+    BlockOpt,
+    Device,
+    DeviceOpt,
+    FoldLnOpt,
+    LayersOpt,
+    ModelArg,
+    Precision,
+    PrecisionOpt,
+    RevisionOpt,
+    Selection,
+)
+from qkinspect.cli.output import atomic_write_file, check_writable, note
+from qkinspect.errors import InputError
+
+# The report shows every default metric and the head-by-head overlap figure.
+REPORT_METRICS = ("default", "head_overlap")
+
+ReportOut = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE",
+                                                help="The report file, .pdf (written atomically).")]
+LayerFormOpt = Annotated[bool, typer.Option(
+    "--layer-form", help="Also measure each layer's summed form Σ_h W_Q W_Kᵀ (costs O(d_model³) per layer).")]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def report(
+        model: ModelArg = None, output: ReportOut = None, layers: LayersOpt = None, block: BlockOpt = None,
+        fold_ln: FoldLnOpt = False, layer_form: LayerFormOpt = False, precision: PrecisionOpt = Precision.float32,
+        device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
+    ) -> None:
+        """Write a PDF report: the model's identity, a one-page summary in plain words, the definitions, every
+        figure with a caption and per-layer tables; its text is searchable.
+
+        Example: qkinspect report ./my-bert -o report.pdf
+        """
+        output = check_report_path(output)
+        sel = Selection.parse(layers=layers, blocks=block, metrics=list(REPORT_METRICS), precision=precision,
+                              device=device, fold_ln=fold_ln)
+        n = write_report(model, output, sel, layer_form=layer_form, revision=revision)
+        note(f"wrote a {n}-page report to {output}")
+
+
+def check_report_path(output: Path | None) -> Path:
+    """The -o path, refused (InputError) when missing or not .pdf, or when it cannot be written."""
+    if output is None:
+        raise InputError("report writes a file: give -o FILE.pdf")
+    if output.suffix.lower() != ".pdf":
+        raise InputError(f"-o {output}: report writes PDF; name the file *.pdf")
+    check_writable(output)
+    return output
+
+
+def write_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
+                 revision: str | None = None) -> int:
+    """Analyse `model` and write the PDF report atomically to `output`; returns the number of pages.
+
+    Example:
+        >>> write_report(None, Path("report.pdf"), Selection.parse(metrics=["default", "head_overlap"]))
+        13
+    """
+    from qkinspect.cli.run import run_analysis
+    from qkinspect.report.pdf import write_pdf
+
+    result = run_analysis(model, selection, revision=revision, layer_form=layer_form)
+    pages: list[int] = []
+    atomic_write_file(output, lambda tmp: pages.append(write_pdf(result, tmp)))
+    return pages[0]
