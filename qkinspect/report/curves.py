@@ -112,7 +112,7 @@ def rank(result: AnalysisResult, canvas: Canvas = new_figure) -> Figure:
                 axes[i, j].set_title(f"{blk}: {name}", loc="left")
                 axes[i, j].set_xlabel("layer index")
             axes[i, 0].set_ylabel("rank (dimensions)")
-        fig.legend(handles=_rank_legend(), loc="outside lower center", ncols=4, frameon=False)
+        fig.legend(handles=_rank_legend(), loc="outside lower center", ncols=2, frameon=False)
         fig.suptitle(title(result, "how low-rank W_Q W_Kᵀ is, by layer"))
     return fig
 

@@ -89,20 +89,23 @@ def heads(result: AnalysisResult, layer: int | None = None, block: str | None = 
     if not mats:
         raise InputError(f"the heads figure has no {block} layer with a head-by-head overlap matrix")
     n = len(mats)
-    ncols = 1 if n == 1 else min(n, 4)
+    ncols = 1 if n == 1 else min(n, 4 if n <= 16 else 6)  # deep models: more, smaller panels per row
     nrows = -(-n // ncols)
     with style():
         fig = canvas(5.8, 6.2) if n == 1 else canvas(min(9.5, 1.75 * nrows + 1.2))
-        axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+        # shared axes: tick labels only on the outer panels, so small multiples do not crowd each other
+        axes = fig.subplots(nrows, ncols, squeeze=False, sharex=n > 1, sharey=n > 1).ravel()
         norm = heatmap.unit_norm(*mats)
         for ax, i, m in zip(axes, layers, mats, strict=False):
-            im = heatmap.draw_square(ax, m, norm, max_ticks=16 if n == 1 else 8)
+            im = heatmap.draw_square(ax, m, norm, max_ticks=16 if n == 1 else 8 if n <= 4 else 4)
             ax.set_title(f"layer {i}", loc="left")
             if n > 1:
                 ax.set_xlabel("")
                 ax.set_ylabel("")
         for ax in axes[n:]:
             ax.set_visible(False)
+        for ax in axes[max(0, n - ncols):n]:
+            ax.tick_params(labelbottom=True)  # the lowest panel of each column, also above an empty cell
         if n > 1:
             fig.supxlabel("head index")
             fig.supylabel("head index")

@@ -31,7 +31,7 @@ def _report(cli, model, tmp_path) -> tuple[list[str], int]:
     return [p.extract_text() for p in PdfReader(out).pages], n
 
 
-@pytest.mark.parametrize("model", ["llama", "bart"])
+@pytest.mark.parametrize("model", ["llama", pytest.param("bart", marks=pytest.mark.slow)])
 def test_report_holds_what_analyze_reports(cli, llama_path, bart_path, tmp_path, model):
     path = {"llama": llama_path, "bart": bart_path}[model]
     doc = _analyze_json(cli, path)
@@ -59,6 +59,7 @@ def plan_figures_for(doc: dict) -> list[str]:
     return ["symmetry", "distribution", "overlap", "rank", "spectra", *(["heads"] * len(blocks))]
 
 
+@pytest.mark.slow
 def test_figure_pages_carry_captions(results, tmp_path):
     r = results["bart"]
     n = write_pdf(r, tmp_path / "r.pdf")
