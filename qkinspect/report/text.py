@@ -82,10 +82,11 @@ def summary_page(pages: TextPages, result: AnalysisResult, sections: list[Sectio
     pages.heading("Summary")
     pages.paragraph(f"What the weights of {result.model.name} say about its attention heads, in plain words. "
                     "The figures and tables that follow give every head and layer.", color="0.25")
+    size = 9.5 if len(sections) <= 2 else 8.8  # several blocks: a smaller font keeps the summary on one page
     for s in sections:
-        pages.heading(s.title, size=11)
+        pages.heading(s.title, size=10.5)
         for p in s.paragraphs:
-            pages.paragraph(p)
+            pages.paragraph(p, size=size)
 
 
 def definitions(pages: TextPages, result: AnalysisResult) -> None:
