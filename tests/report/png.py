@@ -5,8 +5,6 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-import numpy as np
-
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -29,6 +27,3 @@ def expected_size(fig, dpi: float) -> tuple[int, int]:
     w, h = fig.get_size_inches()
     return int(round(w * dpi)), int(round(h * dpi))
 
-
-def finite(x) -> bool:
-    return bool(np.isfinite(x))
