@@ -1,12 +1,15 @@
 """Benchmark qkinspect against the read floor and the naive dense route, in one run, as ratios.
 
   (a) read floor: every q/k/v/o tensor read with safe_open and its bytes touched
-  (b) `qkinspect analyze` (default metrics, all heads) as a subprocess; wall time and peak RSS
+  (b) `qkinspect analyze` (default metrics, all heads) as a subprocess; wall time, peak RSS (its VmHWM) and CPU
+      time (user + system: on n cores the wall time cannot go below CPU / n, so a wall time well above that says
+      other processes held the cores)
   (c) naive: dense per-head W_QK = W_Q W_K^T with torch.linalg.svdvals and eigvals, timed on a sample of heads
       and scaled to the model
 
 Each of (a) and (b) is timed twice: with the checkpoint's pages evicted from the page cache first
-(posix_fadvise DONTNEED: a cold read from disk, as on a laptop opening a checkpoint) and with them cached.
+(posix_fadvise DONTNEED: a cold read from disk, as on a laptop opening a checkpoint; the row the targets are judged
+on) and with them cached.
 
 Usage:
   python bench/make_checkpoints.py llama-7b bench/out/llama-7b
@@ -95,19 +98,21 @@ finally:
 """
 
 
-def run_analyze(folder: Path, extra: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (GiB) of `qkinspect analyze` in a child process."""
+def run_analyze(folder: Path, extra: list[str]) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (user + system) and peak RSS (GiB) of `qkinspect analyze` in a child process."""
     cmd = [sys.executable, "-c", _PEAK_WRAPPER, "analyze", str(folder), "--format", "json", *extra]
     with tempfile.TemporaryFile() as err:  # a file, not a pipe: a full pipe would block the child
         t0 = time.perf_counter()
-        code = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err).returncode
+        child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - t0
+        child.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
         text = err.read().decode(errors="replace")
-    if code != 0:
+    if child.returncode != 0:
         raise SystemExit(f"qkinspect analyze failed:\n{text}")
     peak = [line.split()[1] for line in text.splitlines() if line.startswith("peak-rss-kib")]
-    return wall, int(peak[-1]) / 2**20  # KiB -> GiB
+    return wall, usage.ru_utime + usage.ru_stime, int(peak[-1]) / 2**20  # KiB -> GiB
 
 
 def naive_per_head(folder: Path, n_sample: int) -> float:
@@ -152,10 +157,12 @@ def main() -> None:
         (evict if cache == "cold" else warm)(folder)
         floor, nbytes = read_floor(folder)
         (evict if cache == "cold" else warm)(folder)
-        wall, rss = run_analyze(folder, extra)
+        load = os.getloadavg()[0]
+        wall, cpu, rss = run_analyze(folder, extra)
         rows[cache] = (floor, wall, rss)
         print(f"[{cache}] (a) read floor {floor:7.2f} s ({nbytes / 2**30:.2f} GiB, {nbytes / 2**30 / floor:.2f} GiB/s)"
-              f" | (b) analyze {wall:7.2f} s, peak RSS {rss:.2f} GiB | (b)/(a) = {wall / floor:.2f}")
+              f" | (b) analyze {wall:7.2f} s, peak RSS {rss:.2f} GiB | (b)/(a) = {wall / floor:.2f}"
+              f" | (b) CPU {cpu:.1f} s, load before {load:.1f}")
 
     if not a.no_naive:
         per_head = naive_per_head(folder, a.naive_heads)
