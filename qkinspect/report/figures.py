@@ -15,14 +15,15 @@ from qkinspect.report import curves, heatmap
 from qkinspect.report.grid import Grid, blocks_of, head_grid, layer_record, require, title
 from qkinspect.report.style import SEQUENTIAL, Canvas, fmt, new_figure, style
 
-SYMMETRY_LABEL = "symmetry score s\n(−1 antisymmetric … +1 symmetric)"
+SYMMETRY_LABEL = "symmetry score s (−1 … +1)"
 OVERLAP_LABEL = "subspace overlap\n(mean cos² of principal angles)"
 OVERLAPS = (("overlap_qk", "Q / K"), ("overlap_qv", "Q / V"), ("overlap_kv", "K / V"))
 
 
-def _baseline_text(result: AnalysisResult, block: str, metric: str) -> str:
+def _baseline_text(result: AnalysisResult, block: str, metric: str, short: bool = False) -> str:
     b = result.baseline(block, metric)
-    return "no random baseline" if b is None else f"random baseline {fmt(b.mean)} ± {fmt(b.std)}"
+    what = "random" if short else "random baseline"
+    return "no random baseline" if b is None else f"{what} {fmt(b.mean)} ± {fmt(b.std)}"
 
 
 def symmetry(result: AnalysisResult, canvas: Canvas = new_figure) -> Figure:
@@ -62,7 +63,7 @@ def overlap(result: AnalysisResult, canvas: Canvas = new_figure) -> Figure:
             for j, (m, name) in enumerate(OVERLAPS):
                 ax = axes[i, j]
                 im = heatmap.draw(ax, grids[b, m], norm, SEQUENTIAL, annotate=False, max_ticks=8)
-                ax.set_title(f"{b}: {name}\n{_baseline_text(result, b, m)}", loc="left", fontsize=8)
+                ax.set_title(f"{b}: {name}\n{_baseline_text(result, b, m, short=True)}", loc="left", fontsize=8)
                 if j:
                     ax.set_ylabel("")
         heatmap.colorbar(fig, im, axes.ravel().tolist(), OVERLAP_LABEL, _shared_baseline(result, blocks))

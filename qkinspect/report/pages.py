@@ -14,7 +14,7 @@ from qkinspect.report.tables import Table
 
 MARGIN = 0.75  # inches on every side
 LEADING = 1.38  # line height as a multiple of the font size
-FIRST_COLUMN = 0.55  # inches for a table's layer column
+FIRST_COLUMN = 0.7  # inches for a table's first (left-aligned) column
 MAX_COLUMN = 1.25  # inches at most for any other column
 MIN_COLUMN = 0.8  # inches at least: wider tables are split into several
 TABLE_SIZE = 7.5
@@ -118,15 +118,17 @@ class TextPages:
                 self._put(MARGIN + key_width, line, size)
         self.y -= 0.08
 
-    def table(self, t: Table, size: float = TABLE_SIZE) -> None:
-        """A table with right-aligned columns and a rule under the header, repeated on each new page."""
-        for part in t.split(max_columns=1 + int((self.width - FIRST_COLUMN) // MIN_COLUMN)):
+    def table(self, t: Table, size: float = TABLE_SIZE, min_column: float = MIN_COLUMN) -> None:
+        """A table with a rule under the header (repeated on each new page): the first column left-aligned, the
+        others right-aligned; columns narrower than `min_column` inches would not fit, so wide tables continue."""
+        for part in t.split(max_columns=1 + int((self.width - FIRST_COLUMN) // min_column)):
             self._table(part, size)
 
     def _table(self, t: Table, size: float) -> None:
         lh = size * LEADING / 72
         col = min(MAX_COLUMN, (self.width - FIRST_COLUMN) / max(1, len(t.header) - 1))
-        rights = [FIRST_COLUMN * 0.6] + [FIRST_COLUMN + col * (i + 1) - 0.08 for i in range(len(t.header) - 1)]
+        # each column's anchor: the first column's left edge, the others' right edges (numbers align)
+        rights = [0.0] + [FIRST_COLUMN + col * (i + 1) - 0.08 for i in range(len(t.header) - 1)]
         header = [wrap(h.replace("_", "_ "), col - 0.1, size, bold=True) for h in t.header]
         header = [[w.replace("_ ", "_") for w in h] for h in header]
         depth = max(len(h) for h in header)
@@ -137,18 +139,18 @@ class TextPages:
                 self.new_page()
                 self._header(header, depth, rights, size, lh)
             self.y -= lh
-            for x, cell in zip(rights, row, strict=True):
-                self._put(MARGIN + x, cell, size, ha="right", family="DejaVu Sans Mono")
+            for i, (x, cell) in enumerate(zip(rights, row, strict=True)):
+                self._put(MARGIN + x, cell, size, ha="left" if i == 0 else "right", family="DejaVu Sans Mono")
         self.y -= 0.15
 
     def _header(self, header: list[list[str]], depth: int, rights: list[float], size: float, lh: float) -> None:
         self._need(lh * (depth + 2))
         for k in range(depth):
             self.y -= lh
-            for x, lines in zip(rights, header, strict=True):
+            for j, (x, lines) in enumerate(zip(rights, header, strict=True)):
                 i = k - (depth - len(lines))  # bottom-align wrapped headers
                 if i >= 0:
-                    self._put(MARGIN + x, lines[i], size, ha="right", fontweight="bold")
+                    self._put(MARGIN + x, lines[i], size, ha="left" if j == 0 else "right", fontweight="bold")
         self.y -= lh * 0.35
         self.fig.add_artist(_rule(self.fig, self.y, self.width))
 

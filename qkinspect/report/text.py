@@ -51,7 +51,7 @@ def cover(pages: TextPages, result: AnalysisResult, date: dt.datetime) -> None:
                  ("architecture", m.architecture or "n/a"), ("format", m.format), ("revision", m.revision or "n/a"),
                  ("storage dtype", m.dtype or "n/a"),
                  ("attention weights", f"{m.attention_bytes:,} bytes" if m.attention_bytes else "n/a")])
-    pages.table(blocks_table(result))
+    pages.table(blocks_table(result), min_column=0.7)
     pages.heading("Processing", size=11)
     pages.pairs([(k, _value(v)) for k, v in asdict(result.processing).items() if k != "metrics"])
     pages.heading("This report", size=11)
@@ -99,11 +99,32 @@ def definitions(pages: TextPages, result: AnalysisResult) -> None:
                     "and each definition says which it is.", color="0.25")
     for d in metric_definitions(result.metric_names):
         pages.heading(d["name"], size=10)
-        facts = [f"range {d['range']}" if d.get("range") else "",
-                 "gauge-invariant" if d.get("gauge_invariant") else "depends on the basis (not gauge-invariant)"
-                 if d.get("gauge_invariant") is not None else ""]
+        facts = [f"range {d['range']}" if d.get("range") else "", gauge_words(d.get("gauge_invariant")),
+                 f"undefined (n/a) unless {d['requires']}" if d.get("requires") else "",
+                 d.get("reference") or ""]
         pages.paragraph("; ".join(f for f in facts if f), size=8.5, color="0.3")
         pages.paragraph(d.get("description", ""), size=9)
+
+
+GAUGE_WORDS = {
+    "yes": "gauge-invariant (describes the model)",
+    "orthogonal": "invariant under orthogonal re-basings only (depends on the parametrisation)",
+    "no": "not gauge-invariant (depends on the basis)",
+}
+
+
+def gauge_words(value) -> str:
+    """The registry's gauge field ("yes", "orthogonal", "no") in words.
+
+    Example:
+        >>> gauge_words("orthogonal")
+        'invariant under orthogonal re-basings only (depends on the parametrisation)'
+    """
+    if value is None or value == "":
+        return ""
+    if isinstance(value, bool):
+        value = "yes" if value else "no"
+    return GAUGE_WORDS.get(str(value), f"gauge invariance: {value}")
 
 
 def metric_definitions(names: list[str]) -> list[dict]:

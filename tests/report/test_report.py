@@ -81,6 +81,10 @@ def test_report_text_is_searchable_for_the_demo(results, tmp_path):
     assert n >= FRONT_PAGES + 6
     assert "all-MiniLM-L6-v2" in text and "Definitions" in text and "Per-layer tables" in text
     assert f"qkinspect {__import__('qkinspect').__version__}" in text
+    flat = text.replace("\n", " ")
+    # the registry's gauge field in words: basis-dependent metrics are not passed off as invariant
+    assert "gauge-invariant (describes the model)" in flat
+    assert "invariant under orthogonal re-basings only" in flat
 
 
 @pytest.mark.parametrize("args, message", [
