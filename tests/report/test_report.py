@@ -96,3 +96,20 @@ def test_report_refuses(cli, tmp_path, monkeypatch, args, message):
     r = cli("report", *args)
     assert r.exit_code == 2 and message in r.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_html_report_holds_the_same(cli, llama_path, tmp_path):
+    out = tmp_path / "report.html"
+    r = cli("report", llama_path, "--html", "-o", out)
+    assert r.exit_code == 0, r.stderr
+    page = out.read_text()
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    doc = _analyze_json(cli, llama_path)
+    assert doc["model"]["name"] in page
+    assert page.count("<svg") == len(plan_figures_for(doc))  # every figure inline, nothing fetched from elsewhere
+    for layer in doc["layers"]:
+        assert fmt(layer["symmetry_median"]) in page
+    sym = [h["symmetry"] for h in doc["heads"]]
+    assert f"median symmetry score of W_Q W_Kᵀ is {fmt(np.median(sym))}" in page
+    r = cli("report", llama_path, "--html", "-o", tmp_path / "x.pdf")
+    assert r.exit_code == 2 and "report writes HTML" in r.stderr

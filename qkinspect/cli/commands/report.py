@@ -19,14 +19,16 @@ from qkinspect.cli.options import (
     RevisionOpt,
     Selection,
 )
-from qkinspect.cli.output import atomic_write_file, check_writable, note
+from qkinspect.cli.output import atomic_write, atomic_write_file, check_writable, note
 from qkinspect.errors import InputError
 
 # The report shows every default metric and the head-by-head overlap figure.
 REPORT_METRICS = ("default", "head_overlap")
 
 ReportOut = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE",
-                                                help="The report file, .pdf (written atomically).")]
+                                                help="The report file, .pdf (.html with --html; written atomically).")]
+HtmlOpt = Annotated[bool, typer.Option("--html", help="Write one self-contained HTML page (figures as inline SVG) "
+                                                      "instead of a PDF.")]
 LayerFormOpt = Annotated[bool, typer.Option(
     "--layer-form", help="Also measure each layer's summed form Σ_h W_Q W_Kᵀ (costs O(d_model³) per layer).")]
 
@@ -36,26 +38,32 @@ def register(app: typer.Typer) -> None:
     def report(
         model: ModelArg = None, output: ReportOut = None, layers: LayersOpt = None, block: BlockOpt = None,
         fold_ln: FoldLnOpt = False, layer_form: LayerFormOpt = False, precision: PrecisionOpt = Precision.float32,
-        device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
+        device: DeviceOpt = Device.cpu, revision: RevisionOpt = None, html: HtmlOpt = False,
     ) -> None:
         """Write a PDF report: the model's identity, a one-page summary in plain words, the definitions, every
-        figure with a caption and per-layer tables; its text is searchable.
+        figure with a caption and per-layer tables; its text is searchable. --html writes the same as one web page.
 
         Example: qkinspect report ./my-bert -o report.pdf
         """
-        output = check_report_path(output)
+        output = check_report_path(output, html=html)
         sel = Selection.parse(layers=layers, blocks=block, metrics=list(REPORT_METRICS), precision=precision,
                               device=device, fold_ln=fold_ln)
+        if html:
+            write_html_report(model, output, sel, layer_form=layer_form, revision=revision)
+            note(f"wrote an HTML report to {output}")
+            return
         n = write_report(model, output, sel, layer_form=layer_form, revision=revision)
         note(f"wrote a {n}-page report to {output}")
 
 
-def check_report_path(output: Path | None) -> Path:
-    """The -o path, refused (InputError) when missing or not .pdf, or when it cannot be written."""
+def check_report_path(output: Path | None, html: bool = False) -> Path:
+    """The -o path, refused (InputError) when missing, not .pdf (.html with --html), or not writable."""
+    kind, suffixes = ("HTML", (".html", ".htm")) if html else ("PDF", (".pdf",))
     if output is None:
-        raise InputError("report writes a file: give -o FILE.pdf")
-    if output.suffix.lower() != ".pdf":
-        raise InputError(f"-o {output}: report writes PDF; name the file *.pdf")
+        raise InputError(f"report writes a file: give -o FILE{suffixes[0]}")
+    if output.suffix.lower() not in suffixes:
+        hint = "" if html else " (or use --html for an .html page)"
+        raise InputError(f"-o {output}: report writes {kind}; name the file *{suffixes[0]}{hint}")
     check_writable(output)
     return output
 
@@ -66,7 +74,7 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
 
     Example:
         >>> write_report(None, Path("report.pdf"), Selection.parse(metrics=["default", "head_overlap"]))
-        13
+        12
     """
     from qkinspect.cli.run import run_analysis
     from qkinspect.report.pdf import write_pdf
@@ -75,3 +83,14 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
     pages: list[int] = []
     atomic_write_file(output, lambda tmp: pages.append(write_pdf(result, tmp)))
     return pages[0]
+
+
+def write_html_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
+                      revision: str | None = None) -> None:
+    """Analyse `model` and write the HTML report atomically to `output`."""
+    from qkinspect.cli.run import run_analysis
+    from qkinspect.report.html import render_html
+
+    result = run_analysis(model, selection, revision=revision, layer_form=layer_form)
+    page = render_html(result)
+    atomic_write(output, lambda f: f.write(page))
