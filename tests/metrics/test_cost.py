@@ -1,19 +1,15 @@
-"""Cost: per-head metrics never form a d_model x d_model matrix (checked on every tensor torch produces), and a
-7B-shaped layer's default metrics stay fast."""
+"""Cost: per-head metrics never form a d_model x d_model matrix (checked on every tensor torch produces).
+Speed is measured in bench/run.py, never in a timed unit test (these machines are shared and noisy)."""
 
 from __future__ import annotations
 
-import time
-
-import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from qkinspect.layer import AttentionLayer, BlockSpec
-from qkinspect.metrics.heads import HEAD_METRICS, measure_heads
+from qkinspect.metrics.heads import measure_heads
 from qkinspect.metrics.layer_form import layer_form_metrics
 from qkinspect.metrics.products import HeadProducts
-from qkinspect.metrics.registry import HEAD_METRIC_NAMES, resolve_metrics
+from qkinspect.metrics.registry import HEAD_METRIC_NAMES
 from tests.metrics.helpers import make_layer
 
 
@@ -52,20 +48,3 @@ def test_the_detector_sees_the_layer_form():
     with ShapeLog() as log:
         layer_form_metrics(p.Q, p.K, p.kv)
     assert (D, D) in _wide(log.shapes, D)
-
-
-@pytest.mark.slow
-def test_7b_shaped_layer_default_metrics_are_fast():
-    """32 heads, d_model 4096, d_head 128, bf16 as stored: default metrics in well under a second on an idle
-    2-core machine; the bound here leaves room for a shared, loaded one."""
-    g = torch.Generator().manual_seed(0)
-    spec = BlockSpec("decoder", n_layers=1, n_heads=32, n_kv_heads=32, d_model=4096, d_head=128)
-    w = lambda *s: torch.randn(*s, generator=g).to(torch.bfloat16)  # noqa: E731
-    layer = AttentionLayer(spec, 0, w(32, 4096, 128), w(32, 4096, 128), w(32, 4096, 128), w(32, 128, 4096))
-    names = [n for n in resolve_metrics(None) if n in HEAD_METRICS]
-    times = []
-    for _ in range(3):
-        t = time.perf_counter()
-        measure_heads(layer, names, spectra=("qk",), dtype=torch.float32)
-        times.append(time.perf_counter() - t)
-    assert min(times) < 2.0, times
