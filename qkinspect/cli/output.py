@@ -89,30 +89,23 @@ def check_writable(path: Path) -> None:
 def atomic_write(path: Path, write: Callable[[IO], None], *, binary: bool = False) -> None:
     """Call `write(f)` on a temporary file beside `path`, then rename it over `path`; on any failure
     (including KeyboardInterrupt) remove the temporary file and leave `path` untouched."""
-    path = Path(path)
-    check_writable(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    except OSError as e:
-        raise OutputError(f"{path}: cannot create a file there ({e.strerror or e})") from None
-    try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8", "newline": ""})) as f:
+    text = {} if binary else {"encoding": "utf-8", "newline": ""}
+
+    def produce(tmp: Path) -> None:
+        with open(tmp, "wb" if binary else "w", **text) as f:
             write(f)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except OSError as e:
-        _remove(tmp)
-        raise OutputError(f"{path}: cannot write ({e.strerror or e})") from None
-    except BaseException:
-        _remove(tmp)
-        raise
+
+    atomic_write_file(path, produce)
 
 
 def atomic_write_file(path: Path, produce: Callable[[Path], None]) -> None:
     """Like `atomic_write` for writers that need a file name (e.g. safetensors' save_file): `produce(tmp_path)`."""
     path = Path(path)
     check_writable(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    except OSError as e:
+        raise OutputError(f"{path}: cannot create a file there ({e.strerror or e})") from None
     os.close(fd)
     try:
         produce(Path(tmp))
