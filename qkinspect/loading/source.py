@@ -97,7 +97,28 @@ class TensorSource:
         return None if stored is None else self.stored_shape(stored)
 
 
-class SafetensorsSource(TensorSource):
+class ShardedSource(TensorSource):
+    """A checkpoint split over files: which file holds each tensor (`_where`) and its stored dtype and shape
+    (`_meta`), learnt from the files' headers up front. Subclasses fill both in `__init__` and read data."""
+
+    _where: dict[str, Path]
+    _meta: dict[str, tuple[object, tuple[int, ...]]]  # name -> (stored dtype, shape)
+
+    @classmethod
+    def from_index(cls, index: Path):
+        return cls(shards_from_index(index))
+
+    def keys(self) -> list[str]:
+        return list(self._where)
+
+    def stored_shape(self, stored_name: str) -> tuple[int, ...]:
+        return self._meta[stored_name][1]
+
+    def shard_of(self, stored_name: str) -> Path:
+        return self._where[stored_name]
+
+
+class SafetensorsSource(ShardedSource):
     """One or more .safetensors files (a sharded checkpoint lists them in model.safetensors.index.json).
 
     Every file's header is read and checked up front (a truncated or corrupt file fails here, naming the file);
@@ -122,16 +143,6 @@ class SafetensorsSource(TensorSource):
                 self._meta[k] = (s.get_dtype(), tuple(s.get_shape()))
             del h  # headers read; the mapping is opened again on the first read from this file
 
-    @classmethod
-    def from_index(cls, index: Path) -> SafetensorsSource:
-        return cls(shards_from_index(index))
-
-    def keys(self) -> list[str]:
-        return list(self._where)
-
-    def stored_shape(self, stored_name: str) -> tuple[int, ...]:
-        return self._meta[stored_name][1]
-
     def stored_dtype(self, stored_name: str) -> str:
         raw = self._meta[stored_name][0]
         dt = _SAFETENSORS_DTYPES.get(raw)
@@ -143,9 +154,6 @@ class SafetensorsSource(TensorSource):
         if dt is None:
             raise CheckpointError(f"{self._where[stored_name]}: tensor {stored_name!r} has unsupported dtype {raw}")
         return _numel(shape) * dt.itemsize
-
-    def shard_of(self, stored_name: str) -> Path:
-        return self._where[stored_name]
 
     def release(self, shard: Hashable) -> None:
         self._handles.pop(shard, None)  # type: ignore[call-overload]

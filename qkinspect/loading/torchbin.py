@@ -17,12 +17,12 @@ import torch
 from torch import Tensor
 
 from qkinspect.errors import CheckpointError
-from qkinspect.loading.source import TensorSource, shards_from_index, storage_dtype
+from qkinspect.loading.source import ShardedSource, storage_dtype
 
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
 
-class TorchBinSource(TensorSource):
+class TorchBinSource(ShardedSource):
     """Tensors of one or more ``torch.save`` state-dict files.
 
     Every file is opened once up front (memory-mapped, so only the pickled metadata is read) to learn names,
@@ -45,25 +45,12 @@ class TorchBinSource(TensorSource):
                 self._where[k] = f
                 self._meta[k] = (t.dtype, tuple(t.shape))
 
-    @classmethod
-    def from_index(cls, index: Path) -> TorchBinSource:
-        return cls(shards_from_index(index))
-
-    def keys(self) -> list[str]:
-        return list(self._where)
-
-    def stored_shape(self, stored_name: str) -> tuple[int, ...]:
-        return self._meta[stored_name][1]
-
     def stored_dtype(self, stored_name: str) -> str:
         return storage_dtype(self._meta[stored_name][0])
 
     def stored_nbytes(self, stored_name: str) -> int:
         dtype, shape = self._meta[stored_name]
         return torch.Size(shape).numel() * dtype.itemsize
-
-    def shard_of(self, stored_name: str) -> Path:
-        return self._where[stored_name]
 
     def release(self, shard: Hashable) -> None:
         self._loaded.pop(shard, None)  # type: ignore[call-overload]
