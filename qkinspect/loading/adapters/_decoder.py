@@ -98,6 +98,15 @@ class DecoderAdapter(Adapter):
         raise NotImplementedError
 
     required_roles: tuple[str, ...] = ("q", "k", "v", "o")
+    norm_path: str | None = None  # the pre-attention norm inside the layer module
+    norm_kind = "rmsnorm"
+
+    def norm_names(self, layer: int) -> dict[str, str]:
+        """Roles "norm_w" (and "norm_b" for a LayerNorm) of the pre-attention norm; none without one."""
+        if self.norm_path is None:
+            return {}
+        p = f"{self.layer_path.format(i=layer)}.{self.norm_path}"
+        return {"norm_w": f"{p}.weight", **({"norm_b": f"{p}.bias"} if self.norm_kind == "layernorm" else {})}
 
     def tensor_names(self, block: str, layer: int) -> list[str]:
         n = self.names(layer)
@@ -170,12 +179,7 @@ class SplitProjectionAdapter(DecoderAdapter):
         if self.qk_norm_paths is not None:
             qn, kn = self.qk_norm_paths
             n.update(qn=f"{p}.{qn}.weight", kn=f"{p}.{kn}.weight", qnb=f"{p}.{qn}.bias", knb=f"{p}.{kn}.bias")
-        if self.norm_path is not None:
-            lp = self.layer_path.format(i=layer)
-            n["norm_w"] = f"{lp}.{self.norm_path}.weight"
-            if self.norm_kind == "layernorm":
-                n["norm_b"] = f"{lp}.{self.norm_path}.bias"
-        return n
+        return {**n, **self.norm_names(layer)}
 
     def expected_shapes(self, block: str, layer: int) -> dict[str, tuple[int, ...]]:
         s, n = self._spec, self.names(layer)

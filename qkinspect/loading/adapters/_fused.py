@@ -76,11 +76,7 @@ class FusedQKVAdapter(DecoderAdapter):
         p = f"{lp}.{self.attn_path}"
         n = {"qkv": f"{p}.{self.qkv_name}.weight", "o": f"{p}.{self.out_name}.weight",
              "bqkv": f"{p}.{self.qkv_name}.bias", "bo": f"{p}.{self.out_name}.bias"}
-        if self.norm_path is not None:
-            n["norm_w"] = f"{lp}.{self.norm_path}.weight"
-            if self.norm_kind == "layernorm":
-                n["norm_b"] = f"{lp}.{self.norm_path}.bias"
-        return n
+        return {**n, **self.norm_names(layer)}
 
     def expected_shapes(self, block: str, layer: int) -> dict[str, tuple[int, ...]]:
         s, n = self._spec, self.names(layer)
