@@ -130,6 +130,7 @@ FAMILIES: dict[str, Rules] = {
     "t5": t5(8, 6), "mt5": t5(6, 8), "umt5": t5(6, 8),
     "bart": seq2seq(1024, 16, 12, nullable=True), "marian": seq2seq(1024, 16, 12),
     "whisper": seq2seq(384, 6, 4, num_key_value_heads="encoder_attention_heads"),
+    "mbart": seq2seq(1024, 16, 12), "pegasus": seq2seq(1024, 16, 12),
     # decoders with separate projections
     "llama": decoder(4096, 32, 32, OR_HEADS, OR_QUOTIENT),
     "mistral": decoder(4096, 32, 32, OrElse(INT, 8, heads), OR_QUOTIENT,
