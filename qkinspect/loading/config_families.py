@@ -119,6 +119,9 @@ FAMILIES: dict[str, Rules] = {
     "mpnet": sizes(768, 12, 12), "vit": sizes(768, 12, 12), "deit": sizes(768, 12, 12),
     "clip": {"text_config": Nested("clip_text_model"), "vision_config": Nested("clip_vision_model")},
     "clip_text_model": sizes(512, 8, 12), "clip_vision_model": sizes(768, 12, 12),
+    "siglip": {"text_config": Nested("siglip_text_model"), "vision_config": Nested("siglip_vision_model")},
+    "siglip_text_model": sizes(768, 12, 12),
+    "siglip_vision_model": {**sizes(768, 12, 12), "vision_use_head": Field(BOOL, True)},
     "reformer": {"hidden_size": Field(INT, 256), "num_attention_heads": Field(INT, 12),
                  "attention_head_size": Field(INT, 64),
                  "attn_layers": Field(STRS, ("local", "lsh", "local", "lsh", "local", "lsh"))},
@@ -190,6 +193,7 @@ for _rules in FAMILIES.values():  # PreTrainedConfig's own field, read by the lo
 
 # Sub-configs: their class's model_type ("" for MPT's attention config, which has none of its own).
 SUB_MODEL_TYPES = {"clip_text_model": "clip_text_model", "clip_vision_model": "clip_vision_model",
+                   "siglip_text_model": "siglip_text_model", "siglip_vision_model": "siglip_vision_model",
                    "mpt_attention": ""}
 
 DEFER_KEYS: dict[str, tuple[str, ...]] = {

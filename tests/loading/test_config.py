@@ -25,7 +25,7 @@ from qkinspect.loading import adapter_for, config, open_model, supported_model_t
 from qkinspect.loading.config import LightConfig, read_config
 from qkinspect.loading.config_families import FAMILIES, SUB_MODEL_TYPES
 from qkinspect.loading.config_rules import Alias, Nested
-from tests.adapters import test_dec_fused, test_dec_probs, test_decoders, test_more_seq2seq
+from tests.adapters import test_dec_fused, test_dec_probs, test_decoders, test_more_encoders, test_more_seq2seq
 from tests.adapters.test_enc_seq2seq import BART_SMALL, T5_SMALL
 from tests.adapters.test_encoders import SMALL
 from tests.loading import tiny
@@ -62,6 +62,7 @@ SAVED: dict[str, PreTrainedConfig] = {
     "bart": tf.BartConfig(**BART_SMALL), "marian": tf.MarianConfig(**BART_SMALL),
     "whisper": tf.WhisperConfig(**BART_SMALL, num_mel_bins=8),
     **{f"more-{n}": c for n, c in test_more_seq2seq.CONFIGS.items()},
+    **{f"more-{n}": c for n, c in test_more_encoders.CONFIGS.items()},
 }
 
 LLAMA2 = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=11008,
@@ -165,6 +166,14 @@ HUB: dict[str, tuple[dict, bool]] = {
     "pegasus-large": (dict(model_type="pegasus", d_model=1024, encoder_layers=16, decoder_layers=16,
                            encoder_attention_heads=16, decoder_attention_heads=16, static_position_embeddings=True),
                       True),
+    "siglip-base": (dict(model_type="siglip", text_config=dict(hidden_size=768, num_attention_heads=12,
+                                                               num_hidden_layers=12, vocab_size=32000),
+                         vision_config=dict(hidden_size=768, num_attention_heads=12, num_hidden_layers=12,
+                                            patch_size=16, image_size=224)), True),
+    "siglip-wide-no-head": (dict(model_type="siglip", text_config=dict(hidden_size=1152, num_attention_heads=16),
+                                 vision_config=dict(hidden_size=1152, num_attention_heads=16, vision_use_head=False)),
+                            True),
+    "siglip-vision": (dict(model_type="siglip_vision_model", hidden_size=768, num_attention_heads=12), True),
     "modernbert-base": (dict(model_type="modernbert", hidden_size=768, num_attention_heads=12, num_hidden_layers=22,
                              global_rope_theta=160000.0, local_rope_theta=10000.0, global_attn_every_n_layers=3,
                              local_attention=128), True),
