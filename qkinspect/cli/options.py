@@ -67,6 +67,11 @@ MetricsOpt = Annotated[
 PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="Arithmetic precision.")]
 DeviceOpt = Annotated[Device, typer.Option("--device", help="Where to compute (cuda needs a GPU).")]
 FoldLnOpt = Annotated[bool, typer.Option("--fold-ln", help="Fold the preceding LayerNorm/RMSNorm into Q, K, V.")]
+FoldQkNormOpt = Annotated[bool, typer.Option(
+    "--fold-qk-norm",
+    help="Fold the per-head q/k-norm gains (Qwen3, OLMo2, Gemma3) into W_Q and W_K, so the form measured is "
+         "W_Q diag(γ_q γ_k) W_Kᵀ; blocks without q/k norms are measured as stored, and a selection with none is "
+         "refused.")]
 FormatOpt = Annotated[
     Format | None,
     typer.Option("--format", "-f", show_default=False,
@@ -140,12 +145,13 @@ class Selection:
     precision: str = "float32"
     device: str = "cpu"
     fold_ln: bool = False
+    fold_qk_norm: bool = False
 
     @classmethod
     def parse(cls, *, layers: str | None = None, heads: str | None = None,
               blocks: list[str] | None = None, metrics: list[str] | None = None,
               precision: Precision | str = Precision.float32, device: Device | str = Device.cpu,
-              fold_ln: bool = False) -> Selection:
+              fold_ln: bool = False, fold_qk_norm: bool = False) -> Selection:
         names = parse_names(metrics)
         if names is not None:
             from qkinspect.metrics.registry import resolve_metrics
@@ -159,11 +165,13 @@ class Selection:
             precision=precision.value if isinstance(precision, Precision) else str(precision),
             device=check_device(device),
             fold_ln=fold_ln,
+            fold_qk_norm=fold_qk_norm,
         )
 
     def kwargs(self) -> dict[str, Any]:
         return {"layers": self.layers, "heads": self.heads, "blocks": self.blocks, "metrics": self.metrics,
-                "precision": self.precision, "device": self.device, "fold_ln": self.fold_ln}
+                "precision": self.precision, "device": self.device, "fold_ln": self.fold_ln,
+                "fold_qk_norm": self.fold_qk_norm}
 
 
 def check_selection(info, blocks: tuple[str, ...] | None, layers: tuple[int, ...] | None,

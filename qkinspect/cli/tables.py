@@ -144,7 +144,7 @@ def gauge_note(console, columns: Iterable[str]) -> None:
 def render_analysis(console, result, *, columns: Sequence[str], by: str = "head", grouped: bool = True,
                     notes: Sequence[str] = ()) -> None:
     """The whole human view of an AnalysisResult."""
-    console.print(model_line(result.model, result.processing), highlight=False, soft_wrap=True)
+    console.print(model_line(result.model, result.processing), markup=False, highlight=False, soft_wrap=True)
     if any(b.positional == "rope" for b in result.model.blocks):
         console.print("rotary positions: the metrics describe the form at offset 0", style="dim")
     if by == "head":

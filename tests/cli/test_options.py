@@ -69,4 +69,6 @@ def test_check_selection_refuses(blocks, layers, heads, message):
 def test_selection_kwargs():
     s = Selection.parse(layers="0-1", heads="3", blocks=["encoder"], metrics=["symmetry"], precision="float64")
     assert s.kwargs() == {"layers": (0, 1), "heads": (3,), "blocks": ("encoder",), "metrics": ("symmetry",),
-                          "precision": "float64", "device": "cpu", "fold_ln": False}
+                          "precision": "float64", "device": "cpu", "fold_ln": False, "fold_qk_norm": False}
+    folded = Selection.parse(fold_ln=True, fold_qk_norm=True).kwargs()
+    assert (folded["fold_ln"], folded["fold_qk_norm"]) == (True, True)

@@ -12,6 +12,7 @@ from qkinspect.cli.options import (
     Device,
     DeviceOpt,
     FoldLnOpt,
+    FoldQkNormOpt,
     FormatOpt,
     HeadsOpt,
     LayersOpt,
@@ -44,20 +45,22 @@ def register(app: typer.Typer) -> None:
     def analyze(
         model: ModelArg = None, layers: LayersOpt = None, heads: HeadsOpt = None, block: BlockOpt = None,
         metrics: MetricsOpt = None, by: ByOpt = By.head, sort: SortOpt = None, ascending: AscendingOpt = False,
-        top: TopOpt = None, fold_ln: FoldLnOpt = False, layer_form: LayerFormOpt = False,
-        precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
-        fmt: FormatOpt = None, output: OutputOpt = None,
+        top: TopOpt = None, fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False,
+        layer_form: LayerFormOpt = False, precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu,
+        revision: RevisionOpt = None, fmt: FormatOpt = None, output: OutputOpt = None,
     ) -> None:
         """Measure every attention head: symmetry and spectrum of W_Q W_Kᵀ, effective rank, Q/K/V overlap,
         with a random baseline and a per-layer summary.
 
         Example: qkinspect analyze ./my-bert --layers 0-3 --metrics symmetry,overlap_qk --sort symmetry --top 10
+
+        Example (a model with q/k norms: Qwen3, OLMo2, Gemma3): qkinspect analyze ./my-qwen3 --fold-ln --fold-qk-norm
         """
         from qkinspect.cli.run import check_sort, run_analysis, sort_and_trim
 
         check_output(fmt, output)
         sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
-                              device=device, fold_ln=fold_ln)
+                              device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         check_sort(sort, top, metrics=sel.metrics, by=by.value, layer_form=layer_form)
         result = run_analysis(model, sel, revision=revision, layer_form=layer_form)
         result = sort_and_trim(result, sort=sort, top=top, by=by.value, ascending=ascending)

@@ -13,6 +13,7 @@ from qkinspect.cli.options import (
     Device,
     DeviceOpt,
     FoldLnOpt,
+    FoldQkNormOpt,
     FormatOpt,
     HeadsOpt,
     LayersOpt,
@@ -36,8 +37,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def compare(
         model_a: ModelA, model_b: ModelB, layers: LayersOpt = None, heads: HeadsOpt = None, block: BlockOpt = None,
-        metrics: MetricsOpt = None, fold_ln: FoldLnOpt = False, precision: PrecisionOpt = Precision.float32,
-        device: DeviceOpt = Device.cpu, fmt: FormatOpt = None, output: OutputOpt = None,
+        metrics: MetricsOpt = None, fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False,
+        precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, fmt: FormatOpt = None,
+        output: OutputOpt = None,
     ) -> None:
         """Per-head differences (B − A) of every metric for two checkpoints of the same architecture.
 
@@ -48,7 +50,7 @@ def register(app: typer.Typer) -> None:
 
         check_output(fmt, output)
         sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
-                              device=device, fold_ln=fold_ln)
+                              device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         with open_model(model_a) as ma, open_model(model_b) as mb:
             check_same_shapes(ma.info, mb.info)  # before any work
             a = run_analysis(ma, sel)
@@ -116,8 +118,8 @@ def _render(console, a, b, rows: list[dict[str, Any]], cols: list[str]) -> None:
 
     from qkinspect.cli.tables import gauge_note, head_table, model_line
 
-    console.print(f"A: {model_line(a.model)}", highlight=False, soft_wrap=True)
-    console.print(f"B: {model_line(b.model)}", highlight=False, soft_wrap=True)
+    console.print(f"A: {model_line(a.model, a.processing)}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"B: {model_line(b.model, b.processing)}", markup=False, highlight=False, soft_wrap=True)
     heads = [SimpleNamespace(block=r["block"], layer=r["layer"], head=r["head"], kv_head=r["kv_head"], values=r)
              for r in rows]
     console.print(head_table(heads, cols, title="per-head differences, B − A"))

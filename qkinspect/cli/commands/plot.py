@@ -13,6 +13,7 @@ from qkinspect.cli.options import (
     Device,
     DeviceOpt,
     FoldLnOpt,
+    FoldQkNormOpt,
     LayersOpt,
     ModelArg,
     Precision,
@@ -52,7 +53,8 @@ def register(app: typer.Typer) -> None:
     def plot(
         model: ModelArg = None, kind: KindOpt = Kind.symmetry, output: FigureOut = None, layer: LayerOpt = None,
         compare: CompareOpt = None, layers: LayersOpt = None, block: BlockOpt = None, fold_ln: FoldLnOpt = False,
-        precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
+        fold_qk_norm: FoldQkNormOpt = False, precision: PrecisionOpt = Precision.float32,
+        device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
     ) -> None:
         """Draw one figure of the attention geometry (heatmaps of symmetry or Q/K/V overlap, singular-value spectra,
         ranks by layer, the symmetry histogram against chance, head-by-head overlap, or a two-model comparison).
@@ -68,7 +70,7 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--layer applies to --kind heads only (use --layers to select layers for {kind.value})")
         metrics = list(HEADS_METRICS) if kind is Kind.heads else None
         sel = Selection.parse(layers=layers, blocks=block, metrics=metrics, precision=precision, device=device,
-                              fold_ln=fold_ln)
+                              fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         if layer is not None and sel.layers is not None and layer not in sel.layers:
             raise InputError(f"--layer {layer} is not among --layers {layers}")
         draw_figure(model, kind.value, output, sel, layer=layer, other=compare, revision=revision)

@@ -12,6 +12,7 @@ from qkinspect.cli.options import (
     Device,
     DeviceOpt,
     FoldLnOpt,
+    FoldQkNormOpt,
     LayersOpt,
     ModelArg,
     Precision,
@@ -37,8 +38,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def report(
         model: ModelArg = None, output: ReportOut = None, layers: LayersOpt = None, block: BlockOpt = None,
-        fold_ln: FoldLnOpt = False, layer_form: LayerFormOpt = False, precision: PrecisionOpt = Precision.float32,
-        device: DeviceOpt = Device.cpu, revision: RevisionOpt = None, html: HtmlOpt = False,
+        fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False, layer_form: LayerFormOpt = False,
+        precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
+        html: HtmlOpt = False,
     ) -> None:
         """Write a PDF report: the model's identity, a one-page summary in plain words, the definitions, every
         figure with a caption and per-layer tables; its text is searchable. --html writes the same as one web page.
@@ -47,7 +49,7 @@ def register(app: typer.Typer) -> None:
         """
         output = check_report_path(output, html=html)
         sel = Selection.parse(layers=layers, blocks=block, metrics=list(REPORT_METRICS), precision=precision,
-                              device=device, fold_ln=fold_ln)
+                              device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         if html:
             write_html_report(model, output, sel, layer_form=layer_form, revision=revision)
             note(f"wrote an HTML report to {output}")

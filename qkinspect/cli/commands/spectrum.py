@@ -13,6 +13,7 @@ from qkinspect.cli.options import (
     Device,
     DeviceOpt,
     FoldLnOpt,
+    FoldQkNormOpt,
     FormatOpt,
     ModelArg,
     OutputOpt,
@@ -47,9 +48,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def spectrum(
         model: ModelArg = None, layer: LayerOpt = 0, head: HeadOpt = 0, matrix: MatrixOpt = Matrix.qk,
-        block: BlockOpt = None, fold_ln: FoldLnOpt = False, precision: PrecisionOpt = Precision.float32,
-        device: DeviceOpt = Device.cpu, revision: RevisionOpt = None, fmt: FormatOpt = None,
-        output: OutputOpt = None,
+        block: BlockOpt = None, fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False,
+        precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
+        fmt: FormatOpt = None, output: OutputOpt = None,
     ) -> None:
         """Singular values of one head's W_Q W_Kᵀ, W_Q, W_K, W_V or W_V W_O; eigenvalues too for qk and ov.
 
@@ -61,7 +62,8 @@ def register(app: typer.Typer) -> None:
         check_output(fmt, output)
         with open_model(model, revision=revision) as m:
             sel = Selection.parse(layers=str(layer), heads=str(head), blocks=[_one_block(m.info, block)],
-                                  metrics=["symmetry"], precision=precision, device=device, fold_ln=fold_ln)
+                                  metrics=["symmetry"], precision=precision, device=device, fold_ln=fold_ln,
+                                  fold_qk_norm=fold_qk_norm)
             spectra = (matrix.value, f"{matrix.value}_eig") if matrix.value in WITH_EIGENVALUES else (matrix.value,)
             result = run_analysis(m, sel, spectra=spectra)
         emit(spectrum_document(result, matrix.value), fmt, output)
@@ -112,7 +114,7 @@ def _render(console, result, h, matrix: str, rows: list[dict[str, Any]]) -> None
 
     from qkinspect.cli.tables import fmt_value, model_line
 
-    console.print(model_line(result.model, result.processing), highlight=False, soft_wrap=True)
+    console.print(model_line(result.model, result.processing), markup=False, highlight=False, soft_wrap=True)
     console.print(f"{h.block} layer {h.layer} head {h.head} (KV head {h.kv_head}): {MATRIX_TEXT[matrix]}",
                   style="bold", highlight=False)
     t = Table(header_style="bold", show_edge=False, pad_edge=False)
