@@ -25,7 +25,14 @@ from qkinspect.loading import adapter_for, config, open_model, supported_model_t
 from qkinspect.loading.config import LightConfig, read_config
 from qkinspect.loading.config_families import FAMILIES, SUB_MODEL_TYPES
 from qkinspect.loading.config_rules import Alias, Nested
-from tests.adapters import test_dec_fused, test_dec_probs, test_decoders, test_more_encoders, test_more_seq2seq
+from tests.adapters import (
+    test_dec_fused,
+    test_dec_probs,
+    test_decoders,
+    test_more_decoders,
+    test_more_encoders,
+    test_more_seq2seq,
+)
 from tests.adapters.test_enc_seq2seq import BART_SMALL, T5_SMALL
 from tests.adapters.test_encoders import SMALL
 from tests.loading import tiny
@@ -63,6 +70,7 @@ SAVED: dict[str, PreTrainedConfig] = {
     "whisper": tf.WhisperConfig(**BART_SMALL, num_mel_bins=8),
     **{f"more-{n}": c for n, c in test_more_seq2seq.CONFIGS.items()},
     **{f"more-{n}": c for n, c in test_more_encoders.CONFIGS.items()},
+    **{f"more-{n}": c for n, c in test_more_decoders.CONFIGS.items()},
 }
 
 LLAMA2 = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=11008,
@@ -130,6 +138,26 @@ HUB: dict[str, tuple[dict, bool]] = {
                      attention_types=[[["global", "local"], 2]]), True),
     "gpt-neo-bad-types": (dict(model_type="gpt_neo", num_layers=3, attention_types=[[["global", "local"], 2]]),
                           False),
+    "starcoder2-3b": (dict(model_type="starcoder2", hidden_size=3072, num_attention_heads=24, num_key_value_heads=2,
+                           num_hidden_layers=30, rope_theta=999999.4420358813, sliding_window=4096, use_bias=True,
+                           norm_epsilon=1e-5), True),
+    "stablelm-2-1_6b": (dict(model_type="stablelm", hidden_size=2048, num_attention_heads=32, num_key_value_heads=32,
+                             num_hidden_layers=24, partial_rotary_factor=0.25, rope_theta=10000, use_qkv_bias=True,
+                             qk_layernorm=False, use_parallel_residual=False), True),
+    "stablelm-2-12b": (dict(model_type="stablelm", hidden_size=5120, num_attention_heads=32, num_key_value_heads=8,
+                            num_hidden_layers=40, partial_rotary_factor=0.25, rope_theta=10000, qk_layernorm=True,
+                            use_parallel_residual=True), True),
+    "stablelm-no-partial": (dict(model_type="stablelm", hidden_size=64, num_attention_heads=4), True),
+    "granite-3.0-2b": (dict(model_type="granite", hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
+                            num_hidden_layers=40, attention_multiplier=0.015625, embedding_multiplier=12.0,
+                            residual_multiplier=0.22, logits_scaling=8.0, rope_theta=10000.0,
+                            attention_bias=False), True),
+    "granite-int-multiplier": (dict(model_type="granite", attention_multiplier=1), True),
+    "command-r": (dict(model_type="cohere", hidden_size=8192, num_attention_heads=64, num_key_value_heads=64,
+                       num_hidden_layers=40, rope_theta=8000000.0, use_qk_norm=False, logit_scale=0.0625), True),
+    "command-r-plus": (dict(model_type="cohere", hidden_size=12288, num_attention_heads=96, num_key_value_heads=8,
+                            num_hidden_layers=64, rope_theta=75000000.0, use_qk_norm=True), True),
+    "cohere-default-theta": (dict(model_type="cohere", hidden_size=64, num_attention_heads=4), True),
     "opt-350m": (dict(model_type="opt", hidden_size=1024, num_attention_heads=16, num_hidden_layers=24,
                       do_layer_norm_before=False, word_embed_proj_dim=512), True),
     "bloom-560m": (dict(model_type="bloom", n_embed=1024, n_head=16, n_layer=24), False),
