@@ -12,7 +12,7 @@ query is a learned ``probe`` and whose keys/values are the vision encoder's outp
 It is exposed as its own block, kind "cross" (queries and keys read different streams) labelled "pooling", one
 layer, with the vision tower's heads: its W_Q W_Kᵀ is a genuine bilinear form on the residual stream, and leaving
 it out would hide the one attention that produces SigLIP's image embedding. `norm_q` is None (the probe is not
-normalised), so ``--fold-ln`` refuses this block; select ``--blocks text,vision`` to fold the towers alone.
+normalised), so ``--fold-ln`` refuses this block; select ``--block text,vision`` to fold the towers alone.
 """
 
 from __future__ import annotations
