@@ -23,10 +23,26 @@ BASELINE_METRICS = ("symmetry", "overlap_qk", "overlap_qv", "overlap_kv")
 def default_columns(result, requested: Sequence[str] | None = None, sort: str | None = None) -> list[str]:
     """The metric columns to show: the requested ones, else the defaults that were computed; plus the sort key."""
     have = list(result.metric_names) or sorted({k for h in result.heads for k in h.values})
-    cols = [m for m in (requested or DEFAULT_COLUMNS) if m in have] or have[:8]
+    cols = [m for m in (_head_metrics(requested) if requested else DEFAULT_COLUMNS) if m in have] or have[:8]
     if sort and sort in have and sort not in cols:
         cols.append(sort)
     return cols
+
+
+def _head_metrics(requested: Sequence[str]) -> list[str]:
+    """Requested metric and group names ("symmetry,eigen") as the per-head metrics they stand for, in the order
+    given; a name the registry does not know is kept as it is (it simply matches no column)."""
+    from qkinspect.errors import InputError
+    from qkinspect.metrics.registry import METRICS, resolve_metrics
+
+    out: list[str] = []
+    for name in requested:
+        try:
+            names = resolve_metrics([name])
+        except InputError:  # not a registry name: left to the caller's own checks
+            names = (name,)
+        out += [n for n in names if n not in out and (n not in METRICS or METRICS[n].per == "head")]
+    return out
 
 
 def basis_dependent(names: Iterable[str]) -> list[str]:

@@ -50,6 +50,7 @@ HEAD_METRICS: dict[str, Metric] = {
     "qk_k90": lambda p: energy_rank(p.sigma_qk, 0.9),
     "qk_eig_pos_frac": _eig_pos,
     "qk_eig_real_ratio": _eig_real,
+    "shared_qk_distance": symmetry.shared_qk_distance,
     **{name: getattr(similarity, name) for name in
        ("overlap_qk", "overlap_qv", "overlap_kv", "cosine_qk", "cosine_qv", "cosine_kv", "cka_qk", "cka_qv",
         "cka_kv")},

@@ -13,7 +13,16 @@ import torch
 from torch import Tensor
 
 from qkinspect.layer import AttentionLayer
-from qkinspect.metrics.factored import GramFactor, eigvals, paired, per_group, row_norms, svdvals, trace
+from qkinspect.metrics.factored import (
+    GramFactor,
+    eigvals,
+    eigvalsh,
+    paired,
+    per_group,
+    row_norms,
+    svdvals,
+    trace,
+)
 
 
 class HeadProducts:
@@ -159,6 +168,23 @@ class HeadProducts:
     def eig_qk(self) -> Tensor:
         """The d eigenvalues of W_Kᵀ W_Q (n, d) complex: M's nonzero eigenvalues, padded with zeros."""
         return eigvals(self.c_qk)
+
+    @cached_property
+    def sym_skew_qk(self) -> tuple[Tensor, Tensor]:
+        """Eigenvalues (n, 2d) of M's symmetric part (M + Mᵀ)/2, ascending, and ||(M − Mᵀ)/2||_F² (n,).
+
+        With X = [W_Q W_K] (D, 2d) and a root R of its Gram (RᵀR = XᵀX), X = U R for some U with orthonormal
+        columns, so M = U (R_q R_kᵀ) Uᵀ (R_q, R_k: R's first and last d columns): M's symmetric and skew parts
+        have the eigenvalues and norms of those of the 2d x 2d matrix P = R_q R_kᵀ. The skew norm comes from P's
+        entries, not from ||M||² − ⟨M, Mᵀ⟩, so it keeps its accuracy when M is nearly symmetric.
+        """
+        d = self.Q.shape[-1]
+        C = self.c_qk  # W_Kᵀ W_Q (n, d, d)
+        joint = torch.cat([torch.cat([self.fq.gram, C.mT], -1), torch.cat([C, self.fk.gram], -1)], -2)  # (n, 2d, 2d)
+        R = GramFactor(joint, rows=self.Q.shape[-2]).root  # (n, 2d, 2d)
+        P = R[..., :d] @ R[..., d:].mT  # (n, 2d, d) @ (n, d, 2d): M in the basis U
+        skew2 = ((P - P.mT) / 2).square().sum((-2, -1))
+        return eigvalsh((P + P.mT) / 2), skew2
 
     @cached_property
     def row_col_norms(self) -> tuple[Tensor, Tensor]:

@@ -18,6 +18,7 @@ Gauge = Literal["yes", "no", "orthogonal"]
 SAPONATI = "Saponati et al. 2025, arXiv:2502.10927"
 ROY = "Roy & Vetterli 2007, The effective rank"
 KORNBLITH = "Kornblith et al. 2019, Similarity of neural network representations revisited"
+KITAEV = "Kitaev et al. 2020, Reformer: the efficient transformer (shared-QK attention)"
 ELHAGE = "Elhage et al. 2021, A mathematical framework for transformer circuits"
 D3 = "O(D d²) per head"
 EIG = "O(D d²) + O(d³) eigenvalues per head"
@@ -63,6 +64,10 @@ _HEAD = [
        "[0, 1]", "yes", default=False, cost=EIG, requires=SQUARE),
     _m("qk_eig_real_ratio", "eigen", "Re Σλ / Σ|λ| over M's eigenvalues (tr M / Σ|λ|)", "[-1, 1]", "yes",
        default=False, cost=EIG, requires=SQUARE),
+    _m("shared_qk_distance", "eigen", "relative distance from M to the nearest form one shared matrix gives (W Wᵀ: "
+       "symmetric positive semi-definite), sqrt((||M_skew||² + Σ_{λ<0} λ²)/||M||²) over the eigenvalues λ of M's "
+       "symmetric part; 0: queries and keys could share W", "[0, 1]", "yes", default=False,
+       cost="O(D d²) + O(d³) eigenvalues (2d x 2d) per head", reference=KITAEV, requires=SQUARE),
     _m("overlap_qk", "overlap", "mean cos² of the principal angles between the column spaces of W_Q and W_K",
        "[0, 1]", "yes", requires=SQUARE),
     _m("overlap_qv", "overlap", "mean cos² of the principal angles between the column spaces of W_Q and W_V",

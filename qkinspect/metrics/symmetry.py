@@ -3,6 +3,12 @@
 symmetry s = ⟨M, Mᵀ⟩_F / ||M||_F² = tr((W_KᵀW_Q)²) / tr(W_QᵀW_Q · W_KᵀW_K), in [-1, 1]
 (= (||M_sym||² - ||M_skew||²) / ||M||²: 1 symmetric, -1 skew-symmetric, about 0 for random factors).
 
+shared-QK distance: the relative Frobenius distance from M to the nearest form queries and keys could produce with
+one shared matrix, M' = W Wᵀ (Kitaev et al. 2020's shared-QK attention, up to the gauge): the symmetric positive
+semi-definite matrices (of rank <= d_head, which the nearest one has anyway: M's symmetric part has at most d_head
+positive eigenvalues). With λ_i the eigenvalues of (M + Mᵀ)/2, it is sqrt((||M_skew||² + Σ_{λ<0} λ²) / ||M||²)
+in [0, 1]: 0 for a form one shared matrix can produce, 1 for a skew-symmetric or negative semi-definite one.
+
 directionality (Saponati et al. 2025): with row norms r_i and column norms c_j of M, R = Σ max(r_i - (mean r
 + 2 std r), 0) and C likewise, (R - C) / (R + C) in [-1, 1]; negative = a few columns (keys) dominate.
 """
@@ -29,6 +35,23 @@ def symmetry(p: HeadProducts) -> Tensor:
     num = tr_prod(p.c_qk, p.c_qk)  # tr(C C) = ⟨M, Mᵀ⟩ with C = W_Kᵀ W_Q
     den = tr_prod(p.fq.gram, p.fk.gram)  # tr(G_Q G_K) = ||M||_F²
     return num / den
+
+
+def shared_qk_distance(p: HeadProducts) -> Tensor:
+    """Shared-QK distance per head (n,); 0 exactly where W_K is W_Q; NaN where D != Dk or M = 0.
+
+    Example:
+        >>> shared_qk_distance(HeadProducts(layer))  # doctest: +SKIP
+        tensor([0.62, 0.55, ...])
+    """
+    if not p.square:
+        return p.nan()
+    total = tr_prod(p.fq.gram, p.fk.gram)  # ||M||_F²
+    if p.same_qk:  # M = W_Q W_Qᵀ
+        return torch.where(total > 0, torch.zeros_like(total), torch.full_like(total, float("nan")))
+    lam, skew2 = p.sym_skew_qk
+    off = skew2 + lam.clamp_max(0).square().sum(-1)  # ||M − M'||² for the nearest M'
+    return (off / total).clamp(0, 1).sqrt()
 
 
 def outlier_excess(norms: Tensor, num_std: float = 2.0) -> Tensor:

@@ -49,6 +49,7 @@ def test_default_columns():
     assert default_columns(r) == ["symmetry", "overlap_qk"]
     assert default_columns(r, ("overlap_qk",)) == ["overlap_qk"]
     assert default_columns(r, ("overlap_qk",), sort="symmetry") == ["overlap_qk", "symmetry"]
+    assert default_columns(r, ("overlap",)) == ["overlap_qk"]  # a group stands for its computed head metrics
 
 
 def test_render_analysis_text():

@@ -69,6 +69,13 @@ def _eig_stats(M: np.ndarray) -> tuple[float, float]:
     return _ratio((lam.real > tol).sum(), nonzero.sum()), lam.real.sum() / np.abs(lam).sum()
 
 
+def _shared_qk_distance(M: np.ndarray) -> float:
+    """min over symmetric PSD P of ||M - P||_F / ||M||_F, by definition: P = the PSD part of (M + Mᵀ)/2."""
+    lam, U = np.linalg.eigh((M + M.T) / 2)
+    P = (U * lam.clip(min=0)) @ U.T
+    return float(np.linalg.norm(M - P) / np.linalg.norm(M))
+
+
 def _overlap(A: np.ndarray, B: np.ndarray) -> float:
     if not A.any() or not B.any():
         return float("nan")
@@ -107,6 +114,7 @@ def dense_head(layer: AttentionLayer, h: int) -> dict[str, float]:
     out["directionality"] = float("nan") if zero else ((R - C) / (R + C) if R + C > 0 else 0.0)
     nan2 = (float("nan"), float("nan"))
     out["qk_eig_pos_frac"], out["qk_eig_real_ratio"] = _eig_stats(M) if square else nan2
+    out["shared_qk_distance"] = _shared_qk_distance(M) if square and not zero else float("nan")
     for name, X in (("qv", V), ("qk", B)):
         ok = square
         out[f"overlap_{name}"] = _overlap(A, X) if ok else float("nan")

@@ -7,6 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qkinspect.layer import BlockSpec
 from qkinspect.metrics.baseline import gaussian_baselines
@@ -104,3 +106,50 @@ def test_half_precision_is_cast_up():
     got, want = _m(layer, names, dtype=torch.float32), _m(ref, names)
     for n in names:
         np.testing.assert_allclose(got[n], want[n], rtol=1e-4, err_msg=n)
+
+
+def _spd(rng: np.random.Generator, H: int, d: int) -> torch.Tensor:
+    """H random symmetric positive definite d x d matrices (eigenvalues >= 0.1)."""
+    B = torch.tensor(rng.standard_normal((H, d, d)))
+    return B @ B.mT + 0.1 * torch.eye(d, dtype=F64)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**16), st.sampled_from(["psd", "negative", "skew"]))
+def test_shared_qk_distance_identities(seed, kind):
+    """W_K = W_Q P with P symmetric positive definite makes M = W_Q P W_Qᵀ a form one shared matrix gives
+    (W = W_Q P^½): distance 0. Its negative, and a skew-symmetric M, are as far as can be: distance 1."""
+    rng = np.random.default_rng(seed)
+    layer = make_layer(seed, H=3, G=3, D=int(rng.integers(8, 20)), d=int(rng.integers(2, 5)))
+    d = layer.spec.d_head
+    if kind == "skew":
+        h = d // 2 if d % 2 == 0 else (d - 1) // 2
+        X, Y = layer.W_Q[..., :h], layer.W_Q[..., h : 2 * h]
+        W_K = torch.cat([Y, -X, torch.zeros_like(layer.W_Q[..., 2 * h :])], -1)  # M = X Yᵀ - Y Xᵀ
+    else:
+        W_K = (1 if kind == "psd" else -1) * layer.W_Q @ _spd(rng, 3, d)
+    v = _m(replace(layer, W_K=W_K), ["shared_qk_distance", "symmetry"])
+    want = 0.0 if kind == "psd" else 1.0
+    np.testing.assert_allclose(v["shared_qk_distance"], want, atol=1e-9)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**16))
+def test_shared_qk_distance_is_bounded_by_the_skew_part(seed):
+    """||M - P||² >= ||M_skew||² = (1 - symmetry)/2 · ||M||² for every symmetric P."""
+    layer = make_layer(seed, H=4, G=2, D=14, d=4)
+    v = _m(layer, ["shared_qk_distance", "symmetry"])
+    assert (v["shared_qk_distance"] >= np.sqrt((1 - v["symmetry"]) / 2) - 1e-12).all()
+    assert (v["shared_qk_distance"] <= 1).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_shared_qk_distance_of_shared_and_random_heads(dtype):
+    """Exactly 0 where W_K is W_Q; about √(3/4) for Gaussian factors (half of ||M||² in the skew part, half of the
+    rest in negative eigenvalues of the symmetric part)."""
+    layer = make_layer(5, H=4, G=4, D=20, d=5)
+    shared = replace(layer, W_K=layer.W_Q, b_K=None, spec=replace(layer.spec, shared_qk=True))
+    assert (_m(shared, ["shared_qk_distance"], dtype=dtype)["shared_qk_distance"] == 0).all()
+    wide = make_layer(6, H=16, G=16, D=512, d=16, with_o=False, biases=False)
+    v = _m(wide, ["shared_qk_distance"], dtype=dtype)["shared_qk_distance"]
+    assert abs(v.mean() - np.sqrt(0.75)) < 0.03, v

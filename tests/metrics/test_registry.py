@@ -11,7 +11,8 @@ from qkinspect.metrics.registry import METRICS, definitions, groups, resolve_met
 
 CONTRACT_HEAD = """symmetry directionality qk_effective_rank qk_stable_rank qk_participation_ratio qk_k90
 qk_eig_pos_frac
-qk_eig_real_ratio overlap_qk overlap_qv overlap_kv cosine_qk cosine_qv cosine_kv cka_qk cka_qv cka_kv norm_q_fro
+qk_eig_real_ratio shared_qk_distance
+overlap_qk overlap_qv overlap_kv cosine_qk cosine_qv cosine_kv cka_qk cka_qv cka_kv norm_q_fro
 norm_k_fro norm_v_fro norm_qk_fro norm_q_spec norm_k_spec norm_v_spec norm_qk_spec bias_q_norm bias_k_norm
 bias_v_norm ov_effective_rank ov_copying ov_norm_spec""".split()
 CONTRACT_LAYER = ["symmetry_median", "symmetry_mean", "overlap_qk_median", "qk_effective_rank_median",
@@ -33,10 +34,11 @@ def test_every_spec_is_complete():
 def test_defaults_and_groups():
     default = resolve_metrics(None)
     assert "symmetry" in default and "symmetry_median" in default and "norm_q_spec" in default
-    opt_in = ("qk_eig_pos_frac", "qk_eig_real_ratio", "ov_effective_rank", "ov_copying", "ov_norm_spec")
+    opt_in = ("qk_eig_pos_frac", "qk_eig_real_ratio", "shared_qk_distance", "ov_effective_rank", "ov_copying",
+              "ov_norm_spec")
     assert not set(opt_in) & set(default), "eigenvalues and the OV circuit are opt-in"
-    assert resolve_metrics(["eigen"]) == opt_in[:2] and resolve_metrics(["ov"]) == opt_in[2:]
-    assert set(opt_in) <= set(resolve_metrics(["all"])) and set(opt_in[:2]) <= set(resolve_metrics(["spectrum"]))
+    assert resolve_metrics(["eigen"]) == opt_in[:3] and resolve_metrics(["ov"]) == opt_in[3:]
+    assert set(opt_in) <= set(resolve_metrics(["all"])) and set(opt_in[:3]) <= set(resolve_metrics(["spectrum"]))
     assert "head_overlap" not in default and "symmetry_layer" not in default
     similarity = resolve_metrics(["similarity"])
     assert similarity == tuple(n for n in METRICS if n.startswith(("overlap", "cosine", "cka")))
