@@ -44,8 +44,8 @@ def _block_title(result: AnalysisResult, block: str) -> str:
 
 
 def _block_paragraphs(result: AnalysisResult, block: str) -> list[str]:
-    parts = [_symmetry_sentence(result, block), _extremes_sentence(result, block), _rank_sentence(result, block),
-             _overlap_sentence(result, block), _layer_form_sentence(result, block)]
+    parts = [_symmetry_sentence(result, block), _extremes_sentence(result, block), _sharing_sentence(result, block),
+             _rank_sentence(result, block), _overlap_sentence(result, block), _layer_form_sentence(result, block)]
     return [p for p in parts if p]
 
 
@@ -87,6 +87,19 @@ def _extremes_sentence(result: AnalysisResult, block: str) -> str:
 
     return (f"Most symmetric heads: {names(recs[:k])}. "
             f"Least symmetric heads: {names(list(reversed(recs[-k:])))}.")
+
+
+def _sharing_sentence(result: AnalysisResult, block: str) -> str:
+    recs = [h for h in result.heads if h.block == block and np.isfinite(h.values.get("shared_qk_distance", np.nan))]
+    if not recs:
+        return ""
+    v = np.array([h.values["shared_qk_distance"] for h in recs])
+    best = recs[int(np.argmin(v))]
+    return (f"Could queries and keys share one matrix? The median head's W_Q W_Kᵀ lies {fmt(float(np.median(v)))} "
+            f"(relative Frobenius distance) from the nearest form one shared matrix W gives (W Wᵀ: symmetric "
+            f"positive semi-definite; 0 = some re-basing makes W_K = W_Q, about 0.87 for random weights, 1 for a "
+            f"skew or negative form). The closest is layer {best.layer} head {best.head} "
+            f"({fmt(best.values['shared_qk_distance'])}).")
 
 
 def _rank_sentence(result: AnalysisResult, block: str) -> str:

@@ -13,7 +13,7 @@ from qkinspect.report.style import fmt
 
 # Head metrics worth a per-layer median column when the layer records do not already hold one.
 HEAD_MEDIANS = ("symmetry", "directionality", "qk_effective_rank", "qk_stable_rank", "qk_participation_ratio",
-                "qk_k90", "overlap_qk", "overlap_qv", "overlap_kv")
+                "qk_k90", "shared_qk_distance", "overlap_qk", "overlap_qv", "overlap_kv")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from qkinspect.cli.output import atomic_write, atomic_write_file, check_writable
 from qkinspect.errors import InputError
 
 # The report shows every default metric and the head-by-head overlap figure.
-REPORT_METRICS = ("default", "head_overlap")
+REPORT_METRICS = ("default", "shared_qk_distance", "head_overlap")
 
 ReportOut = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE",
                                                 help="The report file, .pdf (.html with --html; written atomically).")]
