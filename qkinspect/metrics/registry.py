@@ -181,6 +181,22 @@ def resolve_metrics(names: Iterable[str] | str | None = None, *, layer_form: boo
     return tuple(n for n in METRICS if n in wanted)
 
 
+def head_metric(name: str, option: str = "--metric") -> MetricSpec:
+    """The spec of per-head metric `name`.
+
+    Raises:
+        InputError: `name` is not a per-head metric (a layer summary, a group, a typo), listing those that are.
+
+    Example:
+        >>> head_metric("shared_qk_distance").range
+        '[0, 1]'
+    """
+    spec = METRICS.get(name)
+    if spec is None or spec.per != "head":
+        raise InputError(f"{option} {name!r} is not a per-head metric; choose one of: {', '.join(HEAD_METRIC_NAMES)}")
+    return spec
+
+
 def definitions(names: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
     """JSON-ready definitions, name -> {group, description, range, gauge_invariant, per, default, cost, reference,
     requires, source}, for `names` (all metrics when None); names not in the registry are skipped.

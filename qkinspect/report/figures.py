@@ -10,10 +10,11 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from qkinspect.errors import InputError
+from qkinspect.metrics.registry import head_metric
 from qkinspect.records import AnalysisResult
 from qkinspect.report import curves, heatmap
 from qkinspect.report.grid import Grid, blocks_of, head_grid, layer_record, require, title
-from qkinspect.report.style import SEQUENTIAL, Canvas, fmt, new_figure, style
+from qkinspect.report.style import DIVERGING, SEQUENTIAL, Canvas, fmt, new_figure, style
 
 SYMMETRY_LABEL = "symmetry score s (−1 … +1)"
 OVERLAP_LABEL = "subspace overlap\n(mean cos² of principal angles)"
@@ -68,6 +69,42 @@ def overlap(result: AnalysisResult, canvas: Canvas = new_figure) -> Figure:
                     ax.set_ylabel("")
         heatmap.colorbar(fig, im, axes.ravel().tolist(), OVERLAP_LABEL, _shared_baseline(result, blocks))
         fig.suptitle(title(result, "overlap of the Q, K and V column spaces per head"))
+    return fig
+
+
+def metric(result: AnalysisResult, name: str, canvas: Canvas = new_figure) -> Figure:
+    """Layer x head heatmap of any per-head metric, one panel per block on one colour scale: diverging around 0
+    for signed metrics in [-1, 1], from 0 for those in [0, 1] (to the data's maximum, as the overlap figure), else
+    over the data's range. A basis-dependent metric says so in the title.
+
+    Example:
+        >>> fig = metric(qkinspect.analyze("path/to/model", metrics=["eigen"]), "shared_qk_distance")
+    """
+    spec = head_metric(name)
+    require(result, name, kind="metric")
+    grids = [head_grid(result, b, name) for b in blocks_of(result)]
+    n_layers = [len(g.layers) for g in grids]
+    values = [g.values for g in grids]
+    if spec.range == "[-1, 1]":
+        norm, colours = heatmap.diverging_norm(*values), DIVERGING
+    elif spec.range == "[0, 1]":
+        norm, colours = heatmap.unit_norm(*values), SEQUENTIAL
+    else:
+        norm, colours = heatmap.data_norm(*values), SEQUENTIAL
+    with style():
+        fig = canvas(heatmap.height_for(n_layers))
+        axes = heatmap.block_rows(fig, n_layers, 1)[:, 0]
+        for ax, g in zip(axes, grids, strict=True):
+            im = heatmap.draw(ax, g, norm, colours)
+            base = result.baseline(g.block, name)
+            extra = "" if base is None else f"; {_baseline_text(result, g.block, name)}"
+            ax.set_title(f"{g.block}: {len(g.layers)} layers × {len(g.heads)} heads{extra}", loc="left")
+        bases = {result.baseline(g.block, name) for g in grids}
+        mark = next(iter(bases)).mean if len(bases) == 1 and None not in bases else None  # one baseline for all
+        heatmap.colorbar(fig, im, list(axes), f"{name}  {spec.range}", mark)
+        gauge = {"yes": "", "orthogonal": " (invariant under orthogonal re-basings only)",
+                 "no": " (basis-dependent: not gauge-invariant)"}[spec.gauge_invariant]
+        fig.suptitle(title(result, f"{name} per head{gauge}"))
     return fig
 
 
@@ -188,14 +225,16 @@ spectra = curves.spectra
 rank = curves.rank
 distribution = curves.distribution
 
-KINDS = ("symmetry", "overlap", "spectra", "rank", "distribution", "heads", "compare")
+KINDS = ("symmetry", "overlap", "spectra", "rank", "distribution", "heads", "compare", "metric")
 _SINGLE = {"symmetry": symmetry, "overlap": overlap, "spectra": spectra, "rank": rank, "distribution": distribution}
 
 
 def figure(result: AnalysisResult, kind: str, *, layer: int | None = None, block: str | None = None,
-           other: AnalysisResult | None = None, canvas: Canvas = new_figure) -> Figure:
+           other: AnalysisResult | None = None, metric_name: str | None = None,
+           canvas: Canvas = new_figure) -> Figure:
     """Build the figure `kind` (one of KINDS). `layer`/`block` choose the layer for `heads`; `other` is model B
-    for `compare`; `canvas(height, width)` makes the Figure (or SubFigure) to draw on.
+    for `compare`; `metric_name` the per-head metric of `metric`; `canvas(height, width)` makes the Figure (or
+    SubFigure) to draw on.
 
     Raises:
         InputError: unknown kind, or the analysis lacks what the figure needs.
@@ -211,4 +250,8 @@ def figure(result: AnalysisResult, kind: str, *, layer: int | None = None, block
         if other is None:
             raise InputError("the compare figure needs a second model (--compare MODEL_B)")
         return compare(result, other, canvas)
+    if kind == "metric":
+        if metric_name is None:
+            raise InputError("the metric figure needs a metric name (--metric NAME)")
+        return metric(result, metric_name, canvas)
     return _SINGLE[kind](result, canvas)

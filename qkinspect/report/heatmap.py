@@ -37,6 +37,14 @@ def unit_norm(*arrays: np.ndarray, floor: float = 0.1) -> Normalize:
     return Normalize(vmin=0.0, vmax=lim)
 
 
+def data_norm(*arrays: np.ndarray) -> Normalize:
+    """Over the finite values' range (a metric with no natural bounds: ranks, norms); a constant gets a unit span."""
+    v = np.concatenate([np.ravel(a) for a in arrays])
+    v = v[np.isfinite(v)]
+    lo, hi = (float(v.min()), float(v.max())) if v.size else (0.0, 1.0)
+    return Normalize(vmin=lo, vmax=hi if hi > lo else lo + 1.0)
+
+
 def block_rows(fig, n_layers: list[int], ncols: int, **kw):
     """Panels with one row per block, each row as tall as its number of layers (at least 3)."""
     ratios = [max(n, 3) for n in n_layers]

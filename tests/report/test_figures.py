@@ -3,6 +3,7 @@ with ink, a title naming the model, axis labels and a colour bar where colour ca
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from qkinspect.errors import InputError
@@ -12,7 +13,8 @@ from tests.report import synthetic
 from tests.report.png import expected_size, ink_fraction, png_size
 
 MODELS = ("demo", "llama", "bart")
-COLOURED = {"symmetry", "overlap", "spectra", "heads", "compare"}  # colour encodes a value: a colour bar is due
+# colour encodes a value: a colour bar is due
+COLOURED = {"symmetry", "overlap", "spectra", "heads", "compare", "metric"}
 
 
 def _render(fig, path):
@@ -25,7 +27,8 @@ def _render(fig, path):
 @pytest.mark.parametrize("kind", figures.KINDS)
 def test_every_kind_renders(results, model, kind, tmp_path):
     r = results[model]
-    fig = figures.figure(r, kind, other=r if kind == "compare" else None)
+    fig = figures.figure(r, kind, other=r if kind == "compare" else None,
+                         metric_name="qk_stable_rank" if kind == "metric" else None)
     path = _render(fig, tmp_path / f"{kind}.png")
     w, h = png_size(path)
     assert (w, h) == expected_size(fig, DPI)
@@ -90,3 +93,32 @@ def test_unknown_kind_and_missing_metrics():
     r.heads[:] = [type(h)(h.block, h.layer, h.head, h.kv_head, {"symmetry": 0.1}) for h in r.heads]
     with pytest.raises(InputError, match="qk_effective_rank"):
         figures.figure(r, "rank")
+
+
+@pytest.mark.parametrize("name, centred", [("symmetry", True), ("directionality", True), ("overlap_kv", False),
+                                           ("qk_stable_rank", False)])
+def test_metric_heatmap_shows_the_metric(results, name, centred):
+    """Each block's panel holds the metric's per-head values; signed metrics get a scale centred at 0."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    from qkinspect.report.grid import head_grid
+
+    r = results["bart"]
+    fig = figures.figure(r, "metric", metric_name=name)
+    panels = [ax for ax in fig.get_axes() if ax.get_label() != "<colorbar>"]
+    assert [ax.get_title(loc="left").split(":")[0] for ax in panels] == ["encoder", "decoder", "cross"]
+    for ax, block in zip(panels, ("encoder", "decoder", "cross"), strict=True):
+        want = head_grid(r, block, name).values
+        got = np.ma.filled(np.ma.asarray(ax.images[0].get_array(), dtype=float), np.nan)  # masked cells: NaN
+        np.testing.assert_allclose(got, want, equal_nan=True)
+    assert isinstance(panels[0].images[0].norm, TwoSlopeNorm) == centred
+    assert name in fig.get_suptitle()
+
+
+def test_metric_heatmap_refuses(results):
+    with pytest.raises(InputError, match="needs a metric name"):
+        figures.figure(results["demo"], "metric")
+    with pytest.raises(InputError, match="not a per-head metric"):
+        figures.figure(results["demo"], "metric", metric_name="symmetry_median")
+    with pytest.raises(InputError, match="ov_copying"):  # a head metric the analysis did not compute
+        figures.figure(results["demo"], "metric", metric_name="ov_copying")

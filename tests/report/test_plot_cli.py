@@ -19,6 +19,14 @@ def test_plot_png(cli, llama_path, kind, tmp_path):
     assert f"wrote the {kind} figure" in r.stderr and r.stdout == ""
 
 
+def test_plot_metric_computes_only_what_it_maps(cli, llama_path, tmp_path):
+    """--kind metric with an opt-in metric: it is computed (the default selection would not have it)."""
+    out = tmp_path / "shared.png"
+    r = cli("plot", llama_path, "--kind", "metric", "--metric", "shared_qk_distance", "-o", out)
+    assert r.exit_code == 0, r.stderr
+    assert ink_fraction(out) > 0.02 and "wrote the shared_qk_distance figure" in r.stderr
+
+
 def test_plot_heads_one_layer_svg(cli, bart_path, tmp_path):
     out = tmp_path / "heads.svg"
     r = cli("plot", bart_path, "--kind", "heads", "--layer", "1", "--block", "decoder", "-o", out)
@@ -44,6 +52,9 @@ def test_plot_compare_pdf(cli, llama_path, llama_b_path, tmp_path):
     (["--kind", "compare", "-o", "x.png"], "--compare MODEL_B"),
     (["--kind", "rank", "--layer", "1", "-o", "x.png"], "--layer applies to --kind heads"),
     (["--kind", "heads", "--layer", "9", "-o", "x.png"], "no head-by-head overlap for decoder layer 9"),
+    (["--kind", "metric", "-o", "x.png"], "--kind metric needs --metric NAME"),
+    (["--metric", "symmetry", "-o", "x.png"], "--metric applies to --kind metric only"),
+    (["--kind", "metric", "--metric", "symmetry_median", "-o", "x.png"], "not a per-head metric"),
 ])
 def test_plot_refuses(cli, llama_path, tmp_path, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)

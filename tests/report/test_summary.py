@@ -17,7 +17,8 @@ def _text(result) -> str:
 def test_sharing_sentence_names_the_median_and_the_closest_head():
     r = synthetic.result(synthetic.block(n_layers=2, n_heads=3))
     dist = np.linspace(0.95, 0.45, len(r.heads))  # the last head is the closest to a shared matrix
-    heads = tuple(replace(h, values={**h.values, "shared_qk_distance": float(x)}) for h, x in zip(r.heads, dist))
+    heads = tuple(replace(h, values={**h.values, "shared_qk_distance": float(x)})
+                  for h, x in zip(r.heads, dist, strict=True))
     text = _text(replace(r, heads=heads))
     last = heads[-1]
     assert "Could queries and keys share one matrix?" in text

@@ -1,4 +1,5 @@
-"""`qkinspect plot`: one figure (symmetry, overlap, spectra, rank, distribution, heads, compare) as PNG, SVG or PDF."""
+"""`qkinspect plot`: one figure (symmetry, overlap, spectra, rank, distribution, heads, compare, metric) as PNG, SVG
+or PDF."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import atomic_write_file, check_writable, note
 from qkinspect.errors import InputError
+from qkinspect.metrics.registry import head_metric
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 # The heads figure reads the layer records' head-by-head overlap matrices, which are opt-in.
@@ -37,11 +39,15 @@ class Kind(str, Enum):
     distribution = "distribution"
     heads = "heads"
     compare = "compare"
+    metric = "metric"
 
 
 KindOpt = Annotated[Kind, typer.Option("--kind", "-k", help="Which figure to draw.")]
 FigureOut = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE",
                                                 help="The figure file: .png, .svg or .pdf (written atomically).")]
+MetricOpt = Annotated[str | None, typer.Option(
+    "--metric", "-m", metavar="NAME", help="--kind metric: the per-head metric to map (any of `qkinspect analyze "
+    "--metrics`' head metrics, e.g. shared_qk_distance, qk_stable_rank, cka_qv).")]
 LayerOpt = Annotated[int | None, typer.Option(
     "--layer", metavar="N", help="--kind heads: the layer to show (default: every layer as small multiples).")]
 CompareOpt = Annotated[str | None, typer.Option(
@@ -52,14 +58,17 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def plot(
         model: ModelArg = None, kind: KindOpt = Kind.symmetry, output: FigureOut = None, layer: LayerOpt = None,
-        compare: CompareOpt = None, layers: LayersOpt = None, block: BlockOpt = None, fold_ln: FoldLnOpt = False,
-        fold_qk_norm: FoldQkNormOpt = False, precision: PrecisionOpt = Precision.float32,
+        compare: CompareOpt = None, metric: MetricOpt = None, layers: LayersOpt = None, block: BlockOpt = None,
+        fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False, precision: PrecisionOpt = Precision.float32,
         device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
     ) -> None:
         """Draw one figure of the attention geometry (heatmaps of symmetry or Q/K/V overlap, singular-value spectra,
-        ranks by layer, the symmetry histogram against chance, head-by-head overlap, or a two-model comparison).
+        ranks by layer, the symmetry histogram against chance, head-by-head overlap, a two-model comparison, or a
+        heatmap of any per-head metric).
 
         Example: qkinspect plot ./my-bert --kind symmetry -o symmetry.png
+
+        Example: qkinspect plot ./my-bert --kind metric --metric shared_qk_distance -o shared.pdf
         """
         output = check_figure_path(output)
         if kind is Kind.compare and compare is None:
@@ -68,13 +77,16 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--compare applies to --kind compare only, not --kind {kind.value}")
         if layer is not None and kind is not Kind.heads:
             raise InputError(f"--layer applies to --kind heads only (use --layers to select layers for {kind.value})")
-        metrics = list(HEADS_METRICS) if kind is Kind.heads else None
+        if (kind is Kind.metric) != (metric is not None):
+            raise InputError("--kind metric needs --metric NAME" if metric is None
+                             else f"--metric applies to --kind metric only, not --kind {kind.value}")
+        metrics = list(HEADS_METRICS) if kind is Kind.heads else [head_metric(metric).name] if metric else None
         sel = Selection.parse(layers=layers, blocks=block, metrics=metrics, precision=precision, device=device,
                               fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         if layer is not None and sel.layers is not None and layer not in sel.layers:
             raise InputError(f"--layer {layer} is not among --layers {layers}")
-        draw_figure(model, kind.value, output, sel, layer=layer, other=compare, revision=revision)
-        note(f"wrote the {kind.value} figure to {output}")
+        draw_figure(model, kind.value, output, sel, layer=layer, other=compare, metric=metric, revision=revision)
+        note(f"wrote the {metric or kind.value} figure to {output}")
 
 
 def check_figure_path(output: Path | None) -> Path:
@@ -88,7 +100,7 @@ def check_figure_path(output: Path | None) -> Path:
 
 
 def draw_figure(model: str | None, kind: str, output: Path, selection: Selection, *, layer: int | None = None,
-                other: str | None = None, revision: str | None = None) -> None:
+                other: str | None = None, metric: str | None = None, revision: str | None = None) -> None:
     """Analyse `model` (and `other` for compare), draw the figure `kind` and save it atomically to `output`.
 
     Example:
@@ -99,7 +111,8 @@ def draw_figure(model: str | None, kind: str, output: Path, selection: Selection
 
     result = run_analysis(model, selection, revision=revision)
     result_b = run_analysis(other, selection) if other is not None else None
-    fig = figure(result, kind, layer=layer, other=result_b)  # the heads figure takes the first selected block
+    # the heads figure takes the first selected block
+    fig = figure(result, kind, layer=layer, other=result_b, metric_name=metric)
     save_figure(fig, output)
 
 
