@@ -17,7 +17,8 @@ DEFAULT_COLUMNS = ("symmetry", "directionality", "qk_effective_rank", "qk_stable
                    "overlap_kv", "ov_copying")
 LAYER_COLUMNS = ("symmetry_median", "symmetry_mean", "overlap_qk_median", "qk_effective_rank_median",
                  "symmetry_layer", "directionality_layer")
-BASELINE_METRICS = ("symmetry", "overlap_qk", "overlap_qv", "overlap_kv")
+# the metrics with a random baseline (qkinspect.metrics.baseline, which imports torch: not imported here)
+BASELINE_METRICS = ("symmetry", "shared_qk_distance", "overlap_qk", "overlap_qv", "overlap_kv")
 
 
 def default_columns(result, requested: Sequence[str] | None = None, sort: str | None = None) -> list[str]:

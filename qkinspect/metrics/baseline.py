@@ -1,5 +1,6 @@
-"""The random baseline: symmetry and subspace overlap for Gaussian factors of a block's exact shapes (fixed seed),
-so a reader can tell structure from chance (symmetry ~ 0; overlap ~ d_head / d_model)."""
+"""The random baseline: symmetry, the shared-QK distance and subspace overlap for Gaussian factors of a block's exact
+shapes (fixed seed), so a reader can tell structure from chance (symmetry ~ 0; shared-QK distance ~ sqrt(3/4);
+overlap ~ d_head / d_model). Each is computed only when its metric is."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from qkinspect.metrics.heads import HEAD_METRICS
 from qkinspect.metrics.products import HeadProducts
 from qkinspect.records import Baseline
 
-BASELINE_METRICS = ("symmetry", "overlap_qk", "overlap_qv", "overlap_kv")
+BASELINE_METRICS = ("symmetry", "shared_qk_distance", "overlap_qk", "overlap_qv", "overlap_kv")
 
 
 def samples(spec: BlockSpec) -> int:

@@ -95,11 +95,13 @@ def _sharing_sentence(result: AnalysisResult, block: str) -> str:
         return ""
     v = np.array([h.values["shared_qk_distance"] for h in recs])
     best = recs[int(np.argmin(v))]
+    base = result.baseline(block, "shared_qk_distance")
+    chance = ("about 0.87 for random weights" if base is None
+              else f"{fmt(base.mean)} ± {fmt(base.std)} for random Gaussian weights of the same shapes")
     return (f"Could queries and keys share one matrix? The median head's W_Q W_Kᵀ lies {fmt(float(np.median(v)))} "
             f"(relative Frobenius distance) from the nearest form one shared matrix W gives (W Wᵀ: symmetric "
-            f"positive semi-definite; 0 = some re-basing makes W_K = W_Q, about 0.87 for random weights, 1 for a "
-            f"skew or negative form). The closest is layer {best.layer} head {best.head} "
-            f"({fmt(best.values['shared_qk_distance'])}).")
+            f"positive semi-definite; 0 = some re-basing makes W_K = W_Q, {chance}, 1 for a skew or negative "
+            f"form). The closest is layer {best.layer} head {best.head} ({fmt(best.values['shared_qk_distance'])}).")
 
 
 def _rank_sentence(result: AnalysisResult, block: str) -> str:

@@ -153,3 +153,10 @@ def test_shared_qk_distance_of_shared_and_random_heads(dtype):
     wide = make_layer(6, H=16, G=16, D=512, d=16, with_o=False, biases=False)
     v = _m(wide, ["shared_qk_distance"], dtype=dtype)["shared_qk_distance"]
     assert abs(v.mean() - np.sqrt(0.75)) < 0.03, v
+
+
+def test_shared_qk_distance_baseline_is_root_three_quarters():
+    spec = BlockSpec("encoder", n_layers=1, n_heads=12, n_kv_heads=12, d_model=768, d_head=64)
+    (b,) = gaussian_baselines(spec, ["shared_qk_distance"], dtype=F64)
+    assert b.metric == "shared_qk_distance" and b.n == 32
+    assert b.mean == pytest.approx(np.sqrt(0.75), abs=0.01) and b.std < 0.01
