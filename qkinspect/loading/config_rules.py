@@ -159,6 +159,14 @@ def gemma3_window(cfg: Any) -> Any:
     return size // 2 + 1 if bidirectional else size
 
 
+def pos_att_types(cfg: Any) -> Any:
+    """DeBERTa's pos_att_type: a list as given, or the legacy "c2p|p2c" string split as its __post_init__ splits it."""
+    value = cfg.data.get("pos_att_type")
+    if type(value) is str:
+        return [x.strip() for x in value.lower().split("|")]
+    return value if value is None or fits(value, "strs") else DEFER
+
+
 # -- layer types ------------------------------------------------------------------------------------------------
 
 Pattern = Callable[[Any, int], Any]  # (cfg, layer) -> is that layer sliding (or DEFER)

@@ -29,6 +29,7 @@ from tests.adapters import (
     test_dec_fused,
     test_dec_probs,
     test_decoders,
+    test_enc_deberta,
     test_more_decoders,
     test_more_encoders,
     test_more_seq2seq,
@@ -71,6 +72,7 @@ SAVED: dict[str, PreTrainedConfig] = {
     **{f"more-{n}": c for n, c in test_more_seq2seq.CONFIGS.items()},
     **{f"more-{n}": c for n, c in test_more_encoders.CONFIGS.items()},
     **{f"more-{n}": c for n, c in test_more_decoders.CONFIGS.items()},
+    **{f"enc-{n}": c for n, c in test_enc_deberta.CONFIGS.items()},
 }
 
 LLAMA2 = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=11008,
@@ -180,6 +182,13 @@ HUB: dict[str, tuple[dict, bool]] = {
     "deberta-v3": (dict(model_type="deberta-v2", relative_attention=True, pos_att_type=["p2c", "c2p"],
                         position_buckets=256, share_att_key=True), True),
     "deberta-v2-legacy": (dict(model_type="deberta-v2", pos_att_type="p2c|c2p", conv_kernel_size=3), False),
+    "deberta-base": (dict(model_type="deberta", hidden_size=768, num_attention_heads=12, num_hidden_layers=12,
+                          relative_attention=True, max_relative_positions=-1, position_biased_input=False,
+                          pos_att_type=["c2p", "p2c"], layer_norm_eps=1e-7), True),
+    "deberta-base-hub": (dict(model_type="deberta", relative_attention=True, pos_att_type="c2p|p2c"), True),
+    "deberta-spaced": (dict(model_type="deberta", pos_att_type=" P2C | c2p"), True),
+    "deberta-int-types": (dict(model_type="deberta", pos_att_type=[1, 2]), False),
+    "deberta-talking": (dict(model_type="deberta", talking_head=True), True),
     "clip": (dict(model_type="clip", **CLIP_TOWERS), True),
     "clip-config-dict": (dict(model_type="clip", text_config_dict=dict(hidden_size=256), **CLIP_TOWERS), False),
     "t5-small": (dict(model_type="t5", d_model=512, num_heads=8, num_layers=6, d_kv=64, feed_forward_proj="relu"),
@@ -210,8 +219,8 @@ HUB: dict[str, tuple[dict, bool]] = {
     "per-layer-null": (dict(LLAMA2, per_layer_config=None), False),
     "modernbert-window-key": (dict(model_type="modernbert", local_attention=128, sliding_window=32), False),
 }
-REFUSED = {"bert-string-size", "gemma-null-kv", "gemma2-int-softcap", "gpt-neo-bad-types", "llama-3.1-missing-key",
-           "mpt-int-clip", "t5-bad-activation"}
+REFUSED = {"bert-string-size", "deberta-int-types", "gemma-null-kv", "gemma2-int-softcap", "gpt-neo-bad-types",
+           "llama-3.1-missing-key", "mpt-int-clip", "t5-bad-activation"}
 DEFAULTS = {f"defaults-{mt}": ({"model_type": mt}, True) for mt in supported_model_types()}
 # name -> (a config to save, or a config.json's content; whether the light rules answer it alone)
 CASES: dict[str, tuple[PreTrainedConfig | dict, bool]] = {
