@@ -27,6 +27,7 @@ from qkinspect.loading.config_families import FAMILIES, SUB_MODEL_TYPES
 from qkinspect.loading.config_rules import Alias, Nested
 from tests.adapters import (
     test_dec_fused,
+    test_dec_gpt2_cross,
     test_dec_probs,
     test_decoders,
     test_enc_deberta,
@@ -73,6 +74,7 @@ SAVED: dict[str, PreTrainedConfig] = {
     **{f"more-{n}": c for n, c in test_more_encoders.CONFIGS.items()},
     **{f"more-{n}": c for n, c in test_more_decoders.CONFIGS.items()},
     **{f"enc-{n}": c for n, c in test_enc_deberta.CONFIGS.items()},
+    **{f"dec-{n}": c for n, c in test_dec_gpt2_cross.CONFIGS.items()},
 }
 
 LLAMA2 = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=11008,
@@ -135,6 +137,8 @@ HUB: dict[str, tuple[dict, bool]] = {
     "neox-rope-theta": (dict(model_type="gpt_neox", hidden_size=512, num_attention_heads=8, rope_theta=5e5), False),
     "gpt2": (dict(model_type="gpt2", n_embd=768, n_head=12, n_layer=12, n_ctx=1024, n_positions=1024), True),
     "gpt2-alias-key": (dict(model_type="gpt2", n_embd=768, hidden_size=64), False),
+    "gpt2-cross": (dict(model_type="gpt2", n_embd=768, n_head=12, n_layer=12, add_cross_attention=True), True),
+    "gpt2-cross-null": (dict(model_type="gpt2", add_cross_attention=None), False),
     "gpt-j": (dict(model_type="gptj", n_embd=4096, n_head=16, n_layer=28, rotary_dim=64), True),
     "gpt-neo": (dict(model_type="gpt_neo", hidden_size=768, num_heads=12, num_layers=4, window_size=256,
                      attention_types=[[["global", "local"], 2]]), True),
@@ -220,7 +224,7 @@ HUB: dict[str, tuple[dict, bool]] = {
     "modernbert-window-key": (dict(model_type="modernbert", local_attention=128, sliding_window=32), False),
 }
 REFUSED = {"bert-string-size", "deberta-int-types", "gemma-null-kv", "gemma2-int-softcap", "gpt-neo-bad-types",
-           "llama-3.1-missing-key", "mpt-int-clip", "t5-bad-activation"}
+           "gpt2-cross-null", "llama-3.1-missing-key", "mpt-int-clip", "t5-bad-activation"}
 DEFAULTS = {f"defaults-{mt}": ({"model_type": mt}, True) for mt in supported_model_types()}
 # name -> (a config to save, or a config.json's content; whether the light rules answer it alone)
 CASES: dict[str, tuple[PreTrainedConfig | dict, bool]] = {
