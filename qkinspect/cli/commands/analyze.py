@@ -55,6 +55,9 @@ def register(app: typer.Typer) -> None:
         Example: qkinspect analyze ./my-bert --layers 0-3 --metrics symmetry,overlap_qk --sort symmetry --top 10
 
         Example (a model with q/k norms: Qwen3, OLMo2, Gemma3): qkinspect analyze ./my-qwen3 --fold-ln --fold-qk-norm
+
+        Example (how far is each head from sharing one query/key matrix?): qkinspect analyze ./my-bert --metrics
+        symmetry,shared_qk_distance --sort shared_qk_distance --ascending
         """
         from qkinspect.cli.run import check_sort, run_analysis, sort_and_trim
 
