@@ -25,7 +25,7 @@ from qkinspect.loading.config_rules import DEFER, Alias, quotient
 
 # Families whose config class checks that the heads divide the width (validate_architecture); T5's checks its
 # activation's spelling.
-_DIVISIBLE = {"llama", "gemma2", "gemma3_text", "gpt_neox", "clip_text_model", "clip_vision_model"}
+_DIVISIBLE = {"llama", "gemma2", "gemma3_text", "gpt_neox", "clip_text_model", "clip_vision_model", "deepseek_v2"}
 _T5 = {"t5", "mt5", "umt5"}
 _OWN = {"data", "family", "deferred", "_rules", "_make_real", "_real", "_lock", "_values", "_nested"}
 

@@ -69,6 +69,14 @@ def decoder(hidden: int, heads_: int, layers: int, kv: Any, head_dim: Any, rope:
             "layer_types": layer_types(None), "sliding_window": absent(), "use_sliding_window": absent(), **more}
 
 
+def mla(hidden: int, heads_: int, layers: int, v_head: Any, **more: Any) -> Rules:
+    """DeepSeek's Multi-head Latent Attention: the latent ranks and head widths; head_dim is qk_rope_head_dim
+    (``__post_init__``: the rotary width, which RoPE's validation reads)."""
+    return {**sizes(hidden, heads_, layers), "q_lora_rank": Field(INT, 1536, nullable=True),
+            "kv_lora_rank": Field(INT, 512), "qk_nope_head_dim": Field(INT, 128), "qk_rope_head_dim": Field(INT, 64),
+            "v_head_dim": v_head, "head_dim": Derived(other("qk_rope_head_dim")), "rope_parameters": Rope(), **more}
+
+
 def without(rules: Rules, *names: str) -> Rules:
     return {k: v for k, v in rules.items() if k not in names}
 
@@ -165,6 +173,9 @@ FAMILIES: dict[str, Rules] = {
     "granite": decoder(4096, 32, 32, OR_HEADS, absent(), attention_multiplier=Field("num", 1.0)),
     "cohere": decoder(8192, 64, 40, OR_HEADS, absent(), Rope(theta=("rope_theta", 500000.0), types=LLAMA3),
                       use_qk_norm=Field(BOOL, False, nullable=True)),
+    "deepseek_v2": mla(4096, 32, 32, Field(INT, 128), **aliases(num_experts="n_routed_experts")),
+    "deepseek_v3": mla(7168, 128, 61, Field(INT, 128, nullable=True), rope_interleave=Field(BOOL, True, nullable=True),
+                       **aliases(num_local_experts="n_routed_experts", num_mtp_layers="num_nextn_predict_layers")),
     "opt": {**sizes(768, 12, 12), **NO_HEAD_DIM, "do_layer_norm_before": Field(BOOL, True),
             "layer_types": layer_types(None)},
     "gpt_neo": {"hidden_size": Field(INT, 2048), "num_heads": Field(INT, 16), "num_layers": Field(INT, 24),

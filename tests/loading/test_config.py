@@ -28,6 +28,7 @@ from qkinspect.loading.config_rules import Alias, Nested
 from tests.adapters import (
     test_dec_fused,
     test_dec_gpt2_cross,
+    test_dec_mla,
     test_dec_probs,
     test_decoders,
     test_enc_deberta,
@@ -75,6 +76,7 @@ SAVED: dict[str, PreTrainedConfig] = {
     **{f"more-{n}": c for n, c in test_more_decoders.CONFIGS.items()},
     **{f"enc-{n}": c for n, c in test_enc_deberta.CONFIGS.items()},
     **{f"dec-{n}": c for n, c in test_dec_gpt2_cross.CONFIGS.items()},
+    **{f"mla-{n}": c for n, c in test_dec_mla.CONFIGS.items() if "yarn" not in n},
 }
 
 LLAMA2 = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=11008,
@@ -223,13 +225,30 @@ HUB: dict[str, tuple[dict, bool]] = {
     "per-layer-null": (dict(LLAMA2, per_layer_config=None), False),
     "modernbert-window-key": (dict(model_type="modernbert", local_attention=128, sliding_window=32), False),
 }
-REFUSED = {"bert-string-size", "deberta-int-types", "gemma-null-kv", "gemma2-int-softcap", "gpt-neo-bad-types",
+DEEPSEEK_V3 = dict(model_type="deepseek_v3", hidden_size=7168, num_attention_heads=128, num_key_value_heads=128,
+                   num_hidden_layers=61, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                   v_head_dim=128, n_routed_experts=256, num_nextn_predict_layers=1, first_k_dense_replace=3,
+                   rope_theta=10000, max_position_embeddings=163840,
+                   rope_scaling=dict(type="yarn", factor=40, beta_fast=32, beta_slow=1, mscale=1.0,
+                                     mscale_all_dim=1.0, original_max_position_embeddings=4096))
+DEEPSEEK_V2_LITE = dict(model_type="deepseek_v2", hidden_size=2048, num_attention_heads=16, num_key_value_heads=16,
+                        num_hidden_layers=27, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128,
+                        qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=64, rope_theta=10000, rope_scaling=None)
+HUB.update({
+    "deepseek-v3-yarn": (DEEPSEEK_V3, False),  # YaRN is left to transformers
+    "deepseek-v3-plain-rope": ({**DEEPSEEK_V3, "rope_scaling": None, "rope_interleave": False}, True),
+    "deepseek-v2-lite": (DEEPSEEK_V2_LITE, True),
+    "deepseek-v2-indivisible": ({**DEEPSEEK_V2_LITE, "hidden_size": 2050}, False),
+    "deepseek-v2-alias-key": ({**DEEPSEEK_V2_LITE, "num_experts": 8}, False),
+})
+REFUSED = {"deepseek-v2-indivisible",
+           "bert-string-size", "deberta-int-types", "gemma-null-kv", "gemma2-int-softcap", "gpt-neo-bad-types",
            "gpt2-cross-null", "llama-3.1-missing-key", "mpt-int-clip", "t5-bad-activation"}
 DEFAULTS = {f"defaults-{mt}": ({"model_type": mt}, True) for mt in supported_model_types()}
 # name -> (a config to save, or a config.json's content; whether the light rules answer it alone)
 CASES: dict[str, tuple[PreTrainedConfig | dict, bool]] = {
     **{f"saved-{n}": (c, True) for n, c in SAVED.items()}, **{f"hub-{n}": case for n, case in HUB.items()},
-    **DEFAULTS,
+    **DEFAULTS, "saved-mla-v3-yarn": (test_dec_mla.CONFIGS["v3-yarn"], False),  # YaRN: left to transformers
 }
 
 
