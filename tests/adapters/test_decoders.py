@@ -159,9 +159,15 @@ def check_qk_norm(ours, which: str, out, eps: float, x) -> None:
     assert_close(y, out.reshape(*x.shape[:2], n, s.d_head), f"layer {ours.layer} {which}-norm")
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_split_projections_reproduce_model(name, tmp_path):
-    case = CASES[name]
+def run_ids(model):
+    ids = torch.randint(0, V, (2, 7), generator=torch.Generator().manual_seed(1))
+    return model(ids)
+
+
+def reproduced_layers(case: Case, tmp_path, run=run_ids):
+    """Build the case's model, load it through qkinspect (the block's recorded fields as the case expects), run the
+    model once capturing every layer's projections, and check each layer's canonical matrices against them.
+    Yields (layer index, our AttentionLayer, the layer's watched modules, their records) for further checks."""
     model, path = build(case, tmp_path)
     layers = load_layers(path)
     assert [(a.block, a.layer) for a in layers] == [("decoder", i) for i in range(L)]
@@ -171,14 +177,20 @@ def test_split_projections_reproduce_model(name, tmp_path):
         assert getattr(block, key) == want, key
     blocks = get_attr(model, case.layers)
     mods = [watched(case, blocks, i) for i in range(L)]
-    ids = torch.randint(0, V, (2, 7), generator=torch.Generator().manual_seed(1))
     with capture(*(m for ms in mods for m in ms)) as rec, torch.no_grad():
-        model(ids)
+        run(model)
     at = 0
     for i, ours in enumerate(layers):
         n = len(mods[i])
         check_layer(ours, rec[at:at + n], mods[i], norm_module(case, blocks, i) is not None, case.qk is not None)
+        yield i, ours, mods[i], rec[at:at + n]
         at += n
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_split_projections_reproduce_model(name, tmp_path):
+    for _ in reproduced_layers(CASES[name], tmp_path):
+        pass
 
 
 def test_model_type_recorded(tmp_path):

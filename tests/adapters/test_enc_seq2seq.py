@@ -85,15 +85,22 @@ def run_all(case: Case, model, layers, **kw):
     return outs[0], inputs
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_reproduces_projections_in_three_blocks(name, tmp_path):
-    case = CASES[name]
+def built_and_run(case: Case, tmp_path):
+    """Build and load the case (each block with the expected number of layers) and run it once:
+    (model, layers, output, captured inputs)."""
     model, layers = build_and_load(case, tmp_path)
     count: dict[str, int] = {}
     for lay in layers:
         count[lay.block] = count.get(lay.block, 0) + 1
     assert count == case.blocks
     out, inputs = run_all(case, model, layers)
+    return model, layers, out, inputs
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_reproduces_projections_in_three_blocks(name, tmp_path):
+    case = CASES[name]
+    model, layers, out, inputs = built_and_run(case, tmp_path)
     for lay in layers:
         expect_norm = (lay.block, lay.layer) not in case.norm_none
         assert (lay.norm_q is not None) == expect_norm, (lay.block, lay.layer)

@@ -13,20 +13,16 @@ import torch
 import transformers as tf
 
 from qkinspect.layer import Norm
-from qkinspect.loading import open_model
 from qkinspect.metrics.fold import fold_ln
 from tests.adapters.harness import apply_norm, assert_close, capture, load_layers, per_head
 from tests.adapters.test_decoders import (
     Case,
-    L,
     V,
     build,
-    check_layer,
     eps_of,
     get_attr,
     llama_like,
-    norm_module,
-    watched,
+    reproduced_layers,
 )
 
 G = 2
@@ -59,32 +55,16 @@ def fresh(name: str) -> Case:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_split_projections_reproduce_model(name, tmp_path):
-    case = fresh(name)
-    model, path = build(case, tmp_path)
-    layers = load_layers(path)
-    assert [(a.block, a.layer) for a in layers] == [("decoder", i) for i in range(L)]
-    with open_model(path) as m:
-        block = m.info.blocks[0]
-    for key, want in case.expect.items():
-        assert getattr(block, key) == want, key
-    blocks = get_attr(model, case.layers)
-    mods = [watched(case, blocks, i) for i in range(L)]
-    with capture(*(m for ms in mods for m in ms)) as rec, torch.no_grad():
-        run_model(model)
-    at = 0
-    for i, ours in enumerate(layers):
-        n = len(mods[i])
-        check_layer(ours, rec[at:at + n], mods[i], norm_module(case, blocks, i) is not None, case.qk is not None)
-        (y,), _, x = rec[at + n - 1][0]  # the norm's input (residual stream) and output (what q/k/v read)
+    for i, ours, mods, rec in reproduced_layers(fresh(name), tmp_path, run_model):
+        (y,), _, x = rec[-1][0]  # the norm's input (residual stream) and output (what q/k/v read)
         folded = fold_ln(ours)  # --fold-ln: the folded matrices on the un-scaled, un-shifted normalised stream
         unit = Norm(ours.norm_q.kind, torch.ones_like(ours.norm_q.weight))  # no gain, no bias
-        normalised = apply_norm(unit, y, eps_of(mods[i][-1]))
+        normalised = apply_norm(unit, y, eps_of(mods[-1]))
         for W, b in (("W_Q", "b_Q"), ("W_K", "b_K"), ("W_V", "b_V")):
             fb, ob = getattr(folded, b), getattr(ours, b)
             assert_close(per_head(normalised, getattr(folded, W).double(), None if fb is None else fb.double()),
                          per_head(x.double(), getattr(ours, W).double(), None if ob is None else ob.double()),
                          f"{name} layer {i} fold {W}")
-        at += n
 
 
 def test_flags(tmp_path):

@@ -12,7 +12,15 @@ import transformers as tf
 
 from qkinspect.metrics.fold import fold_ln
 from tests.adapters.harness import assert_probs, per_head
-from tests.adapters.test_enc_seq2seq import BART_SMALL, Case, bart_sites, build_and_load, run_all, text2text
+from tests.adapters.test_enc_seq2seq import (
+    BART_SMALL,
+    Case,
+    bart_sites,
+    build_and_load,
+    built_and_run,
+    run_all,
+    text2text,
+)
 
 BLOCKS = {"encoder": 2, "decoder": 3, "cross": 3}
 CONFIGS = {"mbart": tf.MBartConfig(**BART_SMALL), "pegasus": tf.PegasusConfig(**BART_SMALL)}  # test_config reads these
@@ -48,12 +56,7 @@ def norm_modules(model, lay):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_reproduces_projections_and_norms(name, tmp_path):
     case = CASES[name]
-    model, layers = build_and_load(case, tmp_path)
-    count: dict[str, int] = {}
-    for lay in layers:
-        count[lay.block] = count.get(lay.block, 0) + 1
-    assert count == case.blocks
-    out, inputs = run_all(case, model, layers)
+    model, layers, out, inputs = built_and_run(case, tmp_path)
     for lay in layers:
         nq, nkv = norm_modules(model, lay)
         assert torch.equal(lay.norm_q.weight, nq.weight) and torch.equal(lay.norm_q.bias, nq.bias)
