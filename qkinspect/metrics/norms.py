@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from qkinspect.metrics.factored import tr_prod
 from qkinspect.metrics.products import HeadProducts
 
 
@@ -22,7 +21,7 @@ def norm_v_fro(p: HeadProducts) -> Tensor:
 
 
 def norm_qk_fro(p: HeadProducts) -> Tensor:
-    return tr_prod(p.fq.gram, p.fk.gram).clamp_min(0).sqrt()  # ||M||_F² = tr(G_Q G_K)
+    return p.fro2_qk.clamp_min(0).sqrt()
 
 
 def norm_q_spec(p: HeadProducts) -> Tensor:

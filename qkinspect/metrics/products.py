@@ -21,6 +21,7 @@ from qkinspect.metrics.factored import (
     per_group,
     row_norms,
     svdvals,
+    tr_prod,
     trace,
 )
 
@@ -136,6 +137,11 @@ class HeadProducts:
     @cached_property
     def fv(self) -> GramFactor:
         return self.fv_all.index(self.kv)
+
+    @cached_property
+    def fro2_qk(self) -> Tensor:
+        """||M||_F² = tr(W_QᵀW_Q · W_KᵀW_K) per head (n,), without forming M."""
+        return tr_prod(self.fq.gram, self.fk.gram)
 
     # -- cross products (n, e, d) -------------------------------------------------------------------------
     @cached_property

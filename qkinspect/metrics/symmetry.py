@@ -33,8 +33,7 @@ def symmetry(p: HeadProducts) -> Tensor:
     if not p.square:
         return p.nan()
     num = tr_prod(p.c_qk, p.c_qk)  # tr(C C) = ⟨M, Mᵀ⟩ with C = W_Kᵀ W_Q
-    den = tr_prod(p.fq.gram, p.fk.gram)  # tr(G_Q G_K) = ||M||_F²
-    return num / den
+    return num / p.fro2_qk  # ||M||_F²
 
 
 def shared_qk_distance(p: HeadProducts) -> Tensor:
@@ -46,7 +45,7 @@ def shared_qk_distance(p: HeadProducts) -> Tensor:
     """
     if not p.square:
         return p.nan()
-    total = tr_prod(p.fq.gram, p.fk.gram)  # ||M||_F²
+    total = p.fro2_qk  # ||M||_F²
     if p.same_qk:  # M = W_Q W_Qᵀ
         return torch.where(total > 0, torch.zeros_like(total), torch.full_like(total, float("nan")))
     lam, skew2 = p.sym_skew_qk

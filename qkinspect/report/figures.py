@@ -94,13 +94,12 @@ def metric(result: AnalysisResult, name: str, canvas: Canvas = new_figure) -> Fi
     with style():
         fig = canvas(heatmap.height_for(n_layers))
         axes = heatmap.block_rows(fig, n_layers, 1)[:, 0]
-        for ax, g in zip(axes, grids, strict=True):
+        bases = [result.baseline(g.block, name) for g in grids]
+        for ax, g, base in zip(axes, grids, bases, strict=True):
             im = heatmap.draw(ax, g, norm, colours)
-            base = result.baseline(g.block, name)
             extra = "" if base is None else f"; {_baseline_text(result, g.block, name)}"
             ax.set_title(f"{g.block}: {len(g.layers)} layers × {len(g.heads)} heads{extra}", loc="left")
-        bases = {result.baseline(g.block, name) for g in grids}
-        mark = next(iter(bases)).mean if len(bases) == 1 and None not in bases else None  # one baseline for all
+        mark = bases[0].mean if len(set(bases)) == 1 and bases[0] is not None else None  # one baseline for all
         heatmap.colorbar(fig, im, list(axes), f"{name}  {spec.range}", mark)
         gauge = {"yes": "", "orthogonal": " (invariant under orthogonal re-basings only)",
                  "no": " (basis-dependent: not gauge-invariant)"}[spec.gauge_invariant]
