@@ -111,6 +111,9 @@ def load_config(folder: Path) -> Any:
     from qkinspect.loading.adapters.registry import adapter_for
 
     adapter_for(model_type)  # refuse unknown types before transformers tries to import remote code
+    from qkinspect.loading.quantized import check_quantization
+
+    check_quantization(raw, cfg_file)  # a quantization not understood is refused, never read raw
     from qkinspect.loading.config import read_config
 
     return read_config(folder, raw)
