@@ -163,9 +163,9 @@ def gguf_config_dict(reader: Any, arch: str, path: Path) -> dict[str, Any]:
     """The config.json-style dict that GGUF metadata describes (`arch` is ``general.architecture``)."""
     layout = ARCHES[arch]
 
-    def read(key: str, default: Any) -> Any:
+    def read(key: str, default: Any, per_layer: bool) -> Any:
         value = _field(reader, key, path, _REQUIRED if default is ... else default)
-        return _uniform(value, key, path) if isinstance(value, list) else value
+        return _uniform(value, key, path) if isinstance(value, list) and not per_layer else value
 
     meta = Meta(arch, read, lambda suffix: _has_tensor(reader, suffix), _vocab_size(reader))
     try:

@@ -36,16 +36,17 @@ BLOOM_NAMES = {"attn_qkv": "self_attention.query_key_value", "attn_output": "sel
 class Meta:
     """GGUF metadata of one architecture: ``meta("block_count")`` reads ``{arch}.block_count``.
 
-    `read(key, default)` is given by the caller (it validates and raises on a missing required key); `has_tensor`
-    says whether the file has a tensor whose name ends with a suffix; `n_vocab` the vocabulary's length.
+    `read(key, default, per_layer)` is given by the caller: it raises on a missing required key (default ``...``)
+    and, unless `per_layer`, makes a per-layer list into its one value (refusing one that varies); `has_tensor` says
+    whether the file has a tensor whose name ends with a suffix; `n_vocab` is the vocabulary's length.
     """
 
-    def __init__(self, arch: str, read: Callable[[str, Any], Any], has_tensor: Callable[[str], bool],
+    def __init__(self, arch: str, read: Callable[[str, Any, bool], Any], has_tensor: Callable[[str], bool],
                  n_vocab: int | None):
         self.arch, self._read, self.has_tensor, self.n_vocab = arch, read, has_tensor, n_vocab
 
-    def __call__(self, key: str, default: Any = ...) -> Any:
-        return self._read(f"{self.arch}.{key}", default)
+    def __call__(self, key: str, default: Any = ..., per_layer: bool = False) -> Any:
+        return self._read(f"{self.arch}.{key}", default, per_layer)
 
 
 def sizes(m: Meta) -> dict[str, Any]:
@@ -123,13 +124,21 @@ def gemma3(m: Meta) -> dict[str, Any]:
     full: dict[str, Any] = {"rope_type": "default", "rope_theta": theta}
     if m("rope.scaling.type", None) == "linear":
         full = {"rope_type": "linear", "rope_theta": theta, "factor": float(m("rope.scaling.factor"))}
-    pattern = int(m("attention.sliding_window_pattern", 6))  # llama.cpp's default for gemma3: 5 local, 1 global
-    kinds = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-             for i in range(c["num_hidden_layers"])]
+    kinds = gemma3_layer_types(m("attention.sliding_window_pattern", 6, per_layer=True), c["num_hidden_layers"])
     return {**c, "query_pre_attn_scalar": gemma_scalar(m, c), "layer_types": kinds,
             "sliding_window": _opt_int(m("attention.sliding_window", 4096)),
             "rope_parameters": {"full_attention": full,
                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
+
+
+def gemma3_layer_types(pattern: Any, n_layers: int) -> list[str]:
+    """Gemma 3's layer types from ``attention.sliding_window_pattern``: one flag per layer (True: sliding), or a
+    period n (every n-th layer global; llama.cpp's default for gemma3 is 6: five local layers, then one global)."""
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers:
+            raise ValueError(f"sliding_window_pattern has {len(pattern)} entries for {n_layers} layers")
+        return ["sliding_attention" if p else "full_attention" for p in pattern]
+    return ["full_attention" if (i + 1) % int(pattern) == 0 else "sliding_attention" for i in range(n_layers)]
 
 
 def gpt2(m: Meta) -> dict[str, Any]:
@@ -193,10 +202,11 @@ ARCHES: dict[str, Layout] = {
 
 
 def layer_names(layout: Layout, config: Mapping[str, Any]) -> Mapping[str, str]:
-    """GGUF role -> Hugging Face module for one file: Falcon's new architecture calls its attention LayerNorm
-    ``ln_attn`` (llama.cpp's attn_norm; its second norm, ln_mlp, is attn_norm_2)."""
+    """GGUF role -> Hugging Face module for one file. Falcon's new architecture has two LayerNorms: gguf's name map
+    writes ``ln_attn`` (the one feeding attention) as attn_norm_2 and ``ln_mlp`` as attn_norm."""
     if layout.model_type == "falcon" and config.get("new_decoder_architecture"):
-        return {**layout.names, "attn_norm": "ln_attn"}
+        names = {k: v for k, v in layout.names.items() if k != "attn_norm"}
+        return {**names, "attn_norm_2": "ln_attn"}
     return layout.names
 
 
