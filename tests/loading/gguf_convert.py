@@ -28,7 +28,7 @@ CASES: dict[str, tuple[str, dict, str]] = {
     "llama": ("llama", {**RMS}, "rms"),
     "granite": ("granite", {**RMS, "attention_multiplier": 0.375}, "rms"),  # GGUF stores float32
     "qwen2": ("qwen2", {**RMS}, "rms"),
-    "qwen3": ("qwen3", {**RMS}, "rms"),
+    "qwen3": ("qwen3", {**RMS, "head_dim": 128}, "rms"),  # transformers' GGUF config has no head_dim: its default
     "qwen2moe": ("qwen2_moe", {**RMS, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 16,
                                "shared_expert_intermediate_size": 16}, "rms"),
     "qwen3moe": ("qwen3_moe", {**RMS, "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 16},
@@ -111,6 +111,7 @@ def write_meta(w, case: str, config) -> None:
     w.add_head_count_kv(G)
     w.add_context_length(getattr(c, "max_position_embeddings", None) or 2048)
     w.add_vocab_size(c.vocab_size)
+    w.add_pad_token_id(0)  # transformers' GGUF loader takes pad_token_id from here (Phi-3's default is 32000)
     if model_type not in ("gpt2", "bloom", "falcon"):
         w.add_key_length(d)
         w.add_value_length(d)

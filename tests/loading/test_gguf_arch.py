@@ -64,7 +64,10 @@ def test_gguf_tensors_equal_transformers_gguf_loader(converted):
                     "architecture (it reads the sections as grouped); proven against safetensors above")
     from transformers import AutoModelForCausalLM
 
-    theirs = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).state_dict()
+    # Its config reader takes some sizes from elsewhere (vocabulary, GPT-2's n_inner): non-attention tensors of the
+    # tiny model may not fit and are re-initialised; an attention tensor that did not fit would fail below.
+    theirs = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                  ignore_mismatched_sizes=True).state_dict()
     with open_model(path) as m:
         names = [n for i in range(m.info.blocks[0].n_layers)
                  for n in m.adapter.tensor_names("decoder", i) + m.adapter.optional_names("decoder", i)]
