@@ -69,7 +69,16 @@ def resolve(spec: str | Path | None, revision: str | None = None) -> Resolved:
 def _from_folder(name: str, folder: Path, revision: str | None = None) -> Resolved:
     config = load_config(folder)  # first: refuses a folder without config.json or with an unknown model_type
     source, fmt = folder_source(folder)
-    return Resolved(name, folder, fmt, config, source, revision)
+    return Resolved(name, folder, fmt, config, _dequantizing(source, folder), revision)
+
+
+def _dequantizing(source: TensorSource, folder: Path) -> TensorSource:
+    """The source, dequantizing on read where config.json declares a quantization (already checked to be one
+    qkinspect understands)."""
+    from qkinspect.loading.quantized import check_quantization, dequantizing
+
+    cfg_file = folder / "config.json"
+    return dequantizing(source, check_quantization(json.loads(cfg_file.read_text()), cfg_file), cfg_file)
 
 
 def _from_file(name: str, path: Path) -> Resolved:
@@ -86,7 +95,7 @@ def _from_file(name: str, path: Path) -> Resolved:
         raise ModelNotFoundError(f"{path}: no config.json beside this file")
     config = load_config(path.parent)
     if suffix == ".safetensors":
-        return Resolved(name, path, "safetensors", config, SafetensorsSource([path]))
+        return Resolved(name, path, "safetensors", config, _dequantizing(SafetensorsSource([path]), path.parent))
     from qkinspect.loading.torchbin import TorchBinSource
 
     return Resolved(name, path, "bin", config, TorchBinSource([path]))
