@@ -44,3 +44,21 @@ def test_rows_name_their_model_type_and_proofs():
         proven = [c for c in cases_named(theirs) if c in transformers_cases]
         assert proven == cases_named(theirs), arch  # every transformers proof named is one the test runs
         assert bool(proven) == any(gguf_arch(c) == arch for c in transformers_cases), arch
+
+
+def test_quantization_table_names_every_understood_method_and_real_tests():
+    from qkinspect.loading.quantized import CT_FORMATS, UNDERSTOOD
+
+    text = DOC.read_text().split("**Quantized safetensors**", 1)[1].split("**PyTorch `.bin`**", 1)[0]
+    table = [line for line in text.splitlines() if line.startswith("| `")]
+    methods = {re.match(r"\| `([\w-]+)`", line).group(1) for line in table}
+    assert methods == set(UNDERSTOOD)
+    ct_row = next(line for line in table if line.startswith("| `compressed-tensors`"))
+    assert all(f"`{f}`" in ct_row for f in CT_FORMATS)
+    source = (TESTS / "test_quantized.py").read_text()
+    for line in table:
+        proof = line.strip().strip("|").split("|")[-1]
+        names = re.findall(r"test_\w+", proof)
+        assert names, line
+        for name in names:
+            assert name == "test_quantized" or f"def {name}(" in source, name
