@@ -223,6 +223,8 @@ def test_info_and_processing_record_the_dequantization(tmp_path):
     r = CliRunner().invoke(app, ["info", str(folder), "-f", "json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["model"]["quantization"] == "fp8 (16x16 blocks)"
+    r = CliRunner().invoke(app, ["info", str(folder), "-f", "table"])
+    assert "quantized: fp8 (16x16 blocks) (dequantized on read)" in r.stdout
     r = CliRunner().invoke(app, ["analyze", str(folder), "-f", "json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
