@@ -229,3 +229,35 @@ def test_info_and_processing_record_the_dequantization(tmp_path):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["processing"]["dequantized"] == "fp8 (16x16 blocks)"
+
+
+def test_deepseek_v3_fp8_is_dequantized(tmp_path):
+    """DeepSeek-V3 as released: every attention projection FP8 with 128x128 (here 16x16) block scales. The MLA
+    adapter reads the dequantized weights: its layers equal those of the same model saved with those weights in
+    float32 and no quantization."""
+    from safetensors.torch import load_file, save_file
+
+    from tests.adapters.test_dec_mla import build
+
+    _, path = build("v3", tmp_path)
+    state = load_file(path / "model.safetensors")
+    quantized, dequantized = dict(state), dict(state)
+    for k, w in state.items():
+        if ".self_attn." in k and k.endswith(("proj.weight", "proj_with_mqa.weight")):
+            q = fp8_blocks(w.float(), 16, 16)
+            quantized[k], quantized[k + "_scale_inv"] = q["weight"], q["weight_scale_inv"]
+            dequantized[k] = reference_blocks(q["weight"], q["weight_scale_inv"], 16, 16)
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    (ref / "config.json").write_text((path / "config.json").read_text())
+    save_file(dequantized, str(ref / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, "quantization_config": {
+        "quant_method": "fp8", "weight_block_size": [16, 16], "activation_scheme": "dynamic", "fmt": "e4m3"}}))
+    save_file(quantized, str(path / "model.safetensors"), metadata={"format": "pt"})
+    info, got = layer_weights(path)
+    _, want = layer_weights(ref)
+    assert info.quantization == "fp8 (16x16 blocks)" and "float8_e4m3fn" in info.dtype
+    for a, b in zip(got, want, strict=True):
+        for t in ("W_Q", "W_K", "W_V", "W_O"):
+            assert torch.equal(getattr(a, t), getattr(b, t)), (a.layer, t)
