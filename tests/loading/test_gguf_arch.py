@@ -80,3 +80,13 @@ def test_gguf_tensors_equal_transformers_gguf_loader(converted):
             _close(ours, theirs[key].float(), f"{case} {name}")
             checked += 1
     assert checked >= 4 * m.info.blocks[0].n_layers // 2
+
+
+def test_gguf_config_needs_no_transformers(converted):
+    """The config built from GGUF metadata is answered by the light config reader: transformers' config class is
+    never built (opening a GGUF file costs no transformers import)."""
+    case, _, _, path = converted
+    with open_model(path) as m:  # the adapter reads every value it needs, for every layer
+        next(m.layers())
+        config = m.resolved.config
+    assert not config.used_transformers and not config.deferred, (case, config.deferred)
