@@ -40,7 +40,7 @@ SHORT_NAMES = {
     "symmetry_layer": "sym_sum", "directionality_layer": "dir_sum",
 }
 _SUFFIXES = {"_median": "_med", "_mean": "_mean"}
-COLUMN_GAP = 3  # rich's " │ " between two columns (no edge, no edge padding)
+COLUMN_GAP = 2  # two spaces between columns: no vertical rules, one space of padding on the right
 
 
 def short_name(metric: str) -> str:
@@ -149,7 +149,7 @@ def fit_tables(labels: Sequence[Column], values: Sequence[Column], *, width: int
                title: str | None = None) -> list:
     """Tables holding every column whole: the label columns, then as many value columns as fit `width`; the rest
     go to further tables that repeat the labels. `sections`: row indices that start a new group (a rule above)."""
-    used = sum(c.width() for c in labels) + COLUMN_GAP * len(labels)
+    used = sum(c.width() for c in labels) + COLUMN_GAP * len(labels)  # each label column and the gap after it
     groups: list[list[Column]] = [[]]
     room = width - used
     for col in values:
@@ -167,11 +167,12 @@ def fit_tables(labels: Sequence[Column], values: Sequence[Column], *, width: int
 
 def _table(columns: Sequence[Column], sections: Sequence[int], title: str | None):
     """A rich Table, under its title as a line of its own (rich would wrap a title to a narrow table's width)."""
+    from rich import box
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    t = Table(header_style="bold", show_edge=False, pad_edge=False)
+    t = Table(header_style="bold", show_edge=False, pad_edge=False, box=box.SIMPLE_HEAVY, padding=(0, 1, 0, 0))
     for c in columns:
         t.add_column(c.header, justify="left" if c.left else "right", no_wrap=True, overflow="fold",
                      min_width=c.width())
