@@ -163,7 +163,8 @@ def _head_overlap(result: AnalysisResult, block: str, layer: int) -> np.ndarray:
     rec = layer_record(result, block, layer)
     if rec is None or rec.head_overlap is None:
         have = sorted(r.layer for r in result.layers if r.block == block and r.head_overlap is not None)
-        raise InputError(f"no head-by-head overlap for {block} layer {layer}; layers that have one: {have}")
+        raise InputError(f"no head-by-head overlap for {block} layer {layer}; layers that have one: "
+                         f"{', '.join(map(str, have)) or 'none'}")
     m = np.array(rec.head_overlap, dtype=float)  # (H, H)
     np.fill_diagonal(m, np.nan)  # always 1: greyed so it does not set the colour scale
     return m

@@ -61,6 +61,7 @@ def register(app: typer.Typer) -> None:
 
         check_output(fmt, output)
         with open_model(model, revision=revision) as m:
+            check_selection(m.info, parse_blocks(block), (layer,), (head,), options=("--layer", "--head"))
             sel = Selection.parse(layers=str(layer), heads=str(head), blocks=[_one_block(m.info, block)],
                                   metrics=["symmetry"], precision=precision, device=device, fold_ln=fold_ln,
                                   fold_qk_norm=fold_qk_norm)
