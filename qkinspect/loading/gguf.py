@@ -136,6 +136,14 @@ class GGUFSource(TensorSource):
         return self.layout.qkv == "transposed" and ndim == 2 and self._role[stored_name] in ("attn_qkv",
                                                                                              "attn_output")
 
+    def metadata(self, key: str) -> str | None:
+        """A string metadata field (e.g. ``general.name``), or None when absent or not text."""
+        try:
+            value = _field(self._reader, key, self.path, None) if self._reader is not None else None
+        except CheckpointError:  # an unreadable name is no reason to refuse the weights
+            return None
+        return " ".join(value.split()) or None if isinstance(value, str) else None
+
     def close(self) -> None:
         self._tensors = {}
         self._reader = None
