@@ -1,0 +1,146 @@
+"""The sweep on a real Dask cluster: a `dask scheduler` and `dask worker` processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from tests.sweep.conftest import STEPS, analyze_table, assert_same_table, make_run
+
+METRICS = "symmetry,overlap,qk_effective_rank,directionality"
+
+
+@pytest.fixture(scope="module")
+def swept(cluster, tiny_run, tmp_path_factory):
+    """One sweep of the six tiny checkpoints through --scheduler: (folder, CLI result)."""
+    from typer.testing import CliRunner
+
+    from qkinspect.cli.app import app
+
+    out = tmp_path_factory.mktemp("sweep") / "out"
+    r = CliRunner().invoke(app, ["sweep", f"{tiny_run}/checkpoint-*", "--scheduler", cluster.address, "--out",
+                                 str(out), "--metrics", METRICS, "-f", "json"])
+    return out, r
+
+
+def test_table_equals_analyze_on_each_checkpoint(swept, tiny_run):
+    out, r = swept
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["kind"] == "sweep" and [c["step"] for c in doc["checkpoints"]] == list(STEPS)
+    assert_same_table(doc["heads"], analyze_table(tiny_run, metrics=METRICS.split(",")))
+    assert "sweep: 6/6 done, 0 failed" in r.stderr and "ETA" in r.stderr
+    assert len(list((out / "results").glob("*.json"))) == 6
+
+
+def test_by_layer_and_parquet_from_the_folder(swept, tiny_run, cli, tmp_path):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    out, _ = swept
+    # every checkpoint is in the folder: nothing runs, the cluster is not even asked
+    r = cli("sweep", f"{tiny_run}/checkpoint-*", "--out", out, "--metrics", METRICS, "--by", "layer",
+            "-o", tmp_path / "t.parquet")
+    assert r.exit_code == 0, r.stderr
+    assert "0 computed, 6 already in" in r.stderr
+    got = pd.read_parquet(tmp_path / "t.parquet").to_dict("records")
+    expected = analyze_table(tiny_run, by="layer", metrics=METRICS.split(","))
+    assert_same_table([{k: r[k] for k in e} for r, e in zip(got, expected, strict=True)], expected)
+
+
+def test_other_options_are_other_results(swept, tiny_run, cluster, cli):
+    out, _ = swept
+    r = cli("sweep", f"{tiny_run}/checkpoint-1*", "--scheduler", cluster.address, "--out", out, "--metrics",
+            "symmetry", "--layers", "1", "-f", "csv")
+    assert r.exit_code == 0, r.stderr
+    assert "2 computed, 0 already in" in r.stderr
+    assert r.stdout.splitlines()[0] == "checkpoint,step,block,layer,head,kv_head,symmetry"
+    assert len(list((out / "results").glob("*.json"))) == 8
+
+
+def test_a_killed_worker_loses_nothing(cluster, tmp_path):
+    """Kill a worker while it analyses a checkpoint: the scheduler runs that task elsewhere, every result arrives."""
+    from distributed import Client
+
+    from qkinspect.sweep import discover, read_sweep, run_sweep
+
+    run = make_run(tmp_path / "run", hidden=256, layers=4)  # ~1-2 s per checkpoint: long enough to be caught
+    cluster.add_worker("doomed")
+    cluster.wait_for_workers(3)
+    options = {"metrics": ["all"], "layer_form": True}
+    box = {}
+    sweeper = threading.Thread(target=lambda: box.update(outcome=run_sweep(
+        discover([f"{run}/checkpoint-*"]), options, tmp_path / "out", scheduler=cluster.address)))
+    sweeper.start()
+    with Client(cluster.address, timeout="10s") as client:
+        doomed = next(a for a, w in client.scheduler_info(n_workers=-1)["workers"].items() if w["name"] == "doomed")
+        deadline, lost = time.monotonic() + 60, []
+        while not lost and time.monotonic() < deadline:
+            lost = [k for k in client.processing([doomed]).get(doomed, ()) if str(k).startswith("qkinspect-analyze")]
+            time.sleep(0.02)
+        assert lost, "the doomed worker never ran an analysis"
+        cluster.kill("doomed")
+    sweeper.join(120)
+    outcome = box["outcome"]
+    assert outcome.failures == [] and len(outcome.computed) == 6
+    sweep = read_sweep(tmp_path / "out")
+    assert len(sweep.results) == 6
+    key = str(lost[0]).split("-")[2]  # qkinspect-analyze-<result key>-<token>
+    redone = next(doc for doc in sweep.results.values() if doc["key"] == key)
+    assert redone["worker"] != doomed  # computed again by a surviving worker
+    assert_same_table(sweep.rows(), analyze_table(run, **options))
+
+
+def test_interrupted_sweep_resumes_without_recomputing(cluster, tiny_run, tmp_path):
+    from qkinspect.sweep import discover, run_sweep
+
+    checkpoints = discover([f"{tiny_run}/checkpoint-*"])
+    options = {"metrics": ["symmetry"]}
+
+    def ctrl_c_after_two(status):
+        if status.done == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(checkpoints, options, tmp_path / "out", scheduler=cluster.address, progress=ctrl_c_after_two)
+    kept = {p: p.stat().st_mtime_ns for p in (tmp_path / "out" / "results").glob("*.json")}
+    assert len(kept) == 2
+    assert not list((tmp_path / "out" / "results").glob(".*"))  # no partial file left behind
+    seen = []
+    outcome = run_sweep(checkpoints, options, tmp_path / "out", scheduler=cluster.address, progress=seen.append)
+    assert len(outcome.skipped) == 2 and len(outcome.computed) == 4 and outcome.failures == []
+    assert [s.done for s in seen] == [3, 4, 5, 6] and all(s.skipped == 2 for s in seen)
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept  # the two kept results were not written again
+    assert_same_table(outcome.read().rows(), analyze_table(tiny_run, metrics=["symmetry"]))
+
+
+def test_different_shapes_are_refused_before_any_work(cluster, tiny_run, tmp_path, cli):
+    from tests.cli.conftest import save_bert
+
+    save_bert(tmp_path / "wide" / "checkpoint-9000", seed=5, hidden=64, heads=8)
+    r = cli("sweep", f"{tiny_run}/checkpoint-500", f"{tiny_run}/checkpoint-1000", tmp_path / "wide/checkpoint-9000",
+            "--scheduler", cluster.address, "--out", tmp_path / "out")
+    assert r.exit_code == 2
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"error: cannot sweep: attention shapes differ from {tiny_run}/checkpoint-500's: {tmp_path}/wide/"
+        "checkpoint-9000 (encoder n_heads 4 vs 8; encoder n_kv_heads 4 vs 8; encoder d_model 32 vs 64)")
+    assert list((tmp_path / "out" / "results").iterdir()) == []
+
+
+def test_a_bad_checkpoint_is_recorded_and_the_rest_finish(cluster, tiny_run, tmp_path, cli):
+    import shutil
+
+    bad = tmp_path / "bad" / "checkpoint-4000"
+    shutil.copytree(tiny_run / "checkpoint-3000", bad)
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])  # truncated
+    r = cli("sweep", f"{tiny_run}/checkpoint-2*", bad, "--scheduler", cluster.address, "--out", tmp_path / "out",
+            "--metrics", "symmetry", "-f", "ndjson")
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines()[-1].startswith("error: 1 of 3 checkpoints failed")
+    assert f"warning: failed: {bad}: " in r.stderr
+    assert {json.loads(line)["step"] for line in r.stdout.splitlines()} == {2000, 2500}
+    manifest = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert [f["checkpoint"] for f in manifest["failures"]] == [str(bad)]
