@@ -144,3 +144,35 @@ def test_a_bad_checkpoint_is_recorded_and_the_rest_finish(cluster, tiny_run, tmp
     assert {json.loads(line)["step"] for line in r.stdout.splitlines()} == {2000, 2500}
     manifest = json.loads((tmp_path / "out" / "sweep.json").read_text())
     assert [f["checkpoint"] for f in manifest["failures"]] == [str(bad)]
+
+
+def test_trajectory_figure_of_the_sweep(swept, cli, tmp_path):
+    from tests.report.png import ink_fraction, png_size
+
+    out, _ = swept
+    r = cli("plot", out, "--kind", "trajectory", "--metric", "symmetry", "-o", tmp_path / "t.png")
+    assert r.exit_code == 0, r.stderr
+    assert png_size(tmp_path / "t.png")[0] == 1400 and ink_fraction(tmp_path / "t.png") > 0.02
+    r = cli("plot", out, "--kind", "trajectory", "--metric", "cka_qv", "-o", tmp_path / "u.png")
+    assert r.exit_code == 2
+    assert r.stderr.strip() == ("error: --metric cka_qv: the sweep did not compute it; it has symmetry, "
+                                "directionality, qk_effective_rank, overlap_qk, overlap_qv, overlap_kv")
+    r = cli("plot", tmp_path, "--kind", "trajectory", "-o", tmp_path / "v.png")
+    assert r.exit_code == 2 and "not a sweep folder" in r.stderr
+
+
+def test_the_trajectory_medians_are_the_rows_medians(swept):
+    """The bold lines are the per-layer medians over heads at each step (read back from the drawn figure)."""
+    import numpy as np
+
+    from qkinspect.report.trajectory import trajectory
+    from qkinspect.sweep import read_sweep
+
+    rows = read_sweep(swept[0]).rows()
+    fig = trajectory(rows, "symmetry", name="t")
+    bold = [line for line in fig.axes[0].lines if line.get_linewidth() > 1]
+    for layer, line in enumerate(bold):
+        want = [np.median([r["symmetry"] for r in rows if r["layer"] == layer and r["step"] == s]) for s in STEPS]
+        assert list(line.get_xdata()) == list(STEPS)
+        assert np.allclose(line.get_ydata(), want)
+    assert len(bold) == 2

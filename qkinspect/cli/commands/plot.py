@@ -40,6 +40,7 @@ class Kind(str, Enum):
     heads = "heads"
     compare = "compare"
     metric = "metric"
+    trajectory = "trajectory"
 
 
 KindOpt = Annotated[Kind, typer.Option("--kind", "-k", help="Which figure to draw.")]
@@ -69,8 +70,15 @@ def register(app: typer.Typer) -> None:
         Example: qkinspect plot ./my-bert --kind symmetry -o symmetry.png
 
         Example: qkinspect plot ./my-bert --kind metric --metric shared_qk_distance -o shared.pdf
+
+        Example (a sweep's folder, metric against training step): qkinspect plot sweep/ --kind trajectory
+        --metric symmetry -o symmetry-by-step.png
         """
         output = check_figure_path(output)
+        if kind is Kind.trajectory:
+            draw_trajectory(Path(model or "."), metric or "symmetry", output, layers=layers, blocks=block)
+            note(f"wrote the {metric or 'symmetry'} trajectory to {output}")
+            return
         if kind is Kind.compare and compare is None:
             raise InputError("--kind compare needs a second model: --compare MODEL_B")
         if compare is not None and kind is not Kind.compare:
@@ -113,6 +121,26 @@ def draw_figure(model: str | None, kind: str, output: Path, selection: Selection
     result_b = run_analysis(other, selection) if other is not None else None
     # the heads figure takes the first selected block
     fig = figure(result, kind, layer=layer, other=result_b, metric_name=metric)
+    save_figure(fig, output)
+
+
+def draw_trajectory(folder: Path, metric: str, output: Path, *, layers: str | None = None,
+                    blocks: list[str] | None = None) -> None:
+    """The trajectory figure of a sweep folder's results (`qkinspect sweep --out FOLDER`), saved to `output`."""
+    from qkinspect.cli.options import parse_blocks, parse_indices
+    from qkinspect.report.trajectory import trajectory
+    from qkinspect.sweep import read_sweep
+
+    sweep = read_sweep(folder)
+    wanted_layers, wanted_blocks = parse_indices(layers, "--layers"), parse_blocks(blocks)
+    rows = [r for r in sweep.rows() if (wanted_layers is None or r["layer"] in wanted_layers)
+            and (wanted_blocks is None or r["block"] in wanted_blocks)]
+    last = sweep.results.get(sweep.checkpoints[-1].identity) if sweep.checkpoints else None
+    baselines = {b["block"]: (b["mean"], b["std"]) for b in (last or {}).get("result", {}).get("baselines", [])
+                 if b["metric"] == metric and b["mean"] is not None and b["std"] is not None}
+    ordered = {c.step_source for c in sweep.checkpoints} == {"order"}
+    fig = trajectory(rows, metric, name=f"{folder} ({len(sweep.results)} checkpoints)", baselines=baselines,
+                     x_label="checkpoint (in the order given)" if ordered else "training step")
     save_figure(fig, output)
 
 
