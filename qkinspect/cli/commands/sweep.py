@@ -129,10 +129,13 @@ def check_sweep_output(fmt: SweepFormat | None, output: Path | None) -> str:
 
 def _announce(checkpoints) -> None:
     steps = [c.step for c in checkpoints]
-    source = {c.step_source for c in checkpoints}
-    how = "their order (some have no step in a trainer_state.json or their name)" if source == {"order"} \
-        else "trainer_state.json and names"
-    note(f"{len(checkpoints)} checkpoints, steps {min(steps)}-{max(steps)} from {how}")
+    sources = {c.step_source for c in checkpoints}
+    if sources == {"order"}:
+        how = "their order (not every checkpoint has a trainer_state.json global_step or a step in its name)"
+    else:
+        how = " and ".join(w for s, w in (("trainer_state", "trainer_state.json"), ("name", "their names"))
+                           if s in sources)
+    note(f"{len(checkpoints)} checkpoints, steps {min(steps)}-{max(steps)} read from {how}")
 
 
 class ProgressLine:
