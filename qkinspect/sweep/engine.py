@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -132,10 +134,26 @@ def connect(scheduler: str | None, workers: int | None, threads: int | None,
         return
     cores = task._cores()
     n = workers or max(1, min(cores, n_tasks))
-    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                           silence_logs=logging.ERROR)
+    with _workers_deaf_to_ctrl_c():
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                               silence_logs=logging.ERROR)
     with contextlib.closing(cluster), contextlib.closing(Client(cluster)) as client:
         yield client, threads or max(1, cores // n)
+
+
+@contextlib.contextmanager
+def _workers_deaf_to_ctrl_c() -> Iterator[None]:
+    """Start the local workers with SIGINT ignored (a disposition child processes inherit): Ctrl-C in the terminal
+    reaches the whole process group, and only this process should act on it, by cancelling and closing the cluster.
+    A Ctrl-C while the workers start is ignored with them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def check_shapes(infos: list[tuple[Checkpoint, ModelInfo]]) -> None:

@@ -37,6 +37,15 @@ def tiny_run(tmp_path_factory) -> Path:
     return make_run(tmp_path_factory.mktemp("run"))
 
 
+@pytest.fixture(scope="session")
+def medium_run(tmp_path_factory) -> Path:
+    """Checkpoints that take a second or two each with every metric: long enough to be caught in the middle."""
+    return make_run(tmp_path_factory.mktemp("medium"), hidden=256, layers=4)
+
+
+MEDIUM_OPTIONS = {"metrics": ["all"], "layer_form": True}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.sweep.conftest import STEPS, analyze_table, assert_same_table, make_run
+from tests.sweep.conftest import MEDIUM_OPTIONS, STEPS, analyze_table, assert_same_table
 
 METRICS = "symmetry,overlap,qk_effective_rank,directionality"
 
@@ -50,8 +50,10 @@ def test_by_layer_and_parquet_from_the_folder(swept, tiny_run, cli, tmp_path):
     assert_same_table([{k: r[k] for k in e} for r, e in zip(got, expected, strict=True)], expected)
 
 
-def test_other_options_are_other_results(swept, tiny_run, cluster, cli):
-    out, _ = swept
+def test_other_options_are_other_results(swept, tiny_run, cluster, cli, tmp_path):
+    import shutil
+
+    out = shutil.copytree(swept[0], tmp_path / "out")  # the module's sweep folder stays as it was
     r = cli("sweep", f"{tiny_run}/checkpoint-1*", "--scheduler", cluster.address, "--out", out, "--metrics",
             "symmetry", "--layers", "1", "-f", "csv")
     assert r.exit_code == 0, r.stderr
@@ -60,16 +62,16 @@ def test_other_options_are_other_results(swept, tiny_run, cluster, cli):
     assert len(list((out / "results").glob("*.json"))) == 8
 
 
-def test_a_killed_worker_loses_nothing(cluster, tmp_path):
+def test_a_killed_worker_loses_nothing(cluster, medium_run, tmp_path):
     """Kill a worker while it analyses a checkpoint: the scheduler runs that task elsewhere, every result arrives."""
     from distributed import Client
 
     from qkinspect.sweep import discover, read_sweep, run_sweep
 
-    run = make_run(tmp_path / "run", hidden=256, layers=4)  # ~1-2 s per checkpoint: long enough to be caught
+    run = medium_run
     cluster.add_worker("doomed")
     cluster.wait_for_workers(3)
-    options = {"metrics": ["all"], "layer_form": True}
+    options = MEDIUM_OPTIONS
     box = {}
     sweeper = threading.Thread(target=lambda: box.update(outcome=run_sweep(
         discover([f"{run}/checkpoint-*"]), options, tmp_path / "out", scheduler=cluster.address)))
@@ -176,3 +178,30 @@ def test_the_trajectory_medians_are_the_rows_medians(swept):
         assert list(line.get_xdata()) == list(STEPS)
         assert np.allclose(line.get_ydata(), want)
     assert len(bold) == 2
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(medium_run, cluster, cli, tmp_path):
+    """A real SIGINT to the whole process group of `qkinspect sweep` on its local cluster, as a terminal sends it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    args = ["sweep", f"{medium_run}/checkpoint-*", "--out", str(out), "--metrics", "all", "--layer-form", "-f", "csv"]
+    proc = subprocess.Popen([sys.executable, "-m", "qkinspect", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not list(out.glob("results/*.json")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "error: interrupted"
+    kept = {p: p.stat().st_mtime_ns for p in out.glob("results/*.json")}
+    assert 1 <= len(kept) < 6 and not list(out.glob("results/.*"))
+    r = cli(*args, "--scheduler", cluster.address)  # the same command, now on the cluster: the keys are the same
+    assert r.exit_code == 0, r.stderr
+    assert f"{6 - len(kept)} computed, {len(kept)} already in" in r.stderr
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept
