@@ -42,14 +42,14 @@ CONNECT_TIMEOUT = "20s"
 @dataclass(frozen=True)
 class Status:
     """Where a sweep stands, after each checkpoint: done (including skipped) of total, failures, seconds since
-    the work began, and the estimated seconds left (None until one checkpoint was computed)."""
+    the work began, and the estimated seconds left (the mean time per checkpoint so far, times those left)."""
 
     done: int
     total: int
     failed: int
     skipped: int
     elapsed: float
-    eta: float | None
+    eta: float
     last: str | None = None
 
 
@@ -96,15 +96,14 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
     todo = [p for p in plan if p[0].identity not in stored]
     outcome = Outcome(folder, checkpoints, skipped=[ck.name for ck, _, _ in plan if ck.identity in stored])
     store.write_manifest(folder, checkpoints, options)
-    if todo:
+    infos = {ck.identity: model_info(doc["result"]["model"]) for ck, doc in
+             ((ck, stored.get(ck.identity)) for ck in checkpoints) if doc is not None}
+    if not todo:
+        _check_before_work(checkpoints, infos, check)
+    else:
         with connect(scheduler, workers, threads, len(todo)) as (client, task_threads):
             models = _describe(client, todo, outcome.failures)
-            infos = [model_info(stored[ck.identity]["result"]["model"]) if ck.identity in stored
-                     else models.get(ck.identity) for ck in checkpoints]
-            check_shapes([(ck, i) for ck, i in zip(checkpoints, infos, strict=True) if i is not None])
-            first = next((i for i in infos if i is not None), None)
-            if check is not None and first is not None:
-                check(first)
+            _check_before_work(checkpoints, {**infos, **models}, check)
             runnable = [p for p in todo if p[0].identity in models]
             _analyze(client, runnable, options, device, task_threads, outcome, progress)
     store.write_manifest(folder, checkpoints, options, outcome.failures)
@@ -156,6 +155,14 @@ def _workers_deaf_to_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _check_before_work(checkpoints: list[Checkpoint], infos: dict[str, ModelInfo], check) -> None:
+    """Shapes alike across every checkpoint that could be opened (in sweep order), then the caller's own check."""
+    known = [(ck, infos[ck.identity]) for ck in checkpoints if ck.identity in infos]
+    check_shapes(known)
+    if check is not None and known:
+        check(known[0][1])
+
+
 def check_shapes(infos: list[tuple[Checkpoint, ModelInfo]]) -> None:
     """InputError naming every checkpoint whose attention shapes differ from the first one's."""
     if not infos:
@@ -191,9 +198,9 @@ def _analyze(client, todo, options, device, threads, outcome: Outcome, progress)
                              key=_task_key("analyze", key), retries=1, pure=False): (ck, key, path)
                for ck, key, path in todo}
     total, skipped, t0 = len(outcome.checkpoints), len(outcome.skipped), time.monotonic()
-    finished = len(outcome.failures)  # checkpoints that could not be opened are done with
+    unopened = len(outcome.failures)  # checkpoints that could not be opened are done with
     with _cancelling(client, futures):
-        for fut in as_completed(futures):
+        for n, fut in enumerate(as_completed(futures), start=1):
             ck, key, path = futures[fut]
             if fut.status == "finished":
                 store.write_json(path, store.result_document(ck, key, options, fut.result(), device))
@@ -201,12 +208,10 @@ def _analyze(client, todo, options, device, threads, outcome: Outcome, progress)
             else:
                 outcome.failures.append(Failure(ck.name, _error_text(fut)))
             fut.release()
-            finished += 1
             if progress is not None:
                 elapsed = time.monotonic() - t0
-                left = len(todo) + len(outcome.failures) - finished
-                eta = elapsed / finished * max(left, 0) if outcome.computed else None
-                progress(Status(skipped + finished, total, len(outcome.failures), skipped, elapsed, eta, ck.name))
+                eta = elapsed / n * (len(todo) - n)
+                progress(Status(skipped + unopened + n, total, len(outcome.failures), skipped, elapsed, eta, ck.name))
 
 
 @contextlib.contextmanager

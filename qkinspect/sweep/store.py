@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -118,23 +117,11 @@ def prepare(folder: Path) -> None:
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
-    """Write `doc` to a temporary file beside `path`, then rename it over `path`: a reader (or a resumed sweep)
-    sees the whole file or none."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(doc, allow_nan=False) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as e:
-        _discard(tmp)
-        raise OutputError(f"{path}: cannot write ({e.strerror or e})") from None
-    except BaseException:
-        _discard(tmp)
-        raise
+    """Write `doc` atomically (a temporary file beside `path`, then a rename, as the CLI writes -o): a reader, or a
+    resumed sweep, sees the whole file or none."""
+    from qkinspect.cli.output import atomic_write
 
-
-def _discard(tmp: Path) -> None:
-    with contextlib.suppress(OSError):
-        tmp.unlink()
+    atomic_write(path, lambda f: f.write(json.dumps(doc, allow_nan=False) + "\n"))
 
 
 def write_manifest(folder: Path, checkpoints: list[Checkpoint], options: dict[str, Any],
