@@ -95,15 +95,14 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
     stored = {ck.identity: doc for ck, key, path in plan if (doc := store.read_result(path, key)) is not None}
     todo = [p for p in plan if p[0].identity not in stored]
     outcome = Outcome(folder, checkpoints, skipped=[ck.name for ck, _, _ in plan if ck.identity in stored])
-    store.write_manifest(folder, checkpoints, options)
-    infos = {ck.identity: model_info(doc["result"]["model"]) for ck, doc in
-             ((ck, stored.get(ck.identity)) for ck in checkpoints) if doc is not None}
+    infos = {identity: model_info(doc["result"]["model"]) for identity, doc in stored.items()}
     if not todo:
         _check_before_work(checkpoints, infos, check)
     else:
         with connect(scheduler, workers, threads, len(todo)) as (client, task_threads):
             models = _describe(client, todo, outcome.failures)
             _check_before_work(checkpoints, {**infos, **models}, check)
+            store.write_manifest(folder, checkpoints, options)  # what an interrupted sweep leaves to read
             runnable = [p for p in todo if p[0].identity in models]
             _analyze(client, runnable, options, device, task_threads, outcome, progress)
     store.write_manifest(folder, checkpoints, options, outcome.failures)

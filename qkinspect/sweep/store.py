@@ -93,7 +93,7 @@ def read_result(path: Path, key: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     ok = isinstance(doc, dict) and doc.get("kind") == RESULT_KIND and doc.get("key") == key
-    return doc if ok and isinstance(doc.get("result"), dict) else None
+    return doc if ok and isinstance(doc.get("result"), dict) and isinstance(doc["result"].get("model"), dict) else None
 
 
 def result_document(ck: Checkpoint, key: str, options: dict[str, Any], payload: dict[str, Any],

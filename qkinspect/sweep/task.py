@@ -24,20 +24,22 @@ def describe(spec: str, revision: str | None) -> dict[str, Any]:
 def analyze_checkpoint(spec: str, revision: str | None, options: dict[str, Any], *, device: str = "cpu",
                        threads: int | None = None) -> dict[str, Any]:
     """`qkinspect.analyze` on one checkpoint with `options` (layers, heads, blocks, metrics, precision, fold_ln,
-    fold_qk_norm, layer_form): its schema-qkinspect/1 dict, plus where and how long it ran.
+    fold_qk_norm, layer_form): its schema-qkinspect/1 dict, plus where, with how many torch threads, and how long
+    it ran.
 
     `threads` (torch intra-op threads) defaults to this machine's cores shared among the worker's task slots.
     """
     import qkinspect
 
     t0 = time.perf_counter()
-    result = qkinspect.analyze(spec, revision=revision, device=device, spectra=None,
-                               threads=threads or _share_of_cores(), **options)
+    threads = threads or _share_of_cores()
+    result = qkinspect.analyze(spec, revision=revision, device=device, spectra=None, threads=threads, **options)
     if not result.heads:
         from qkinspect.errors import InputError
 
         raise InputError(f"{spec}: the selection matched no heads")
-    return {"result": result.to_dict(), "worker": _worker_name(), "seconds": time.perf_counter() - t0}
+    return {"result": result.to_dict(), "worker": _worker_name(), "threads": threads,
+            "seconds": time.perf_counter() - t0}
 
 
 def _cores() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -16,6 +17,9 @@ def test_the_local_cluster_gives_the_same_table(tiny_run, cli, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "t.ndjson").read_text().splitlines()]
     assert_same_table(rows, analyze_table(tiny_run, by="layer", metrics=["symmetry", "qk_stable_rank"]))
     assert "note: 6 computed, 0 already in" in r.stderr
+    # two worker processes share the cores: workers x torch threads <= cores
+    threads = {json.loads(p.read_text())["threads"] for p in (tmp_path / "out" / "results").glob("*.json")}
+    assert threads == {max(1, len(os.sched_getaffinity(0)) // 2)}
 
 
 @pytest.mark.parametrize("args, message", [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -33,7 +34,13 @@ def test_table_equals_analyze_on_each_checkpoint(swept, tiny_run):
     assert doc["kind"] == "sweep" and [c["step"] for c in doc["checkpoints"]] == list(STEPS)
     assert_same_table(doc["heads"], analyze_table(tiny_run, metrics=METRICS.split(",")))
     assert "sweep: 6/6 done, 0 failed" in r.stderr and "ETA" in r.stderr
-    assert len(list((out / "results").glob("*.json"))) == 6
+    from tests.cli.schema import validate
+
+    validate(doc)
+    docs = [validate(json.loads(p.read_text())) for p in (out / "results").glob("*.json")]
+    assert len(docs) == 6
+    # a worker runs one task at a time (--nthreads 1), so each task takes every core the worker may use
+    assert {d["threads"] for d in docs} == {len(os.sched_getaffinity(0))}
 
 
 def test_by_layer_and_parquet_from_the_folder(swept, tiny_run, cli, tmp_path):

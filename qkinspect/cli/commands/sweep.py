@@ -43,7 +43,7 @@ class SweepFormat(str, Enum):
 
 SpecsArg = Annotated[list[str], typer.Argument(
     help="Checkpoints: folders, weight files, globs (quote them: 'runs/*/checkpoint-*'), hub ids.",
-    show_default=False, metavar="SPEC...")]
+    show_default=False, metavar="SPEC")]
 OutDirOpt = Annotated[Path, typer.Option(
     "--out", metavar="DIR", show_default=False,
     help="The sweep folder: one result file per checkpoint, written as each finishes; a re-run skips those done.")]
