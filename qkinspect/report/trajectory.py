@@ -59,6 +59,20 @@ def trajectory(rows: Rows, metric: str, *, name: str, x_label: str = "training s
     return fig
 
 
+def sweep_trajectory(sweep, metric: str, *, layers: Sequence[int] | None = None,
+                     blocks: Sequence[str] | None = None, canvas: Canvas = new_figure) -> Figure:
+    """`trajectory` of a sweep folder (qkinspect.sweep.read_sweep), restricted to `layers` and `blocks`, with the
+    random baseline its results carry and the step axis named for where the steps came from."""
+    rows = [r for r in sweep.rows() if (layers is None or r["layer"] in layers)
+            and (blocks is None or r["block"] in blocks)]
+    last = next((sweep.results[c.identity] for c in reversed(sweep.checkpoints) if c.identity in sweep.results), {})
+    baselines = {b["block"]: (b["mean"], b["std"]) for b in last.get("result", {}).get("baselines", [])
+                 if b["metric"] == metric and b["mean"] is not None and b["std"] is not None}
+    ordered = {c.step_source for c in sweep.checkpoints} == {"order"}
+    return trajectory(rows, metric, name=f"{sweep.folder} ({len(sweep.results)} checkpoints)", baselines=baselines,
+                      x_label="checkpoint (in the order given)" if ordered else "training step", canvas=canvas)
+
+
 def _by_block(rows: Rows, metric: str) -> dict[str, dict[int, dict[int, list[tuple[int, float]]]]]:
     """block -> layer -> head -> [(step, value)] in step order; missing values as NaN."""
     out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))

@@ -212,3 +212,18 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(medium_run, cluster, 
     assert r.exit_code == 0, r.stderr
     assert f"{6 - len(kept)} computed, {len(kept)} already in" in r.stderr
     assert {p: p.stat().st_mtime_ns for p in kept} == kept
+
+
+def test_report_of_a_sweep(swept, cli, tmp_path):
+    pypdf = pytest.importorskip("pypdf")
+    out, _ = swept
+    r = cli("report", out, "-o", tmp_path / "s.pdf")
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.strip() == f"note: wrote a 5-page sweep report to {tmp_path / 's.pdf'}"
+    pages = pypdf.PdfReader(tmp_path / "s.pdf").pages
+    cover = pages[0].extract_text()
+    assert "6 checkpoints, steps 500-3000; 6 with results, 0 failed" in cover
+    assert "figures: symmetry, qk_effective_rank, overlap_qk, directionality against training step" in cover
+    assert "training step" in pages[1].extract_text() and "symmetry" in pages[1].extract_text()
+    r = cli("report", out, "--html", "-o", tmp_path / "s.html")
+    assert r.exit_code == 2 and "a sweep's report is a PDF" in r.stderr

@@ -128,19 +128,11 @@ def draw_trajectory(folder: Path, metric: str, output: Path, *, layers: str | No
                     blocks: list[str] | None = None) -> None:
     """The trajectory figure of a sweep folder's results (`qkinspect sweep --out FOLDER`), saved to `output`."""
     from qkinspect.cli.options import parse_blocks, parse_indices
-    from qkinspect.report.trajectory import trajectory
+    from qkinspect.report.trajectory import sweep_trajectory
     from qkinspect.sweep import read_sweep
 
-    sweep = read_sweep(folder)
-    wanted_layers, wanted_blocks = parse_indices(layers, "--layers"), parse_blocks(blocks)
-    rows = [r for r in sweep.rows() if (wanted_layers is None or r["layer"] in wanted_layers)
-            and (wanted_blocks is None or r["block"] in wanted_blocks)]
-    last = sweep.results.get(sweep.checkpoints[-1].identity) if sweep.checkpoints else None
-    baselines = {b["block"]: (b["mean"], b["std"]) for b in (last or {}).get("result", {}).get("baselines", [])
-                 if b["metric"] == metric and b["mean"] is not None and b["std"] is not None}
-    ordered = {c.step_source for c in sweep.checkpoints} == {"order"}
-    fig = trajectory(rows, metric, name=f"{folder} ({len(sweep.results)} checkpoints)", baselines=baselines,
-                     x_label="checkpoint (in the order given)" if ordered else "training step")
+    fig = sweep_trajectory(read_sweep(folder), metric, layers=parse_indices(layers, "--layers"),
+                           blocks=parse_blocks(blocks))
     save_figure(fig, output)
 
 
