@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("distributed", reason="the sweep needs the sweep extra: pip install 'qkinspect[sweep]'")
+from tests.cli.conftest import save_bert
 
-from tests.cli.conftest import save_bert  # noqa: E402
+NEEDS_DASK = "the sweep needs the sweep extra: pip install 'qkinspect[sweep]'"
 
 ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT = 90  # seconds for the scheduler and workers to come up (a loaded machine is slow)

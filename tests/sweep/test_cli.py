@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from tests.sweep.conftest import analyze_table, assert_same_table
+from tests.sweep.conftest import NEEDS_DASK, analyze_table, assert_same_table
+
+pytest.importorskip("distributed", reason=NEEDS_DASK)
 
 
 def test_the_local_cluster_gives_the_same_table(tiny_run, cli, tmp_path):

@@ -9,7 +9,9 @@ import time
 
 import pytest
 
-from tests.sweep.conftest import MEDIUM_OPTIONS, STEPS, analyze_table, assert_same_table
+from tests.sweep.conftest import MEDIUM_OPTIONS, NEEDS_DASK, STEPS, analyze_table, assert_same_table
+
+pytest.importorskip("distributed", reason=NEEDS_DASK)
 
 METRICS = "symmetry,overlap,qk_effective_rank,directionality"
 
