@@ -88,7 +88,7 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
             reached, or `check` refuses. KeyboardInterrupt after cancelling the pending tasks.
     """
     folder = Path(folder)
-    store.prepare(folder)
+    store.check_folder(folder)  # created once the checkpoints pass the checks
     options = store.normalized_options(options)
     plan = [(ck, key, store.result_path(folder, ck, key)) for ck in checkpoints
             for key in [store.result_key(ck, options)]]
@@ -102,6 +102,7 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
         with connect(scheduler, workers, threads, len(todo)) as (client, task_threads):
             models = _describe(client, todo, outcome.failures)
             _check_before_work(checkpoints, {**infos, **models}, check)
+            store.prepare(folder)
             store.write_manifest(folder, checkpoints, options)  # what an interrupted sweep leaves to read
             runnable = [p for p in todo if p[0].identity in models]
             _analyze(client, runnable, options, device, task_threads, outcome, progress)

@@ -106,6 +106,15 @@ def result_document(ck: Checkpoint, key: str, options: dict[str, Any], payload: 
             **payload}
 
 
+def check_folder(folder: Path) -> None:
+    """Fail with one line, before any work and without creating anything, when `folder` cannot be the sweep's."""
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise OutputError(f"{folder}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(f"{folder}: {existing} is not writable")
+
+
 def prepare(folder: Path) -> None:
     """Create the folder (and results/) or fail with one line when it cannot be written."""
     try:

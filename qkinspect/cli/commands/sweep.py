@@ -92,23 +92,29 @@ def register(app: typer.Typer) -> None:
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         checkpoints = discover(specs, [r.strip() for r in revisions.split(",")] if revisions else None)
         options = {k: v for k, v in sel.kwargs().items() if k != "device"} | {"layer_form": layer_form}
-        _announce(checkpoints)
         try:
             outcome = run_sweep(checkpoints, options, out, scheduler=scheduler, workers=workers, threads=threads,
                                 device=sel.device, progress=ProgressLine(),
-                                check=lambda info: check_selection(info, sel.blocks, sel.layers, sel.heads))
+                                check=lambda info: check_checkpoint(info, sel))
         except KeyboardInterrupt:
             note(f"stopped; the checkpoints done are kept in {out}: run the same command to resume")
             raise
         folder = outcome.read()
         note(f"{len(outcome.computed)} computed, {len(outcome.skipped)} already in {out}, "
-             f"{len(outcome.failures)} failed")
+             f"{len(outcome.failures)} failed; {steps_line(checkpoints)}")
         write_table(sweep_document(folder, by=by.value, requested=sel.metrics), name, output)
         for f in outcome.failures:
             warn(f"failed: {f.name}: {f.error}")
         if outcome.failures:
             raise SweepFailed(f"{len(outcome.failures)} of {len(checkpoints)} checkpoints failed (listed above, and "
                               f"in {out / 'sweep.json'}); run the same command to retry them")
+
+
+def check_checkpoint(info, sel: Selection) -> None:
+    """What `analyze` would refuse for every checkpoint, refused once for the sweep before any analysis."""
+    keys = check_selection(info, sel.blocks, sel.layers, sel.heads)
+    if sel.fold_qk_norm and not any(b.qk_norm for b in info.blocks if keys is None or b.key in keys):
+        raise InputError("--fold-qk-norm: the selected blocks have no q/k norm")
 
 
 def check_sweep_output(fmt: SweepFormat | None, output: Path | None) -> str:
@@ -127,7 +133,8 @@ def check_sweep_output(fmt: SweepFormat | None, output: Path | None) -> str:
     return "parquet"
 
 
-def _announce(checkpoints) -> None:
+def steps_line(checkpoints) -> str:
+    """Where the steps came from, e.g. "steps 500-3000 read from their names"."""
     steps = [c.step for c in checkpoints]
     sources = {c.step_source for c in checkpoints}
     if sources == {"order"}:
@@ -135,7 +142,7 @@ def _announce(checkpoints) -> None:
     else:
         how = " and ".join(w for s, w in (("trainer_state", "trainer_state.json"), ("name", "their names"))
                            if s in sources)
-    note(f"{len(checkpoints)} checkpoints, steps {min(steps)}-{max(steps)} read from {how}")
+    return f"steps {min(steps)}-{max(steps)} read from {how}"
 
 
 class ProgressLine:
