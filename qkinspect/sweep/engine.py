@@ -134,8 +134,9 @@ def connect(scheduler: str | None, workers: int | None, threads: int | None,
     cores = task._cores()
     n = workers or max(1, min(cores, n_tasks))
     with _workers_deaf_to_ctrl_c():
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                               silence_logs=logging.ERROR)
+        # The scheduler always serves HTTP (health, metrics); a free port on loopback, not 8787 (maybe taken).
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                               dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
     with contextlib.closing(cluster), contextlib.closing(Client(cluster)) as client:
         yield client, threads or max(1, cores // n)
 
