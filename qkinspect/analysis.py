@@ -47,6 +47,7 @@ def analyze(
     spectra: Iterable[str] | None = ("qk",),
     progress: Progress | None = None,
     revision: str | None = None,
+    threads: int | None = None,
 ) -> AnalysisResult:
     """Measure every selected attention head of a model, from its weights alone.
 
@@ -62,6 +63,8 @@ def analyze(
         spectra: which spectra to keep per head: "qk" (default), "qk_eig", "q", "k", "v", "ov", "ov_eig".
         progress: called as progress(done, total) after each layer.
         revision: hub revision when `model` is a hub id.
+        threads: torch intra-op threads for this call (default: the CPUs this process may use); a sweep running
+            several analyses side by side on one machine gives each its share.
 
     Returns:
         AnalysisResult with head and layer records, spectra, baselines, warnings and the processing flags.
@@ -88,7 +91,7 @@ def analyze(
         if progress is not None:
             progress(0, total)
         stream = _layers(m, keys, layer_sel, need_o=run.needs_o, dtype=run.dtype)
-        with _threads(), contextlib.closing(stream):  # closing stops the prefetch thread on an error
+        with _threads(threads), contextlib.closing(stream):  # closing stops the prefetch thread on an error
             for done, layer in enumerate(stream, start=1):
                 run.measure(layer)
                 del layer  # before the next read: the loader reuses the memory of layers nothing holds
@@ -122,12 +125,17 @@ def _layers(m, keys: list[str], layers: tuple[int, ...] | None, **options) -> Ge
 
 
 @contextlib.contextmanager
-def _threads() -> Iterator[None]:
-    """torch's intra-op threads raised to the CPUs this process may use (if lower), restored afterwards. Not
-    more: the prefetch thread mostly waits on the disk, and more threads than cores slow the GEMMs down."""
+def _threads(threads: int | None = None) -> Iterator[None]:
+    """torch's intra-op threads set to `threads`, or raised to the CPUs this process may use (if lower), restored
+    afterwards. Not more: the prefetch thread mostly waits on the disk, and more threads than cores slow the GEMMs
+    down."""
     before = torch.get_num_threads()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if cores > before:
+    if threads is not None:
+        if threads < 1:
+            raise InputError(f"threads: {threads} must be at least 1")
+        torch.set_num_threads(threads)
+    elif cores > before:
         torch.set_num_threads(cores)
     try:
         yield

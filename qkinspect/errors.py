@@ -31,3 +31,9 @@ class DemoNotInstalledError(InputError):
 
 class OutputError(InputError):
     """An output file cannot be written."""
+
+
+class SweepFailed(QkinspectError):
+    """A sweep finished with checkpoints that could not be analysed (they are listed); exit code 1."""
+
+    exit_code = 1

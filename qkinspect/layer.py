@@ -172,3 +172,17 @@ class ModelInfo:
             if b.key == name:
                 return b
         raise KeyError(name)
+
+
+SHAPE_FIELDS = ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head")
+
+
+def shape_differences(a: ModelInfo, b: ModelInfo) -> list[str]:
+    """What keeps two models' attention blocks from lining up head for head (empty when they do), e.g.
+    ["encoder n_heads 12 vs 8"]; a different set of blocks is one difference."""
+    sa = {x.key: x for x in a.blocks}
+    sb = {x.key: x for x in b.blocks}
+    if list(sa) != list(sb):
+        return [f"blocks {', '.join(sa)} vs {', '.join(sb)}"]
+    return [f"{k} {f} {getattr(sa[k], f)} vs {getattr(sb[k], f)}"
+            for k in sa for f in SHAPE_FIELDS if getattr(sa[k], f) != getattr(sb[k], f)]

@@ -148,6 +148,16 @@ def model_dict(info: ModelInfo) -> dict[str, Any]:
     return d
 
 
+def model_info(d: Mapping[str, Any]) -> ModelInfo:
+    """The ModelInfo a `model_dict` was made from (flags are derived, so they are dropped)."""
+    from qkinspect.layer import BlockSpec
+
+    known = BlockSpec.__dataclass_fields__
+    blocks = tuple(BlockSpec(**{k: v for k, v in b.items() if k in known}) for b in d["blocks"])
+    return ModelInfo(**{k: v for k, v in d.items() if k in ModelInfo.__dataclass_fields__ and k != "blocks"},
+                     blocks=blocks)
+
+
 def _clean(x: Any) -> Any:
     """Make a structure JSON-safe: NaN/inf -> None, numpy scalars -> Python, tuples -> lists."""
     if isinstance(x, dict):

@@ -15,7 +15,7 @@ import typer
 import qkinspect
 from qkinspect.cli.app import app
 
-FOLD_COMMANDS = ("analyze", "spectrum", "compare", "plot", "report")
+FOLD_COMMANDS = ("analyze", "spectrum", "compare", "plot", "report", "sweep")
 
 
 def save_qwen3(path, seed: int):
@@ -147,7 +147,10 @@ def test_figures_and_reports_fold(cli, monkeypatch, qwen3, tmp_path, command, ou
 def test_model_without_qk_norm_is_refused(cli, tiny_bert, tmp_path, command):
     """As --fold-ln is refused on a model without norms (docs/metrics.md, Processing): exit 2, one line, no file."""
     args = {"analyze": [tiny_bert], "spectrum": [tiny_bert], "compare": [tiny_bert, tiny_bert],
-            "plot": [tiny_bert, "-o", tmp_path / "f.png"], "report": [tiny_bert, "-o", tmp_path / "r.pdf"]}[command]
+            "plot": [tiny_bert, "-o", tmp_path / "f.png"], "report": [tiny_bert, "-o", tmp_path / "r.pdf"],
+            "sweep": [tiny_bert, "--out", tmp_path / "sweep", "--workers", "1"]}[command]
+    if command == "sweep":
+        pytest.importorskip("distributed", reason="the sweep needs the sweep extra")
     r = cli(command, *args, "--fold-qk-norm")
     assert r.exit_code == 2, r.stderr
     assert r.stdout == ""

@@ -26,8 +26,6 @@ from qkinspect.cli.options import (
 from qkinspect.cli.output import Document, check_output, emit, envelope
 from qkinspect.errors import InputError
 
-SHAPE_FIELDS = ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head")
-
 ModelA = Annotated[str, typer.Argument(help="The reference checkpoint (A).", show_default=False, metavar="MODEL_A")]
 ModelB = Annotated[str, typer.Argument(help="The checkpoint compared with it (B); differences are B − A.",
                                        show_default=False, metavar="MODEL_B")]
@@ -60,12 +58,12 @@ def register(app: typer.Typer) -> None:
 
 def check_same_shapes(a, b) -> None:
     """InputError naming every difference when two models' attention blocks do not line up head for head."""
-    sa = {x.key: x for x in a.blocks}
-    sb = {x.key: x for x in b.blocks}
-    if list(sa) != list(sb):
+    from qkinspect.layer import shape_differences
+
+    sa, sb = [x.key for x in a.blocks], [x.key for x in b.blocks]
+    if sa != sb:
         raise InputError(f"cannot compare: {a.name} has blocks {', '.join(sa)} but {b.name} has {', '.join(sb)}")
-    diffs = [f"{k} {f} {getattr(sa[k], f)} vs {getattr(sb[k], f)}"
-             for k in sa for f in SHAPE_FIELDS if getattr(sa[k], f) != getattr(sb[k], f)]
+    diffs = shape_differences(a, b)
     if diffs:
         raise InputError(f"cannot compare {a.name} with {b.name}: shapes differ ({'; '.join(diffs)})")
 

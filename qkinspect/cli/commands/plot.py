@@ -40,6 +40,7 @@ class Kind(str, Enum):
     heads = "heads"
     compare = "compare"
     metric = "metric"
+    trajectory = "trajectory"
 
 
 KindOpt = Annotated[Kind, typer.Option("--kind", "-k", metavar="KIND", help="Which figure to draw: "
@@ -70,8 +71,15 @@ def register(app: typer.Typer) -> None:
         Example: qkinspect plot ./my-bert --kind symmetry -o symmetry.png
 
         Example: qkinspect plot ./my-bert --kind metric --metric shared_qk_distance -o shared.pdf
+
+        Example (a sweep's folder, metric against training step): qkinspect plot sweep/ --kind trajectory
+        --metric symmetry -o symmetry-by-step.png
         """
         output = check_figure_path(output)
+        if kind is Kind.trajectory:
+            draw_trajectory(Path(model or "."), metric or "symmetry", output, layers=layers, blocks=block)
+            note(f"wrote the {metric or 'symmetry'} trajectory to {output}")
+            return
         if kind is Kind.compare and compare is None:
             raise InputError("--kind compare needs a second model: --compare MODEL_B")
         if compare is not None and kind is not Kind.compare:
@@ -119,6 +127,18 @@ def draw_figure(model: str | None, kind: str, output: Path, selection: Selection
     result_b = run_analysis(other, selection) if other is not None else None
     # the heads figure takes the first selected block
     fig = figure(result, kind, layer=layer, other=result_b, metric_name=metric)
+    save_figure(fig, output)
+
+
+def draw_trajectory(folder: Path, metric: str, output: Path, *, layers: str | None = None,
+                    blocks: list[str] | None = None) -> None:
+    """The trajectory figure of a sweep folder's results (`qkinspect sweep --out FOLDER`), saved to `output`."""
+    from qkinspect.cli.options import parse_blocks, parse_indices
+    from qkinspect.report.trajectory import sweep_trajectory
+    from qkinspect.sweep import read_sweep
+
+    fig = sweep_trajectory(read_sweep(folder), metric, layers=parse_indices(layers, "--layers"),
+                           blocks=parse_blocks(blocks))
     save_figure(fig, output)
 
 

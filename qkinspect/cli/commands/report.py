@@ -46,8 +46,15 @@ def register(app: typer.Typer) -> None:
         figure with a caption and per-layer tables; its text is searchable. --html writes the same as one web page.
 
         Example: qkinspect report ./my-bert -o report.pdf
+
+        Example (a sweep's folder: what was swept, then each metric against training step): qkinspect report
+        sweep/ -o sweep.pdf
         """
         output = check_report_path(output, html=html)
+        if model is not None and (Path(model) / "sweep.json").is_file():  # a sweep's folder (qkinspect sweep --out)
+            n = write_sweep_report(Path(model), output, html=html)
+            note(f"wrote a {n}-page sweep report to {output}")
+            return
         sel = Selection.parse(layers=layers, blocks=block, metrics=list(REPORT_METRICS), precision=precision,
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         if html:
@@ -84,6 +91,21 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
     result = run_analysis(model, selection, revision=revision, layer_form=layer_form)
     pages: list[int] = []
     atomic_write_file(output, lambda tmp: pages.append(write_pdf(result, tmp)))
+    return pages[0]
+
+
+def write_sweep_report(folder: Path, output: Path, *, html: bool = False) -> int:
+    """The report of a sweep folder, written atomically as a PDF; returns the number of pages."""
+    from qkinspect.report.sweep_pdf import write_sweep_pdf
+    from qkinspect.sweep import read_sweep
+
+    if html:
+        raise InputError(f"{folder}: a sweep's report is a PDF; leave out --html")
+    sweep = read_sweep(folder)
+    if not sweep.results:
+        raise InputError(f"{folder}: the sweep has no results yet")
+    pages: list[int] = []
+    atomic_write_file(output, lambda tmp: pages.append(write_sweep_pdf(sweep, tmp)))
     return pages[0]
 
 

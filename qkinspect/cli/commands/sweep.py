@@ -1,0 +1,206 @@
+"""`qkinspect sweep`: `analyze` over many checkpoints, on Dask distributed, resumable (docs/sweep.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import statistics
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from qkinspect.cli.commands.analyze import By, ByOpt, LayerFormOpt
+from qkinspect.cli.options import (
+    BlockOpt,
+    Device,
+    DeviceOpt,
+    FoldLnOpt,
+    FoldQkNormOpt,
+    HeadsOpt,
+    LayersOpt,
+    MetricsOpt,
+    OutputOpt,
+    Precision,
+    PrecisionOpt,
+    Selection,
+    check_selection,
+)
+from qkinspect.cli.output import Document, atomic_write_file, check_output, check_writable, emit, envelope, note, warn
+from qkinspect.errors import InputError, SweepFailed
+
+
+class SweepFormat(str, Enum):
+    table = "table"
+    json = "json"
+    ndjson = "ndjson"
+    csv = "csv"
+    parquet = "parquet"
+
+
+SpecsArg = Annotated[list[str], typer.Argument(
+    help="Checkpoints: folders, weight files, globs (quote them: 'runs/*/checkpoint-*'), hub ids.",
+    show_default=False, metavar="SPEC")]
+OutDirOpt = Annotated[Path, typer.Option(
+    "--out", metavar="DIR", show_default=False,
+    help="The sweep folder: one result file per checkpoint, written as each finishes; a re-run skips those done.")]
+RevisionsOpt = Annotated[str | None, typer.Option(
+    "--revisions", metavar="R1,R2,...", help="Hub revisions: each hub id SPEC becomes one checkpoint per revision.")]
+SchedulerOpt = Annotated[str | None, typer.Option(
+    "--scheduler", metavar="ADDRESS",
+    help="A running Dask scheduler (tcp://host:8786) whose workers can read the checkpoints; default: a local "
+         "cluster on this machine.")]
+WorkersOpt = Annotated[int | None, typer.Option(
+    "--workers", metavar="N", help="Local cluster: worker processes (default: one per core, at most one per "
+                                   "checkpoint to do).")]
+ThreadsOpt = Annotated[int | None, typer.Option(
+    "--threads", metavar="N", help="torch threads per checkpoint (default: the cores shared among the workers).")]
+SweepFormatOpt = Annotated[SweepFormat | None, typer.Option(
+    "--format", "-f", show_default=False,
+    help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def sweep(
+        specs: SpecsArg, out: OutDirOpt, revisions: RevisionsOpt = None, scheduler: SchedulerOpt = None,
+        workers: WorkersOpt = None, threads: ThreadsOpt = None, layers: LayersOpt = None, heads: HeadsOpt = None,
+        block: BlockOpt = None, metrics: MetricsOpt = None, by: ByOpt = By.head, fold_ln: FoldLnOpt = False,
+        fold_qk_norm: FoldQkNormOpt = False, layer_form: LayerFormOpt = False,
+        precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, fmt: SweepFormatOpt = None,
+        output: OutputOpt = None,
+    ) -> None:
+        """Analyse many checkpoints (training steps, hub revisions, a model zoo) on Dask distributed: a local cluster
+        by default, or a running one with --scheduler. Each checkpoint's result is written to --out DIR as it
+        finishes; running the same command again skips what is done. The table has a row per checkpoint, step,
+        block, layer and head; failed checkpoints are listed at the end (exit 1).
+
+        Example: qkinspect sweep 'runs/*/checkpoint-*' --metrics symmetry --out sweep/ -o symmetry.parquet
+
+        Example (Pythia's published steps): qkinspect sweep EleutherAI/pythia-160m --revisions step1000,step2000
+        --out pythia/ --scheduler tcp://head-node:8786 -o pythia.csv
+        """
+        from qkinspect.sweep import discover, run_sweep
+
+        if importlib.util.find_spec("distributed") is None:
+            raise InputError("sweep needs Dask distributed: pip install 'qkinspect[sweep]'")
+        name = check_sweep_output(fmt, output)
+        sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
+                              device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
+        checkpoints = discover(specs, [r.strip() for r in revisions.split(",")] if revisions else None)
+        options = {k: v for k, v in sel.kwargs().items() if k != "device"} | {"layer_form": layer_form}
+        try:
+            outcome = run_sweep(checkpoints, options, out, scheduler=scheduler, workers=workers, threads=threads,
+                                device=sel.device, progress=ProgressLine(),
+                                check=lambda info: check_checkpoint(info, sel))
+        except KeyboardInterrupt:
+            note(f"stopped; the checkpoints done are kept in {out}: run the same command to resume")
+            raise
+        folder = outcome.read()
+        note(f"{len(outcome.computed)} computed, {len(outcome.skipped)} already in {out}, "
+             f"{len(outcome.failures)} failed; {steps_line(checkpoints)}")
+        write_table(sweep_document(folder, by=by.value, requested=sel.metrics), name, output)
+        for f in outcome.failures:
+            warn(f"failed: {f.name}: {f.error}")
+        if outcome.failures:
+            raise SweepFailed(f"{len(outcome.failures)} of {len(checkpoints)} checkpoints failed (listed above, and "
+                              f"in {out / 'sweep.json'}); run the same command to retry them")
+
+
+def check_checkpoint(info, sel: Selection) -> None:
+    """What `analyze` would refuse for every checkpoint, refused once for the sweep before any analysis."""
+    keys = check_selection(info, sel.blocks, sel.layers, sel.heads)
+    if sel.fold_qk_norm and not any(b.qk_norm for b in info.blocks if keys is None or b.key in keys):
+        raise InputError("--fold-qk-norm: the selected blocks have no q/k norm")
+
+
+def check_sweep_output(fmt: SweepFormat | None, output: Path | None) -> str:
+    """The format to write, refused (before any work) when it cannot be: Parquet needs -o FILE and pyarrow."""
+    parquet = fmt is SweepFormat.parquet or (fmt is None and output is not None and output.suffix == ".parquet")
+    if not parquet:
+        check_output(fmt, output)
+        from qkinspect.cli.output import choose_format
+
+        return choose_format(fmt, output)
+    if output is None:
+        raise InputError("--format parquet writes a file: give -o FILE.parquet")
+    if importlib.util.find_spec("pyarrow") is None:
+        raise InputError("Parquet output needs pyarrow: pip install 'qkinspect[sweep]'")
+    check_writable(output)
+    return "parquet"
+
+
+def steps_line(checkpoints) -> str:
+    """Where the steps came from, e.g. "steps 500-3000 read from their names"."""
+    steps = [c.step for c in checkpoints]
+    sources = {c.step_source for c in checkpoints}
+    if sources == {"order"}:
+        how = "their order (not every checkpoint has a trainer_state.json global_step or a step in its name)"
+    else:
+        how = " and ".join(w for s, w in (("trainer_state", "trainer_state.json"), ("name", "their names"))
+                           if s in sources)
+    return f"steps {min(steps)}-{max(steps)} read from {how}"
+
+
+class ProgressLine:
+    """One line on stderr per checkpoint finished: done/total, failures, elapsed, ETA."""
+
+    def __call__(self, s) -> None:
+        eta = "?" if s.eta is None else _duration(s.eta)
+        print(f"sweep: {s.done}/{s.total} done, {s.failed} failed, {_duration(s.elapsed)} elapsed, ETA {eta}"
+              f"  ({s.last})", file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(max(0.0, seconds)))
+
+
+def sweep_document(folder, *, by: str = "head", requested=None) -> Document:
+    """JSON: the envelope with the sweep's options, checkpoints, failures and the rows (as "heads" or "layers");
+    rows: the tidy table."""
+    rows = folder.rows(by=by)
+    body = {"folder": str(folder.folder), "options": folder.options,
+            "checkpoints": [c.as_dict() for c in folder.checkpoints],
+            "failures": [{"checkpoint": f.name, "error": f.error} for f in folder.failures],
+            "heads" if by == "head" else "layers": rows}
+    return Document(json=envelope("sweep", **body), rows=rows, render=lambda console: _render(console, rows, requested))
+
+
+def write_table(doc: Document, name: str, output: Path | None) -> None:
+    if name != "parquet":
+        emit(doc, name, output)
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(doc.rows)
+    atomic_write_file(output, lambda tmp: pq.write_table(table, tmp))
+    note(f"wrote parquet to {output}")
+
+
+def _render(console, rows: list[dict[str, Any]], requested) -> None:
+    """Per checkpoint: its step, rows, and the median of each metric over them."""
+    from rich.table import Table
+
+    from qkinspect.cli.tables import DEFAULT_COLUMNS, fmt_value
+
+    skip = {"checkpoint", "step", "block", "layer", "head", "kv_head", "n_heads"}
+    have = list(dict.fromkeys(k for r in rows for k in r if k not in skip))
+    cols = [c for c in (requested or DEFAULT_COLUMNS) if c in have] or have[:6]
+    table = Table(title="median over the rows of each checkpoint", title_justify="left")
+    for c in ("checkpoint", "step", "rows", *cols):
+        table.add_column(c, justify="left" if c == "checkpoint" else "right")
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["checkpoint"], r["step"]), []).append(r)
+    for (name, step), group in groups.items():
+        table.add_row(name, str(step), str(len(group)), *(fmt_value(_median(group, c)) for c in cols))
+    console.print(table)
+
+
+def _median(rows: list[dict], column: str) -> float:
+    vals = [float(r[column]) for r in rows if isinstance(r.get(column), (int, float)) and math.isfinite(r[column])]
+    return statistics.median(vals) if vals else math.nan

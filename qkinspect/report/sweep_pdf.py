@@ -1,0 +1,63 @@
+"""A sweep's report: a cover page saying what was swept, then one trajectory figure per metric (docs/sweep.md)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import IO
+
+from matplotlib.figure import Figure
+
+from qkinspect.report.style import PAGE, WIDTH, style
+from qkinspect.report.trajectory import sweep_trajectory
+
+# Drawn when the sweep computed them, in this order; otherwise its first per-head metrics.
+METRICS = ("symmetry", "shared_qk_distance", "qk_effective_rank", "qk_stable_rank", "overlap_qk", "directionality")
+NOT_METRICS = ("checkpoint", "step", "block", "layer", "head", "kv_head")
+
+
+def sweep_metrics(sweep) -> list[str]:
+    rows = sweep.rows()
+    have = [k for k in (rows[0] if rows else {}) if k not in NOT_METRICS]
+    return [m for m in METRICS if m in have] or have[:4]
+
+
+def write_sweep_pdf(sweep, target: str | Path | IO[bytes], *, date: dt.datetime | None = None) -> int:
+    """Write the report of a sweep folder (qkinspect.sweep.read_sweep) as a PDF; returns the number of pages."""
+    from matplotlib.backends.backend_pdf import PdfPages
+
+    from qkinspect import __version__
+
+    metrics = sweep_metrics(sweep)
+    with style(), PdfPages(target, metadata={"Title": f"qkinspect sweep report: {sweep.folder}"}) as pdf:
+        pdf.savefig(_cover(sweep, metrics, __version__, date or dt.datetime.now(dt.timezone.utc)))
+        for metric in metrics:
+            pdf.savefig(sweep_trajectory(sweep, metric, canvas=lambda h, width=WIDTH: Figure(figsize=(width, h),
+                                                                                              layout="constrained")))
+        return 1 + len(metrics)
+
+
+def _cover(sweep, metrics: list[str], version: str, date: dt.datetime) -> Figure:
+    steps = [c.step for c in sweep.checkpoints]
+    opts = ", ".join(f"{k} {v}" for k, v in sweep.options.items() if v not in (None, False))
+    lines = [
+        ("qkinspect sweep report", 16),
+        (f"folder: {sweep.folder}", 10),
+        (f"{len(sweep.checkpoints)} checkpoints, steps {min(steps, default=0)}-{max(steps, default=0)}; "
+         f"{len(sweep.results)} with results, {len(sweep.failures)} failed", 10),
+        (f"options: {opts or 'defaults'}", 10),
+        (f"figures: {', '.join(metrics)} against training step (per-layer median over heads; each head faint)", 10),
+        (f"qkinspect {version}, {date:%Y-%m-%d %H:%M} UTC", 9),
+        ("", 9),
+        ("checkpoints:", 10),
+        *[(f"  step {c.step}: {c.name}" + ("" if c.identity in sweep.results else "  (no result)"), 8)
+          for c in sweep.checkpoints[:60]],
+        *([(f"  … and {len(sweep.checkpoints) - 60} more", 8)] if len(sweep.checkpoints) > 60 else []),
+        *[(f"failed: {f.name}: {f.error}"[:150], 8) for f in sweep.failures[:10]],
+    ]
+    fig = Figure(figsize=PAGE)
+    y = 0.95
+    for text, size in lines:
+        fig.text(0.08, y, text, fontsize=size, va="top")
+        y -= size / 72 / PAGE[1] * 1.5
+    return fig

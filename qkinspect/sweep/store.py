@@ -1,0 +1,172 @@
+"""A sweep's folder: one result file per checkpoint, and a manifest.
+
+    DIR/sweep.json                          the last sweep run here: options, checkpoints (with steps and result
+                                            keys), failures
+    DIR/results/<name>.<key>.json           one checkpoint's analysis, written atomically when it arrives
+
+A result's key is a digest of the checkpoint's identity and the options that change the numbers (selection, metrics,
+precision, folds, layer form), so a re-run with the same options finds it and skips the checkpoint, and a run with
+other options computes its own. Where it ran (device, worker, threads) is recorded but is not part of the key.
+
+Example:
+    >>> sweep = read_sweep(Path("runs/sweep"))  # doctest: +SKIP
+    >>> rows = sweep.rows(by="head")            # one dict per (checkpoint, step, block, layer, head)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qkinspect.errors import InputError, OutputError
+from qkinspect.sweep.checkpoints import Checkpoint
+
+MANIFEST = "sweep.json"
+RESULTS = "results"
+RESULT_KIND = "sweep-result"
+OPTION_NAMES = ("layers", "heads", "blocks", "metrics", "precision", "fold_ln", "fold_qk_norm", "layer_form")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A checkpoint the sweep could not analyse, after the engine's retry."""
+
+    name: str
+    error: str
+
+
+@dataclass
+class SweepFolder:
+    """What a sweep folder holds for its last sweep: options, checkpoints in step order, the results found (by
+    checkpoint identity) and the failures recorded."""
+
+    folder: Path
+    options: dict[str, Any]
+    checkpoints: list[Checkpoint]
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+
+    def rows(self, by: str = "head") -> list[dict[str, Any]]:
+        """The tidy table: a row per (checkpoint, step, block, layer, head), or per layer with by="layer"."""
+        if by not in ("head", "layer"):
+            raise InputError(f"--by: {by!r} is not head or layer")
+        out = []
+        for ck in self.checkpoints:
+            doc = self.results.get(ck.identity)
+            if doc is None:
+                continue
+            for r in doc["result"]["heads" if by == "head" else "layers"]:
+                row = {k: v for k, v in r.items() if k != "head_overlap"}  # a matrix, kept in the result file
+                out.append({"checkpoint": ck.name, "step": ck.step, **row})
+        return out
+
+
+def normalized_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The options that change the numbers, JSON-ready (tuples as lists), every name present."""
+    unknown = set(options) - set(OPTION_NAMES)
+    if unknown:
+        raise InputError(f"sweep: unknown analysis options {', '.join(sorted(unknown))}")
+    defaults = {"precision": "float32", "fold_ln": False, "fold_qk_norm": False, "layer_form": False}
+    merged = {name: options.get(name, defaults.get(name)) for name in OPTION_NAMES}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in merged.items()}
+
+
+def result_key(ck: Checkpoint, options: dict[str, Any]) -> str:
+    text = json.dumps({"checkpoint": ck.identity, "options": normalized_options(options)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def result_path(folder: Path, ck: Checkpoint, key: str) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", ck.name).strip("._")[-80:] or "checkpoint"
+    return folder / RESULTS / f"{slug}.{key}.json"
+
+
+def read_result(path: Path, key: str) -> dict[str, Any] | None:
+    """A stored result with this key, or None when the file is absent or not one (it is then computed again)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(doc, dict) and doc.get("kind") == RESULT_KIND and doc.get("key") == key
+    return doc if ok and isinstance(doc.get("result"), dict) and isinstance(doc["result"].get("model"), dict) else None
+
+
+def result_document(ck: Checkpoint, key: str, options: dict[str, Any], payload: dict[str, Any],
+                    device: str) -> dict[str, Any]:
+    from qkinspect import __version__
+    from qkinspect.records import SCHEMA
+
+    return {"schema": SCHEMA, "kind": RESULT_KIND, "tool": {"name": "qkinspect", "version": __version__},
+            "key": key, "checkpoint": ck.as_dict(), "options": normalized_options(options), "device": device,
+            **payload}
+
+
+def check_folder(folder: Path) -> None:
+    """Fail with one line, before any work and without creating anything, when `folder` cannot be the sweep's."""
+    existing = next(p for p in (folder, *folder.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise OutputError(f"{folder}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(f"{folder}: {existing} is not writable")
+
+
+def prepare(folder: Path) -> None:
+    """Create the folder (and results/) or fail with one line when it cannot be written."""
+    try:
+        (folder / RESULTS).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{folder}: cannot create the sweep folder ({e.strerror or e})") from None
+    if not os.access(folder / RESULTS, os.W_OK | os.X_OK):
+        raise OutputError(f"{folder}: the sweep folder is not writable")
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    """Write `doc` atomically (a temporary file beside `path`, then a rename, as the CLI writes -o): a reader, or a
+    resumed sweep, sees the whole file or none."""
+    from qkinspect.cli.output import atomic_write
+
+    atomic_write(path, lambda f: f.write(json.dumps(doc, allow_nan=False) + "\n"))
+
+
+def write_manifest(folder: Path, checkpoints: list[Checkpoint], options: dict[str, Any],
+                   failures: list[Failure] = ()) -> None:
+    from qkinspect import __version__
+    from qkinspect.records import SCHEMA
+
+    cks = [{**ck.as_dict(), "key": (key := result_key(ck, options)),
+            "file": str(result_path(folder, ck, key).relative_to(folder))} for ck in checkpoints]
+    write_json(folder / MANIFEST, {
+        "schema": SCHEMA, "kind": "sweep", "tool": {"name": "qkinspect", "version": __version__},
+        "options": normalized_options(options), "checkpoints": cks,
+        "failures": [{"checkpoint": f.name, "error": f.error} for f in failures]})
+
+
+def read_sweep(folder: Path) -> SweepFolder:
+    """The last sweep recorded in `folder` with the results found there.
+
+    Raises:
+        InputError: no sweep.json (not a sweep folder), or one that is not a sweep manifest.
+    """
+    folder = Path(folder)
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise InputError(f"{folder}: not a sweep folder (no {MANIFEST}; run `qkinspect sweep ... --out {folder}`)")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        cks = [(Checkpoint(**{k: c[k] for k in Checkpoint.__dataclass_fields__}), c["key"])
+               for c in doc["checkpoints"]]
+        options = doc["options"]
+        failures = [Failure(f["checkpoint"], f["error"]) for f in doc.get("failures", [])]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{path}: not a qkinspect sweep manifest ({type(e).__name__}: {e})") from None
+    results = {}
+    for ck, key in cks:
+        stored = read_result(result_path(folder, ck, key), key)
+        if stored is not None:
+            results[ck.identity] = stored
+    return SweepFolder(folder, options, [ck for ck, _ in cks], results, failures)

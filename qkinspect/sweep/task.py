@@ -1,0 +1,66 @@
+"""The work of a sweep, one checkpoint at a time: pure functions that Dask runs on its workers.
+
+Each takes a checkpoint spec and the options and returns plain JSON-ready data; nothing here touches the sweep's
+folder (the client writes results as they arrive), so a task can run on any worker that can read the checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+
+def describe(spec: str, revision: str | None) -> dict[str, Any]:
+    """The model's identity and attention shapes (schema qkinspect/1's `model`), read without any weights."""
+    from qkinspect.loading import open_model
+    from qkinspect.records import model_dict
+
+    with open_model(spec, revision=revision) as m:
+        return model_dict(m.info)
+
+
+def analyze_checkpoint(spec: str, revision: str | None, options: dict[str, Any], *, device: str = "cpu",
+                       threads: int | None = None) -> dict[str, Any]:
+    """`qkinspect.analyze` on one checkpoint with `options` (layers, heads, blocks, metrics, precision, fold_ln,
+    fold_qk_norm, layer_form): its schema-qkinspect/1 dict, plus where, with how many torch threads, and how long
+    it ran.
+
+    `threads` (torch intra-op threads) defaults to this machine's cores shared among the worker's task slots.
+    """
+    import qkinspect
+
+    t0 = time.perf_counter()
+    threads = threads or _share_of_cores()
+    result = qkinspect.analyze(spec, revision=revision, device=device, spectra=None, threads=threads, **options)
+    if not result.heads:
+        from qkinspect.errors import InputError
+
+        raise InputError(f"{spec}: the selection matched no heads")
+    return {"result": result.to_dict(), "worker": _worker_name(), "threads": threads,
+            "seconds": time.perf_counter() - t0}
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _share_of_cores() -> int:
+    """The cores this process may use divided by the tasks the Dask worker runs at once (1 outside a worker)."""
+    try:
+        from distributed import get_worker
+
+        slots = get_worker().state.nthreads
+    except (ImportError, ValueError, AttributeError):
+        slots = 1
+    return max(1, _cores() // max(1, slots))
+
+
+def _worker_name() -> str:
+    try:
+        from distributed import get_worker
+
+        return get_worker().address
+    except (ImportError, ValueError, AttributeError):
+        return f"{socket.gethostname()}:{os.getpid()}"
