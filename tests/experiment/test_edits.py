@@ -352,3 +352,166 @@ def test_gauge_invariance(args):
                 np.testing.assert_allclose(ov_form(b, h), ov_form(a, h), atol=1e-8 * np.abs(ov_form(a, h)).max())
     a, b = apply_edit(layer, parse_edit("tie_q")).layer, apply_edit(moved, parse_edit("tie_q")).layer
     assert rel(form(b, 0), form(a, 0)) > 1e-3
+
+
+# -- rotary heads: the edits at every offset -----------------------------------------------------------------
+# Frequencies θ_m = 2π f_m / N with f = 1, 3, 5: no sum or difference of two of them (nor 2θ_m) is a multiple of
+# 2π, so the mean over the N offsets 0..N−1 is exactly the long-run mean over offsets the edits are defined by.
+N = 32
+
+
+def rope(W, t, r, style):
+    """Hugging Face's rotary embedding of the rows of W (D, d) at position t: rotate_half ("half") or GPT-J's
+    rotate_every_two ("interleaved") on the first r dims."""
+    theta = 2 * np.pi * np.array([1, 3, 5])[: r // 2] / N * t
+    x, rest = W[:, :r], W[:, r:]
+    if style == "half":
+        cos, sin = np.tile(np.cos(theta), 2), np.tile(np.sin(theta), 2)
+        rot = np.concatenate([-x[:, r // 2:], x[:, : r // 2]], 1)
+    else:
+        cos, sin = np.repeat(np.cos(theta), 2), np.repeat(np.sin(theta), 2)
+        rot = np.stack([-x[:, 1::2], x[:, ::2]], -1).reshape(x.shape)
+    return np.concatenate([x * cos + rot * sin, rest], 1)
+
+
+def offset_forms(layer, h):
+    """M(t) = W_Q R_t W_Kᵀ for t = 0..N−1 (query t positions after the key), (N, D, D)."""
+    A, B, *_ = heads_of(layer, h)
+    r, style = layer.spec.rotary_dims, layer.extra["rotary_style"]
+    return np.stack([rope(A, t, r, style) @ rope(B, 0, r, style).T for t in range(N)])
+
+
+def rotary(layer, r, style):
+    return replace(layer, spec=replace(layer.spec, positional="rope", rotary_dims=r),
+                   extra={"rotary_style": style})
+
+
+def mean_rel(new, old):
+    """sqrt(mean_t ||M'(t) − M(t)||² / mean_t ||M(t)||²)."""
+    return np.sqrt(((new - old) ** 2).sum() / (old**2).sum())
+
+
+@pytest.fixture(params=[(4, "half"), (6, "interleaved"), (4, "interleaved")], ids=lambda p: f"{p[1]}-{p[0]}")
+def rope_layer(request):
+    r, style = request.param
+    return rotary(make_layer(11, H=2, G=1, D=10, d=6), r, style)
+
+
+def test_rope_reference_is_hf(rope_layer):
+    """The test's rotation gives scores that depend on the offset alone, as RoPE's do."""
+    A, B, *_ = heads_of(rope_layer, 0)
+    r, style = rope_layer.spec.rotary_dims, rope_layer.extra["rotary_style"]
+    np.testing.assert_allclose(rope(A, 7, r, style) @ rope(B, 4, r, style).T, offset_forms(rope_layer, 0)[3],
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("e", ["share_qk", "symmetric", "tie_q", "tie_k", "rank:1", "rank:2", "rank:3", "rank:4",
+                               "share_qkv"])
+def test_rope_predicted_is_the_offset_mean(rope_layer, e):
+    """On rotary heads the predicted figure is the relative change of the scores' form over all offsets."""
+    res = apply_edit(rope_layer, parse_edit(e))
+    assert not res.offset0_only
+    for h in range(2):
+        got = res.details[h]["qk"] if e == "share_qkv" else res.predicted[h]
+        assert got == pytest.approx(mean_rel(offset_forms(res.layer, h), offset_forms(rope_layer, h)), abs=1e-9)
+
+
+def pair_blocks(layer, h):
+    """A head as the blocks the rotary gauge keeps apart: the real block's M_0 and each pair's P = u vᴴ."""
+    A, B, *_ = heads_of(layer, h)
+    r, style = layer.spec.rotary_dims, layer.extra["rotary_style"]
+    a = np.arange(r // 2) if style == "half" else 2 * np.arange(r // 2)
+    b = a + r // 2 if style == "half" else a + 1
+    u, v = A[:, a] + 1j * A[:, b], B[:, a] + 1j * B[:, b]
+    return A[:, r:] @ B[:, r:].T, [np.outer(u[:, m], v[:, m].conj()) for m in range(r // 2)]
+
+
+def hermitian_top(P, positive):
+    lam, U = np.linalg.eigh((P + P.conj().T) / 2)
+    i = -1 if positive else np.argmax(np.abs(lam))
+    return max(lam[i], 0) * np.outer(U[:, i], U[:, i].conj()) if positive else lam[i] * np.outer(U[:, i],
+                                                                                                 U[:, i].conj())
+
+
+@pytest.mark.parametrize("e", ["share_qk", "symmetric"])
+def test_rope_blocks_dense(rope_layer, e):
+    """share_qk / symmetric of a rotary head: per block, the dense reference (real block as without rotary, each
+    pair the Hermitian PSD / largest-modulus rank-1 part of u vᴴ); share_qk ties W_K = W_Q literally."""
+    res = apply_edit(rope_layer, parse_edit(e))
+    k0 = rope_layer.spec.d_head - rope_layer.spec.rotary_dims
+    for h in range(2):
+        (M0, Ps), (M0n, Psn) = pair_blocks(rope_layer, h), pair_blocks(res.layer, h)
+        ref = ref_share_qk if e == "share_qk" else ref_symmetric
+        np.testing.assert_allclose(M0n, ref(M0, k0) if k0 else 0 * M0, atol=1e-10)
+        for P, Pn in zip(Ps, Psn, strict=True):
+            np.testing.assert_allclose(Pn, hermitian_top(P, e == "share_qk"), atol=1e-10)
+        if e == "share_qk":
+            np.testing.assert_allclose(_np(res.layer.W_Q[h]), _np(res.layer.W_K[h]), atol=1e-12)
+        forms = offset_forms(res.layer, h)  # token a at i vs b at j == b at j vs a at i: M'(t)ᵀ = M'(−t)
+        np.testing.assert_allclose(forms.transpose(0, 2, 1), forms[(-np.arange(N)) % N], atol=1e-10)
+
+
+@pytest.mark.parametrize("K", [0, 1, 2, 3, 4, 5, 6])
+def test_rope_rank_is_the_best_pair_selection(rope_layer, K):
+    """rank:K of a rotary head keeps whole pairs and real directions, the choice that keeps the most energy:
+    checked against every subset of pairs."""
+    from itertools import combinations
+
+    res = apply_edit(rope_layer, parse_edit(f"rank:{K}"))
+    for h in range(2):
+        M0, Ps = pair_blocks(rope_layer, h)
+        w = [np.linalg.norm(P) ** 2 / 2 for P in Ps]
+        s2 = np.linalg.svd(M0, compute_uv=False) ** 2 if M0.size and M0.any() else np.zeros(0)
+        best = max(sum(w[m] for m in S) + s2[: K - 2 * len(S)].sum()
+                   for j in range(len(Ps) + 1) for S in combinations(range(len(Ps)), j) if 2 * j <= K)
+        total = sum(w) + s2.sum()
+        assert res.predicted[h] ** 2 == pytest.approx((total - best) / total, abs=1e-10)
+    if K == 6:
+        torch.testing.assert_close(res.layer.W_Q, rope_layer.W_Q, rtol=1e-10, atol=1e-10)
+
+
+def _rope_gauge(layer, rng):
+    """A re-basing that commutes with the rotation: any G on the unrotated dims, aI + bJ on each pair."""
+    s = layer.spec
+    d, r, style = s.d_head, s.rotary_dims, layer.extra["rotary_style"]
+    G = np.zeros((d, d))
+    G[r:, r:] = _gauge(rng, d - r).numpy() if d > r else 0
+    for m in range(r // 2):
+        i, j = (m, m + r // 2) if style == "half" else (2 * m, 2 * m + 1)
+        a, b = rng.uniform(0.5, 2) * np.cos(c := rng.uniform(0, 6.3)), np.sin(c)
+        G[np.ix_([i, j], [i, j])] = [[a, b], [-b, a]]
+    G = torch.tensor(G)
+    Gt = torch.linalg.inv(G).mT
+    return replace(layer, W_Q=layer.W_Q @ G, W_K=layer.W_K @ Gt, b_Q=layer.b_Q @ G, b_K=layer.b_K @ Gt)
+
+
+def test_rope_gauge_invariance(rope_layer):
+    moved = _rope_gauge(rope_layer, np.random.default_rng(5))
+    np.testing.assert_allclose(offset_forms(moved, 0), offset_forms(rope_layer, 0), atol=1e-10)  # a true gauge
+    for e in GAUGE_INVARIANT:
+        a, b = apply_edit(rope_layer, parse_edit(e)).layer, apply_edit(moved, parse_edit(e)).layer
+        for h in range(2):
+            np.testing.assert_allclose(offset_forms(b, h), offset_forms(a, h), atol=1e-9, err_msg=e)
+    a, b = apply_edit(rope_layer, parse_edit("tie_q")).layer, apply_edit(moved, parse_edit("tie_q")).layer
+    assert mean_rel(offset_forms(b, 0), offset_forms(a, 0)) > 1e-3
+
+
+def test_rope_offset0_is_flagged(rope_layer):
+    """rotary="offset0" edits the head as if it were not rotary: right at offset 0, flagged."""
+    plain = replace(rope_layer, spec=replace(rope_layer.spec, positional="absolute"))
+    for e in ("share_qk", "symmetric", "rank:3", "share_qkv"):
+        res = apply_edit(rope_layer, parse_edit(e), rotary="offset0")
+        assert res.offset0_only
+        np.testing.assert_allclose(_np(res.layer.W_Q), _np(apply_edit(plain, parse_edit(e)).layer.W_Q), atol=1e-12)
+    assert not apply_edit(rope_layer, parse_edit("tie_q"), rotary="offset0").offset0_only  # literal either way
+
+
+def test_rope_layout_of_mla():
+    """DeepSeek MLA rotates the last rotary_dims of each head (extra["mla"]["rotary_position"] == "last")."""
+    from qkinspect.experiment.edit_rotary import rotary_layout
+
+    layer = rotary(make_layer(12, H=2, G=2, D=10, d=6), 4, "interleaved")
+    lay = rotary_layout(replace(layer, extra={**layer.extra, "mla": {"rotary_position": "last"}}))
+    assert lay.real.tolist() == [0, 1] and lay.a.tolist() == [2, 4] and lay.b.tolist() == [3, 5]
+    with pytest.raises(QkinspectError, match="rotary_style"):
+        rotary_layout(replace(layer, extra={"rotary_style": "spiral"}))
