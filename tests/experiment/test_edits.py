@@ -397,7 +397,25 @@ def rope_layer(request):
     return rotary(make_layer(11, H=2, G=1, D=10, d=6), r, style)
 
 
-def test_rope_reference_is_hf(rope_layer):
+@pytest.mark.parametrize("style", ["half", "interleaved"])
+def test_rope_reference_is_transformers(style):
+    """The test's rotation is transformers' own: Llama's rotate_half, GPT-J's apply_rotary_pos_emb."""
+    from transformers.models.gptj import modeling_gptj
+    from transformers.models.llama import modeling_llama
+
+    W = np.random.default_rng(2).standard_normal((5, 6))
+    theta = torch.tensor(2 * np.pi * np.array([1, 3, 5]) / N * 7)
+    x = torch.tensor(W)
+    if style == "half":
+        cos, sin = theta.cos().repeat(2), theta.sin().repeat(2)
+        hf = x * cos + modeling_llama.rotate_half(x) * sin
+    else:  # (batch, seq, heads, dim): the rows of W as a sequence
+        hf = modeling_gptj.apply_rotary_pos_emb(x[None, :, None], theta.sin().expand(1, 5, 3),
+                                                theta.cos().expand(1, 5, 3))[0, :, 0]
+    np.testing.assert_allclose(rope(W, 7, 6, style), hf.numpy(), atol=1e-12)
+
+
+def test_rope_reference_is_relative(rope_layer):
     """The test's rotation gives scores that depend on the offset alone, as RoPE's do."""
     A, B, *_ = heads_of(rope_layer, 0)
     r, style = rope_layer.spec.rotary_dims, rope_layer.extra["rotary_style"]
