@@ -533,3 +533,13 @@ def test_rope_layout_of_mla():
     assert lay.real.tolist() == [0, 1] and lay.a.tolist() == [2, 4] and lay.b.tolist() == [3, 5]
     with pytest.raises(QkinspectError, match="rotary_style"):
         rotary_layout(replace(layer, extra={"rotary_style": "spiral"}))
+
+
+def test_docs_define_every_edit():
+    """docs/experiments.md's Edits section has a row for every edit and every predicted figure."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "experiments.md").read_text()
+    section = text.split("## Edits", 1)[1].split("\n## ", 1)[0]
+    for e in EDITS:
+        assert f"| `{e if e != 'rank' else 'rank:K'}` |" in section, e
