@@ -83,6 +83,9 @@ def load_hf(resolved, tokenizer: Any = None) -> HFModel:
         except (OSError, ValueError, KeyError, RuntimeError) as e:
             raise CheckpointError(f"{resolved.path}: transformers cannot load it: {_one_line(e)}") from None
         tok = _tokenizer(tokenizer, where, kw, resolved.path)
+    if len(tok) <= len(set(tok.all_special_ids)):  # transformers builds an empty one from a bare config
+        raise CheckpointError(f"{tokenizer or resolved.path}: no tokenizer vocabulary found; "
+                              "name one with --tokenizer (a folder or a vocab.txt)")
     model.eval()
     return HFModel(model, family, kind, tok)
 

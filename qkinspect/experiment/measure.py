@@ -72,6 +72,8 @@ def windows(hf: HFModel, text: Text, tokens: int, window: int) -> Tensor:
     ids = _token_ids(tok, text.text, tokens)
     if len(ids) < 2:
         raise InputError(f"{text.name}: the text gives fewer than 2 tokens")
+    if tok.unk_token_id is not None and all(i == tok.unk_token_id for i in ids):
+        raise InputError(f"{text.name}: the tokenizer reads nothing but unknown tokens in this text")
     # Encoders: `tokens` counts the text tokens, so `body` per window.
     n = max(1, len(ids) // body)
     body = min(body, len(ids))
