@@ -13,6 +13,7 @@ from qkinspect.errors import InputError
 from qkinspect.experiment import edit_forms as forms
 from qkinspect.experiment.edit_rotary import RotaryLayout, rotary_layout
 from qkinspect.layer import AttentionLayer
+from qkinspect.metrics.factored import _one_thread
 
 EDITS = ("share_qk", "tie_q", "tie_k", "symmetric", "rank", "share_qkv", "ablate")
 
@@ -114,6 +115,13 @@ def apply_edit(layer: AttentionLayer, edit: Edit, heads: Sequence[int] | None = 
         >>> res.predicted  # shared_qk_distance of heads 0 and 3  # doctest: +SKIP
         {0: 0.61, 3: 0.47}
     """
+    # One torch thread: the edit is many small decompositions, and with two threads each LAPACK step ends in a
+    # barrier that a descheduled thread stalls (10x slower on a loaded machine; see metrics.factored.threaded).
+    with _one_thread():
+        return _apply(layer, edit, heads, rotary)
+
+
+def _apply(layer: AttentionLayer, edit: Edit, heads: Sequence[int] | None, rotary: str) -> EditResult:
     idx = _heads(layer, heads)
     _check(layer, edit, idx)
     offset0 = rotary == "offset0" and layer.spec.positional == "rope" and edit.name not in ("ablate", "tie_q", "tie_k")
@@ -216,16 +224,23 @@ def _share_v(base: AttentionLayer, idx: list[int], W: Tensor) -> tuple[dict, Ten
     """W_V := W, W_O := pinv(W) W_V W_O (W_V W_O changes least: it becomes its projection onto span W), and b_V
     refitted so that its constant contribution b_V W_O changes least."""
     V, O = base.W_V[idx].to(F64), base.W_O[idx].to(F64)  # (n, D, d), (n, d, D): K/V already one per query head
-    C = torch.linalg.pinv(W) @ V  # (n, d, D) @ (n, D, d) -> (n, d, d)
+    C = _pinv_tall(W) @ V  # (n, d, D) @ (n, D, d) -> (n, d, d)
     O_new = C @ O  # (n, d, D)
     X = V - W @ C  # (n, D, d): W_V W_O − W_V' W_O' = X W_O
     OOt = O @ O.mT
     ov = _ratio(_tr(X.mT @ X, OOt), _tr(V.mT @ V, OOt))
     kw = _put(base, idx, W_V=W, W_O=O_new)
     if base.b_V is not None:
-        b = (base.b_V[idx].to(F64).unsqueeze(-2) @ O) @ torch.linalg.pinv(O_new)  # (n, 1, D) @ (n, D, d)
+        b = (base.b_V[idx].to(F64).unsqueeze(-2) @ O) @ _pinv_tall(O_new.mT).mT  # (n, 1, D) @ (n, D, d)
         kw |= _put(base, idx, b_V=b[..., 0, :])
     return kw, ov
+
+
+def _pinv_tall(X: Tensor) -> Tensor:
+    """Pseudo-inverse of tall X (n, D, d) as pinv(R) Qᵀ from X = QR: a d x d pseudo-inverse instead of an SVD of
+    X (Q has orthonormal columns, so (QR)⁺ = R⁺ Qᵀ)."""
+    Q, R = torch.linalg.qr(X)
+    return torch.linalg.pinv(R) @ Q.mT
 
 
 def _tr(A: Tensor, B: Tensor) -> Tensor:
