@@ -107,12 +107,12 @@ def run_experiment(
     if rotary not in ("gauge", "offset0"):
         raise InputError(f"--rotary {rotary!r}: expected gauge or offset0")
     source = text if isinstance(text, Text) else default_text() if text is None else read_text(text)
-    info, originals, hf = _open(model, revision, layers, heads, tokenizer)
+    info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer)
     spec = info.blocks[0]
     head_list = list(heads) if heads is not None else list(range(spec.n_heads))
     ids = windows(hf, source, tokens, window)
     scorer = Scorer(hf, ids, batch_tokens=batch_tokens, seed=seed)
-    units = _units(scope, sorted(originals), head_list)
+    units = make_units(scope, sorted(originals), head_list)
     runs_edits = chosen + ([REFERENCE] if reference and REFERENCE not in chosen else [])
     t0 = time.perf_counter()
     base = scorer.baseline(cache={_start(unit) for unit in units})
@@ -121,7 +121,7 @@ def run_experiment(
     total = len(units) * len(runs_edits)
     for unit in units:
         for edit in runs_edits:
-            runs.append(_run(scorer, hf, originals, unit, edit, scope, base, rotary))
+            runs.append(run_unit(scorer, hf, originals, unit, edit, scope, base, rotary))
             if progress is not None:
                 progress(len(runs), total)
     return ExperimentResult(
@@ -139,7 +139,7 @@ def _parse_edits(edits: str | Sequence[str]) -> list[Edit]:
     return out
 
 
-def _open(model, revision, layers, heads, tokenizer):
+def open_experiment(model, revision, layers, heads, tokenizer):
     """The model's identity, its chosen layers in the canonical layout (qkinspect's loader), and the transformers
     model (the same files, through transformers' own classes)."""
     from qkinspect.loading import open_model
@@ -170,7 +170,7 @@ def _check_range(what: str, wanted: Sequence[int] | None, n: int) -> None:
 Unit = list[tuple[int, list[int]]]  # (layer, heads) pairs edited together in one run
 
 
-def _units(scope: str, layers: list[int], heads: list[int]) -> list[Unit]:
+def make_units(scope: str, layers: list[int], heads: list[int]) -> list[Unit]:
     if scope == "head":
         return [[(i, [h])] for i in layers for h in heads]
     if scope == "layer":
@@ -183,13 +183,15 @@ def _start(unit: Unit) -> int:
     return min(i for i, _ in unit)
 
 
-def _run(scorer: Scorer, hf, originals: dict[int, AttentionLayer], unit: Unit, edit: Edit, scope: str,
-         base: float, rotary: str) -> Run:
+def run_unit(scorer: Scorer, hf, originals: dict[int, AttentionLayer], unit: Unit, edit: Edit, scope: str,
+             base: float, rotary: str, start: int | None = None) -> Run:
+    """Edit `unit`, run the model from its first edited layer (or from `start`: 0 runs everything, as a naive
+    loop would), restore it, and record the run."""
     t0 = time.perf_counter()
     results = [apply_edit(originals[i], edit, hs, rotary=rotary) for i, hs in unit]  # type: ignore[arg-type]
     with written(hf, [r.layer for r in results]):
         t1 = time.perf_counter()
-        loss = scorer.score(start=_start(unit))
+        loss = scorer.score(start=_start(unit) if start is None else start)
         t_forward = time.perf_counter() - t1
     figures = [v for r in results for v in r.predicted.values()]
     return Run(
