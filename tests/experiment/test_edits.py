@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import replace
 
 import numpy as np
@@ -543,3 +544,59 @@ def test_docs_define_every_edit():
     section = text.split("## Edits", 1)[1].split("\n## ", 1)[0]
     for e in EDITS:
         assert f"| `{e if e != 'rank' else 'rank:K'}` |" in section, e
+
+
+# -- rotary edits through transformers' own rotary modules --------------------------------------------------
+
+
+def _tiny_rotary_model(family, folder):
+    """A random 1-layer Llama (full rotary, GQA) or GPT-NeoX (half the dims rotated, biases), saved to `folder`."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    if family == "llama":
+        cfg = tf.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                             head_dim=8, intermediate_size=40, vocab_size=50, rope_parameters=rope)
+        model = tf.LlamaForCausalLM(cfg)
+    else:
+        cfg = tf.GPTNeoXConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=40,
+                               vocab_size=50, rope_parameters={**rope, "partial_rotary_factor": 0.5})
+        model = tf.GPTNeoXForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_()  # biases that matter
+    model.save_pretrained(folder)
+    return model.eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+def test_rotary_edits_through_transformers(family, tmp_path):
+    """The edited weights, rotated by the model's own rotary embedding, give scores with S_ij = S_ji (token a at i
+    scores b at j as b at j scores a at i) for share_qk and symmetric. This ties qkinspect's rotary layout (pairs,
+    rotated dims, biases) to what the model computes."""
+    from qkinspect.loading import open_model
+
+    model = _tiny_rotary_model(family, tmp_path)
+    with open_model(tmp_path) as m:
+        layer = m.layer(m.info.blocks[0].key, 0, dtype=torch.float64)
+    base = model.model if family == "llama" else model.gpt_neox
+    rotate = importlib.import_module(f"transformers.models.{family}.modeling_{family}").apply_rotary_pos_emb
+    x = torch.randn(1, 12, 32, dtype=torch.float64)
+    cos, sin = (t.double() for t in base.rotary_emb(x.float(), torch.arange(12)[None]))
+
+    def scores(lay, h):
+        g = h // lay.spec.group_size
+        q = x @ lay.W_Q[h] + (0 if lay.b_Q is None else lay.b_Q[h])  # (1, T, d)
+        k = x @ lay.W_K[g] + (0 if lay.b_K is None else lay.b_K[g])
+        q, k = rotate(q[:, None], k[:, None], cos, sin)  # (1, 1, T, d): the model's own rotation
+        return (q @ k.mT)[0, 0].numpy()
+
+    S = scores(layer, 0)
+    assert rel(S.T, S) > 0.1
+    for e in ("share_qk", "symmetric"):
+        new = apply_edit(layer, parse_edit(e)).layer
+        for h in range(4):
+            S = scores(new, h)
+            np.testing.assert_allclose(S.T, S, atol=1e-6 * np.abs(S).max(), err_msg=f"{e} head {h}")
