@@ -106,6 +106,8 @@ def run_experiment(
         raise InputError(f"--scope {scope!r}: expected one of {', '.join(SCOPES)}")
     if rotary not in ("gauge", "offset0"):
         raise InputError(f"--rotary {rotary!r}: expected gauge or offset0")
+    if tokens < 2 or window < 2:
+        raise InputError(f"--tokens {tokens} / --window {window}: both must be at least 2")
     source = text if isinstance(text, Text) else default_text() if text is None else read_text(text)
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer)
     spec = info.blocks[0]
