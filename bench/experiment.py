@@ -44,6 +44,8 @@ def main() -> None:
     ap.add_argument("--layers", default=None, help="e.g. 0-29 (default: all)")
     ap.add_argument("--naive", type=int, default=3, help="naive runs to time")
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    ap.add_argument("--runs", type=Path, default=None,
+                    help="also write every run as `qkinspect experiment` JSON (for plot --kind experiment)")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -97,6 +99,23 @@ def main() -> None:
           f"({args.naive} naive runs timed: {naive_each:.2f} s each)")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
+    if args.runs:
+        _write_runs(args.runs, info, hf, scorer, base, runs, t_baseline, wall)
+
+
+def _write_runs(path: Path, info, hf, scorer, base: float, runs, t_baseline: float, wall: float) -> None:
+    from qkinspect.cli.commands.experiment import experiment_document
+    from qkinspect.cli.output import emit
+    from qkinspect.experiment.edits import PREDICTORS
+    from qkinspect.experiment.measure import default_text
+    from qkinspect.experiment.run import ExperimentResult
+
+    n, w = sum(b.shape[0] for b in scorer.batches), scorer.batches[0].shape[1]
+    result = ExperimentResult(model=info, measure=hf.kind, text=default_text().name, tokens=scorer.tokens,
+                              scored=scorer.counted, windows=n, window=w, baseline=base, runs=tuple(runs),
+                              rotary="gauge", baseline_seconds=t_baseline, seconds=wall,
+                              predictors={"share_qk": PREDICTORS["share_qk"]})
+    emit(experiment_document(result), "json", path)
 
 
 def _timed(fn) -> float:
