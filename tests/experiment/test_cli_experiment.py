@@ -13,12 +13,6 @@ from qkinspect.cli.app import app
 from tests.experiment import tiny_models as tiny
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-
-
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     return tiny.llama(tmp_path_factory.mktemp("cli_experiment") / "llama")

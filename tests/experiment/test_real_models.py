@@ -5,24 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 import random
-from pathlib import Path
 
 import pytest
 
 from qkinspect.experiment import run_experiment
 from qkinspect.experiment.measure import Text
+from tests.loading.test_real_weights import package_file
 
 pytestmark = pytest.mark.slow
-
-
-def package_file(package: str, relative: str, hint: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"{package} is not installed ({hint})")
-    path = Path(next(iter(spec.submodule_search_locations))) / relative
-    if not path.exists():
-        pytest.skip(f"{package} is installed but has no {relative}")
-    return path
 
 
 def needs_accelerate() -> None:
@@ -91,7 +81,8 @@ def as_text(seqs: list[str]) -> Text:
 
 
 def test_antiberty_masked_lm_on_generated_antibodies():
-    model = package_file("antiberty", "trained_models/AntiBERTy_md_smooth", "pip install antiberty==0.1.3")
+    model = package_file("antiberty", "trained_models/AntiBERTy_md_smooth/config.json",
+                         "pip install antiberty==0.1.3").parent
     vocab = model.parent / "vocab.txt"
     seqs = antibodies(12)
     kw = dict(scope="layer", layers=[0, 7], tokens=512, window=128, tokenizer=vocab)

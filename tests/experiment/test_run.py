@@ -16,12 +16,6 @@ from tests.experiment import tiny_models as tiny
 TOKENS, WINDOW = 96, 32
 
 
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("experiment_models")
