@@ -102,12 +102,23 @@ def _load_model(family: str, where: str, kw: dict[str, Any]) -> tuple[nn.Module,
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
     if family in ("llama", "gpt2"):
-        return AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw), CAUSAL
+        return _complete(AutoModelForCausalLM, where, kw), CAUSAL
     model, info = AutoModelForMaskedLM.from_pretrained(where, dtype=torch.float32, output_loading_info=True, **kw)
     if not info["missing_keys"]:
         return model, MASKED
     del model  # no masked-LM head in the checkpoint: its head would be random
-    return AutoModel.from_pretrained(where, dtype=torch.float32, **kw), DRIFT
+    return _complete(AutoModel, where, kw), DRIFT
+
+
+def _complete(auto, where: str, kw: dict[str, Any]) -> nn.Module:
+    """The model, refused when transformers had to fill any of its weights with random values."""
+    model, info = auto.from_pretrained(where, dtype=torch.float32, output_loading_info=True, **kw)
+    missing = sorted(info["missing_keys"])
+    if missing:
+        raise CheckpointError(f"{where}: the checkpoint has no {', '.join(missing[:3])}"
+                              f"{' …' if len(missing) > 3 else ''} (a model without its head cannot be measured "
+                              "by its loss)")
+    return model
 
 
 def _tokenizer(tokenizer: Any, where: str, kw: dict[str, Any], path) -> Any:

@@ -185,6 +185,14 @@ def test_bad_requests_are_refused_in_one_line(models, tmp_path):
                              vocab_size=len(tiny.VOCAB), word_embed_proj_dim=16)).save_pretrained(opt)
     with pytest.raises(UnsupportedModelError, match="'opt' cannot be run and edited"):
         run_experiment(opt, "share_qk")
+    from transformers import LlamaConfig, LlamaModel
+
+    headless = tmp_path / "llama_without_head"
+    LlamaModel(LlamaConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                           vocab_size=len(tiny.VOCAB))).save_pretrained(headless)
+    tiny.save_tokenizer(headless)
+    with pytest.raises(InputError, match="has no lm_head.weight"):
+        run_experiment(headless, "share_qk")
 
 
 def test_text_file_is_named_in_the_result(models, tmp_path):
