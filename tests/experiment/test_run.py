@@ -20,7 +20,8 @@ TOKENS, WINDOW = 96, 32
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("experiment_models")
     return {"llama": tiny.llama(root / "llama"), "bert": tiny.bert(root / "bert"),
-            "bare": tiny.bert(root / "bare", head=False), "gpt2": tiny.gpt2(root / "gpt2")}
+            "bare": tiny.bert(root / "bare", head=False), "gpt2": tiny.gpt2(root / "gpt2"),
+            "mistral": tiny.mistral(root / "mistral"), "roberta": tiny.roberta(root / "roberta")}
 
 
 def opened(folder):
@@ -38,7 +39,7 @@ def scorer(hf, cache=()):
 
 
 @pytest.mark.parametrize("family,kind", [("llama", "causal"), ("bert", "masked"), ("bare", "drift"),
-                                         ("gpt2", "causal")])
+                                         ("gpt2", "causal"), ("mistral", "causal"), ("roberta", "masked")])
 def test_writing_back_the_loaded_tensors_reproduces_the_model(models, family, kind):
     hf, layers = opened(models[family])
     assert hf.kind == kind
@@ -48,7 +49,7 @@ def test_writing_back_the_loaded_tensors_reproduces_the_model(models, family, ki
     assert s.score() == base
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "mistral", "roberta"])
 def test_a_run_from_a_cached_layer_equals_the_full_run(models, family):
     from qkinspect.experiment import apply_edit, parse_edit
 

@@ -67,3 +67,24 @@ def gpt2(folder: Path, seed: int = 0) -> Path:
     config = GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, vocab_size=len(VOCAB),
                         bos_token_id=2, eos_token_id=3)
     return _save(GPT2LMHeadModel(config).eval(), folder)
+
+
+def mistral(folder: Path, seed: int = 0) -> Path:
+    """MistralForCausalLM with a sliding window shorter than the test windows (grouped-query, rotary)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    config = MistralConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=48, vocab_size=len(VOCAB), max_position_embeddings=64,
+                           sliding_window=8, tie_word_embeddings=False)
+    return _save(MistralForCausalLM(config).eval(), folder)
+
+
+def roberta(folder: Path, seed: int = 0) -> Path:
+    """RobertaForMaskedLM: BERT's modules under roberta.*, positions offset by the padding index."""
+    from transformers import RobertaConfig, RobertaForMaskedLM
+
+    torch.manual_seed(seed)
+    config = RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                           vocab_size=len(VOCAB), max_position_embeddings=66, pad_token_id=0)
+    return _save(RobertaForMaskedLM(config).eval(), folder)
