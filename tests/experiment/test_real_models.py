@@ -85,11 +85,12 @@ def test_antiberty_masked_lm_on_generated_antibodies():
                          "pip install antiberty==0.1.3").parent
     vocab = model.parent / "vocab.txt"
     seqs = antibodies(12)
-    kw = dict(scope="layer", layers=[0, 7], tokens=512, window=128, tokenizer=vocab)
+    kw = dict(scope="layer", layers=[7], tokens=512, window=128, tokenizer=vocab)
     r = run_experiment(model, "ablate", text=as_text(seqs), **kw)
     assert r.measure == "masked" and r.tokens == 4 * 128
     assert r.baseline < 2.2  # 1.71 measured; ln 20 = 3.0 guesses without context (shuffled residues: 3.37)
-    assert all(x.dloss > 0 for x in r.runs)
+    (last,) = r.runs
+    assert last.dloss > 0.1  # 0.35 measured; the early layers' ablations cost ~0 on these easy frameworks
     rng = random.Random(1)
     shuffled = ["".join(rng.sample(s, len(s))) for s in seqs]
     noise = run_experiment(model, "ablate", text=as_text(shuffled), reference=False, **kw)
