@@ -74,7 +74,7 @@ def experiment_figure(doc: dict[str, Any], canvas: Canvas = new_figure):
             im = draw(ax, g, norm)
             ax.set_title(g.metric)
         colorbar(top, im, list(axes), "Δloss")
-        name = doc.get("model", {}).get("name", "")
+        name = Path(str(doc.get("model", {}).get("name", ""))).name  # a file's name, not its whole path
         top.suptitle(f"{name}: Δ{doc['measure']['name']} per head (baseline {doc['baseline']:.3f})")
     panels = bottom.subplots(1, 2 if len(ranks) >= 2 and edits else 1, squeeze=False)[0]
     if edits:
