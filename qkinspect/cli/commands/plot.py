@@ -41,6 +41,7 @@ class Kind(str, Enum):
     compare = "compare"
     metric = "metric"
     trajectory = "trajectory"
+    experiment = "experiment"
 
 
 KindOpt = Annotated[Kind, typer.Option("--kind", "-k", metavar="KIND", help="Which figure to draw: "
@@ -52,6 +53,8 @@ MetricOpt = Annotated[str | None, typer.Option(
     "--metrics`' head metrics, e.g. shared_qk_distance, qk_stable_rank, cka_qv).")]
 LayerOpt = Annotated[int | None, typer.Option(
     "--layer", metavar="N", help="--kind heads: the layer to show (default: every layer as small multiples).")]
+ExperimentOpt = Annotated[Path | None, typer.Option(
+    "--experiment", metavar="FILE.json", help="--kind experiment: the JSON `qkinspect experiment -o FILE.json` wrote.")]
 CompareOpt = Annotated[str | None, typer.Option(
     "--compare", metavar="MODEL_B", help="--kind compare: the second model; the figure shows B − A per head.")]
 
@@ -62,7 +65,7 @@ def register(app: typer.Typer) -> None:
         model: ModelArg = None, kind: KindOpt = Kind.symmetry, output: FigureOut = None, layer: LayerOpt = None,
         compare: CompareOpt = None, metric: MetricOpt = None, layers: LayersOpt = None, block: BlockOpt = None,
         fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False, precision: PrecisionOpt = Precision.float32,
-        device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
+        device: DeviceOpt = Device.cpu, revision: RevisionOpt = None, experiment: ExperimentOpt = None,
     ) -> None:
         """Draw one figure of the attention geometry (heatmaps of symmetry or Q/K/V overlap, singular-value spectra,
         ranks by layer, the symmetry histogram against chance, head-by-head overlap, a two-model comparison, or a
@@ -74,11 +77,24 @@ def register(app: typer.Typer) -> None:
 
         Example (a sweep's folder, metric against training step): qkinspect plot sweep/ --kind trajectory
         --metric symmetry -o symmetry-by-step.png
+
+        Example: qkinspect plot --kind experiment --experiment runs.json -o experiment.png
         """
         output = check_figure_path(output)
         if kind is Kind.trajectory:
             draw_trajectory(Path(model or "."), metric or "symmetry", output, layers=layers, blocks=block)
             note(f"wrote the {metric or 'symmetry'} trajectory to {output}")
+            return
+        if (kind is Kind.experiment) != (experiment is not None):
+            raise InputError("--kind experiment needs --experiment FILE.json (from qkinspect experiment -o)"
+                             if experiment is None else "--experiment applies to --kind experiment only")
+        if experiment is not None:
+            from qkinspect.report.experiment import experiment_figure, read_experiment
+            from qkinspect.report.style import style
+
+            with style():
+                save_figure(experiment_figure(read_experiment(experiment)), output)
+            note(f"wrote the experiment figure to {output}")
             return
         if kind is Kind.compare and compare is None:
             raise InputError("--kind compare needs a second model: --compare MODEL_B")

@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
             note(f"wrote an HTML report to {output}")
             return
         n = write_report(model, output, sel, layer_form=layer_form, revision=revision)
-        note(f"wrote a {n}-page report to {output}")
+        note(f"wrote {'an' if str(n)[0] == '8' or n in (11, 18) else 'a'} {n}-page report to {output}")
 
 
 def check_report_path(output: Path | None, html: bool = False) -> Path:

@@ -1,0 +1,126 @@
+"""`qkinspect experiment`: edit attention heads of a trained model and measure what it costs on real text."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from qkinspect.cli.options import FormatOpt, HeadsOpt, LayersOpt, ModelArg, OutputOpt, RevisionOpt, parse_indices
+from qkinspect.cli.output import Document, check_output, emit, envelope, progress
+
+
+class Scope(str, Enum):
+    head = "head"
+    layer = "layer"
+    model = "model"
+
+
+class Rotary(str, Enum):
+    gauge = "gauge"
+    offset0 = "offset0"
+
+
+EditOpt = Annotated[str, typer.Option(
+    "--edit", "-e", metavar="EDIT[,EDIT…]",
+    help="Edits: share_qk, tie_q, tie_k, symmetric, rank:K, share_qkv, ablate (docs/experiments.md).")]
+ScopeOpt = Annotated[Scope, typer.Option(
+    "--scope", help="One run per head, per layer (its chosen heads together), or one for the whole model.")]
+TextOpt = Annotated[Path | None, typer.Option(
+    "--text", metavar="FILE", help="UTF-8 text to measure on (default: Python's own pydoc_data.topics).")]
+TokensOpt = Annotated[int, typer.Option("--tokens", metavar="N", help="Use the first N tokens of the text.")]
+WindowOpt = Annotated[int, typer.Option("--window", metavar="W", help="Tokens per window (non-overlapping).")]
+ReferenceOpt = Annotated[bool, typer.Option(
+    "--reference/--no-reference", help="Also ablate the same heads, for Δloss / Δloss(ablate).")]
+RotaryOpt = Annotated[Rotary, typer.Option(
+    "--rotary", help="Rotary heads: edit within the gauge that commutes with the rotation (exact), or as if not "
+                     "rotary (exact at offset 0 only; flagged).")]
+TokenizerOpt = Annotated[Path | None, typer.Option(
+    "--tokenizer", metavar="PATH", help="A tokenizer folder or a vocab.txt, for a model folder without one.")]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def experiment(
+        model: ModelArg = None, edit: EditOpt = "share_qk", scope: ScopeOpt = Scope.head,
+        layers: LayersOpt = None, heads: HeadsOpt = None, text: TextOpt = None, tokens: TokensOpt = 4096,
+        window: WindowOpt = 512, reference: ReferenceOpt = True, rotary: RotaryOpt = Rotary.gauge,
+        tokenizer: TokenizerOpt = None, revision: RevisionOpt = None, fmt: FormatOpt = None,
+        output: OutputOpt = None,
+    ) -> None:
+        """Edit attention heads (share one matrix for queries and keys, symmetrise, truncate the rank, ...), run
+        the model on text and report each edit's cost: the loss change per head, per layer or for the model.
+
+        Causal LMs are measured by next-token cross-entropy, masked LMs by masked-LM loss, encoders without a
+        head by the drift of their final hidden states (docs/experiments.md).
+
+        Example: qkinspect experiment SmolLM2-135M-Instruct.Q4_1.gguf --edit share_qk,rank:16 --layers 0-3
+        --tokens 1024 -o runs.csv
+        """
+        check_output(fmt, output)
+        from qkinspect.experiment import run_experiment
+        from qkinspect.experiment.edits import parse_edit
+
+        for e in edit.split(","):  # refuse a misspelt edit before loading anything
+            if e.strip():
+                parse_edit(e)
+        with progress("editing heads") as p:
+            result = run_experiment(
+                model, edit, scope=scope.value, layers=parse_indices(layers, "--layers"),
+                heads=parse_indices(heads, "--heads"), text=text, tokens=tokens, window=window,
+                reference=reference, rotary=rotary.value, tokenizer=tokenizer, revision=revision, progress=p)
+        emit(experiment_document(result), fmt, output)
+
+
+def run_rows(result) -> list[dict[str, Any]]:
+    """One tidy row per run (the CSV and NDJSON rows)."""
+    return [{"model": result.model.name, "measure": result.measure, "edit": r.edit, "scope": r.scope,
+             "layer": r.layer, "head": r.head, "heads": r.heads, "loss": r.loss, "dloss": r.dloss,
+             "dloss_ratio_ablate": r.ratio, "predicted": r.predicted, "predictor": result.predictors.get(r.edit),
+             "offset0_only": r.offset0, "seconds": r.seconds} for r in result.runs]
+
+
+def experiment_document(result) -> Document:
+    """JSON: the model, what was measured on which text, the baseline, and every run."""
+    from qkinspect.experiment.measure import MEASURES
+    from qkinspect.records import model_dict
+
+    rows = run_rows(result)
+    body = {
+        "model": model_dict(result.model),
+        "measure": {"kind": result.measure, "name": MEASURES[result.measure], "text": result.text,
+                    "tokens": result.tokens, "scored": result.scored, "windows": result.windows,
+                    "window": result.window, "rotary": result.rotary},
+        "baseline": result.baseline,
+        "predictors": result.predictors,
+        "timing": {"baseline_seconds": result.baseline_seconds, "runs_seconds": result.seconds},
+        "runs": [{k: v for k, v in r.items() if k not in ("model", "measure")} for r in rows],
+    }
+    return Document(json=envelope("experiment", **body), rows=rows,
+                    render=lambda console: _render(console, result, rows))
+
+
+def _fmt(v: Any, spec: str = ".4f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _render(console, result, rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    from qkinspect.experiment.measure import MEASURES
+
+    console.print(f"[bold]{result.model.name}[/bold]  {MEASURES[result.measure]} on {result.text}: "
+                  f"{result.tokens} tokens ({result.windows} × {result.window}), baseline {result.baseline:.4f}",
+                  highlight=False, soft_wrap=True)
+    t = Table(show_edge=False, header_style="bold")
+    for col in ("edit", "scope", "layer", "head", "loss", "Δloss", "Δ/Δablate", "predicted", "offset-0"):
+        t.add_column(col, justify="left" if col in ("edit", "scope") else "right")
+    for r in rows:
+        t.add_row(r["edit"], r["scope"], _fmt(r["layer"], "d"), _fmt(r["head"], "d"), _fmt(r["loss"]),
+                  _fmt(r["dloss"], "+.4f"), _fmt(r["dloss_ratio_ablate"], ".2f"), _fmt(r["predicted"], ".3f"),
+                  "yes" if r["offset0_only"] else "")
+    console.print(t)
+    for name, what in result.predictors.items():
+        console.print(f"predicted for {name}: {what}", highlight=False, soft_wrap=True)

@@ -1,0 +1,219 @@
+"""What an experiment measures, and how it avoids re-running the unedited prefix (docs/experiments.md).
+
+- causal LMs: mean next-token cross-entropy over non-overlapping windows of W tokens, each scored on its W-1
+  predictions (what ``labels=input_ids`` computes in transformers);
+- masked LMs: masked-LM cross-entropy, 15 % of the non-special tokens of each window replaced by the mask token,
+  the positions drawn once with a fixed seed;
+- encoders without a head: drift, 1 - mean cosine of the final hidden states to the unedited model's.
+
+`Scorer.baseline` runs the unedited model once over every batch of windows and keeps the hidden states entering
+the layers that will be edited; `Scorer.score(start)` then runs only layers start.. (and the head): the layers
+before `start` are swapped for a module that hands back the cached states, so the model's own forward still builds
+the mask and the position embeddings (rotary included) exactly as it does for the full model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from qkinspect.errors import InputError
+from qkinspect.experiment.hf import CAUSAL, DRIFT, MASKED, HFModel
+
+MASK_FRACTION = 0.15
+MEASURES = {CAUSAL: "next-token cross-entropy", MASKED: "masked-LM cross-entropy", DRIFT: "drift"}
+
+
+@dataclass(frozen=True)
+class Text:
+    name: str  # how the output names it
+    text: str
+
+
+def default_text() -> Text:
+    """The topic pages of Python's own help (`pydoc_data.topics`), in key order: English prose and code that ships
+    with every Python."""
+    from pydoc_data.topics import topics
+
+    return Text(f"pydoc_data.topics (Python {platform.python_version()})",
+                "\n\n".join(topics[k] for k in sorted(topics)))
+
+
+def read_text(path: str | Path) -> Text:
+    p = Path(path)
+    try:
+        return Text(str(p), p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise InputError(f"{p}: --text must be UTF-8 text") from None
+    except OSError as e:
+        raise InputError(f"{p}: cannot read --text ({e.strerror or e})") from None
+
+
+def windows(hf: HFModel, text: Text, tokens: int, window: int) -> Tensor:
+    """Token windows (n, W) from the first `tokens` tokens of `text`. Encoders get [CLS] … [SEP] around W-2
+    text tokens. With fewer tokens than one window, one window of what there is."""
+    if tokens < 2 or window < 2:
+        raise InputError(f"--tokens {tokens} / --window {window}: both must be at least 2")
+    limit = getattr(hf.model.config, "max_position_embeddings", None)
+    if limit and window > limit:
+        raise InputError(f"--window {window}: this model takes at most {limit} positions")
+    tok = hf.tokenizer
+    wrap = hf.kind != CAUSAL and tok.cls_token_id is not None and tok.sep_token_id is not None
+    body = window - 2 if wrap else window
+    if body < 1:
+        raise InputError(f"--window {window}: too short for [CLS] and [SEP]")
+    ids = _token_ids(tok, text.text, tokens)
+    if len(ids) < 2:
+        raise InputError(f"{text.name}: the text gives fewer than 2 tokens")
+    if tok.unk_token_id is not None and all(i == tok.unk_token_id for i in ids):
+        raise InputError(f"{text.name}: the tokenizer reads nothing but unknown tokens in this text")
+    # Encoders: `tokens` counts the text tokens, so `body` per window.
+    n = max(1, len(ids) // body)
+    body = min(body, len(ids))
+    rows = torch.tensor(ids[: n * body], dtype=torch.long).view(n, body)  # (n*body,) -> (n, body)
+    if wrap:
+        cls = torch.full((n, 1), tok.cls_token_id, dtype=torch.long)
+        sep = torch.full((n, 1), tok.sep_token_id, dtype=torch.long)
+        rows = torch.cat([cls, rows, sep], dim=1)  # (n, body + 2)
+    return rows
+
+
+def _token_ids(tok, text: str, tokens: int) -> list[int]:
+    """The first `tokens` token ids of `text` (no special tokens); tokenises a prefix first, the whole if short."""
+    chars = tokens * 16
+    while True:
+        ids = tok(text[:chars], add_special_tokens=False, verbose=False)["input_ids"]
+        if len(ids) > tokens or chars >= len(text):
+            return ids[:tokens]
+        chars *= 4
+
+
+class _Cached(nn.Module):
+    """Stands in for a skipped layer: returns the cached states entering the first layer that runs."""
+
+    def __init__(self, states: Tensor, as_tuple: bool):
+        super().__init__()
+        self.out = (states,) if as_tuple else states
+
+    def forward(self, *args, **kwargs):
+        return self.out
+
+
+class Scorer:
+    """Scores the model (as it currently is) on fixed batches of windows, from any layer on.
+
+    Example:
+        >>> s = Scorer(hf, windows(hf, default_text(), 4096, 512))  # doctest: +SKIP
+        >>> base = s.baseline(cache={3, 7})   # one full pass; keeps the states entering layers 3 and 7
+        >>> with written(hf, [edited_layer_7]):
+        ...     loss = s.score(start=7)        # runs layers 7.. only
+    """
+
+    def __init__(self, hf: HFModel, ids: Tensor, *, batch_tokens: int = 2048, seed: int = 0):
+        self.hf = hf
+        n, W = ids.shape
+        per = max(1, batch_tokens // W)
+        self.batches = [ids[i : i + per] for i in range(0, n, per)]
+        self.inputs = [self._inputs(b, seed + k) for k, b in enumerate(self.batches)]
+        self.cache: dict[int, list[Tensor]] = {}
+        self.reference: list[Tensor] = []  # drift: the unedited final hidden states, per batch
+        self.as_tuple = False
+        self.counted = 0  # predictions (or masked tokens, or tokens) scored per pass
+
+    def _inputs(self, ids: Tensor, seed: int) -> dict[str, Tensor]:
+        if self.hf.kind == CAUSAL:
+            return {"input_ids": ids, "use_cache": False}
+        kw = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if self.hf.kind != MASKED:
+            return kw
+        tok = self.hf.tokenizer
+        special = torch.zeros_like(ids, dtype=torch.bool)
+        for t in tok.all_special_ids:
+            special |= ids == t
+        g = torch.Generator().manual_seed(seed)
+        pick = (torch.rand(ids.shape, generator=g) < MASK_FRACTION) & ~special
+        if not pick.any():  # a tiny window: mask at least one ordinary token
+            pick.view(-1)[int((~special).view(-1).nonzero()[0])] = True
+        labels = torch.where(pick, ids, torch.full_like(ids, -100))
+        return {**kw, "input_ids": torch.where(pick, torch.full_like(ids, tok.mask_token_id), ids), "labels": labels}
+
+    @property
+    def tokens(self) -> int:
+        return sum(b.numel() for b in self.batches)
+
+    def baseline(self, cache: set[int] | frozenset[int] = frozenset()) -> float:
+        """One full unedited pass: the baseline loss; keeps the states entering each layer in `cache`."""
+        layers = self.hf.layers
+        self.cache = {i: [] for i in cache}
+        self.reference = []
+        hooks = [layers[i].register_forward_pre_hook(self._keeper(i), with_kwargs=True) for i in cache]
+        hooks.append(layers[0].register_forward_hook(self._shape_probe))
+        try:
+            with torch.inference_mode():
+                return self._pass(start=0, keep_reference=True)
+        finally:
+            for h in hooks:
+                h.remove()
+
+    def _keeper(self, i: int):
+        def keep(module, args, kwargs):
+            self.cache[i].append(args[0] if args else kwargs["hidden_states"])
+
+        return keep
+
+    def _shape_probe(self, module, args, output) -> None:
+        self.as_tuple = isinstance(output, tuple)
+
+    def score(self, start: int = 0) -> float:
+        """The loss of the model as it is now, running layers `start`.. on the cached states (0: everything)."""
+        if start and start not in self.cache:
+            raise ValueError(f"no cached states entering layer {start}; baseline(cache=...) must include it")
+        with torch.inference_mode():
+            return self._pass(start)
+
+    def _pass(self, start: int, keep_reference: bool = False) -> float:
+        total, count = 0.0, 0
+        for b, inputs in enumerate(self.inputs):
+            with self._skipping(start, b):
+                out = self.hf.model(**{k: v for k, v in inputs.items() if k != "labels"})
+            s, c = self._loss(out, b, inputs, keep_reference)
+            total, count = total + s, count + c
+        self.counted = count
+        return total / count
+
+    @contextlib.contextmanager
+    def _skipping(self, start: int, b: int) -> Iterator[None]:
+        layers = self.hf.layers
+        saved = [layers[k] for k in range(start)]
+        try:
+            for k in range(start):
+                layers[k] = _Cached(self.cache[start][b], self.as_tuple)
+            yield
+        finally:
+            for k, m in enumerate(saved):
+                layers[k] = m
+
+    def _loss(self, out, b: int, inputs: dict[str, Tensor], keep_reference: bool) -> tuple[float, int]:
+        kind = self.hf.kind
+        if kind == DRIFT:
+            h = out.last_hidden_state
+            if keep_reference:
+                self.reference.append(h)
+            cos = F.cosine_similarity(h.float(), self.reference[b].float(), dim=-1)  # (B, W)
+            return float((1 - cos).sum()), cos.numel()
+        logits = out.logits.float()
+        if kind == CAUSAL:
+            ids = inputs["input_ids"]
+            pred, target = logits[:, :-1], ids[:, 1:]  # position t predicts token t+1
+        else:
+            pred, target = logits, inputs["labels"]
+        loss = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), reduction="sum",
+                               ignore_index=-100)
+        return float(loss), int((target != -100).sum())

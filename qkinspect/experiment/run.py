@@ -1,0 +1,216 @@
+"""`run_experiment`: edit heads of a trained model, run it on text, and record what each edit costs.
+
+Per run: one edit applied to one head (scope "head"), to the chosen heads of one layer ("layer"), or to the chosen
+heads of every chosen layer at once ("model"); the model is run from the first edited layer on (the states entering
+it come from one unedited pass) and restored exactly before the next run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qkinspect.errors import InputError, UnsupportedModelError
+from qkinspect.experiment.edits import PREDICTORS, Edit, apply_edit, parse_edit
+from qkinspect.experiment.hf import load_hf, written
+from qkinspect.experiment.measure import Scorer, Text, default_text, read_text, windows
+from qkinspect.layer import AttentionLayer, ModelInfo
+
+SCOPES = ("head", "layer", "model")
+REFERENCE = Edit("ablate")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One edited model and its loss. `layer`/`head` are None where the scope covers more than one."""
+
+    edit: str
+    scope: str
+    layer: int | None
+    head: int | None
+    heads: int  # how many heads the run edited
+    loss: float
+    dloss: float  # loss - baseline
+    ratio: float | None  # dloss / dloss of `ablate` on the same heads; None without that run (or when it is 0)
+    predicted: float | None  # the weight-space figure PREDICTORS[edit] (mean over the edited heads)
+    offset0: bool  # a rotary edit that is exact at offset 0 only
+    seconds: float  # the whole run: edit, write-back, forward from the first edited layer
+    forward_seconds: float  # the forward alone
+
+
+@dataclass(frozen=True)
+class ExperimentResult:
+    """Everything an experiment measured; `runs` in the order they ran (unit by unit, edit by edit)."""
+
+    model: ModelInfo
+    measure: str  # "causal", "masked" or "drift" (MEASURES names them)
+    text: str
+    tokens: int  # tokens fed to the model per pass
+    scored: int  # predictions (causal), masked tokens (masked) or tokens (drift) per pass
+    windows: int
+    window: int
+    baseline: float
+    runs: tuple[Run, ...]
+    rotary: str
+    baseline_seconds: float
+    seconds: float  # all edit runs together
+    predictors: dict[str, str] = field(default_factory=dict)
+
+
+def run_experiment(
+    model: str | Path | None = None,
+    edits: str | Sequence[str] = "share_qk",
+    *,
+    scope: str = "head",
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    text: str | Path | Text | None = None,
+    tokens: int = 4096,
+    window: int = 512,
+    reference: bool = True,
+    rotary: str = "gauge",
+    tokenizer=None,
+    revision: str | None = None,
+    batch_tokens: int = 2048,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> ExperimentResult:
+    """Edit heads of `model` and measure the loss on text, one run per (unit, edit).
+
+    Args:
+        model: a model spec as for `qkinspect.load` (None: the demo model).
+        edits: "share_qk,rank:8" or a list of edit texts (docs/experiments.md, Edits).
+        scope: "head" (each head alone), "layer" (the chosen heads of a layer together) or "model" (all at once).
+        layers, heads: the selection (default: all).
+        text: a file, a `Text`, or None for `pydoc_data.topics`.
+        tokens, window: the first `tokens` tokens, cut into windows of `window`.
+        reference: also run `ablate` on the same units, for Δloss / Δloss(ablate).
+        rotary: "gauge" (edits exact at every offset) or "offset0" (see `apply_edit`).
+        tokenizer: a tokenizer, or a folder / vocab.txt to read one from (default: the model's own).
+        progress: called as progress(done, total) after each run.
+
+    Returns:
+        ExperimentResult.
+
+    Raises:
+        InputError and its subclasses: bad options, unsupported models, edits not defined for a layer.
+
+    Example:
+        >>> r = run_experiment("SmolLM2.gguf", "share_qk", layers=[3], tokens=512)  # doctest: +SKIP
+        >>> [(x.head, round(x.dloss, 3)) for x in r.runs if x.edit == "share_qk"]  # doctest: +SKIP
+    """
+    chosen = _parse_edits(edits)
+    if scope not in SCOPES:
+        raise InputError(f"--scope {scope!r}: expected one of {', '.join(SCOPES)}")
+    if rotary not in ("gauge", "offset0"):
+        raise InputError(f"--rotary {rotary!r}: expected gauge or offset0")
+    if tokens < 2 or window < 2:
+        raise InputError(f"--tokens {tokens} / --window {window}: both must be at least 2")
+    source = text if isinstance(text, Text) else default_text() if text is None else read_text(text)
+    info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer)
+    spec = info.blocks[0]
+    head_list = list(heads) if heads is not None else list(range(spec.n_heads))
+    ids = windows(hf, source, tokens, window)
+    scorer = Scorer(hf, ids, batch_tokens=batch_tokens, seed=seed)
+    units = make_units(scope, sorted(originals), head_list)
+    runs_edits = chosen + ([REFERENCE] if reference and REFERENCE not in chosen else [])
+    t0 = time.perf_counter()
+    base = scorer.baseline(cache={_start(unit) for unit in units})
+    t_base = time.perf_counter() - t0
+    runs: list[Run] = []
+    total = len(units) * len(runs_edits)
+    for unit in units:
+        for edit in runs_edits:
+            runs.append(run_unit(scorer, hf, originals, unit, edit, scope, base, rotary))
+            if progress is not None:
+                progress(len(runs), total)
+    return ExperimentResult(
+        model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
+        windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),
+        rotary=rotary, baseline_seconds=t_base, seconds=sum(r.seconds for r in runs),
+        predictors={str(e): PREDICTORS[e.name] for e in runs_edits})
+
+
+def _parse_edits(edits: str | Sequence[str]) -> list[Edit]:
+    texts = edits.split(",") if isinstance(edits, str) else list(edits)
+    out = list(dict.fromkeys(parse_edit(t) for t in texts if t.strip()))
+    if not out:
+        raise InputError("--edit: name at least one edit")
+    return out
+
+
+def open_experiment(model, revision, layers, heads, tokenizer):
+    """The model's identity, its chosen layers in the canonical layout (qkinspect's loader), and the transformers
+    model (the same files, through transformers' own classes)."""
+    from qkinspect.loading import open_model
+
+    with open_model(model, revision=revision) as m:
+        info = m.info
+        if len(info.blocks) != 1 or info.blocks[0].name not in ("encoder", "decoder"):
+            keys = ", ".join(b.key for b in info.blocks)
+            raise UnsupportedModelError(f"{info.source}: experiment runs models with one self-attention block; "
+                                        f"this one has {keys}")
+        spec = info.blocks[0]
+        _check_range("layers", layers, spec.n_layers)
+        _check_range("heads", heads, spec.n_heads)
+        wanted = sorted(set(layers)) if layers is not None else list(range(spec.n_layers))
+        originals = {i: m.layer(spec.key, i) for i in wanted}
+        hf = load_hf(m.resolved, tokenizer)
+    if len(hf.layers) != spec.n_layers:
+        raise UnsupportedModelError(f"{info.source}: transformers built {len(hf.layers)} layers, "
+                                    f"the checkpoint has {spec.n_layers}")
+    return info, originals, hf
+
+
+def _check_range(what: str, wanted: Sequence[int] | None, n: int) -> None:
+    if wanted is not None and (not list(wanted) or min(wanted) < 0 or max(wanted) >= n):
+        raise InputError(f"--{what} {','.join(map(str, wanted))}: this model has {what} 0-{n - 1}")
+
+
+Unit = list[tuple[int, list[int]]]  # (layer, heads) pairs edited together in one run
+
+
+def make_units(scope: str, layers: list[int], heads: list[int]) -> list[Unit]:
+    if scope == "head":
+        return [[(i, [h])] for i in layers for h in heads]
+    if scope == "layer":
+        return [[(i, heads)] for i in layers]
+    return [[(i, heads) for i in layers]]
+
+
+def _start(unit: Unit) -> int:
+    """The first layer a unit edits: the run starts there."""
+    return min(i for i, _ in unit)
+
+
+def run_unit(scorer: Scorer, hf, originals: dict[int, AttentionLayer], unit: Unit, edit: Edit, scope: str,
+             base: float, rotary: str, start: int | None = None) -> Run:
+    """Edit `unit`, run the model from its first edited layer (or from `start`: 0 runs everything, as a naive
+    loop would), restore it, and record the run."""
+    t0 = time.perf_counter()
+    results = [apply_edit(originals[i], edit, hs, rotary=rotary) for i, hs in unit]  # type: ignore[arg-type]
+    with written(hf, [r.layer for r in results]):
+        t1 = time.perf_counter()
+        loss = scorer.score(start=_start(unit) if start is None else start)
+        t_forward = time.perf_counter() - t1
+    figures = [v for r in results for v in r.predicted.values()]
+    return Run(
+        edit=str(edit), scope=scope, layer=unit[0][0] if scope != "model" else None,
+        head=unit[0][1][0] if scope == "head" else None,
+        heads=len(figures), loss=loss, dloss=loss - base, ratio=None,
+        predicted=sum(figures) / len(figures) if figures else None,
+        offset0=any(r.offset0_only for r in results), seconds=time.perf_counter() - t0,
+        forward_seconds=t_forward)
+
+
+def _with_ratios(runs: list[Run]) -> list[Run]:
+    from dataclasses import replace
+
+    ablate = {(r.layer, r.head): r.dloss for r in runs if r.edit == REFERENCE.name}
+    out = []
+    for r in runs:
+        a = ablate.get((r.layer, r.head))
+        out.append(replace(r, ratio=r.dloss / a if a else None))
+    return out

@@ -1,0 +1,82 @@
+"""`qkinspect experiment`: output formats, the documented fields, and one-line refusals."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from qkinspect.cli.app import app
+from tests.experiment import tiny_models as tiny
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return tiny.llama(tmp_path_factory.mktemp("cli_experiment") / "llama")
+
+
+def cli(*args):
+    return CliRunner().invoke(app, ["experiment", *map(str, args)])
+
+
+SMALL = ("--tokens", "64", "--window", "32")
+
+
+def test_json_document(llama):
+    r = cli(llama, "--edit", "share_qk,rank:4", "--layers", "1", "--heads", "0-1", *SMALL, "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "qkinspect/1" and doc["kind"] == "experiment"
+    assert doc["model"]["model_type"] == "llama"
+    m = doc["measure"]
+    assert (m["kind"], m["tokens"], m["windows"], m["window"], m["scored"]) == ("causal", 64, 2, 32, 62)
+    assert m["text"].startswith("pydoc_data.topics")
+    assert set(doc["predictors"]) == {"share_qk", "rank:4", "ablate"}
+    runs = doc["runs"]
+    assert [(x["edit"], x["head"]) for x in runs] == [
+        ("share_qk", 0), ("rank:4", 0), ("ablate", 0), ("share_qk", 1), ("rank:4", 1), ("ablate", 1)]
+    for x in runs:
+        assert {"scope", "layer", "loss", "dloss", "dloss_ratio_ablate", "predicted", "offset0_only"} <= set(x)
+        assert x["dloss"] == pytest.approx(x["loss"] - doc["baseline"])
+
+
+def test_csv_rows_and_table(llama, tmp_path):
+    out = tmp_path / "runs.csv"
+    r = cli(llama, "--edit", "symmetric", "--scope", "layer", "--no-reference", *SMALL, "-o", out)
+    assert r.exit_code == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert [(x["edit"], x["scope"], x["layer"], x["head"]) for x in rows] == [
+        ("symmetric", "layer", str(i), "") for i in range(3)]
+    r = cli(llama, "--edit", "ablate", "--layers", "0", "--heads", "3", *SMALL, "--format", "table")
+    assert r.exit_code == 0, r.stderr
+    assert "baseline" in r.stdout and "ablate" in r.stdout and "Δloss" in r.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--edit", "share_kq"), "unknown edit 'share_kq'"),
+    (("--edit", "rank:x"), "rank takes a whole number"),
+    (("--layers", "9"), "--layers 9: this model has layers 0-2"),
+    (("--window", "1000"), "at most 64 positions"),
+    (("--scope", "all"), "all"),
+])
+def test_refusals_are_one_line_exit_2(llama, args, message):
+    r = cli(llama, *SMALL, *args)
+    assert r.exit_code == 2
+    assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_a_folder_without_a_tokenizer_says_so(tmp_path):
+    folder = tiny.bert(tmp_path / "bert")
+    for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / f).unlink(missing_ok=True)
+    r = cli(folder, "--edit", "ablate", *SMALL)
+    assert r.exit_code == 2 and "--tokenizer" in r.stderr and r.stderr.count("\n") == 1
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(tiny.VOCAB) + "\n")
+    r = cli(folder, "--edit", "ablate", "--layers", "0", "--heads", "0", "--tokenizer", vocab, *SMALL,
+            "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["measure"]["kind"] == "masked"

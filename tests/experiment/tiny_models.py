@@ -1,0 +1,90 @@
+"""Tiny random models with heads, written in code with a character-level tokenizer: the families `experiment`
+runs (a Llama-type causal LM with grouped-query attention, BERT with and without a masked-LM head, GPT-2)."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import torch
+
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+CHARS = list(string.ascii_lowercase + string.digits + string.punctuation)
+VOCAB = SPECIAL + CHARS + [f"##{c}" for c in CHARS]  # every lower-case word splits into characters
+
+
+def save_tokenizer(folder: Path) -> Path:
+    """A WordPiece tokenizer over single characters, saved into `folder` (AutoTokenizer reads it back)."""
+    from qkinspect.experiment.hf import wordpiece
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = folder / "vocab.txt"
+    vocab.write_text("\n".join(VOCAB) + "\n")
+    wordpiece(vocab).save_pretrained(folder)
+    return folder
+
+
+def _random_norms(model: torch.nn.Module) -> None:
+    """Norm gains away from 1, so a mix-up between tensors cannot hide behind all-ones vectors."""
+    with torch.no_grad():
+        for m in model.modules():
+            if "Norm" in type(m).__name__ and getattr(m, "weight", None) is not None:
+                m.weight.uniform_(0.5, 1.5)
+
+
+def _save(model, folder: Path) -> Path:
+    _random_norms(model)
+    model.save_pretrained(folder)
+    return save_tokenizer(folder)
+
+
+def llama(folder: Path, seed: int = 0, **overrides) -> Path:
+    """LlamaForCausalLM: 3 layers, 4 query heads reading 2 key/value heads, RoPE, untied head."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+               intermediate_size=96, vocab_size=len(VOCAB), max_position_embeddings=64, rms_norm_eps=1e-5,
+               tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    return _save(LlamaForCausalLM(LlamaConfig(**{**cfg, **overrides})).eval(), folder)
+
+
+def bert(folder: Path, seed: int = 0, head: bool = True) -> Path:
+    """BertForMaskedLM (head=True) or a bare BertModel (a sentence-transformers-like encoder): 2 layers, 4 heads."""
+    from transformers import BertConfig, BertForMaskedLM, BertModel
+
+    torch.manual_seed(seed)
+    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                        vocab_size=len(VOCAB), max_position_embeddings=64)
+    return _save((BertForMaskedLM if head else BertModel)(config).eval(), folder)
+
+
+def gpt2(folder: Path, seed: int = 0) -> Path:
+    """GPT2LMHeadModel: 2 layers, 4 heads, fused c_attn."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=64, vocab_size=len(VOCAB),
+                        bos_token_id=2, eos_token_id=3)
+    return _save(GPT2LMHeadModel(config).eval(), folder)
+
+
+def mistral(folder: Path, seed: int = 0) -> Path:
+    """MistralForCausalLM with a sliding window shorter than the test windows (grouped-query, rotary)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    config = MistralConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=48, vocab_size=len(VOCAB), max_position_embeddings=64,
+                           sliding_window=8, tie_word_embeddings=False)
+    return _save(MistralForCausalLM(config).eval(), folder)
+
+
+def roberta(folder: Path, seed: int = 0) -> Path:
+    """RobertaForMaskedLM: BERT's modules under roberta.*, positions offset by the padding index."""
+    from transformers import RobertaConfig, RobertaForMaskedLM
+
+    torch.manual_seed(seed)
+    config = RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                           vocab_size=len(VOCAB), max_position_embeddings=66, pad_token_id=0)
+    return _save(RobertaForMaskedLM(config).eval(), folder)
