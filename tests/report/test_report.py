@@ -27,7 +27,7 @@ def _report(cli, model, tmp_path) -> tuple[list[str], int]:
     out = tmp_path / "report.pdf"
     r = cli("report", model, "-o", out)
     assert r.exit_code == 0, r.stderr
-    n = int(re.search(r"wrote a (\d+)-page report", r.stderr).group(1))
+    n = int(re.search(r"wrote an? (\d+)-page report", r.stderr).group(1))
     return [p.extract_text() for p in PdfReader(out).pages], n
 
 
