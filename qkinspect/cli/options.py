@@ -83,8 +83,14 @@ OutputOpt = Annotated[
 ]
 
 
+MAX_INDEX = 100_000  # no model has this many layers or heads; a range past it is refused before it is built
+
+
 def parse_indices(text: str | None, option: str) -> tuple[int, ...] | None:
     """"0-3,7" -> (0, 1, 2, 3, 7); None or "" -> None (all). Sorted, duplicates removed.
+
+    Every index is checked against MAX_INDEX before any range is expanded (`check_selection` then checks it
+    against the model), so "0-1000000000000" costs nothing.
 
     Example:
         >>> parse_indices("5,0-2", "--layers")
@@ -107,20 +113,25 @@ def _parse_range(part: str, option: str) -> range:
         raise InputError(f"{option}: {part!r} is not an index or a range like 0-3") from None
     if a < 0 or b < a:
         raise InputError(f"{option}: {part!r} is not a valid range (indices start at 0, low-high)")
+    if b >= MAX_INDEX:
+        raise InputError(f"{option}: {b} is out of range (no model has {MAX_INDEX:,} layers or heads)")
     return range(a, b + 1)
 
 
-def parse_names(values: list[str] | None) -> tuple[str, ...] | None:
-    """Comma-separated and/or repeated names -> a tuple in the given order, duplicates removed; None -> None."""
+def parse_names(values: list[str] | None, option: str | None = None) -> tuple[str, ...] | None:
+    """Comma-separated and/or repeated names -> a tuple in the given order, duplicates removed; None -> None.
+    Values given with nothing in them (``--metrics ''``) are refused when `option` names the option."""
     if not values:
         return None
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    if not names and option is not None:
+        raise InputError(f"{option}: no names given (leave the option out for the default)")
     return tuple(dict.fromkeys(names)) or None
 
 
 def parse_blocks(values: list[str] | None) -> tuple[str, ...] | None:
     """Block names as given (kinds or labels); `check_selection` maps them to the model's block keys."""
-    return parse_names(values)
+    return parse_names(values, "--block")
 
 
 def check_device(device: Device | str) -> str:
@@ -152,7 +163,7 @@ class Selection:
               blocks: list[str] | None = None, metrics: list[str] | None = None,
               precision: Precision | str = Precision.float32, device: Device | str = Device.cpu,
               fold_ln: bool = False, fold_qk_norm: bool = False) -> Selection:
-        names = parse_names(metrics)
+        names = parse_names(metrics, "--metrics")
         if names is not None:
             from qkinspect.metrics.registry import resolve_metrics
 
@@ -167,6 +178,12 @@ class Selection:
             fold_ln=fold_ln,
             fold_qk_norm=fold_qk_norm,
         )
+
+    def describe(self) -> str:
+        """The chosen blocks, layers and heads as options ("--layers 0,1 --heads 3"), or "everything"."""
+        parts = [f"{opt} {','.join(map(str, v))}" for opt, v in
+                 (("--block", self.blocks), ("--layers", self.layers), ("--heads", self.heads)) if v]
+        return " ".join(parts) or "everything"
 
     def kwargs(self) -> dict[str, Any]:
         return {"layers": self.layers, "heads": self.heads, "blocks": self.blocks, "metrics": self.metrics,

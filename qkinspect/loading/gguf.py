@@ -15,6 +15,7 @@ the ``llama`` architecture (its rotary kernel pairs adjacent dimensions, Hugging
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 from torch import Tensor
 
 from qkinspect.errors import CheckpointError, UnsupportedModelError
+from qkinspect.loading.checked import positive_int
 from qkinspect.loading.source import TensorSource
 
 _ROLE = {
@@ -135,7 +137,9 @@ def open_gguf(path: Path) -> tuple[Any, GGUFSource]:
         UnsupportedModelError: its ``general.architecture`` has no mapping here.
     """
     reader = _reader(path)
-    arch = str(_field(reader, "general.architecture", path))
+    arch = _field(reader, "general.architecture", path)
+    if type(arch) is not str:
+        raise CheckpointError(f"{path}: general.architecture is {arch!r}, not a string")
     if arch not in ARCHES:
         raise UnsupportedModelError(
             f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHES))}"
@@ -152,24 +156,43 @@ def gguf_config(reader: Any, arch: str, path: Path) -> Any:
     def meta(key: str, default: Any = _REQUIRED) -> Any:
         return _field(reader, f"{arch}.{key}", path, default)
 
-    D, H = int(meta("embedding_length")), _uniform(meta("attention.head_count"), "attention.head_count", path)
-    G = _uniform(meta("attention.head_count_kv", H), "attention.head_count_kv", path)
-    d = int(meta("attention.key_length", D // H))
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(meta("rope.freq_base", 10000.0))}
-    rotary = int(meta("rope.dimension_count", d))
+    def count(key: str, default: Any = _REQUIRED) -> int:  # metadata enters here: whole numbers >= 1
+        return positive_int(meta(key, default), path, f"{arch}.{key}")
+
+    def number(key: str, default: float) -> float:
+        value = meta(key, default)
+        if isinstance(value, (bool, str, list)) or not math.isfinite(value) or value <= 0:
+            raise CheckpointError(f"{path}: {arch}.{key} is {value!r}, not a positive number")
+        return float(value)
+
+    D = count("embedding_length")
+    H = _uniform(meta("attention.head_count"), f"{arch}.attention.head_count", path)
+    G = _uniform(meta("attention.head_count_kv", H), f"{arch}.attention.head_count_kv", path)
+    if H % G:
+        raise CheckpointError(f"{path}: {arch}.attention.head_count ({H}) is not a multiple of "
+                              f"{arch}.attention.head_count_kv ({G})")
+    if meta("attention.key_length", None) is None and D % H:
+        raise CheckpointError(f"{path}: {arch}.embedding_length ({D}) is not a multiple of "
+                              f"{arch}.attention.head_count ({H}) and no attention.key_length is given")
+    d = count("attention.key_length", D // H)
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": number("rope.freq_base", 10000.0)}
+    rotary = count("rope.dimension_count", d)
+    if rotary > d or rotary % 2:
+        raise CheckpointError(f"{path}: {arch}.rope.dimension_count ({rotary}) must be even and at most the head "
+                              f"dimension ({d})")
     if rotary != d:
         rope["partial_rotary_factor"] = rotary / d
     cls = getattr(transformers, ARCHES[arch].config_class)
     return cls(
-        vocab_size=int(meta("vocab_size", _vocab_size(reader))),
+        vocab_size=count("vocab_size", _vocab_size(reader)),
         hidden_size=D,
-        intermediate_size=int(meta("feed_forward_length", 4 * D)),
-        num_hidden_layers=int(meta("block_count")),
+        intermediate_size=_uniform(meta("feed_forward_length", 4 * D), f"{arch}.feed_forward_length", path),
+        num_hidden_layers=count("block_count"),
         num_attention_heads=H,
         num_key_value_heads=G,
         head_dim=d,
-        rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-6)),
-        max_position_embeddings=int(meta("context_length", 2048)),
+        rms_norm_eps=number("attention.layer_norm_rms_epsilon", 1e-6),
+        max_position_embeddings=count("context_length", 2048),
         rope_parameters=rope,
         architectures=[ARCHES[arch].architecture],
         **({"attention_bias": _has_tensor(reader, "attn_q.bias")} if arch == "llama" else {}),
@@ -208,10 +231,11 @@ def _field(reader: Any, key: str, path: Path, default: Any = _REQUIRED) -> Any:
 def _uniform(value: Any, key: str, path: Path) -> int:
     """A per-model count; some files store one per layer, which must then agree."""
     if isinstance(value, list):
-        if not value or len(set(value)) != 1:
-            raise UnsupportedModelError(f"{path}: {key} varies across layers ({sorted(set(value))})")
-        value = value[0]
-    return int(value)
+        values = [positive_int(v, path, key) for v in value]
+        if not values or len(set(values)) != 1:
+            raise UnsupportedModelError(f"{path}: {key} varies across layers ({sorted(set(values))})")
+        value = values[0]
+    return positive_int(value, path, key)
 
 
 def _vocab_size(reader: Any) -> int:
