@@ -183,7 +183,7 @@ def gguf_config(reader: Any, arch: str, path: Path) -> Any:
     if rotary != d:
         rope["partial_rotary_factor"] = rotary / d
     cls = getattr(transformers, ARCHES[arch].config_class)
-    return cls(
+    kwargs = dict(
         vocab_size=count("vocab_size", _vocab_size(reader)),
         hidden_size=D,
         intermediate_size=_uniform(meta("feed_forward_length", 4 * D), f"{arch}.feed_forward_length", path),
@@ -197,6 +197,11 @@ def gguf_config(reader: Any, arch: str, path: Path) -> Any:
         architectures=[ARCHES[arch].architecture],
         **({"attention_bias": _has_tensor(reader, "attn_q.bias")} if arch == "llama" else {}),
     )
+    try:
+        return cls(**kwargs)
+    except Exception as e:  # the config class checks more (e.g. the width divides into the heads)
+        raise CheckpointError(f"{path}: GGUF metadata describes a model transformers refuses "
+                              f"({_one_line(e)})") from None
 
 
 

@@ -227,39 +227,7 @@ def test_integer_projection_weights_are_refused(tmp_path, bert_state, dtype):
 
 
 def gguf_with(tmp_path, **meta) -> Path:
-    """A tiny Llama GGUF whose llama.* metadata is `meta` over the true values (None: the key left out)."""
-    import gguf
-
-    config, state = tiny.llama()
-    true = {"block_count": 2, "embedding_length": 64, "attention.head_count": 4, "attention.head_count_kv": 2,
-            "attention.key_length": 16, "rope.dimension_count": 16, "rope.freq_base": 10000.0}
-    true.update(meta)
-    path = tmp_path / "m.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in true.items():
-        if value is None:
-            continue
-        if isinstance(value, str):
-            w.add_string(f"llama.{key}", value)
-        elif isinstance(value, float):
-            w.add_float32(f"llama.{key}", value)
-        elif isinstance(value, list):
-            w.add_array(f"llama.{key}", value)
-        else:
-            w.add_int32(f"llama.{key}", value)
-    H, G = 4, 2
-    for i in range(2):
-        for proj, role in tiny.GGUF_ROLES.items():
-            t = state[f"layers.{i}.self_attn.{proj}.weight"]
-            if proj in ("q_proj", "k_proj"):
-                t = tiny.llama_cpp_permute(t, H, H if proj == "q_proj" else G)
-            w.add_tensor(f"blk.{i}.{role}.weight", t.float().numpy())
-        w.add_tensor(f"blk.{i}.attn_norm.weight", state[f"layers.{i}.input_layernorm.weight"].float().numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return tiny.llama_gguf_with(tmp_path / "m.gguf", **meta)
 
 
 def test_gguf_with_true_metadata_opens(tmp_path):
