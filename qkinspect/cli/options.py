@@ -79,7 +79,9 @@ FormatOpt = Annotated[
 ]
 OutputOpt = Annotated[
     Path | None,
-    typer.Option("--output", "-o", metavar="FILE", help="Write results to FILE (atomically) instead of stdout."),
+    typer.Option("--output", "-o", metavar="FILE",
+                 help="Write results to FILE instead of stdout (atomically; a link is written through, a FIFO or "
+                      "device straight to; - is stdout)."),
 ]
 
 
