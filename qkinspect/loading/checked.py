@@ -8,8 +8,8 @@ key instead of failing later as an internal error:
 - `inside`: a path the checkpoint names resolves inside the checkpoint's folder (after links), or it is refused
   before anything is opened. A Hugging Face cache snapshot's files are links to ``../../blobs/<hash>``: the repo's
   ``blobs`` folder counts as inside.
-- `check_counts`: the head, layer and width counts of a config are integers above zero (or null where null means
-  "the default"), and the query heads divide into the key/value heads.
+- `check_counts`: the head, layer and width counts of a config are integers from 1 to MAX_COUNT (or null where
+  null means "the default"), and the query heads divide into the key/value heads.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ NULLABLE = frozenset({"num_key_value_heads", "head_dim", "q_lora_rank", "num_kv_
 _GROUPS = (("num_attention_heads", "num_key_value_heads"), ("n_head", "num_kv_heads"),
            ("num_attention_heads", "multi_query_group_num"))
 MAX_DEPTH = 64  # nesting a config or index may have (real ones have 3 or 4 levels)
+# The largest count a description may give. Config classes build per-layer lists from the layer count (layer_types:
+# 8 bytes a layer), so a count of 2**40 would exhaust memory before any tensor is looked at; real models have at most
+# thousands of layers and tens of thousands of channels.
+MAX_COUNT = 1 << 20
 
 
 def os_reason(e: OSError) -> str:
@@ -139,16 +143,16 @@ def check_counts(data: dict[str, Any], path: Path, where: str = "") -> None:
         elif key in COUNT_KEYS and not (value is None and key in NULLABLE):
             if type(value) is not int:
                 raise CheckpointError(f"{path}: {name} is {value!r} ({_json_type(value)}), not a whole number")
-            if value < 1:
-                raise CheckpointError(f"{path}: {name} is {value}; it must be at least 1")
+            _in_range(value, path, name, MAX_COUNT)
     for heads, groups in _GROUPS:
         h, g = data.get(heads), data.get(groups)
         if type(h) is int and type(g) is int and h % g:
             raise CheckpointError(f"{path}: {where}{heads} ({h}) is not a multiple of {where}{groups} ({g})")
 
 
-def positive_int(value: Any, path: Path, key: str) -> int:
-    """A count from file metadata (GGUF): an integer >= 1, else CheckpointError naming the file and key."""
+def positive_int(value: Any, path: Path, key: str, limit: int = MAX_COUNT) -> int:
+    """A count from file metadata (GGUF): an integer from 1 to `limit`, else CheckpointError naming the file and
+    key."""
     if isinstance(value, bool) or not isinstance(value, int):
         try:  # numpy integer scalars
             import numpy as np
@@ -159,9 +163,16 @@ def positive_int(value: Any, path: Path, key: str) -> int:
             pass
     if type(value) is not int:
         raise CheckpointError(f"{path}: {key} is {value!r}, not a whole number")
+    return _in_range(value, path, key, limit)
+
+
+def _in_range(value: int, path: Path, key: str, limit: int) -> int:
     if value < 1:
         raise CheckpointError(f"{path}: {key} is {value}; it must be at least 1")
+    if value > limit:
+        raise CheckpointError(f"{path}: {key} is {value}, more than any model has (at most {limit:,})")
     return value
 
 
-__all__ = ["read_json", "read_text", "inside", "allowed_roots", "check_counts", "positive_int", "os_reason"]
+__all__ = ["read_json", "read_text", "inside", "allowed_roots", "check_counts", "positive_int", "os_reason",
+           "MAX_COUNT"]

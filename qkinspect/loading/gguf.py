@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from qkinspect.errors import CheckpointError, UnsupportedModelError
-from qkinspect.loading.checked import positive_int
+from qkinspect.loading.checked import MAX_COUNT, positive_int
 from qkinspect.loading.source import TensorSource
 
 _ROLE = {
@@ -156,8 +156,8 @@ def gguf_config(reader: Any, arch: str, path: Path) -> Any:
     def meta(key: str, default: Any = _REQUIRED) -> Any:
         return _field(reader, f"{arch}.{key}", path, default)
 
-    def count(key: str, default: Any = _REQUIRED) -> int:  # metadata enters here: whole numbers >= 1
-        return positive_int(meta(key, default), path, f"{arch}.{key}")
+    def count(key: str, default: Any = _REQUIRED, limit: int = MAX_COUNT) -> int:  # metadata enters here
+        return positive_int(meta(key, default), path, f"{arch}.{key}", limit)
 
     def number(key: str, default: float) -> float:
         value = meta(key, default)
@@ -184,7 +184,7 @@ def gguf_config(reader: Any, arch: str, path: Path) -> Any:
         rope["partial_rotary_factor"] = rotary / d
     cls = getattr(transformers, ARCHES[arch].config_class)
     kwargs = dict(
-        vocab_size=count("vocab_size", _vocab_size(reader)),
+        vocab_size=count("vocab_size", _vocab_size(reader), limit=1 << 40),
         hidden_size=D,
         intermediate_size=_uniform(meta("feed_forward_length", 4 * D), f"{arch}.feed_forward_length", path),
         num_hidden_layers=count("block_count"),
@@ -192,7 +192,7 @@ def gguf_config(reader: Any, arch: str, path: Path) -> Any:
         num_key_value_heads=G,
         head_dim=d,
         rms_norm_eps=number("attention.layer_norm_rms_epsilon", 1e-6),
-        max_position_embeddings=count("context_length", 2048),
+        max_position_embeddings=count("context_length", 2048, limit=1 << 40),
         rope_parameters=rope,
         architectures=[ARCHES[arch].architecture],
         **({"attention_bias": _has_tensor(reader, "attn_q.bias")} if arch == "llama" else {}),

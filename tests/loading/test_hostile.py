@@ -177,6 +177,9 @@ def config_folder(tmp_path, bert_state, edit) -> Path:
     (lambda d: d.update(model_type=["bert"]), "config.json: model_type is \\['bert'\\], not a string"),
     (lambda d: d.update(model_type={"a": 1}), "config.json: model_type is \\{'a': 1\\}, not a string"),
     (lambda d: d.update(text_config={"hidden_size": 0}), "config.json: text_config.hidden_size is 0"),
+    # per-layer lists are built from the layer count: 2**40 layers would exhaust memory before any check
+    (lambda d: d.update(num_hidden_layers=2**40), "config.json: num_hidden_layers is 1099511627776, more than any "
+                                                  "model has \\(at most 1,048,576\\)"),
 ])
 def test_config_values_are_checked_where_they_enter(tmp_path, bert_state, edit, pattern):
     refused(config_folder(tmp_path, bert_state, edit), pattern)
@@ -246,6 +249,7 @@ def test_gguf_with_true_metadata_opens(tmp_path):
     ({"rope.freq_base": -1.0}, "llama.rope.freq_base is -1.0, not a positive number"),
     ({"rope.dimension_count": 15}, "llama.rope.dimension_count \\(15\\) must be even"),
     ({"attention.head_count": [4, 0]}, "llama.attention.head_count is 0"),
+    ({"block_count": 2**40}, "llama.block_count is 1099511627776, more than any model has"),
 ])
 def test_gguf_metadata_is_checked_where_it_enters(tmp_path, meta, pattern):
     refused(gguf_with(tmp_path, **meta), f"m.gguf: {pattern}")
