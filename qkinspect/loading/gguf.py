@@ -205,11 +205,32 @@ def gguf_config(reader: Any, arch: str, path: Path) -> Any:
 
 
 
+MAX_ARRAY = 1 << 21  # elements in one metadata array (the largest real ones, token lists, hold a few hundred thousand)
+
+
 def _reader(path: Path) -> Any:
-    from gguf import GGUFReader
+    from gguf import GGUFReader, GGUFValueType
+
+    class CheckedReader(GGUFReader):
+        """gguf's reader, refusing reads past the end of the file and huge arrays. Unchecked, a read past the end
+        returns nothing and costs nothing, so an array length of 2**40 in a mutated header looped for ever,
+        growing a list of empty parts by gigabytes."""
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            end = int(offset) + int(np.dtype(dtype).itemsize) * int(count)
+            if offset < 0 or end > len(self.data):
+                raise ValueError(f"a header field at byte {offset} reads past the end of the file")
+            return super()._get(offset, dtype, count, override_order)
+
+        def _get_field_parts(self, orig_offs, raw_type):
+            if int(raw_type) == GGUFValueType.ARRAY:  # item type (uint32), length (uint64), items
+                length = int(self._get(orig_offs + 4, np.uint64)[0])
+                if length > MAX_ARRAY:
+                    raise ValueError(f"a metadata array at byte {orig_offs} claims {length} elements")
+            return super()._get_field_parts(orig_offs, raw_type)
 
     try:
-        reader = GGUFReader(path, "r")
+        reader = CheckedReader(path, "r")
     except FileNotFoundError:
         raise CheckpointError(f"{path}: file is missing") from None
     except Exception as e:  # the reader raises ValueError, struct/numpy errors ... on corrupt input

@@ -255,6 +255,28 @@ def test_gguf_metadata_is_checked_where_it_enters(tmp_path, meta, pattern):
     refused(gguf_with(tmp_path, **meta), f"m.gguf: {pattern}")
 
 
+@pytest.mark.parametrize("length", [2**40, 2**63, 4])
+def test_gguf_array_claiming_more_than_the_file_holds_is_refused_at_once(tmp_path, length):
+    """gguf's reader returns empty parts past the end of the file: a huge array length looped for ever, growing
+    memory by gigabytes a minute. Now a read past the end (or an absurd length) is refused at once."""
+    import struct
+    import time
+
+    path = gguf_with(tmp_path, extra=[1, 2, 3])
+    data = bytearray(path.read_bytes())
+    at = data.index(b"llama.extra") + len(b"llama.extra") + 8  # past the key, the value type and the item type
+    assert struct.unpack_from("<Q", data, at)[0] == 3
+    struct.pack_into("<Q", data, at, length)
+    if length == 4:  # one element more than written: the reader runs past the key/value section into the
+        del data[at + 8:]  # tensor infos; cut the file there so that the fourth element is past the end
+        data += struct.pack("<3i", 1, 2, 3)
+    path.write_bytes(bytes(data))
+    t0 = time.perf_counter()
+    refused(path, "m.gguf: not a readable GGUF file, corrupt or truncated \\(a (metadata array at byte \\d+ claims "
+                  "\\d+ elements|header field at byte \\d+ reads past the end of the file)\\)")
+    assert time.perf_counter() - t0 < 10
+
+
 # -- class 6: messages say what is wrong with which file ----------------------------------------------------
 
 
