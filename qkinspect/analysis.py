@@ -257,7 +257,7 @@ class _Run:
             fold_ln=self.fold_ln, fold_qk_norm=self.fold_qk_norm, precision=str(self.dtype).removeprefix("torch."),
             device=self.device, layer_form=any(n in self.names for n in LAYER_FORM),
             blocks=None if blocks is None else tuple([blocks] if isinstance(blocks, str) else blocks),
-            layers=layers, heads=self.heads, metrics=self.names)
+            layers=layers, heads=self.heads, metrics=self.names, dequantized=info.quantization)
         return AnalysisResult(model=info, processing=processing, heads=self.head_records, layers=self.layer_records,
                               baselines=self.baselines, spectra=self.spectra_out,
                               warnings=list(dict.fromkeys(self.warnings)),

@@ -73,6 +73,7 @@ class Processing:
     heads: tuple[int, ...] | None = None
     metrics: tuple[str, ...] | None = None
     baseline_seed: int = 0
+    dequantized: str | None = None  # the quantization the weights were dequantized from (ModelInfo.quantization)
 
 
 @dataclass

@@ -69,7 +69,16 @@ def resolve(spec: str | Path | None, revision: str | None = None) -> Resolved:
 def _from_folder(name: str, folder: Path, revision: str | None = None) -> Resolved:
     config = load_config(folder)  # first: refuses a folder without config.json or with an unknown model_type
     source, fmt = folder_source(folder)
-    return Resolved(name, folder, fmt, config, source, revision)
+    return Resolved(name, folder, fmt, config, _dequantizing(source, folder), revision)
+
+
+def _dequantizing(source: TensorSource, folder: Path) -> TensorSource:
+    """The source, dequantizing on read where config.json declares a quantization (already checked to be one
+    qkinspect understands)."""
+    from qkinspect.loading.quantized import check_quantization, dequantizing
+
+    cfg_file = folder / "config.json"
+    return dequantizing(source, check_quantization(read_json(cfg_file), cfg_file), cfg_file)
 
 
 def _from_file(name: str, path: Path) -> Resolved:
@@ -86,7 +95,7 @@ def _from_file(name: str, path: Path) -> Resolved:
         raise ModelNotFoundError(f"{path}: no config.json beside this file")
     config = load_config(path.parent)
     if suffix == ".safetensors":
-        return Resolved(name, path, "safetensors", config, SafetensorsSource([path]))
+        return Resolved(name, path, "safetensors", config, _dequantizing(SafetensorsSource([path]), path.parent))
     from qkinspect.loading.torchbin import TorchBinSource
 
     return Resolved(name, path, "bin", config, TorchBinSource([path]))
@@ -114,6 +123,9 @@ def load_config(folder: Path) -> Any:
         adapter_for(model_type)  # refuse unknown types before transformers tries to import remote code
     except UnsupportedModelError as e:
         raise UnsupportedModelError(f"{cfg_file}: {e}") from None
+    from qkinspect.loading.quantized import check_quantization
+
+    check_quantization(raw, cfg_file)  # a quantization not understood is refused, never read raw
     from qkinspect.loading.config import read_config
 
     return read_config(folder, raw)

@@ -62,6 +62,8 @@ def _render(console, info, rows: list[dict[str, Any]]) -> None:
                   + (f" ({info.architecture})" if info.architecture else ""))
     console.print(f"source: {info.source}  format: {info.format}  dtype: {info.dtype or '?'}  "
                   f"attention weights: {human_bytes(info.attention_bytes)}", highlight=False, soft_wrap=True)
+    if info.quantization:
+        console.print(f"quantized: {info.quantization} (dequantized on read)", highlight=False, soft_wrap=True)
     t = Table(show_edge=False, header_style="bold")
     for col in ("block", "layers", "heads", "KV heads", "d_model", "d_head", "positional", "flags"):
         t.add_column(col, justify="left" if col in ("block", "positional", "flags") else "right")
