@@ -18,9 +18,14 @@ if TYPE_CHECKING:
     from qkinspect.layer import BlockSpec
 
 
+MAX_INDEX = 100_000  # no model has this many layers or heads; a range past it is refused before it is built
+
+
 def parse_indices(text: str | None, option: str) -> tuple[int, ...] | None:
     """"0-3,7" -> (0, 1, 2, 3, 7); None or "" -> None (all). Sorted, duplicates removed; `option` names the
-    argument in errors ("--layers" for the CLI, "layers=" for the library).
+    argument in errors ("--layers" for the CLI, "layers=" for the library). Every index is checked against
+    MAX_INDEX before any range is expanded (the model's own bounds are checked later), so "0-1000000000000" costs
+    nothing.
 
     Example:
         >>> parse_indices("5,0-2", "--layers")
@@ -43,6 +48,8 @@ def _parse_range(part: str, option: str) -> range:
         raise InputError(f"{option}: {part!r} is not an index or a range like 0-3") from None
     if a < 0 or b < a:
         raise InputError(f"{option}: {part!r} is not a valid range (indices start at 0, low-high)")
+    if b >= MAX_INDEX:
+        raise InputError(f"{option}: {b} is out of range (no model has {MAX_INDEX:,} layers or heads)")
     return range(a, b + 1)
 
 

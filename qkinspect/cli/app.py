@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import os
 import pkgutil
+import signal
 import sys
 import traceback
 
@@ -13,6 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from qkinspect import __version__
+from qkinspect.cli.files import Terminated
 from qkinspect.cli.help_format import clean_usage_error, install
 from qkinspect.errors import QkinspectError
 
@@ -57,9 +59,12 @@ class QkGroup(TyperGroup):
         argv = list(sys.argv[1:] if args is None else args)
         _state["debug"] = "--debug" in argv
         try:
-            rv = super().main(args=argv, prog_name=prog_name, complete_var=complete_var,
-                              standalone_mode=False, **extra)
+            with _pipe_errors_raised():
+                rv = super().main(args=argv, prog_name=prog_name, complete_var=complete_var,
+                                  standalone_mode=False, **extra)
+                sys.stdout.flush()  # here, not at exit, so that a closed pipe is seen below
         except _EXIT as e:
+            _quiet_stdout()
             sys.exit(e.exit_code)
         except _ABORT:
             _error("aborted")
@@ -84,10 +89,16 @@ class QkGroup(TyperGroup):
             _error("interrupted")
             sys.exit(130)
         except (BrokenPipeError, _PipeClosed):
-            # Python would complain again when it flushes stdout at exit: point it at /dev/null.
-            with contextlib.suppress(OSError, ValueError):  # a stdout without a file descriptor (tests)
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            # The reader went away (`| head -1`): normal use, so exit 0 and say nothing, whatever the format or
+            # command. Python would complain again when it flushes stdout at exit: point it at /dev/null (as the
+            # Python docs' note on SIGPIPE recommends).
+            _quiet_stdout()
             sys.exit(0)
+        except Terminated as e:
+            # SIGTERM/SIGHUP during a write: the temporary file is gone; now end as the signal would have.
+            signal.signal(e.signum, signal.SIG_DFL)
+            os.kill(os.getpid(), e.signum)
+            raise
         except Exception as e:
             if _state["debug"]:
                 traceback.print_exc()
@@ -97,6 +108,33 @@ class QkGroup(TyperGroup):
         if isinstance(rv, int) and rv:
             sys.exit(rv)
         sys.exit(0)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null when its reader has gone, so the flush at exit cannot fail again."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError):  # a stdout without a file descriptor (tests)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+@contextlib.contextmanager
+def _pipe_errors_raised():
+    """rich (tables, --help) exits 1 on a closed pipe by itself; make it raise BrokenPipeError, handled above."""
+    from rich.console import Console
+
+    def closed(console) -> None:
+        raise BrokenPipeError
+
+    saved = Console.on_broken_pipe
+    Console.on_broken_pipe = closed
+    try:
+        yield
+    finally:
+        Console.on_broken_pipe = saved
 
 
 app = typer.Typer(
@@ -111,7 +149,10 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        print(f"qkinspect {__version__}")
+        try:
+            print(f"qkinspect {__version__}", flush=True)
+        except BrokenPipeError:  # click would exit 1 on it here, outside any command
+            raise _PipeClosed() from None
         raise typer.Exit(0)
 
 

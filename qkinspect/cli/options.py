@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from qkinspect.errors import InputError
-from qkinspect.selection import parse_indices
+from qkinspect.selection import MAX_INDEX, parse_indices  # noqa: F401 (re-exported)
 
 
 class Format(str, Enum):
@@ -81,21 +81,26 @@ FormatOpt = Annotated[
 ]
 OutputOpt = Annotated[
     Path | None,
-    typer.Option("--output", "-o", metavar="FILE", help="Write results to FILE (atomically) instead of stdout."),
+    typer.Option("--output", "-o", metavar="FILE",
+                 help="Write results to FILE instead of stdout (atomically; a link is written through, a FIFO or "
+                      "device straight to; - is stdout)."),
 ]
 
 
-def parse_names(values: list[str] | None) -> tuple[str, ...] | None:
-    """Comma-separated and/or repeated names -> a tuple in the given order, duplicates removed; None -> None."""
+def parse_names(values: list[str] | None, option: str | None = None) -> tuple[str, ...] | None:
+    """Comma-separated and/or repeated names -> a tuple in the given order, duplicates removed; None -> None.
+    Values given with nothing in them (``--metrics ''``) are refused when `option` names the option."""
     if not values:
         return None
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    if not names and option is not None:
+        raise InputError(f"{option}: no names given (leave the option out for the default)")
     return tuple(dict.fromkeys(names)) or None
 
 
 def parse_blocks(values: list[str] | None) -> tuple[str, ...] | None:
     """Block names as given (kinds or labels); `check_selection` maps them to the model's block keys."""
-    return parse_names(values)
+    return parse_names(values, "--block")
 
 
 def check_device(device: Device | str) -> str:
@@ -127,7 +132,7 @@ class Selection:
               blocks: list[str] | None = None, metrics: list[str] | None = None,
               precision: Precision | str = Precision.float32, device: Device | str = Device.cpu,
               fold_ln: bool = False, fold_qk_norm: bool = False) -> Selection:
-        names = parse_names(metrics)
+        names = parse_names(metrics, "--metrics")
         if names is not None:
             from qkinspect.metrics.registry import resolve_metrics
 
@@ -142,6 +147,12 @@ class Selection:
             fold_ln=fold_ln,
             fold_qk_norm=fold_qk_norm,
         )
+
+    def describe(self) -> str:
+        """The chosen blocks, layers and heads as options ("--layers 0,1 --heads 3"), or "everything"."""
+        parts = [f"{opt} {','.join(map(str, v))}" for opt, v in
+                 (("--block", self.blocks), ("--layers", self.layers), ("--heads", self.heads)) if v]
+        return " ".join(parts) or "everything"
 
     def kwargs(self) -> dict[str, Any]:
         return {"layers": self.layers, "heads": self.heads, "blocks": self.blocks, "metrics": self.metrics,

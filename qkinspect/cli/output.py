@@ -5,8 +5,10 @@ A command builds a `Document` (a JSON-ready dict, tidy rows, and a rich renderin
 - `--format table|json|ndjson|csv`; with `-o FILE` and no format, the extension decides (`.json`, `.ndjson`/`.jsonl`,
   `.csv`, `.txt` for the table); without either, a terminal gets a table and a pipe gets JSON.
 - Results go to stdout or the file and nowhere else; notes, warnings and progress bars go to stderr.
-- Files are written atomically: a temporary file in the same folder, then `os.replace`, so an interrupted run never
-  leaves a partial file. `check_writable` lets a command fail before a long computation.
+- Files are written atomically (a temporary file in the same folder, then `os.replace`), links are written through
+  and FIFOs, devices and `-o -` straight to (`qkinspect.cli.files`), so an interrupted run never leaves a partial
+  file. `check_writable` lets a command fail before a long computation.
+- A reader that closes the pipe early (`| head`) ends the command quietly (see `qkinspect.cli.app`).
 
 Example:
     >>> doc = Document(json={"schema": "qkinspect/1", "kind": "demo"}, rows=[{"layer": 0, "symmetry": 0.5}],
@@ -24,7 +26,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
+from qkinspect.cli.files import STDOUT, atomic_write, check_writable
 from qkinspect.errors import InputError, OutputError
 
 FORMATS = ("table", "json", "ndjson", "csv")
@@ -56,7 +58,7 @@ def choose_format(fmt: str | Enum | None, output: Path | None, *, isatty: bool |
         if name not in FORMATS:
             raise InputError(f"--format: {name!r} is not one of {', '.join(FORMATS)}")
         return name
-    if output is not None:
+    if output is not None and str(output) != STDOUT:
         ext = output.suffix.lower()
         if ext not in EXTENSIONS:
             raise InputError(f"-o {output}: cannot tell the format from {ext or 'no extension'!r}; "
@@ -71,63 +73,6 @@ def check_output(fmt: str | Enum | None, output: Path | None) -> None:
     choose_format(fmt, output, isatty=False)
     if output is not None:
         check_writable(output)
-
-
-def check_writable(path: Path) -> None:
-    """Fail early, with one clear line, when `path` cannot be written (missing folder, no permission, a folder)."""
-    folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise OutputError(f"{path}: is a folder, not a file")
-    if not folder.is_dir():
-        raise OutputError(f"{path}: {folder} " + ("is not a folder" if folder.exists() else "does not exist"))
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputError(f"{path}: folder {folder} is not writable")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise OutputError(f"{path}: file is not writable")
-
-
-def atomic_write(path: Path, write: Callable[[IO], None], *, binary: bool = False) -> None:
-    """Call `write(f)` on a temporary file beside `path`, then rename it over `path`; on any failure
-    (including KeyboardInterrupt) remove the temporary file and leave `path` untouched."""
-    text = {} if binary else {"encoding": "utf-8", "newline": ""}
-
-    def produce(tmp: Path) -> None:
-        with open(tmp, "wb" if binary else "w", **text) as f:
-            write(f)
-
-    atomic_write_file(path, produce)
-
-
-def atomic_write_file(path: Path, produce: Callable[[Path], None]) -> None:
-    """Like `atomic_write` for writers that need a file name (e.g. safetensors' save_file): `produce(tmp_path)`."""
-    path = Path(path)
-    check_writable(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    except OSError as e:
-        raise OutputError(f"{path}: cannot create a file there ({e.strerror or e})") from None
-    os.close(fd)
-    try:
-        produce(Path(tmp))
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except OSError as e:
-        _remove(tmp)
-        raise OutputError(f"{path}: cannot write ({e.strerror or e})") from None
-    except BaseException:
-        _remove(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _remove(tmp: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(tmp)
 
 
 def envelope(kind: str, **fields: Any) -> dict[str, Any]:
@@ -210,9 +155,14 @@ def write_table(doc: Document, f: IO[str], *, terminal: bool, width: int = TABLE
 def emit(doc: Document, fmt: str | Enum | None, output: Path | None) -> str:
     """Write `doc` in the chosen format to `output` (atomically) or to stdout; returns the format used."""
     name = choose_format(fmt, output)
-    if output is None:
-        _write(doc, name, sys.stdout, terminal=sys.stdout.isatty())
-        sys.stdout.flush()
+    if output is None or str(output) == STDOUT:
+        try:
+            _write(doc, name, sys.stdout, terminal=sys.stdout.isatty())
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as e:  # a full disk behind a redirection, ...
+            raise OutputError(f"stdout: cannot write ({e.strerror or e})") from None
     else:
         atomic_write(output, lambda f: _write(doc, name, f, terminal=False))
         note(f"wrote {name} to {output}")

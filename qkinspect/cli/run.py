@@ -44,7 +44,7 @@ def _analyze_opened(m, selection: Selection, options: dict[str, Any]):
     for w in result.warnings:
         warn(w)
     if not result.heads:
-        raise InputError("the selection matched no heads")
+        raise InputError(f"{m.info.name}: the selection ({selection.describe()}) matched no heads of this model")
     return result
 
 

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from qkinspect.errors import CheckpointError, UnsupportedModelError
+from qkinspect.loading.checked import check_counts, positive_int
 from qkinspect.loading.gguf_arch import ARCHES, Layout, Meta, layer_names
 from qkinspect.loading.source import TensorSource
 
@@ -167,12 +168,20 @@ def open_gguf(path: Path) -> tuple[Any, GGUFSource]:
     return light_config(data, path), GGUFSource(path, reader, ARCHES[arch], data)
 
 
+# Metadata counts checked as they are read: a block count of 2**30 would otherwise build per-layer lists of gigabytes.
+_COUNTS = (".block_count", ".embedding_length", ".attention.head_count", ".attention.head_count_kv",
+           ".attention.key_length", ".attention.value_length", ".rope.dimension_count")
+
+
 def gguf_config_dict(reader: Any, arch: str, path: Path) -> dict[str, Any]:
     """The config.json-style dict that GGUF metadata describes (`arch` is ``general.architecture``)."""
     layout = ARCHES[arch]
 
     def read(key: str, default: Any, per_layer: bool) -> Any:
         value = _field(reader, key, path, _REQUIRED if default is ... else default)
+        if key.endswith(_COUNTS) and value is not default:  # metadata enters here: whole numbers, 1 to MAX_COUNT
+            for v in value if isinstance(value, list) else [value]:
+                positive_int(v, path, key)
         return _uniform(value, key, path) if isinstance(value, list) and not per_layer else value
 
     meta = Meta(arch, read, lambda suffix: _has_tensor(reader, suffix), _vocab_size(reader))
@@ -180,7 +189,9 @@ def gguf_config_dict(reader: Any, arch: str, path: Path) -> dict[str, Any]:
         data = layout.config(meta)
     except (TypeError, ValueError, ZeroDivisionError) as e:
         raise CheckpointError(f"{path}: GGUF metadata for {arch!r} is invalid ({_one_line(e)})") from None
-    return {"model_type": layout.model_type, "architectures": [layout.architecture], **data}
+    data = {"model_type": layout.model_type, "architectures": [layout.architecture], **data}
+    check_counts(data, path)  # what the counts imply together (key/value heads dividing the query heads)
+    return data
 
 
 def gguf_config(reader: Any, arch: str, path: Path) -> Any:

@@ -20,6 +20,7 @@ from qkinspect.layer import AttentionLayer, ModelInfo
 from qkinspect.loading.adapters.base import Adapter
 from qkinspect.loading.cast import Caster
 from qkinspect.loading.resolve import Resolved
+from qkinspect.loading.source import storage_dtype
 
 Step = tuple[str, int]  # (block, layer)
 
@@ -128,12 +129,20 @@ class LoadedModel:
             if t is None:
                 raise self._missing(name, block, layer)
             self._check_shape(name, tuple(t.shape), shapes.get(name))
-            out[name] = cast(t)
+            out[name] = cast(self._floating(name, t))
         for name in a.optional_names(block, layer):
             t = self._placeholder(name) if name in skip else self.source.get(name)
             if t is not None:
-                out[name] = cast(t)
+                out[name] = cast(self._floating(name, t))
         return out
+
+    def _floating(self, name: str, t: Tensor) -> Tensor:
+        """Refuse integer (or bool) weights: without a quantization the source dequantizes, their values are not
+        the model's weights."""
+        if not t.is_floating_point():
+            raise CheckpointError(f"{self.info.source}: tensor {name!r} is stored as {storage_dtype(t)}, not a "
+                                  f"floating-point type; integer weights without a known quantization are refused")
+        return t
 
     def _placeholder(self, name: str) -> Tensor | None:
         """A tensor of the stored shape with no data (meta device), or None when the checkpoint lacks `name`."""

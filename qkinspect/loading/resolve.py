@@ -9,7 +9,6 @@ Specs, tried in this order (docs/loading.md):
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import CheckpointError, ModelNotFoundError, UnsupportedModelError
+from qkinspect.loading.checked import check_counts, inside, read_json
 from qkinspect.loading.source import SafetensorsSource, TensorSource
 
 # What a snapshot download fetches: the config and the weights, nothing else.
@@ -78,7 +78,7 @@ def _dequantizing(source: TensorSource, folder: Path) -> TensorSource:
     from qkinspect.loading.quantized import check_quantization, dequantizing
 
     cfg_file = folder / "config.json"
-    return dequantizing(source, check_quantization(json.loads(cfg_file.read_text()), cfg_file), cfg_file)
+    return dequantizing(source, check_quantization(read_json(cfg_file), cfg_file), cfg_file)
 
 
 def _from_file(name: str, path: Path) -> Resolved:
@@ -137,16 +137,19 @@ def load_config(folder: Path) -> Any:
     cfg_file = folder / "config.json"
     if not cfg_file.is_file():
         raise ModelNotFoundError(f"{folder}: no config.json in this folder")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{cfg_file}: not valid JSON ({e})") from None
-    model_type = raw.get("model_type") if isinstance(raw, dict) else None
-    if not model_type:
+    raw = read_json(inside(folder, cfg_file.name, folder))  # checked once, here: nothing later re-reads it raw
+    model_type = raw.get("model_type")
+    if model_type is None or model_type == "":
         raise CheckpointError(f"{cfg_file}: no model_type")
+    if type(model_type) is not str:
+        raise CheckpointError(f"{cfg_file}: model_type is {model_type!r}, not a string")
+    check_counts(raw, cfg_file)
     from qkinspect.loading.adapters.registry import adapter_for
 
-    adapter_for(model_type)  # refuse unknown types before transformers tries to import remote code
+    try:
+        adapter_for(model_type)  # refuse unknown types before transformers tries to import remote code
+    except UnsupportedModelError as e:
+        raise UnsupportedModelError(f"{cfg_file}: {e}") from None
     from qkinspect.loading.quantized import check_quantization
 
     check_quantization(raw, cfg_file)  # a quantization not understood is refused, never read raw
@@ -167,7 +170,7 @@ def folder_source(folder: Path) -> tuple[TensorSource, str]:
     ]
     for file, make, fmt in candidates:
         if (folder / file).is_file():
-            return make(folder / file), fmt
+            return make(inside(folder, file, folder)), fmt
     raise ModelNotFoundError(
         f"{folder}: no weights (model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
         f"pytorch_model.bin.index.json)"

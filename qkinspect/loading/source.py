@@ -8,7 +8,6 @@ no later layer needs it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Hashable, Iterable
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch
 from torch import Tensor
 
 from qkinspect.errors import CheckpointError
+from qkinspect.loading.checked import inside, os_reason, read_json
 
 # safetensors header dtype -> torch dtype (the storage dtype of a tensor, as stored).
 _SAFETENSORS_DTYPES = {
@@ -181,18 +181,22 @@ def _open_safetensors(f: Path):
         return safe_open(str(f), framework="pt")
     except FileNotFoundError:
         raise CheckpointError(f"{f}: file is missing") from None
+    except (PermissionError, IsADirectoryError) as e:  # other OSErrors here come from the file's contents
+        raise CheckpointError(f"{f}: cannot read it ({os_reason(e)})") from None
     except Exception as e:  # safetensors raises its own error types for corrupt or truncated files
         raise CheckpointError(f"{f}: not a readable safetensors file, corrupt or truncated ({_one_line(e)})") from None
 
 
 def shards_from_index(index: Path) -> list[Path]:
-    """The shard files named by a ``*.index.json`` weight map, each checked to exist."""
-    try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-        names = sorted(set(weight_map.values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{index}: not a valid checkpoint index ({_one_line(e)})") from None
-    files = [index.parent / n for n in names]
+    """The shard files named by a ``*.index.json`` weight map, each checked to lie inside the index's folder (after
+    links; refused before any shard is opened) and to exist."""
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: not a valid checkpoint index (weight_map is not an object of tensor names)")
+    for tensor, name in weight_map.items():
+        if type(name) is not str:
+            raise CheckpointError(f"{index}: weight_map[{tensor!r}] is {name!r}, not a file name")
+    files = [inside(index.parent, n, index, "shard") for n in sorted(set(weight_map.values()))]
     for f in files:
         if not f.is_file():
             raise CheckpointError(f"{index}: lists shard {f.name}, which is missing")

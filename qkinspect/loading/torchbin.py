@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from qkinspect.errors import CheckpointError
+from qkinspect.loading.checked import os_reason
 from qkinspect.loading.source import ShardedSource, storage_dtype
 
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
@@ -69,13 +70,15 @@ class TorchBinSource(ShardedSource):
 def load_state_dict(f: Path) -> dict[str, Tensor]:
     """Load a state dict safely (weights only, memory-mapped where the file allows), or raise CheckpointError."""
     # Files written by torch >= 1.6 are zip archives and can be memory-mapped; older ones are read whole.
-    mmap = zipfile.is_zipfile(f)
     try:
+        mmap = zipfile.is_zipfile(f)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             obj = torch.load(f, weights_only=True, mmap=mmap, map_location="cpu")
     except FileNotFoundError:
         raise CheckpointError(f"{f}: file is missing") from None
+    except (PermissionError, IsADirectoryError) as e:  # other OSErrors here come from the file's contents
+        raise CheckpointError(f"{f}: cannot read it ({os_reason(e)})") from None
     except Exception as e:
         raise CheckpointError(_load_error(f, e)) from None
     return _tensors_of(f, obj)

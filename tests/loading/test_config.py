@@ -421,7 +421,9 @@ def test_configs_transformers_refuses_are_still_refused(bad, tmp_path):
     folder = tiny.write(tmp_path / "m", config, state)
     data = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**data, **bad}))
-    with pytest.raises(CheckpointError, match="transformers cannot read this config"):
+    # refused by transformers, or earlier, where config.json enters (qkinspect.loading.checked), naming the key
+    with pytest.raises(CheckpointError, match="config.json: (transformers cannot read this config|num_attention_heads "
+                                              "\\(3\\) is not a multiple|hidden_size is '64' \\(string\\))"):
         open_model(folder)
 
 

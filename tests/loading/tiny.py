@@ -162,3 +162,44 @@ def write_gguf(path: Path, config, state: dict, arch: str = "llama", permute: bo
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def llama_gguf_with(path: Path, state: dict | None = None, **meta) -> Path:
+    """A tiny Llama GGUF (the weights of `llama()`, or `state`) whose llama.* metadata is `meta` over the true
+    values (None: the key left out; a value is written with the GGUF type that holds it)."""
+    import gguf
+
+    state = llama()[1] if state is None else state
+    true = {"block_count": 2, "embedding_length": 64, "attention.head_count": 4, "attention.head_count_kv": 2,
+            "attention.key_length": 16, "rope.dimension_count": 16, "rope.freq_base": 10000.0}
+    true.update(meta)
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in true.items():
+        if value is None:
+            continue
+        key = f"llama.{key}"
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, list):
+            w.add_array(key, value)
+        elif -(2**31) <= value < 2**31:
+            w.add_int32(key, value)
+        else:
+            w.add_int64(key, value)
+    H, G = 4, 2
+    for i in range(2):
+        for proj, role in GGUF_ROLES.items():
+            t = state[f"layers.{i}.self_attn.{proj}.weight"]
+            if proj in ("q_proj", "k_proj"):
+                t = llama_cpp_permute(t, H, H if proj == "q_proj" else G)
+            w.add_tensor(f"blk.{i}.{role}.weight", t.float().numpy())
+        w.add_tensor(f"blk.{i}.attn_norm.weight", state[f"layers.{i}.input_layernorm.weight"].float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -19,6 +19,7 @@ from typing import Any
 
 import typer
 
+from qkinspect.cli.files import atomic_write_file, check_writable
 from qkinspect.cli.options import (
     BlockOpt,
     LayersOpt,
@@ -29,7 +30,7 @@ from qkinspect.cli.options import (
     parse_blocks,
     parse_indices,
 )
-from qkinspect.cli.output import atomic_write_file, check_writable, envelope, note, progress
+from qkinspect.cli.output import envelope, note, progress
 from qkinspect.errors import InputError
 
 TENSORS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "q_norm", "k_norm")

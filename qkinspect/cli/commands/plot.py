@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from qkinspect.cli.files import atomic_write_file, check_writable
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -22,7 +23,7 @@ from qkinspect.cli.options import (
     RevisionOpt,
     Selection,
 )
-from qkinspect.cli.output import atomic_write_file, check_writable, note
+from qkinspect.cli.output import note
 from qkinspect.errors import InputError
 from qkinspect.metrics.registry import head_metric
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from qkinspect.cli.files import atomic_write, atomic_write_file, check_writable
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -20,7 +21,7 @@ from qkinspect.cli.options import (
     RevisionOpt,
     Selection,
 )
-from qkinspect.cli.output import atomic_write, atomic_write_file, check_writable, note
+from qkinspect.cli.output import note
 from qkinspect.errors import InputError
 
 # The report shows every default metric and the head-by-head overlap figure.
