@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from qkinspect.cli.commands.analyze import By, ByOpt, LayerFormOpt
+from qkinspect.cli.files import atomic_write_file, check_writable
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -29,7 +30,7 @@ from qkinspect.cli.options import (
     Selection,
     check_selection,
 )
-from qkinspect.cli.output import Document, atomic_write_file, check_output, check_writable, emit, envelope, note, warn
+from qkinspect.cli.output import Document, check_output, emit, envelope, note, warn
 from qkinspect.errors import InputError, SweepFailed
 
 
