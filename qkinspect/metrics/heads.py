@@ -218,11 +218,13 @@ def measure_heads(layer: AttentionLayer, names: Iterable[str], *, heads: Iterabl
     """Per-head metrics of one AttentionLayer (a convenience over HeadProducts + measure_products).
 
     Returns:
-        (values, spectra, warnings): values name -> (n,) numpy array over the selected heads in order.
+        (values, spectra, warnings): values name -> (n,) numpy array over the selected heads in order, with the
+        ranks kept ("rank_q", "rank_k", "rank_v") beside the metrics.
     """
     sel = None if heads is None else torch.as_tensor(list(heads), dtype=torch.int64)
     p = HeadProducts(layer, sel, dtype=dtype, device=device)
     values, spec, num = measure_products(p, names, spectra)
+    values.update(num.ranks)
     warnings = head_warnings(p, f"{layer.block} layer {layer.layer}")
     line = numerics_warning(int(num.recomputed.sum()), int(num.cut.sum()), p.n, str(dtype).removeprefix("torch."))
     return values, spec, warnings + ([line] if line else [])
