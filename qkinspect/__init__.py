@@ -18,3 +18,8 @@ def __getattr__(name: str):
 
         return load
     raise AttributeError(f"module 'qkinspect' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # the lazy names too, so that dir(), tab completion and help() show the API
+    return sorted({*globals(), *__all__})

@@ -33,6 +33,7 @@ from qkinspect.metrics.layer_form import head_overlap, layer_form_metrics
 from qkinspect.metrics.products import HeadProducts
 from qkinspect.metrics.registry import LAYER_FORM, METRICS, resolve_metrics
 from qkinspect.records import AnalysisResult, Baseline, HeadRecord, LayerRecord, Processing
+from qkinspect.selection import check_indexes, select_blocks
 
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 Progress = Callable[[int, int], None]
@@ -41,9 +42,9 @@ Progress = Callable[[int, int], None]
 def analyze(
     model=None,
     *,
-    layers: Iterable[int] | None = None,
-    heads: Iterable[int] | None = None,
-    blocks: Iterable[str] | None = None,
+    layers: str | int | Iterable[int] | None = None,
+    heads: str | int | Iterable[int] | None = None,
+    blocks: str | Iterable[str] | None = None,
     metrics: Iterable[str] | None = None,
     fold_ln: bool = False,
     fold_qk_norm: bool = False,
@@ -58,7 +59,8 @@ def analyze(
 
     Args:
         model: a path, hub id or GGUF file; None for the bundled demo model; or an opened LoadedModel.
-        layers, heads, blocks: selections (layer indexes, query-head indexes, block kinds or labels).
+        layers, heads: indexes as the CLI takes them ("0-3,7") or as Python values (3, [0, 1]); None for all.
+        blocks: block kinds or labels ("encoder", ["text", "vision"]); None for all.
         metrics: metric or group names (qkinspect.metrics.registry); None for the defaults.
         fold_ln, fold_qk_norm: fold the pre-attention norm / the q-k norm gains into the weights first.
         layer_form: also measure each layer's summed form Σ_h W_Q W_Kᵀ (O(d_model³) per layer).
@@ -73,22 +75,22 @@ def analyze(
 
     Raises:
         InputError (and its subclasses): an unknown metric, block, layer, head, precision or device; a model
-        that cannot be opened; --fold-ln on a model without norms.
+        that cannot be opened; fold_ln=True on a model without norms. Messages name the argument (`layers=`).
 
     Example:
         >>> import qkinspect
-        >>> result = qkinspect.analyze(None, layers=[0], metrics=["symmetry"])  # the demo model
+        >>> result = qkinspect.analyze(None, layers="0", metrics=["symmetry"])  # the demo model
         >>> result.heads[0].values["symmetry"] > 0
         True
     """
     run = _Run.make(metrics, spectra, precision, device, fold_ln, fold_qk_norm, layer_form)
     with _opened(model, revision) as m:
-        chosen = _select_blocks(m.info, blocks)
-        run.heads = _check_indexes("heads", heads, {b.key: b.n_heads for b in chosen})
-        layer_sel = _check_indexes("layers", layers, {b.key: b.n_layers for b in chosen})
+        chosen = select_blocks(m.info, blocks)
+        run.heads = check_indexes("heads", heads, {b.key: b.n_heads for b in chosen})
+        layer_sel = check_indexes("layers", layers, {b.key: b.n_layers for b in chosen})
         keys = [b.key for b in chosen if run.head_index(b) is None or len(run.head_index(b))]
         if fold_qk_norm and not any(b.qk_norm for b in chosen if b.key in keys):
-            raise InputError("--fold-qk-norm: the selected blocks have no q/k norm")
+            raise InputError("fold_qk_norm=True: the selected blocks have no q/k norm")
         total = sum(1 for _ in m.plan(keys, layer_sel))
         if progress is not None:
             progress(0, total)
@@ -141,32 +143,6 @@ def _threads() -> Iterator[None]:
             torch.set_num_threads(before)
 
 
-def _select_blocks(info: ModelInfo, blocks: Iterable[str] | None) -> list[BlockSpec]:
-    """Blocks by key (label or kind) or by kind; InputError naming the model's blocks for an unknown one."""
-    if blocks is None:
-        return list(info.blocks)
-    wanted = [blocks] if isinstance(blocks, str) else list(blocks)
-    known = {b.key for b in info.blocks} | {b.name for b in info.blocks}
-    missing = [w for w in wanted if w not in known]
-    if missing:
-        have = ", ".join(dict.fromkeys(b.key for b in info.blocks))
-        raise InputError(f"block {', '.join(missing)}: this model's blocks are {have}")
-    return [b for b in info.blocks if b.key in wanted or b.name in wanted]
-
-
-def _check_indexes(what: str, idx: Iterable[int] | None, sizes: dict[str, int]) -> tuple[int, ...] | None:
-    """Sorted unique indexes; InputError for one no selected block has."""
-    if idx is None:
-        return None
-    out = tuple(sorted({int(i) for i in idx}))
-    top = max(sizes.values(), default=0)
-    bad = [i for i in out if i < 0 or i >= top]
-    if bad:
-        have = ", ".join(f"{k}: {n}" for k, n in sizes.items())
-        raise InputError(f"{what} {', '.join(map(str, bad))} out of range ({what} per block: {have})")
-    return out
-
-
 @dataclass
 class _Run:
     """Settings of one analysis and the records it accumulates."""
@@ -190,7 +166,7 @@ class _Run:
     def make(cls, metrics, spectra, precision, device, fold_ln, fold_qk_norm, layer_form) -> _Run:
         precision = str(getattr(precision, "value", precision))
         if precision not in PRECISIONS:
-            raise InputError(f"precision {precision!r}: choose float32 or float64")
+            raise InputError(f"precision={precision!r}: choose float32 or float64")
         return cls(resolve_metrics(metrics, layer_form=layer_form), check_spectra(spectra or ()),
                    PRECISIONS[precision], _check_device(device), bool(fold_ln), bool(fold_qk_norm))
 
@@ -276,7 +252,7 @@ class _Run:
             fold_ln=self.fold_ln, fold_qk_norm=self.fold_qk_norm, precision=str(self.dtype).removeprefix("torch."),
             device=self.device, layer_form=any(n in self.names for n in LAYER_FORM),
             blocks=None if blocks is None else tuple([blocks] if isinstance(blocks, str) else blocks),
-            layers=layers, heads=self.heads, metrics=self.names)
+            layers=layers, heads=self.heads, metrics=self.names, dequantized=info.quantization)
         return AnalysisResult(model=info, processing=processing, heads=self.head_records, layers=self.layer_records,
                               baselines=self.baselines, spectra=self.spectra_out,
                               warnings=list(dict.fromkeys(self.warnings + self._numerics_warning())),
@@ -296,9 +272,9 @@ def _check_device(device) -> str:
     try:
         dev = torch.device(name)
     except (RuntimeError, ValueError):
-        raise InputError(f"device {name!r}: not a torch device (cpu, cuda, cuda:N)") from None
+        raise InputError(f"device={name!r}: not a torch device (cpu, cuda, cuda:N)") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"device {name}: no CUDA device is available (torch.cuda.is_available() is False)")
+        raise InputError(f"device={name!r}: no CUDA device is available (torch.cuda.is_available() is False)")
     if dev.type not in ("cpu", "cuda"):
-        raise InputError(f"device {name}: only cpu and cuda are supported")
+        raise InputError(f"device={name!r}: only cpu and cuda are supported")
     return name

@@ -165,6 +165,7 @@ class ModelInfo:
     dtype: str | None = None  # storage dtype of the attention weights
     attention_bytes: int | None = None  # bytes of q/k/v/o weights as stored
     architecture: str | None = None  # e.g. "BertModel"
+    quantization: str | None = None  # a quantized checkpoint's scheme, dequantized on read: "fp8 (128x128 blocks)"
 
     def block(self, name: str) -> BlockSpec:
         for b in self.blocks:

@@ -79,6 +79,7 @@ class Processing:
     heads: tuple[int, ...] | None = None
     metrics: tuple[str, ...] | None = None
     baseline_seed: int = 0
+    dequantized: str | None = None  # the quantization the weights were dequantized from (ModelInfo.quantization)
 
 
 @dataclass
@@ -128,7 +129,8 @@ class AnalysisResult:
         })
 
     def to_pandas(self, by: str = "head"):
-        """Head records (or, with by="layer", layer records) as a pandas DataFrame (needs pandas).
+        """Head records (or, with by="layer", layer records) as a pandas DataFrame (needs pandas), with the
+        columns of `qkinspect analyze --format csv`: model, block, layer, head, kv_head, then the metrics.
 
         Example:
             >>> df = qkinspect.analyze().to_pandas()  # doctest: +SKIP
@@ -139,8 +141,11 @@ class AnalysisResult:
         except ImportError:
             raise ImportError("to_pandas() needs pandas: pip install pandas") from None
         if by not in ("head", "layer"):
-            raise ValueError(f"by must be 'head' or 'layer', not {by!r}")
-        return pd.DataFrame(self.head_rows() if by == "head" else self.layer_rows())
+            from qkinspect.errors import InputError
+
+            raise InputError(f"by={by!r}: choose 'head' or 'layer'")
+        rows = self.head_rows() if by == "head" else self.layer_rows()
+        return pd.DataFrame([{"model": self.model.name, **r} for r in rows])
 
 
 def model_dict(info: ModelInfo) -> dict[str, Any]:

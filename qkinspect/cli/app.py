@@ -13,6 +13,7 @@ import typer
 from typer.core import TyperGroup
 
 from qkinspect import __version__
+from qkinspect.cli.help_format import clean_usage_error, install
 from qkinspect.errors import QkinspectError
 
 try:  # typer >= 0.26 vendors its own click
@@ -69,7 +70,7 @@ class QkGroup(TyperGroup):
                 sys.exit(0)
             if _state["debug"]:
                 traceback.print_exc()
-            _error(e.format_message())
+            _error(clean_usage_error(e.format_message()))
             sys.exit(2)
         except click_exc.ClickException as e:
             _error(e.format_message())
@@ -138,6 +139,7 @@ def _register_commands() -> None:
 
 
 _register_commands()
+install()  # --help without typer's <bool>/<str> types
 
 
 def main() -> None:

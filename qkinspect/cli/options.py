@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from qkinspect.errors import InputError
+from qkinspect.selection import parse_indices
 
 
 class Format(str, Enum):
@@ -44,7 +45,8 @@ ModelArg = Annotated[
     typer.Argument(help="Model folder, .safetensors/.bin/.gguf file, or hub id (org/name); omit for the demo.",
                    show_default=False, metavar="MODEL"),
 ]
-RevisionOpt = Annotated[str | None, typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
+RevisionOpt = Annotated[str | None, typer.Option("--revision", metavar="REV",
+                                                 help="Hub revision (branch, tag or commit).")]
 LayersOpt = Annotated[
     str | None, typer.Option("--layers", "-l", metavar="LIST", help="Layers to include, e.g. 0-3,7 (default: all).")
 ]
@@ -81,33 +83,6 @@ OutputOpt = Annotated[
     Path | None,
     typer.Option("--output", "-o", metavar="FILE", help="Write results to FILE (atomically) instead of stdout."),
 ]
-
-
-def parse_indices(text: str | None, option: str) -> tuple[int, ...] | None:
-    """"0-3,7" -> (0, 1, 2, 3, 7); None or "" -> None (all). Sorted, duplicates removed.
-
-    Example:
-        >>> parse_indices("5,0-2", "--layers")
-        (0, 1, 2, 5)
-    """
-    if text is None or not text.strip():
-        return None
-    out: set[int] = set()
-    for part in text.split(","):
-        out.update(_parse_range(part.strip(), option))
-    return tuple(sorted(out))
-
-
-def _parse_range(part: str, option: str) -> range:
-    lo, sep, hi = part.partition("-")
-    try:
-        a = int(lo)
-        b = int(hi) if sep else a
-    except ValueError:
-        raise InputError(f"{option}: {part!r} is not an index or a range like 0-3") from None
-    if a < 0 or b < a:
-        raise InputError(f"{option}: {part!r} is not a valid range (indices start at 0, low-high)")
-    return range(a, b + 1)
 
 
 def parse_names(values: list[str] | None) -> tuple[str, ...] | None:
@@ -175,9 +150,11 @@ class Selection:
 
 
 def check_selection(info, blocks: tuple[str, ...] | None, layers: tuple[int, ...] | None,
-                    heads: tuple[int, ...] | None = None) -> tuple[str, ...] | None:
+                    heads: tuple[int, ...] | None = None, *,
+                    options: tuple[str, str] = ("--layers", "--heads")) -> tuple[str, ...] | None:
     """Refuse blocks, layers or heads the model does not have (InputError naming what it has); return the
     selected blocks' keys (a kind such as "encoder" selects every block of that kind, e.g. CLIP's two towers).
+    `options` name the layer and head options in errors (spectrum's are --layer and --head).
 
     Example:
         >>> check_selection(model.info, ("encoder",), (0, 1), None)
@@ -191,8 +168,8 @@ def check_selection(info, blocks: tuple[str, ...] | None, layers: tuple[int, ...
         if missing:
             have = ", ".join(dict.fromkeys(b.key for b in info.blocks))
             raise InputError(f"--block {','.join(missing)}: this model's blocks are {have}")
-    _check_range("--layers", layers, {b.key: b.n_layers for b in chosen}, "layers")
-    _check_range("--heads", heads, {b.key: b.n_heads for b in chosen}, "heads")
+    _check_range(options[0], layers, {b.key: b.n_layers for b in chosen}, "layers")
+    _check_range(options[1], heads, {b.key: b.n_heads for b in chosen}, "heads")
     return tuple(b.key for b in chosen) if blocks else None
 
 

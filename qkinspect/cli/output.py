@@ -36,7 +36,7 @@ from qkinspect.errors import InputError, OutputError
 
 FORMATS = ("table", "json", "ndjson", "csv")
 EXTENSIONS = {".json": "json", ".ndjson": "ndjson", ".jsonl": "ndjson", ".csv": "csv", ".txt": "table"}
-TABLE_FILE_WIDTH = 160  # a table written to a file has no terminal to take its width from
+TABLE_FILE_WIDTH = 160  # a table written to a file has no terminal to take its width from ($COLUMNS, if set, wins)
 
 
 @dataclass
@@ -198,6 +198,8 @@ def write_table(doc: Document, f: IO[str], *, terminal: bool, width: int = TABLE
     if terminal:
         console = Console(file=f)
     else:
+        columns = os.environ.get("COLUMNS", "")
+        width = int(columns) if columns.isdigit() and int(columns) >= 40 else width
         console = Console(file=f, width=width, no_color=True, force_terminal=False, color_system=None)
     if doc.render is None:
         console.print_json(data=jsonable(doc.json))

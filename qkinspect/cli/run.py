@@ -36,6 +36,9 @@ def _analyze_opened(m, selection: Selection, options: dict[str, Any]):
 
     kwargs = selection.kwargs()
     kwargs["blocks"] = check_selection(m.info, selection.blocks, selection.layers, selection.heads)
+    chosen = [b for b in m.info.blocks if kwargs["blocks"] is None or b.key in kwargs["blocks"]]
+    if selection.fold_qk_norm and not any(b.qk_norm for b in chosen):
+        raise InputError("--fold-qk-norm: the selected blocks have no q/k norm")
     with progress("analysing heads") as p:
         result = qkinspect.analyze(m, progress=p, **kwargs, **options)
     for w in result.warnings:

@@ -1,6 +1,12 @@
 """Rich tables for people: per-head metrics grouped by block and layer, colour-scaled symmetry and overlap,
 the random baseline, and a per-layer summary. Pure presentation: every number comes from the records.
 
+Tables fit the terminal without cutting a number: columns get short headers (`sym`, `erank`, `ovl_qk` …) with a
+legend line below (JSON and CSV keep the full names), columns that carry nothing are dropped (`kv` when it equals
+`head`, `block` when there is one block), and metric columns that still do not fit go to a second table that repeats
+the row labels. Colours are the 16 standard ones, in steps that follow the value (dim, plain, colour, bold colour),
+so a 16-colour terminal shows the same order as a true-colour one.
+
 Example:
     >>> from rich.console import Console
     >>> render_analysis(Console(), result, columns=default_columns(result))
@@ -10,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 # Shown when the user names no metrics: the questions of the README, one column each.
@@ -19,6 +26,34 @@ LAYER_COLUMNS = ("symmetry_median", "symmetry_mean", "overlap_qk_median", "qk_ef
                  "symmetry_layer", "directionality_layer")
 # the metrics with a random baseline (qkinspect.metrics.baseline, which imports torch: not imported here)
 BASELINE_METRICS = ("symmetry", "shared_qk_distance", "overlap_qk", "overlap_qv", "overlap_kv")
+
+# Column headers in tables (the legend line under a table spells them out; JSON and CSV use the full names).
+SHORT_NAMES = {
+    "symmetry": "sym", "directionality": "dir", "qk_effective_rank": "erank", "qk_stable_rank": "srank",
+    "qk_participation_ratio": "pratio", "qk_k90": "k90", "qk_eig_pos_frac": "eig_pos", "qk_eig_real_ratio": "eig_re",
+    "shared_qk_distance": "shared", "overlap_qk": "ovl_qk", "overlap_qv": "ovl_qv", "overlap_kv": "ovl_kv",
+    "cosine_qk": "cos_qk", "cosine_qv": "cos_qv", "cosine_kv": "cos_kv",
+    "norm_q_fro": "q_fro", "norm_k_fro": "k_fro", "norm_v_fro": "v_fro", "norm_qk_fro": "qk_fro",
+    "norm_q_spec": "q_spec", "norm_k_spec": "k_spec", "norm_v_spec": "v_spec", "norm_qk_spec": "qk_spec",
+    "bias_q_norm": "bq", "bias_k_norm": "bk", "bias_v_norm": "bv",
+    "ov_effective_rank": "ov_erank", "ov_copying": "ov_copy", "ov_norm_spec": "ov_spec",
+    "symmetry_layer": "sym_sum", "directionality_layer": "dir_sum",
+}
+_SUFFIXES = {"_median": "_med", "_mean": "_mean"}
+COLUMN_GAP = 2  # two spaces between columns: no vertical rules, one space of padding on the right
+
+
+def short_name(metric: str) -> str:
+    """The table header for `metric`: `symmetry` -> `sym`, `delta_symmetry` -> `Δsym`, `symmetry_median` ->
+    `sym_med`; a name without a short form is kept whole."""
+    if metric.startswith("delta_"):
+        return "Δ" + short_name(metric.removeprefix("delta_"))
+    if metric in SHORT_NAMES:
+        return SHORT_NAMES[metric]
+    for suffix, short in _SUFFIXES.items():
+        if metric.endswith(suffix) and metric.removesuffix(suffix) in SHORT_NAMES:
+            return SHORT_NAMES[metric.removesuffix(suffix)] + short
+    return metric
 
 
 def default_columns(result, requested: Sequence[str] | None = None, sort: str | None = None) -> list[str]:
@@ -53,87 +88,171 @@ def basis_dependent(names: Iterable[str]) -> list[str]:
     return [n for n in names if n in METRICS and METRICS[n].gauge_invariant != "yes"]
 
 
+INTEGER_METRICS = ("qk_k90",)  # counts, stored as floats: printed without decimals when whole
+
+
 def fmt_value(v: Any, digits: int = 3) -> str:
+    """A table cell: '-' for a missing value, integers as integers, else `digits` decimals (4 significant digits
+    from 1000 up)."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if isinstance(v, int) and not isinstance(v, bool):
         return str(v)
     v = float(v)
-    return f"{v:.{digits}f}" if abs(v) < 1000 else f"{v:.4g}"
+    if abs(v) >= 1000:
+        return f"{v:.4g}"
+    return f"{v:.{digits}f}"
 
 
 def scale_style(metric: str, v: Any) -> str:
-    """Colour by value: symmetry-like scores diverge around 0 (blue < 0 < red); overlaps and similarities grow
-    from dim to green over [0, 1]; others are plain."""
+    """Colour by value, in steps of the 16 standard colours so every terminal shows the same order: symmetry-like
+    scores diverge around 0 (blue below, red above; plain near 0, bold beyond ±0.4); overlaps and similarities
+    grow over [0, 1] from dim through plain and green to bold green; others are plain. NaN is dim."""
     if v is None or not isinstance(v, (int, float)) or math.isnan(v):
         return "dim"
-    if metric.startswith(("symmetry", "directionality", "delta_symmetry", "delta_directionality")):
-        return _diverging(max(-1.0, min(1.0, float(v))))
-    if metric.startswith(("overlap", "cka", "delta_overlap")):
-        return _sequential(max(0.0, min(1.0, abs(float(v)))))
+    name = metric.removeprefix("delta_")
+    if name.startswith(("symmetry", "directionality")):
+        return _diverging(float(v))
+    if name.startswith(("overlap", "cka")):
+        return _sequential(abs(float(v)))
     return ""
 
 
 def _diverging(x: float) -> str:
-    level = int(110 + 145 * abs(x))
-    return f"rgb({level},90,90)" if x > 0 else f"rgb(90,120,{level})"
+    if abs(x) < 0.1:
+        return ""
+    hue = "red" if x > 0 else "blue"
+    return f"bold {hue}" if abs(x) >= 0.4 else hue
 
 
 def _sequential(x: float) -> str:
-    return f"rgb(80,{int(110 + 145 * x)},100)"
+    steps = ((0.2, "dim"), (0.4, ""), (0.7, "green"))
+    return next((style for top, style in steps if x < top), "bold green")
 
 
-def head_table(heads: Iterable, columns: Sequence[str], *, grouped: bool = True, title: str | None = None):
-    """One row per head; with `grouped`, a rule between layers (rows arrive in block, layer, head order)."""
+@dataclass
+class Column:
+    """One table column: its header and its cells (str or rich Text), right-aligned unless `left`."""
+
+    header: str
+    cells: list[Any] = field(default_factory=list)
+    left: bool = False
+
+    def width(self) -> int:
+        from rich.cells import cell_len
+
+        texts = [c if isinstance(c, str) else c.plain for c in self.cells]
+        return max([cell_len(self.header), *(cell_len(t) for t in texts)])
+
+
+def fit_tables(labels: Sequence[Column], values: Sequence[Column], *, width: int, sections: Sequence[int] = (),
+               title: str | None = None) -> list:
+    """Tables holding every column whole: the label columns, then as many value columns as fit `width`; the rest
+    go to further tables that repeat the labels. `sections`: row indices that start a new group (a rule above)."""
+    used = sum(c.width() for c in labels) + COLUMN_GAP * len(labels)  # each label column and the gap after it
+    groups: list[list[Column]] = [[]]
+    room = width - used
+    for col in values:
+        need = col.width() + COLUMN_GAP
+        if groups[-1] and need > room:
+            groups.append([])
+            room = width - used
+        groups[-1].append(col)
+        room -= need
+    if not labels and not values:
+        return []
+    return [_table([*labels, *cols], sections, title if i == 0 else f"{title}, continued" if title else "continued")
+            for i, cols in enumerate(groups)]
+
+
+def _table(columns: Sequence[Column], sections: Sequence[int], title: str | None):
+    """A rich Table, under its title as a line of its own (rich would wrap a title to a narrow table's width)."""
+    from rich import box
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=title, header_style="bold", show_edge=False, pad_edge=False)
-    for name in ("block", "layer", "head", "kv"):
-        t.add_column(name, justify="left" if name == "block" else "right")
-    marked = set(basis_dependent(c.removeprefix("delta_") for c in columns))
+    t = Table(header_style="bold", show_edge=False, pad_edge=False, box=box.SIMPLE_HEAVY, padding=(0, 1, 0, 0))
     for c in columns:
-        t.add_column(c + ("*" if c.removeprefix("delta_") in marked else ""), justify="right")
-    last = None
-    for h in heads:
-        if grouped and last is not None and (h.block, h.layer) != last:
+        t.add_column(c.header, justify="left" if c.left else "right", no_wrap=True, overflow="fold",
+                     min_width=c.width())
+    starts = set(sections)
+    n_rows = len(columns[0].cells) if columns else 0
+    for i in range(n_rows):
+        if i in starts and i > 0:
             t.add_section()
-        last = (h.block, h.layer)
-        cells = [_cell(c, h.values.get(c)) for c in columns]
-        t.add_row(h.block, str(h.layer), str(h.head), str(h.kv_head), *cells)
-    return t
+        t.add_row(*[c.cells[i] for c in columns])
+    return Group(Text(title, style="italic"), t) if title else t
+
+
+def legend(columns: Iterable[str], marked: Iterable[str] = ()) -> str:
+    """'columns: sym=symmetry, erank=qk_effective_rank, …' for the headers that differ from their names."""
+    marked = set(marked)
+    pairs = [f"{short_name(c)}{'*' if c in marked else ''}={c}" for c in columns if short_name(c) != c]
+    return "columns: " + ", ".join(pairs) if pairs else ""
+
+
+def head_table(heads: Iterable, columns: Sequence[str], *, grouped: bool = True, title: str | None = None,
+               width: int = 80) -> list:
+    """Per-head tables, one row per head; with `grouped`, a rule between layers (rows arrive in block, layer, head
+    order). `block` is shown only when the rows span several blocks, `kv` only when some head's key/value head
+    differs from its own index (grouped-query attention)."""
+    heads = list(heads)
+    marked = set(basis_dependent(c.removeprefix("delta_") for c in columns))
+    labels = [Column("block", [h.block for h in heads], left=True), Column("layer", [str(h.layer) for h in heads]),
+              Column("head", [str(h.head) for h in heads]), Column("kv", [str(h.kv_head) for h in heads])]
+    if len({h.block for h in heads}) <= 1:
+        labels[0] = None
+    if all(h.kv_head == h.head for h in heads):
+        labels[3] = None
+    empty = set(empty_columns(heads, columns))
+    values = [Column(short_name(c) + ("*" if c.removeprefix("delta_") in marked else ""),
+                     [_cell(c, h.values.get(c)) for h in heads]) for c in columns if c not in empty]
+    sections = [i for i in range(1, len(heads)) if (heads[i].block, heads[i].layer)
+                != (heads[i - 1].block, heads[i - 1].layer)] if grouped else []
+    return fit_tables([c for c in labels if c is not None], values, width=width, sections=sections, title=title)
+
+
+def empty_columns(records: Sequence, columns: Iterable[str]) -> list[str]:
+    """The columns with no value in any record (e.g. bias norms of a model without biases): not shown."""
+    return [c for c in columns if records and all(fmt_value(r.values.get(c)) == "-" for r in records)]
 
 
 def _cell(metric: str, v: Any):
     from rich.text import Text
 
+    if metric in INTEGER_METRICS and isinstance(v, float) and v.is_integer():
+        v = int(v)
     return Text(fmt_value(v), style=scale_style(metric, v))
 
 
-def layer_table(layers: Iterable, columns: Sequence[str] | None = None, title: str | None = "per layer"):
-    from rich.table import Table
-
-    layers = list(layers)
+def layer_columns(layers: Sequence, columns: Sequence[str] | None = None) -> list[str]:
     have = {k for r in layers for k in r.values}
-    cols = [c for c in (columns or LAYER_COLUMNS) if c in have]
-    t = Table(title=title, header_style="bold", show_edge=False, pad_edge=False)
-    for name in ("block", "layer", "heads"):
-        t.add_column(name, justify="left" if name == "block" else "right")
-    for c in cols:
-        t.add_column(c, justify="right")
-    for r in layers:
-        t.add_row(r.block, str(r.layer), str(r.n_heads), *[_cell(c, r.values.get(c)) for c in cols])
-    return t
+    return [c for c in (columns or LAYER_COLUMNS) if c in have]
+
+
+def layer_table(layers: Iterable, columns: Sequence[str] | None = None, title: str | None = "per layer",
+                width: int = 80) -> list:
+    """Per-layer tables: the layer summaries (and the summed form's scores with --layer-form)."""
+    layers = list(layers)
+    cols = layer_columns(layers, columns)
+    labels = [Column("block", [r.block for r in layers], left=True), Column("layer", [str(r.layer) for r in layers]),
+              Column("heads", [str(r.n_heads) for r in layers])]
+    if len({r.block for r in layers}) <= 1:
+        labels = labels[1:]
+    values = [Column(short_name(c), [_cell(c, r.values.get(c)) for r in layers]) for c in cols]
+    return fit_tables(labels, values, width=width, title=title)
 
 
 def baseline_lines(baselines: Iterable, metrics: Sequence[str] = BASELINE_METRICS) -> list[str]:
-    """'random baseline (encoder, 32 Gaussian heads): symmetry 0.003 ± 0.003, overlap_qk 0.084 ± 0.003'."""
+    """'random baseline (encoder, 32 Gaussian heads): sym 0.003 ± 0.003, ovl_qk 0.084 ± 0.003'."""
     by_block: dict[str, list] = {}
     for b in baselines:
         if b.metric in metrics:
             by_block.setdefault(b.block, []).append(b)
     lines = []
     for block, bs in by_block.items():
-        parts = ", ".join(f"{b.metric} {fmt_value(b.mean)} ± {fmt_value(b.std)}" for b in bs)
+        parts = ", ".join(f"{short_name(b.metric)} {fmt_value(b.mean)}±{fmt_value(b.std)}" for b in bs)
         lines.append(f"random baseline ({block}, {bs[0].n} Gaussian heads): {parts}")
     return lines
 
@@ -158,19 +277,39 @@ def gauge_note(console, columns: Iterable[str]) -> None:
                       style="dim", highlight=False)
 
 
+def print_lines(console, lines: Iterable[str]) -> None:
+    """Dim notes under a table, wrapped at word boundaries to the console's width."""
+    for line in lines:
+        if line:
+            console.print(line, style="dim", highlight=False, markup=False)
+
+
 def render_analysis(console, result, *, columns: Sequence[str], by: str = "head", grouped: bool = True,
                     notes: Sequence[str] = ()) -> None:
     """The whole human view of an AnalysisResult."""
-    console.print(model_line(result.model, result.processing), markup=False, highlight=False, soft_wrap=True)
+    console.print(model_line(result.model, result.processing), markup=False, highlight=False)
     if any(b.positional == "rope" for b in result.model.blocks):
         console.print("rotary positions: the metrics describe the form at offset 0", style="dim")
+    width = console.width
+    shown: list[str] = []
+    notes = list(notes)
     if by == "head":
-        console.print(head_table(result.heads, columns, grouped=grouped))
+        for t in head_table(result.heads, columns, grouped=grouped, width=width):
+            console.print(t)
+        empty = empty_columns(result.heads, columns)
+        shown += [c for c in columns if c not in empty]
+        if empty:
+            notes.append(f"no value for any head (not shown): {', '.join(empty)}")
     subset = getattr(result.processing, "heads", None) is not None
-    console.print(layer_table(result.layers, title="per layer (over the selected heads)" if subset else "per layer"))
-    for line in baseline_lines(result.baselines):
-        console.print(line, style="dim", highlight=False)
+    layer_cols = layer_columns(result.layers)
+    for t in layer_table(result.layers, title="per layer (over the selected heads)" if subset else "per layer",
+                         width=width):
+        console.print(t)
+    shown += [c for c in layer_cols if c not in shown]
+    baselines = baseline_lines(result.baselines)
+    shown += [b.metric for b in result.baselines if b.metric in BASELINE_METRICS and b.metric not in shown]
+    marked = basis_dependent(c.removeprefix("delta_") for c in shown) if by == "head" else []
+    print_lines(console, [*baselines, legend(shown, marked)])
     if by == "head":
-        gauge_note(console, columns)
-    for n in notes:
-        console.print(n, style="dim", highlight=False)
+        gauge_note(console, shown)
+    print_lines(console, notes)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from qkinspect.layer import AttentionLayer
@@ -39,15 +39,29 @@ def open_model(
         raise
 
 
-def load(spec: str | Path | None = None, *, prefetch: bool = False, **kwargs) -> Iterator[AttentionLayer]:
-    """Yield every AttentionLayer of a model, one layer in memory at a time (two with `prefetch`).
+def load(spec: str | Path | None = None, *, layers: str | int | Iterable[int] | None = None,
+         blocks: str | Iterable[str] | None = None, prefetch: bool = False, **kwargs) -> Iterator[AttentionLayer]:
+    """Yield the AttentionLayers of a model, one layer in memory at a time (two with `prefetch`).
+
+    Args:
+        spec: a path, hub id or GGUF file; None for the demo model.
+        layers: layer indexes as the CLI takes them ("0-3,7") or as Python values (3, [0, 1]); None for all.
+        blocks: block kinds or labels ("encoder", ["decoder", "cross"]); None for all.
+        kwargs: passed to `open_model` (e.g. revision).
+
+    Raises:
+        InputError: a layer or block the model does not have, named as `layers=` / `blocks=`.
 
     Example:
-        >>> for layer in load("path/to/bert"):  # doctest: +SKIP
+        >>> for layer in load("path/to/bert", layers="0-1"):  # doctest: +SKIP
         ...     print(layer.layer, layer.W_K.shape)
     """
+    from qkinspect.selection import check_indexes, select_blocks
+
     with open_model(spec, **kwargs) as m:
-        yield from m.layers(prefetch=prefetch)
+        chosen = select_blocks(m.info, blocks)
+        wanted = check_indexes("layers", layers, {b.key: b.n_layers for b in chosen})
+        yield from m.layers([b.key for b in chosen], wanted, prefetch=prefetch)
 
 
 __all__ = ["open_model", "load", "LoadedModel", "supported_model_types", "adapter_for"]

@@ -1,22 +1,24 @@
 """GGUF checkpoints (the llama.cpp format), read with the `gguf` package.
 
 A GGUF file carries its hyper-parameters as metadata (``llama.block_count`` ...) and its tensors under llama.cpp
-names (``blk.N.attn_q.weight``). This module synthesises the matching transformers config and exposes the attention
-tensors under Hugging Face names, so the ordinary adapter for the architecture reads them:
+names (``blk.N.attn_q.weight``). This module builds the matching config (a config.json-style dict read by the light
+config reader: no transformers import) and exposes the attention tensors under Hugging Face names, so the ordinary
+adapter for the architecture reads them:
 
     blk.N.attn_q / attn_k / attn_v / attn_output   -> model.layers.N.self_attn.{q,k,v,o}_proj
-    blk.N.attn_norm                                 -> model.layers.N.input_layernorm
+    blk.N.attn_qkv                                  -> the family's fused projection (phi3, gpt2, bloom, falcon)
+    blk.N.attn_norm                                 -> model.layers.N.input_layernorm (ln_1, ln_attn ...)
     blk.N.attn_q_norm / attn_k_norm                 -> model.layers.N.self_attn.{q,k}_norm
 
-Only the tensors asked for are dequantised (to float32). llama.cpp's converter permutes the rows of Q and K for
-the ``llama`` architecture (its rotary kernel pairs adjacent dimensions, Hugging Face's pairs the two halves):
-`unpermute_rows` undoes that, so the matrices equal the Hugging Face ones.
+What llama.cpp's converter did to each architecture's tensors (q/k row permutation, Gemma's norm + 1, fused QKV
+re-ordering) is written once per architecture in `qkinspect.loading.gguf_arch` and undone here as each tensor is
+read. Only the tensors asked for are dequantised (to float32). The file is opened with `LazyArrayReader`, which
+does not take the vocabulary apart (`qkinspect.loading.gguf_reader`).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,43 +27,21 @@ import torch
 from torch import Tensor
 
 from qkinspect.errors import CheckpointError, UnsupportedModelError
+from qkinspect.loading.gguf_arch import ARCHES, Layout, Meta, layer_names
 from qkinspect.loading.source import TensorSource
 
-_ROLE = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_norm": "input_layernorm",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-}
 _GGUF_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _REQUIRED = object()  # marks a metadata key without a default
 
 
-@dataclass(frozen=True)
-class Arch:
-    """How one GGUF architecture maps to transformers."""
-
-    config_class: str
-    architecture: str
-    permuted_qk: bool  # convert_hf_to_gguf.py permutes q/k rows (LlamaModel.permute)
-
-
-ARCHES = {
-    "llama": Arch("LlamaConfig", "LlamaForCausalLM", permuted_qk=True),  # Llama, Mistral, SmolLM ...
-    "qwen2": Arch("Qwen2Config", "Qwen2ForCausalLM", permuted_qk=False),  # NeoX-style rope: rows kept as in HF
-    "qwen3": Arch("Qwen3Config", "Qwen3ForCausalLM", permuted_qk=False),
-}
-
-
-def hf_name(gguf_name: str) -> str | None:
-    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None for non-attention tensors."""
+def hf_name(gguf_name: str, layout: Layout = ARCHES["llama"], names: dict[str, str] | None = None) -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight`` (for `layout`, with its `names`:
+    role -> module); None for non-attention tensors."""
+    names = layout.names if names is None else names
     m = _GGUF_NAME.fullmatch(gguf_name)
-    if m is None or m.group(2) not in _ROLE:
+    if m is None or m.group(2) not in names:
         return None
-    return f"model.layers.{m.group(1)}.{_ROLE[m.group(2)]}.{m.group(3)}"
+    return f"{layout.prefix}.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
 
 
 def unpermute_rows(w: Tensor, n_heads: int) -> Tensor:
@@ -77,8 +57,24 @@ def unpermute_rows(w: Tensor, n_heads: int) -> Tensor:
     return w.transpose(1, 2).reshape(rows, *rest)  # (n, 2, d/2, ...) -> (n*d, ...): HF's halves
 
 
+def ungroup_qkv(w: Tensor, n_heads: int, n_kv: int) -> Tensor:
+    """Invert the converter's fused-QKV re-ordering (BLOOM, Falcon): sections ``[q (H*d) | k (G*d) | v (G*d)]``
+    back to Hugging Face's interleaving per KV group ``[(group, H/G + 2, d)]`` (per head for BLOOM, G = H; one
+    group, i.e. sections, for Falcon-7B); `w` is a weight (rows, D) or a bias (rows,)."""
+    rows, rest = w.shape[0], tuple(w.shape[1:])
+    rep = n_heads // n_kv if n_kv and n_heads % n_kv == 0 else 0
+    if not rep or rows % (n_heads + 2 * n_kv):
+        raise CheckpointError(f"cannot undo the fused QKV order: {rows} rows for {n_heads} heads, {n_kv} KV heads")
+    d = rows // (n_heads + 2 * n_kv)
+    q, k, v = w.split([n_heads * d, n_kv * d, n_kv * d])
+    q = q.reshape(n_kv, rep, d, *rest)  # (H*d, ...) -> (G, rep, d, ...)
+    k, v = k.reshape(n_kv, 1, d, *rest), v.reshape(n_kv, 1, d, *rest)  # (G*d, ...) -> (G, 1, d, ...)
+    return torch.cat([q, k, v], dim=1).reshape(rows, *rest)  # (G, rep + 2, d, ...) -> (rows, ...)
+
+
 class GGUFSource(TensorSource):
-    """The attention tensors of a GGUF file under Hugging Face names, dequantised one at a time.
+    """The attention tensors of a GGUF file under Hugging Face names, dequantised one at a time and returned as
+    the Hugging Face checkpoint stores them (`layout` says what the converter changed).
 
     Example:
         >>> config, src = open_gguf(Path("SmolLM2-135M-Instruct.Q4_1.gguf"))  # doctest: +SKIP
@@ -86,19 +82,23 @@ class GGUFSource(TensorSource):
         torch.Size([192, 576])
     """
 
-    def __init__(self, path: Path, reader: Any, n_heads: int, n_kv_heads: int, permuted_qk: bool):
+    def __init__(self, path: Path, reader: Any, layout: Layout, config: dict[str, Any]):
         self.path = path
+        self.layout = layout
         self._reader = reader
-        self._tensors = {hf: t for t in reader.tensors if (hf := hf_name(t.name)) is not None}
-        # Heads per permuted projection: K is permuted with the KV-head count (grouped-query attention).
-        self._permuted = {"q_proj": n_heads, "k_proj": n_kv_heads} if permuted_qk else {}
+        names = layer_names(layout, config)
+        self._tensors = {hf: t for t in reader.tensors if (hf := hf_name(t.name, layout, names)) is not None}
+        self._role = {hf: t.name.split(".")[2] for hf, t in self._tensors.items()}
+        H = int(config.get("num_attention_heads", config.get("n_head", 0)))
+        self._heads = (H, int(config.get("num_key_value_heads", config.get("num_kv_heads", H))))
 
     def keys(self) -> list[str]:
         return list(self._tensors)
 
     def stored_shape(self, stored_name: str) -> tuple[int, ...]:
         # GGUF lists dimensions fastest-varying first (ne0 = columns): numpy/torch order is the reverse.
-        return tuple(int(n) for n in reversed(self._tensors[stored_name].shape.tolist()))
+        shape = tuple(int(n) for n in reversed(self._tensors[stored_name].shape.tolist()))
+        return shape[::-1] if self._transposed(stored_name, len(shape)) else shape
 
     def stored_dtype(self, stored_name: str) -> str:
         name = self._tensors[stored_name].tensor_type.name
@@ -114,13 +114,35 @@ class GGUFSource(TensorSource):
         try:
             data = dequantize(t.data, t.tensor_type)
             w = torch.from_numpy(np.array(data, dtype=np.float32))  # a copy: never a view of the file mapping
-            w = w.reshape(self.stored_shape(stored_name))
+            w = w.reshape(tuple(int(n) for n in reversed(t.shape.tolist())))
         except Exception as e:
             raise CheckpointError(f"{self.path}: cannot read tensor {t.name!r} ({_one_line(e)})") from None
-        proj = stored_name.split(".")[-2]
-        if proj in self._permuted:
-            w = unpermute_rows(w, self._permuted[proj])
+        return self._as_hf(stored_name, w)
+
+    def _as_hf(self, stored_name: str, w: Tensor) -> Tensor:
+        """Undo what llama.cpp's converter did to this tensor (see qkinspect.loading.gguf_arch)."""
+        role, (H, G), lay = self._role[stored_name], self._heads, self.layout
+        if lay.permuted_qk and role in ("attn_q", "attn_k"):
+            w = unpermute_rows(w, H if role == "attn_q" else G)  # K is permuted with the KV-head count
+        if lay.norm_plus_one and stored_name.endswith("norm.weight"):
+            w = w - 1.0  # written as gamma + 1
+        if lay.qkv == "grouped" and role == "attn_qkv":
+            w = ungroup_qkv(w, H, G)
+        if self._transposed(stored_name, w.dim()):
+            w = w.T.contiguous()  # GPT-2's Conv1D stores (in, out)
         return w
+
+    def _transposed(self, stored_name: str, ndim: int) -> bool:
+        return self.layout.qkv == "transposed" and ndim == 2 and self._role[stored_name] in ("attn_qkv",
+                                                                                             "attn_output")
+
+    def metadata(self, key: str) -> str | None:
+        """A string metadata field (e.g. ``general.name``), or None when absent or not text."""
+        try:
+            value = _field(self._reader, key, self.path, None) if self._reader is not None else None
+        except CheckpointError:  # an unreadable name is no reason to refuse the weights
+            return None
+        return " ".join(value.split()) or None if isinstance(value, str) else None
 
     def close(self) -> None:
         self._tensors = {}
@@ -128,7 +150,8 @@ class GGUFSource(TensorSource):
 
 
 def open_gguf(path: Path) -> tuple[Any, GGUFSource]:
-    """Read a GGUF file's metadata: (transformers config, tensor source). No tensor data is read.
+    """Read a GGUF file's metadata: (config, tensor source). No tensor data is read, transformers is not imported
+    unless the light config reader needs it.
 
     Raises:
         CheckpointError: the file is corrupt or truncated, or its metadata lacks a required key.
@@ -140,48 +163,52 @@ def open_gguf(path: Path) -> tuple[Any, GGUFSource]:
         raise UnsupportedModelError(
             f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHES))}"
         )
-    config = gguf_config(reader, arch, path)
-    return config, GGUFSource(path, reader, config.num_attention_heads, config.num_key_value_heads,
-                              ARCHES[arch].permuted_qk)
+    data = gguf_config_dict(reader, arch, path)
+    return light_config(data, path), GGUFSource(path, reader, ARCHES[arch], data)
+
+
+def gguf_config_dict(reader: Any, arch: str, path: Path) -> dict[str, Any]:
+    """The config.json-style dict that GGUF metadata describes (`arch` is ``general.architecture``)."""
+    layout = ARCHES[arch]
+
+    def read(key: str, default: Any, per_layer: bool) -> Any:
+        value = _field(reader, key, path, _REQUIRED if default is ... else default)
+        return _uniform(value, key, path) if isinstance(value, list) and not per_layer else value
+
+    meta = Meta(arch, read, lambda suffix: _has_tensor(reader, suffix), _vocab_size(reader))
+    try:
+        data = layout.config(meta)
+    except (TypeError, ValueError, ZeroDivisionError) as e:
+        raise CheckpointError(f"{path}: GGUF metadata for {arch!r} is invalid ({_one_line(e)})") from None
+    return {"model_type": layout.model_type, "architectures": [layout.architecture], **data}
 
 
 def gguf_config(reader: Any, arch: str, path: Path) -> Any:
-    """The transformers config that GGUF metadata describes (`arch` is ``general.architecture``)."""
-    import transformers
+    """The config (a LightConfig, or transformers' where the light rules defer) that GGUF metadata describes."""
+    return light_config(gguf_config_dict(reader, arch, path), path)
 
-    def meta(key: str, default: Any = _REQUIRED) -> Any:
-        return _field(reader, f"{arch}.{key}", path, default)
 
-    D, H = int(meta("embedding_length")), _uniform(meta("attention.head_count"), "attention.head_count", path)
-    G = _uniform(meta("attention.head_count_kv", H), "attention.head_count_kv", path)
-    d = int(meta("attention.key_length", D // H))
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(meta("rope.freq_base", 10000.0))}
-    rotary = int(meta("rope.dimension_count", d))
-    if rotary != d:
-        rope["partial_rotary_factor"] = rotary / d
-    cls = getattr(transformers, ARCHES[arch].config_class)
-    return cls(
-        vocab_size=int(meta("vocab_size", _vocab_size(reader))),
-        hidden_size=D,
-        intermediate_size=int(meta("feed_forward_length", 4 * D)),
-        num_hidden_layers=int(meta("block_count")),
-        num_attention_heads=H,
-        num_key_value_heads=G,
-        head_dim=d,
-        rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-6)),
-        max_position_embeddings=int(meta("context_length", 2048)),
-        rope_parameters=rope,
-        architectures=[ARCHES[arch].architecture],
-        **({"attention_bias": _has_tensor(reader, "attn_q.bias")} if arch == "llama" else {}),
-    )
+def light_config(data: dict[str, Any], path: Path) -> Any:
+    """`data` read by the light config reader; transformers' config class only where its rules defer."""
+    from qkinspect.loading.config import LightConfig
 
+    def real() -> Any:
+        from transformers import AutoConfig
+
+        try:
+            return AutoConfig.for_model(data["model_type"], **{k: v for k, v in data.items() if k != "model_type"})
+        except Exception as e:
+            raise CheckpointError(f"{path}: transformers cannot build a config from this GGUF metadata "
+                                  f"({_one_line(e)})") from None
+
+    return LightConfig(data, data["model_type"], real)
 
 
 def _reader(path: Path) -> Any:
-    from gguf import GGUFReader
+    from qkinspect.loading.gguf_reader import LazyArrayReader
 
     try:
-        reader = GGUFReader(path, "r")
+        reader = LazyArrayReader(path, "r")
     except FileNotFoundError:
         raise CheckpointError(f"{path}: file is missing") from None
     except Exception as e:  # the reader raises ValueError, struct/numpy errors ... on corrupt input
@@ -214,9 +241,11 @@ def _uniform(value: Any, key: str, path: Path) -> int:
     return int(value)
 
 
-def _vocab_size(reader: Any) -> int:
+def _vocab_size(reader: Any) -> int | None:
+    from qkinspect.loading.gguf_reader import array_length
+
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    return len(tokens.data) if tokens is not None else 32000
+    return array_length(tokens) if tokens is not None else None
 
 
 def _has_tensor(reader: Any, suffix: str) -> bool:
@@ -227,4 +256,5 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-__all__ = ["open_gguf", "GGUFSource", "gguf_config", "hf_name", "unpermute_rows", "ARCHES"]
+__all__ = ["open_gguf", "GGUFSource", "gguf_config", "gguf_config_dict", "hf_name", "unpermute_rows",
+           "ungroup_qkv", "ARCHES"]

@@ -49,6 +49,7 @@ class LoadedModel:
             blocks=blocks,
             revision=resolved.revision,
             architecture=(getattr(resolved.config, "architectures", None) or [None])[0],
+            quantization=getattr(resolved.source, "quantization", None),
         )
         dtype, nbytes = self._check_all()
         self.info = replace(self.info, dtype=dtype, attention_bytes=nbytes)

@@ -57,9 +57,9 @@ def resolve(spec: str | Path | None, revision: str | None = None) -> Resolved:
         return _from_folder(DEMO_NAME, folder)
     path = Path(spec).expanduser()
     if path.is_dir():
-        return _from_folder(str(spec), path, revision)
+        return _from_folder(folder_name(path), path, revision)
     if path.is_file():
-        return _from_file(str(spec), path)
+        return _from_file(file_name(path), path)
     if is_hub_id(str(spec)):
         folder = hub_snapshot(str(spec), revision)
         return _from_folder(str(spec), folder, revision=folder.name)
@@ -69,7 +69,16 @@ def resolve(spec: str | Path | None, revision: str | None = None) -> Resolved:
 def _from_folder(name: str, folder: Path, revision: str | None = None) -> Resolved:
     config = load_config(folder)  # first: refuses a folder without config.json or with an unknown model_type
     source, fmt = folder_source(folder)
-    return Resolved(name, folder, fmt, config, source, revision)
+    return Resolved(name, folder, fmt, config, _dequantizing(source, folder), revision)
+
+
+def _dequantizing(source: TensorSource, folder: Path) -> TensorSource:
+    """The source, dequantizing on read where config.json declares a quantization (already checked to be one
+    qkinspect understands)."""
+    from qkinspect.loading.quantized import check_quantization, dequantizing
+
+    cfg_file = folder / "config.json"
+    return dequantizing(source, check_quantization(json.loads(cfg_file.read_text()), cfg_file), cfg_file)
 
 
 def _from_file(name: str, path: Path) -> Resolved:
@@ -78,7 +87,7 @@ def _from_file(name: str, path: Path) -> Resolved:
         from qkinspect.loading.gguf import open_gguf
 
         config, source = open_gguf(path)
-        return Resolved(name, path, "gguf", config, source)
+        return Resolved(source.metadata("general.name") or name, path, "gguf", config, source)
     if suffix not in (".safetensors", ".bin"):
         raise UnsupportedModelError(f"{path}: unsupported file type; give a folder, or a .safetensors, .bin or "
                                     f".gguf file")
@@ -86,10 +95,37 @@ def _from_file(name: str, path: Path) -> Resolved:
         raise ModelNotFoundError(f"{path}: no config.json beside this file")
     config = load_config(path.parent)
     if suffix == ".safetensors":
-        return Resolved(name, path, "safetensors", config, SafetensorsSource([path]))
+        return Resolved(name, path, "safetensors", config, _dequantizing(SafetensorsSource([path]), path.parent))
     from qkinspect.loading.torchbin import TorchBinSource
 
     return Resolved(name, path, "bin", config, TorchBinSource([path]))
+
+
+_STANDARD_FILES = ("model.safetensors", "pytorch_model.bin")
+_GENERIC_FOLDERS = ("model", "models", "weights", "checkpoint", "ckpt", "hf", "final")
+_HUB_CACHE_DIR = re.compile(r"models--(.+)")
+
+
+def folder_name(folder: Path) -> str:
+    """A model folder's name for titles: the folder's own name (its parent's when it is a generic `model`,
+    `weights` …), or `org/name` for a snapshot in the Hugging Face cache (…/models--org--name/snapshots/<commit>).
+    The path itself stays in ModelInfo.source.
+
+    config.json's `_name_or_path` is not used: it names the checkpoint a model was loaded from before it was
+    saved, which for a fine-tune is its base (all-MiniLM-L6-v2's says nreimers/MiniLM-L6-H384-uncased).
+    """
+    folder = folder.resolve()
+    if folder.parent.name == "snapshots" and (m := _HUB_CACHE_DIR.fullmatch(folder.parent.parent.name)):
+        return m.group(1).replace("--", "/")
+    if folder.name.lower() in _GENERIC_FOLDERS and folder.parent.name:
+        return folder.parent.name
+    return folder.name or str(folder)
+
+
+def file_name(path: Path) -> str:
+    """A weight file's name for titles: its stem, or its folder's name for a file named as save_pretrained names
+    it (`model.safetensors`, `pytorch_model.bin`); a GGUF file's own `general.name` wins over both (_from_file)."""
+    return folder_name(path.parent) if path.name in _STANDARD_FILES else path.stem
 
 
 def load_config(folder: Path) -> Any:
@@ -111,6 +147,9 @@ def load_config(folder: Path) -> Any:
     from qkinspect.loading.adapters.registry import adapter_for
 
     adapter_for(model_type)  # refuse unknown types before transformers tries to import remote code
+    from qkinspect.loading.quantized import check_quantization
+
+    check_quantization(raw, cfg_file)  # a quantization not understood is refused, never read raw
     from qkinspect.loading.config import read_config
 
     return read_config(folder, raw)

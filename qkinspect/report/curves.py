@@ -7,13 +7,13 @@ import math
 import matplotlib
 import numpy as np
 from matplotlib.cm import ScalarMappable
-from matplotlib.colors import Normalize
+from matplotlib.colors import BoundaryNorm
 from matplotlib.figure import Figure
 
 from qkinspect.errors import InputError
 from qkinspect.records import AnalysisResult
 from qkinspect.report.grid import block_values, blocks_of, d_head, head_grid, require, spectra_layers, spectra_of, title
-from qkinspect.report.style import HEADS_CMAP, Canvas, fmt, new_figure, style
+from qkinspect.report.style import HEADS_CMAP, Canvas, fmt, integer_ticks, new_figure, panel_grid, style, tick_step
 
 SPECTRUM_FLOOR = 1e-6  # σ_i/σ_1 below this is numerical zero: drawn at the floor so log axes stay finite
 RANKS = (("qk_effective_rank", "effective rank"), ("qk_stable_rank", "stable rank"), ("qk_k90", "k90 (90% energy)"))
@@ -46,15 +46,14 @@ def spectra(result: AnalysisResult, canvas: Canvas = new_figure) -> Figure:
 
 
 def _panel_grid(n: int) -> tuple[int, int]:
-    """(rows, cols) for n small panels at paper width: about 3:2 wide, at most 8 columns."""
-    ncols = n if n <= 4 else min(8, round(math.sqrt(1.6 * n)))
-    return -(-n // ncols), ncols
+    """(rows, cols) for n small panels at paper width: about 3:2 wide, at most 8 columns, few empty cells."""
+    return panel_grid(n, 8)
 
 
 def _spectra_block(sub, result: AnalysisResult, blk: str, layers: list[int], shape, floor: float) -> None:
     """One block's panels (one per layer) in subfigure `sub`, with its own head-index colour bar."""
     b = result.model.block(blk)
-    norm = Normalize(vmin=0, vmax=max(b.n_heads - 1, 1))
+    norm = heads_norm(b.n_heads)
     axes = sub.subplots(*shape, squeeze=False, sharex=True, sharey=True).ravel()
     for ax, layer in zip(axes, layers, strict=False):
         _spectrum_panel(ax, spectra_of(result, blk, layer), d_head(result, blk), norm, floor)
@@ -62,8 +61,9 @@ def _spectra_block(sub, result: AnalysisResult, blk: str, layers: list[int], sha
     for ax in axes[len(layers):]:
         ax.set_visible(False)
     axes[0].set_ylim(floor / 1.5, 1.5)
-    sub.colorbar(ScalarMappable(norm=norm, cmap=HEADS_CMAP), ax=list(axes[: len(layers)]), shrink=0.95, aspect=25,
-                 pad=0.02, label="head index")
+    cb = sub.colorbar(ScalarMappable(norm=norm, cmap=HEADS_CMAP), ax=list(axes[: len(layers)]), shrink=0.95,
+                      aspect=25, pad=0.02, label="head index")
+    cb.set_ticks(range(0, b.n_heads, tick_step(b.n_heads, 12)))  # one colour per head: the bar is in steps
     sub.suptitle(f"{blk}: {len(layers)} layers × {b.n_heads} heads, d_head = {b.d_head}; black line: median over "
                  "heads", x=0.02, ha="left", fontsize=9)
 
@@ -77,6 +77,11 @@ def _floor(result: AnalysisResult, pairs) -> float:
                 lows.append(r.min())
     low = max(min(lows, default=1e-3), SPECTRUM_FLOOR)
     return 10 ** math.floor(math.log10(low))
+
+
+def heads_norm(n_heads: int) -> BoundaryNorm:
+    """One colour step per head index 0 … n_heads − 1 (a discrete colour bar: heads are not a continuum)."""
+    return BoundaryNorm(np.arange(-0.5, max(n_heads, 2) + 0.5), matplotlib.colormaps[HEADS_CMAP].N)
 
 
 def _spectrum_panel(ax, svs: dict[int, np.ndarray], d: int, norm, floor: float) -> None:
@@ -140,8 +145,9 @@ def _rank_panel(ax, result: AnalysisResult, block: str, metric: str) -> None:
     ax.vlines(x, q[1], q[3], color="C0", lw=4, alpha=0.8)
     ax.plot(x, q[2], "o-", color="black", ms=3, lw=1)
     ax.axhline(d, color="0.3", ls="--", lw=1)
-    ax.text(x.min() if x.size else 0, d, f"d_head = {d}", va="bottom", ha="left", fontsize=7, color="0.3")
-    ax.set_ylim(0, d * 1.12)
+    ax.annotate(f"d_head = {d}", (x.min() if x.size else 0, d), xytext=(0, 3), textcoords="offset points",
+                va="bottom", ha="left", fontsize=7, color="0.3")  # above its line, not on it
+    ax.set_ylim(0, d * 1.2)
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, nbins=8))
 
 
@@ -174,6 +180,7 @@ def _histogram(ax, result: AnalysisResult, block: str) -> None:
         ax.axvline(base.mean, color="0.2", ls="--", lw=1)
     ax.set_xlim(lo, hi)
     ax.set_ylabel("number of heads")
+    integer_ticks(ax, "y")
     ax.set_title(block, loc="right", fontweight="bold")
     ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), frameon=False, borderaxespad=0.2)
 

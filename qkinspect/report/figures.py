@@ -1,6 +1,6 @@
 """One function per figure kind, each returning a matplotlib Figure built from an AnalysisResult.
 
-Figures only read records (DESIGN.md §1). Every figure has a title with the model's name, axis labels with units
+Figures only read records. Every figure has a title with the model's name, axis labels with units
 and, where colour encodes a value, a colour bar.
 """
 
@@ -14,7 +14,7 @@ from qkinspect.metrics.registry import head_metric
 from qkinspect.records import AnalysisResult
 from qkinspect.report import curves, heatmap
 from qkinspect.report.grid import Grid, blocks_of, head_grid, layer_record, require, title
-from qkinspect.report.style import DIVERGING, SEQUENTIAL, Canvas, fmt, new_figure, style
+from qkinspect.report.style import DIVERGING, SEQUENTIAL, Canvas, fmt, human_name, new_figure, panel_grid, style
 
 SYMMETRY_LABEL = "symmetry score s (−1 … +1)"
 OVERLAP_LABEL = "subspace overlap\n(mean cos² of principal angles)"
@@ -74,8 +74,7 @@ def overlap(result: AnalysisResult, canvas: Canvas = new_figure) -> Figure:
 
 def metric(result: AnalysisResult, name: str, canvas: Canvas = new_figure) -> Figure:
     """Layer x head heatmap of any per-head metric, one panel per block on one colour scale: diverging around 0
-    for signed metrics in [-1, 1], from 0 for those in [0, 1] (to the data's maximum, as the overlap figure), else
-    over the data's range. A basis-dependent metric says so in the title.
+    for signed metrics in [-1, 1], else over the data's range. A basis-dependent metric says so in the title.
 
     Example:
         >>> fig = metric(qkinspect.analyze("path/to/model", metrics=["eigen"]), "shared_qk_distance")
@@ -87,9 +86,7 @@ def metric(result: AnalysisResult, name: str, canvas: Canvas = new_figure) -> Fi
     values = [g.values for g in grids]
     if spec.range == "[-1, 1]":
         norm, colours = heatmap.diverging_norm(*values), DIVERGING
-    elif spec.range == "[0, 1]":
-        norm, colours = heatmap.unit_norm(*values), SEQUENTIAL
-    else:
+    else:  # bounded or not, the scale spans the data (0.67-0.96 on a 0-1 scale would be one colour)
         norm, colours = heatmap.data_norm(*values), SEQUENTIAL
     with style():
         fig = canvas(heatmap.height_for(n_layers))
@@ -100,10 +97,10 @@ def metric(result: AnalysisResult, name: str, canvas: Canvas = new_figure) -> Fi
             extra = "" if base is None else f"; {_baseline_text(result, g.block, name)}"
             ax.set_title(f"{g.block}: {len(g.layers)} layers × {len(g.heads)} heads{extra}", loc="left")
         mark = bases[0].mean if len(set(bases)) == 1 and bases[0] is not None else None  # one baseline for all
-        heatmap.colorbar(fig, im, list(axes), f"{name}  {spec.range}", mark)
+        heatmap.colorbar(fig, im, list(axes), f"{human_name(name)}\n({name}, range {spec.range})", mark)
         gauge = {"yes": "", "orthogonal": " (invariant under orthogonal re-basings only)",
                  "no": " (basis-dependent: not gauge-invariant)"}[spec.gauge_invariant]
-        fig.suptitle(title(result, f"{name} per head{gauge}"))
+        fig.suptitle(title(result, f"{human_name(name)} per head{gauge}"))
     return fig
 
 
@@ -126,8 +123,7 @@ def heads(result: AnalysisResult, layer: int | None = None, block: str | None = 
     if not mats:
         raise InputError(f"the heads figure has no {block} layer with a head-by-head overlap matrix")
     n = len(mats)
-    ncols = 1 if n == 1 else min(n, 4 if n <= 16 else 6)  # deep models: more, smaller panels per row
-    nrows = -(-n // ncols)
+    nrows, ncols = panel_grid(n, 4 if n <= 16 else 6)  # deep models: more, smaller panels per row
     with style():
         fig = canvas(5.8, 6.2) if n == 1 else canvas(min(9.5, 1.75 * nrows + 1.2))
         # shared axes: tick labels only on the outer panels, so small multiples do not crowd each other
@@ -163,7 +159,8 @@ def _head_overlap(result: AnalysisResult, block: str, layer: int) -> np.ndarray:
     rec = layer_record(result, block, layer)
     if rec is None or rec.head_overlap is None:
         have = sorted(r.layer for r in result.layers if r.block == block and r.head_overlap is not None)
-        raise InputError(f"no head-by-head overlap for {block} layer {layer}; layers that have one: {have}")
+        raise InputError(f"no head-by-head overlap for {block} layer {layer}; layers that have one: "
+                         f"{', '.join(map(str, have)) or 'none'}")
     m = np.array(rec.head_overlap, dtype=float)  # (H, H)
     np.fill_diagonal(m, np.nan)  # always 1: greyed so it does not set the colour scale
     return m

@@ -102,11 +102,11 @@ def _ink(level: float, cmap_name: str) -> str:
 
 
 def colorbar(fig, im, axes, label: str, mark: float | None = None):
-    """One colour bar for a set of panels; `mark` draws a dashed reference line (the random baseline)."""
+    """One colour bar for a set of panels; `mark` draws a black line across the bar (the random baseline)."""
     cb = fig.colorbar(im, ax=axes, shrink=0.9, aspect=30, pad=0.02)
     lo, hi = cb.mappable.norm.vmin, cb.mappable.norm.vmax
     if mark is not None and np.isfinite(mark) and lo <= mark <= hi:
-        cb.ax.axhline(mark, color="black", lw=1.5, ls="--")
-        label += "\n(dashed line: random baseline)"
+        cb.ax.axhline(mark, color="black", lw=2)
+        label += "\n(black line: random baseline)"
     cb.set_label(label)
     return cb

@@ -27,7 +27,8 @@ def text_width(s: str, size: float, bold: bool = False) -> float:
 
 
 def wrap(s: str, width: float, size: float, bold: bool = False) -> list[str]:
-    """Greedy word wrap to `width` inches, measuring the real glyph widths."""
+    """Greedy word wrap to `width` inches, measuring the real glyph widths; a word too long for a line (a path)
+    breaks after its slashes."""
     lines, line = [], ""
     for word in s.split():
         trial = f"{line} {word}" if line else word
@@ -36,7 +37,20 @@ def wrap(s: str, width: float, size: float, bold: bool = False) -> list[str]:
             line = word
         else:
             line = trial
+        while text_width(line, size, bold) > width and "/" in line.rstrip("/"):
+            cut = _fit_at_slash(line, width, size, bold)
+            if cut is None:
+                break
+            lines.append(line[:cut])
+            line = line[cut:]
     return [*lines, line] if line else lines
+
+
+def _fit_at_slash(text: str, width: float, size: float, bold: bool) -> int | None:
+    """The longest prefix of `text` ending in '/' that fits `width`; None when none does."""
+    cuts = [i + 1 for i, c in enumerate(text) if c == "/" and 0 < i + 1 < len(text)]
+    fitting = [i for i in cuts if text_width(text[:i], size, bold) <= width]
+    return max(fitting) if fitting else (cuts[0] if cuts else None)
 
 
 class TextPages:
@@ -129,8 +143,7 @@ class TextPages:
         col = min(MAX_COLUMN, (self.width - FIRST_COLUMN) / max(1, len(t.header) - 1))
         # each column's anchor: the first column's left edge, the others' right edges (numbers align)
         rights = [0.0] + [FIRST_COLUMN + col * (i + 1) - 0.08 for i in range(len(t.header) - 1)]
-        header = [wrap(h.replace("_", "_ "), col - 0.1, size, bold=True) for h in t.header]
-        header = [[w.replace("_ ", "_") for w in h] for h in header]
+        header = [wrap(h.replace("_", " "), col - 0.1, size, bold=True) for h in t.header]  # words, not _-pieces
         depth = max(len(h) for h in header)
         self.heading(t.title, size=10)
         self._header(header, depth, rights, size, lh)

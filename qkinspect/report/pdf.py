@@ -30,7 +30,6 @@ from qkinspect.report.tables import layer_tables
 
 CAPTION_SIZE = 8.5
 CAPTION_SPACE = 1.3  # inches kept under each figure for its caption
-MIN_FIGURE_HEIGHT = 4.0  # small figures get some of the page's room
 
 
 @dataclass(frozen=True)
@@ -101,7 +100,7 @@ def _page_canvas(page: Figure, slot: dict):
 
     def canvas(height: float, width: float | None = None):
         inner_w, inner_h = PAGE[0] - 2 * MARGIN, PAGE[1] - 2 * MARGIN
-        h = min(max(height, MIN_FIGURE_HEIGHT), inner_h - CAPTION_SPACE)
+        h = inner_h - CAPTION_SPACE  # the page's height: a figure page is filled, the caption under it
         column = page.subfigures(1, 3, width_ratios=[MARGIN, inner_w, MARGIN])[1]
         _, body, caption, _ = column.subfigures(4, 1, height_ratios=[MARGIN, h, inner_h - h, MARGIN])
         slot["caption"] = caption

@@ -92,6 +92,52 @@ def tick_step(n: int, max_ticks: int = 16) -> int:
     return step
 
 
+def panel_grid(n: int, max_cols: int) -> tuple[int, int]:
+    """(rows, cols) for n small panels at paper width, about 3:2 wide (√(1.6 n) columns, at most `max_cols`),
+    trading each empty cell against one column away from that shape.
+
+    Example:
+        >>> panel_grid(6, 4), panel_grid(30, 8), panel_grid(7, 4)
+        ((2, 3), (5, 6), (2, 4))
+    """
+    if n <= 1:
+        return 1, 1
+    target = math.sqrt(1.6 * n)
+    cols = min(range(1, min(n, max_cols) + 1), key=lambda c: (-(-n // c) * c - n) + abs(c - target))
+    return -(-n // cols), cols
+
+
+def integer_ticks(ax, axis: str = "y") -> None:
+    """Only whole-number ticks on `axis` (counts: a histogram's number of heads)."""
+    from matplotlib.ticker import MaxNLocator
+
+    (ax.yaxis if axis == "y" else ax.xaxis).set_major_locator(MaxNLocator(integer=True))
+
+
+HUMAN_NAMES = {
+    "symmetry": "symmetry score", "directionality": "directionality", "qk_effective_rank": "effective rank",
+    "qk_stable_rank": "stable rank", "qk_participation_ratio": "participation ratio", "qk_k90": "k90",
+    "qk_eig_pos_frac": "fraction of positive eigenvalues", "qk_eig_real_ratio": "real part of the eigenvalues",
+    "shared_qk_distance": "distance to a shared query/key matrix", "overlap_qk": "Q/K subspace overlap",
+    "overlap_qv": "Q/V subspace overlap", "overlap_kv": "K/V subspace overlap", "cosine_qk": "cosine of W_Q and W_K",
+    "cosine_qv": "cosine of W_Q and W_V", "cosine_kv": "cosine of W_K and W_V", "cka_qk": "CKA of W_Q and W_K",
+    "cka_qv": "CKA of W_Q and W_V", "cka_kv": "CKA of W_K and W_V", "ov_copying": "OV copying score",
+    "ov_effective_rank": "effective rank of W_V W_O", "ov_norm_spec": "spectral norm of W_V W_O",
+}
+
+
+def human_name(metric: str) -> str:
+    """A metric's name for axis labels and titles: 'qk_stable_rank' -> 'stable rank'; norms spelled out."""
+    if metric in HUMAN_NAMES:
+        return HUMAN_NAMES[metric]
+    parts = metric.split("_")
+    if parts[0] in ("norm", "bias") and len(parts) >= 3:
+        kind = {"fro": "Frobenius norm", "spec": "spectral norm", "norm": "norm"}.get(parts[-1], parts[-1])
+        what = "W_" + parts[1].upper() if parts[1] != "qk" else "W_Q W_Kᵀ"
+        return f"{kind} of {'b_' + parts[1].upper() if parts[0] == 'bias' else what}"
+    return metric.replace("_", " ")
+
+
 def set_index_ticks(ax, n: int, axis: str, labels: list[int] | None = None, max_ticks: int = 16) -> None:
     """Integer category ticks (heads, layers) thinned to stay readable with 32+ categories."""
     labels = list(range(n)) if labels is None else labels

@@ -11,6 +11,10 @@ from qkinspect.records import AnalysisResult
 from qkinspect.report.grid import blocks_of, has_metric, head_grid
 from qkinspect.report.style import fmt
 
+# Head metrics drawn by the report's figures (its Definitions pages define these and the tables' columns only).
+FIGURE_METRICS = ("symmetry", "overlap_qk", "overlap_qv", "overlap_kv", "qk_effective_rank", "qk_stable_rank",
+                  "qk_k90", "head_overlap")
+INTEGER_METRICS = ("qk_k90",)  # counts: a whole median prints without decimals
 # Head metrics worth a per-layer median column when the layer records do not already hold one.
 HEAD_MEDIANS = ("symmetry", "directionality", "qk_effective_rank", "qk_stable_rank", "qk_participation_ratio",
                 "qk_k90", "shared_qk_distance", "overlap_qk", "overlap_qv", "overlap_kv")
@@ -66,5 +70,17 @@ def _median_table(result: AnalysisResult, block: str, metrics: list[str]) -> Tab
         med = np.full(len(layers), np.nan)
         med[finite] = np.nanmedian(g.values[finite], axis=1)  # (n_layers, n_heads) -> (n_layers,)
         cols.append(med)
-    rows = [[str(layer), *(fmt(c[i]) for c in cols)] for i, layer in enumerate(layers)]
+    rows = [[str(layer), *(_cell(m, c[i]) for m, c in zip(metrics, cols, strict=True))]
+            for i, layer in enumerate(layers)]
     return Table(f"{block}: per-layer median over heads", ["layer", *metrics], rows)
+
+
+def _cell(metric: str, v: float) -> str:
+    return str(int(v)) if metric in INTEGER_METRICS and np.isfinite(v) and float(v).is_integer() else fmt(v)
+
+
+def shown_metrics(result: AnalysisResult) -> list[str]:
+    """The metrics the report shows (figures, table columns, medians), in the analysis' order: what it defines."""
+    shown = set(FIGURE_METRICS) | {h for t in layer_tables(result) for h in t.header}
+    shown |= {h.removesuffix("_median") for h in shown}
+    return [m for m in result.metric_names if m in shown]

@@ -58,15 +58,22 @@ def cover(pages: TextPages, result: AnalysisResult, date: dt.datetime) -> None:
     n_heads = len(result.heads)
     pages.pairs([("tool", f"qkinspect {__version__}"), ("date", date.strftime("%Y-%m-%d %H:%M %Z").strip()),
                  ("heads analysed", str(n_heads)),
-                 ("metrics", f"{len(result.metric_names)}, each defined on the Definitions pages"),
+                 ("metrics", f"{len(result.metric_names)} computed; the {_n_shown(result)} this report shows are "
+                             "defined on the Definitions pages"),
                  ("warnings", str(len(result.warnings))), ("numbers", NUMBER_NOTE)])
+
+
+def _n_shown(result: AnalysisResult) -> int:
+    from qkinspect.report.tables import shown_metrics
+
+    return len(shown_metrics(result))
 
 
 def blocks_table(result: AnalysisResult) -> Table:
     rows = [[b.key, str(b.n_layers), str(b.n_heads), str(b.n_kv_heads), str(b.d_model), str(b.d_head),
-             b.positional + (f" ({b.rotary_dims} dims)" if b.rotary_dims else ""), ", ".join(b.flags()) or "-"]
-            for b in result.model.blocks]
-    header = ["block", "layers", "heads", "kv heads", "d_model", "d_head", "positions", "flags"]
+             b.positional, str(b.rotary_dims) if b.rotary_dims else "-", ", ".join(b.flags()) or "-"]
+            for b in result.model.blocks]  # rotary dims in a column of their own: right-aligned cells never touch
+    header = ["block", "layers", "heads", "kv heads", "d_model", "d_head", "positions", "rotary dims", "flags"]
     return Table("Attention blocks", header, rows)
 
 
@@ -97,7 +104,9 @@ def definitions(pages: TextPages, result: AnalysisResult) -> None:
                     "W_Q → W_Q G, W_K → W_K G⁻ᵀ leaves every score unchanged for any invertible G; only "
                     "quantities invariant under this gauge describe the model rather than its parametrisation, "
                     "and each definition says which it is.", color="0.25")
-    for d in metric_definitions(result.metric_names):
+    from qkinspect.report.tables import shown_metrics
+
+    for d in metric_definitions(shown_metrics(result)):
         pages.heading(d["name"], size=10)
         facts = [f"range {d['range']}" if d.get("range") else "", gauge_words(d.get("gauge_invariant")),
                  f"undefined (n/a) unless {d['requires']}" if d.get("requires") else "",

@@ -42,3 +42,43 @@ def test_install_completion_writes_the_shell_setup(cli, tmp_path):
     assert r.exit_code == 0, r.stderr
     assert "completion installed" in (r.stdout + r.stderr).lower()
     assert "qkinspect" in (tmp_path / ".bashrc").read_text().lower()
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_help_speaks_in_metavars_not_python_types(cli, name):
+    r = cli(name, "--help", env={"COLUMNS": "120"})
+    assert r.exit_code == 0, r.stderr
+    for python_type in ("<bool>", "<str>", "<int>", "<path>", "{MODEL"):
+        assert python_type not in r.stdout, (name, python_type)
+
+
+def test_compare_usage_and_plot_kinds(cli):
+    assert "Usage: qkinspect compare [OPTIONS] MODEL_A MODEL_B" in cli("compare", "--help").stdout
+    out = cli("plot", "--help", env={"COLUMNS": "120"}).stdout
+    words = {w.strip("│,.") for w in out.split()}
+    assert {"symmetry", "distribution", "heads", "compare", "metric"} <= words  # whole words, not cut mid-word
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plot", "--kind", "nope", "-o", "x.png"], "error: --kind: 'nope' is not one of symmetry, overlap, spectra, "
+                                                "rank, distribution, heads, compare, metric"),
+    (["analyze", "--format", "nope"], "error: --format: 'nope' is not one of table, json, ndjson, csv"),
+    (["spectrum", "--head", "12"], "error: --head: 12 is out of range; encoder has heads 0-11"),
+    (["spectrum", "--layer", "7"], "error: --layer: 7 is out of range; encoder has layers 0-5"),
+    (["plot", "--kind", "heads", "--layer", "9", "-o", "x.png"], "error: --layer: 9 is out of range"),
+])
+def test_errors_name_the_option_typed(cli, tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    r = cli(*args)
+    assert r.exit_code == 2 and r.stdout == ""
+    lines = [line for line in r.stderr.splitlines() if not line.startswith("note:")]
+    assert len(lines) == 1 and lines[0].startswith(message), lines
+    assert "[" not in lines[0] and "Value error" not in lines[0]
+
+
+def test_metric_options_are_consistent():
+    """-m is --metrics wherever it exists; plot's single metric is --metric without the short form."""
+    for name, cmd in typer.main.get_command(app).commands.items():
+        for p in cmd.params:
+            if "-m" in p.opts:
+                assert "--metrics" in p.opts, name

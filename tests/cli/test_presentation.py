@@ -36,12 +36,21 @@ def test_sort_and_top_refuse(kw, message):
         sort_and_trim(result(SYM), **kw)
 
 
-def test_scale_style():
-    assert scale_style("symmetry", 0.9).startswith("rgb(240")  # strongly positive: red
-    assert scale_style("symmetry", -0.9).endswith(",240)")  # strongly negative: blue
-    assert scale_style("overlap_qk", 1.0) == "rgb(80,255,100)"
+def test_scale_style_steps_follow_the_value_in_16_colours():
+    assert scale_style("symmetry", 0.9) == "bold red" and scale_style("symmetry", 0.2) == "red"
+    assert scale_style("symmetry", -0.9) == "bold blue" and scale_style("symmetry", -0.2) == "blue"
+    assert scale_style("symmetry", 0.05) == ""
+    assert [scale_style("overlap_qk", x) for x in (0.1, 0.3, 0.5, 0.9)] == ["dim", "", "green", "bold green"]
+    assert scale_style("delta_symmetry", 0.5) == "bold red"
     assert scale_style("symmetry", NAN) == "dim"
     assert scale_style("qk_effective_rank", 3.0) == ""
+    # only the 16 standard colours (and bold/dim): no hue is left to a 16-colour terminal's nearest match
+    from rich.style import Style
+
+    for metric in ("symmetry", "overlap_qk"):
+        for x in (-1, -0.5, -0.2, 0, 0.2, 0.5, 0.8, 1):
+            color = Style.parse(scale_style(metric, x) or "none").color
+            assert color is None or color.number is not None and color.number < 8
 
 
 def test_default_columns():
@@ -56,10 +65,40 @@ def test_render_analysis_text():
     buf = io.StringIO()
     render_analysis(Console(file=buf, width=120, no_color=True), result(SYM), columns=["symmetry", "overlap_qk"])
     text = buf.getvalue()
-    for s in ("m (bert) encoder: 2 layers x 2 heads", "0.900", "-0.400", "0.450", "per layer", "symmetry_median",
-              "random baseline (encoder, 64 Gaussian heads): symmetry 0.001 ± 0.002"):
+    for s in ("m (bert) encoder: 2 layers x 2 heads", "0.900", "-0.400", "0.450", "per layer", "sym_med",
+              "random baseline (encoder, 64 Gaussian heads): sym 0.001±0.002", "sym=symmetry",
+              "sym_med=symmetry_median"):
         assert s in text, s
+    header = next(line for line in text.splitlines() if line.startswith("layer"))
+    assert header.split() == ["layer", "head", "sym", "ovl_qk"]  # no block (one), no kv (= head)
     assert baseline_lines([]) == []
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 120])
+def test_tables_fold_instead_of_cutting(width):
+    """Every number is printed whole at any width: columns that do not fit go to a second table."""
+    from qkinspect.cli.tables import DEFAULT_COLUMNS
+    from qkinspect.records import HeadRecord
+
+    r = result(SYM)
+    values = {m: -123.456 + i for i, m in enumerate(DEFAULT_COLUMNS)}
+    r.heads = [HeadRecord("encoder", h.layer, h.head, 1 - h.head, dict(values)) for h in r.heads]
+    buf = io.StringIO()
+    render_analysis(Console(file=buf, width=width, no_color=True), r, columns=list(DEFAULT_COLUMNS))
+    text = buf.getvalue()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= width
+    for v in values.values():
+        assert f"{v:.3f}" in text
+    assert text.count("continued") >= (1 if width <= 80 else 0)
+    assert " kv " in text  # kv differs from head here: shown
+
+
+def test_short_names():
+    from qkinspect.cli.tables import short_name
+
+    assert short_name("delta_symmetry") == "Δsym"
+    assert short_name("qk_effective_rank_median") == "erank_med"
+    assert short_name("head_overlap") == "head_overlap"  # no short form: kept whole
 
 
 def test_head_deltas_b_minus_a():

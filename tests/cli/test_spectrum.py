@@ -66,4 +66,4 @@ def test_table_on_demo(cli):
 
 def test_out_of_range_head(cli, tiny_bert):
     r = cli("spectrum", tiny_bert, "--layer", "0", "--head", "4")
-    assert r.exit_code == 2 and r.stdout == "" and "--heads: 4 is out of range" in r.stderr
+    assert r.exit_code == 2 and r.stdout == "" and "--head: 4 is out of range" in r.stderr

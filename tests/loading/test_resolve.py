@@ -161,3 +161,31 @@ def test_hub_download_is_limited_to_config_and_weights(tmp_path, monkeypatch):
 ])
 def test_is_hub_id(spec, hub):
     assert is_hub_id(spec) == hub
+
+
+@pytest.mark.parametrize("where, name", [
+    ("my-bert", "my-bert"), ("runs/my-bert/model", "my-bert"),
+    ("hub/models--org--some-bert/snapshots/0123abc", "org/some-bert"),
+])
+def test_a_model_is_named_by_its_folder_not_its_path(tmp_path, where, name):
+    config, state = tiny.bert()
+    folder = tiny.write(tmp_path / where, config, state)
+    with open_model(str(folder)) as m:
+        assert (m.info.name, m.info.source) == (name, str(folder))
+    with open_model(str(folder / "model.safetensors")) as m:  # save_pretrained's file name: the folder's name
+        assert m.info.name == name
+
+
+def test_a_gguf_file_is_named_by_its_metadata(tmp_path):
+    import gguf
+
+    config, state = tiny.llama()
+    path = tiny.write_gguf(tmp_path / "x.Q8_0.gguf", config, state)
+    with open_model(str(path)) as m:
+        assert m.info.name == "x.Q8_0"  # no general.name: the file's stem
+    reader = gguf.GGUFReader(str(path))
+    assert "general.name" not in reader.fields
+    named = tmp_path / "named.gguf"
+    tiny.write_gguf(named, config, state, name="  Tiny   Llama 1B ")
+    with open_model(str(named)) as m:
+        assert (m.info.name, m.info.source) == ("Tiny Llama 1B", str(named))

@@ -113,14 +113,16 @@ GGUF_ROLES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_pro
 
 
 def write_gguf(path: Path, config, state: dict, arch: str = "llama", permute: bool = True, qtype=None,
-               meta: bool = True) -> Path:
-    """Write a Llama-layout state dict as GGUF: metadata from `config`, q/k permuted as llama.cpp does,
-    tensors as F32 or quantised to `qtype`."""
+               meta: bool = True, name: str | None = None) -> Path:
+    """Write a Llama-layout state dict as GGUF: metadata from `config` (and `name` as general.name), q/k permuted
+    as llama.cpp does, tensors as F32 or quantised to `qtype`."""
     import gguf
     import numpy as np
 
     H, G = config.num_attention_heads, config.num_key_value_heads
     w = gguf.GGUFWriter(str(path), arch)
+    if name is not None:
+        w.add_name(name)
     if meta:
         w.add_block_count(config.num_hidden_layers)
         w.add_embedding_length(config.hidden_size)

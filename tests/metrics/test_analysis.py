@@ -122,8 +122,8 @@ def test_head_overlap_matrix(minilm):
 @pytest.mark.parametrize("kwargs, match", [
     ({"metrics": ["nope"]}, "unknown metric"),
     ({"precision": "float16"}, "precision"),
-    ({"layers": [6]}, "layers 6 out of range"),
-    ({"heads": [12]}, "heads 12 out of range"),
+    ({"layers": [6]}, "layers=6 out of range"),
+    ({"heads": [12]}, "heads=12 out of range"),
     ({"blocks": ["decoder"]}, "this model's blocks are encoder"),
     ({"spectra": ("qq",)}, "unknown spectrum"),
     ({"device": "tpu"}, "device"),
@@ -213,3 +213,33 @@ def test_reformer_shared_qk_layers_are_exactly_symmetric(tmp_path):
     lsh = [h.values["symmetry"] for h in r.heads if h.layer == 0]
     assert lsh == [1.0, 1.0] and r.layers[0].values["symmetry_layer"] == pytest.approx(1.0, abs=1e-12)
     assert all(abs(h.values["symmetry"]) < 0.5 for h in r.heads if h.layer == 1)  # local attention: W_K is its own
+
+
+def test_library_selections_take_what_the_cli_takes(minilm):
+    a = qkinspect.analyze(minilm, layers="0-1", heads="0,2", metrics=["symmetry"])
+    b = qkinspect.analyze(minilm, layers=[1, 0], heads=(2, 0), metrics=["symmetry"])
+    assert [(h.layer, h.head) for h in a.heads] == [(h.layer, h.head) for h in b.heads] == [
+        (0, 0), (0, 2), (1, 0), (1, 2)]
+    assert [h.layer for h in qkinspect.analyze(minilm, layers=1, metrics=["symmetry"]).heads] == [1] * 12
+    assert [(x.block, x.layer) for x in qkinspect.load(None, layers=[0, 2])] == [("encoder", 0), ("encoder", 2)]
+    assert [x.layer for x in qkinspect.load(None, layers="4-5", blocks="encoder")] == [4, 5]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"layers": "0-x"}, "layers='0-x': '0-x' is not an index"),
+    ({"heads": "3-1"}, "heads='3-1': '3-1' is not a valid range"),
+    ({"layers": ["a"]}, "layers=['a']: every index must be an integer"),
+    ({"layers": 9}, "layers=9 out of range"),
+])
+def test_library_errors_name_the_argument(minilm, kwargs, message):
+    with pytest.raises(InputError) as e:
+        qkinspect.analyze(minilm, **kwargs)
+    assert str(e.value).startswith(message) and "--" not in str(e.value)
+
+
+def test_the_api_is_visible_and_to_pandas_has_the_csv_columns(minilm):
+    assert {"analyze", "load"} <= set(dir(qkinspect))
+    pytest.importorskip("pandas")
+    df = qkinspect.analyze(minilm, layers=[0], metrics=["symmetry"]).to_pandas()
+    assert list(df.columns) == ["model", "block", "layer", "head", "kv_head", "symmetry"]
+    assert set(df["model"]) == {qkinspect.analyze(minilm, layers=[0], metrics=["symmetry"]).model.name}

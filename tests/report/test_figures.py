@@ -111,8 +111,14 @@ def test_metric_heatmap_shows_the_metric(results, name, centred):
         want = head_grid(r, block, name).values
         got = np.ma.filled(np.ma.asarray(ax.images[0].get_array(), dtype=float), np.nan)  # masked cells: NaN
         np.testing.assert_allclose(got, want, equal_nan=True)
-    assert isinstance(panels[0].images[0].norm, TwoSlopeNorm) == centred
-    assert name in fig.get_suptitle()
+    norm = panels[0].images[0].norm
+    assert isinstance(norm, TwoSlopeNorm) == centred
+    if not centred:  # the scale spans the data, not the metric's whole range
+        values = np.concatenate([head_grid(r, b, name).values.ravel() for b in ("encoder", "decoder", "cross")])
+        assert (norm.vmin, norm.vmax) == pytest.approx((np.nanmin(values), np.nanmax(values)))
+    from qkinspect.report.style import human_name
+
+    assert human_name(name) in fig.get_suptitle() and "_" not in human_name(name)
 
 
 def test_metric_heatmap_refuses(results):
@@ -122,3 +128,79 @@ def test_metric_heatmap_refuses(results):
         figures.figure(results["demo"], "metric", metric_name="symmetry_median")
     with pytest.raises(InputError, match="ov_copying"):  # a head metric the analysis did not compute
         figures.figure(results["demo"], "metric", metric_name="ov_copying")
+
+
+def _draw(fig):
+    """Lay the figure out on an Agg canvas (as savefig does); returns the renderer."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    with style():
+        canvas.draw()
+    return canvas.get_renderer()
+
+
+def _text_inside(fig) -> list[str]:
+    """The drawn texts (titles, labels, tick labels, legends) that stick out of the figure: [] when all are inside.
+    Each axes' tight box holds what it draws (tick labels outside the view limits are not drawn)."""
+    renderer = _draw(fig)
+    box = fig.bbox
+    boxes = [(ax.get_label() or "axes", ax.get_tightbbox(renderer)) for ax in fig.get_axes()]
+    for f in [fig, *fig.subfigs]:
+        boxes += [(t.get_text(), t.get_window_extent(renderer)) for t in f.texts if t.get_text().strip()]
+        boxes += [("legend", leg.get_window_extent(renderer)) for leg in f.legends]
+        for t in (getattr(f, "_suptitle", None), getattr(f, "_supxlabel", None), getattr(f, "_supylabel", None)):
+            if t is not None and t.get_text():
+                boxes.append((t.get_text(), t.get_window_extent(renderer)))
+    return [name for name, e in boxes if e is not None and (e.x0 < box.x0 - 1 or e.x1 > box.x1 + 1
+                                                            or e.y0 < box.y0 - 1 or e.y1 > box.y1 + 1)]
+
+
+@pytest.mark.parametrize("kind", figures.KINDS)
+def test_every_label_and_title_lies_inside_the_figure(results, kind):
+    r = results["bart"]
+    fig = figures.figure(r, kind, other=r if kind == "compare" else None,
+                         metric_name="qk_stable_rank" if kind == "metric" else None)
+    assert _text_inside(fig) == []
+
+
+def _tick_values(ax, axis="y"):
+    _draw(ax.get_figure(root=True))
+    lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    ticks = ax.get_yticks() if axis == "y" else ax.get_xticks()
+    return [t for t in ticks if lo <= t <= hi]
+
+
+def test_head_counts_have_integer_ticks(results):
+    fig = figures.figure(results["demo"], "distribution")
+    for ax in fig.get_axes():
+        ticks = _tick_values(ax)
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_heads_are_discrete_colours(results):
+    """The spectra's colour bar has one step per head and integer ticks; lines take their head's step."""
+    from matplotlib.colors import BoundaryNorm
+
+    fig = figures.figure(results["demo"], "spectra")
+    (bar,) = [ax for ax in fig.get_axes() if ax.get_label() == "<colorbar>"]
+    ticks = _tick_values(bar)
+    assert ticks and all(float(t).is_integer() for t in ticks) and max(ticks) <= 11
+    assert isinstance(bar._colorbar.mappable.norm, BoundaryNorm)  # the Axes' own colour bar (matplotlib ≥ 3.6)
+
+
+def test_small_multiples_leave_no_empty_cells(results):
+    """Six layers are 2 × 3 panels, not 4 + 2 with two empty cells."""
+    fig = figures.figure(results["demo"], "heads")
+    panels = [ax for ax in fig.get_axes() if ax.get_label() != "<colorbar>"]
+    assert len(panels) == 6 and all(ax.get_visible() for ax in panels)
+    assert {ax.get_subplotspec().get_geometry()[:2] for ax in panels} == {(2, 3)}
+
+
+def test_rank_label_sits_above_its_line(results):
+    fig = figures.figure(results["demo"], "rank")
+    renderer = _draw(fig)
+    ax = fig.get_axes()[0]
+    (label,) = [t for t in ax.texts if t.get_text().startswith("d_head")]
+    line_y = ax.transData.transform((0, 32))[1]
+    assert label.get_window_extent(renderer).y0 > line_y + 1

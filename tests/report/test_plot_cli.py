@@ -51,7 +51,7 @@ def test_plot_compare_pdf(cli, llama_path, llama_b_path, tmp_path):
     ([], "give -o"),
     (["--kind", "compare", "-o", "x.png"], "--compare MODEL_B"),
     (["--kind", "rank", "--layer", "1", "-o", "x.png"], "--layer applies to --kind heads"),
-    (["--kind", "heads", "--layer", "9", "-o", "x.png"], "no head-by-head overlap for decoder layer 9"),
+    (["--kind", "heads", "--layer", "9", "-o", "x.png"], "--layer: 9 is out of range; decoder has layers 0-1"),
     (["--kind", "metric", "-o", "x.png"], "--kind metric needs --metric NAME"),
     (["--metric", "symmetry", "-o", "x.png"], "--metric applies to --kind metric only"),
     (["--kind", "metric", "--metric", "symmetry_median", "-o", "x.png"], "not a per-head metric"),

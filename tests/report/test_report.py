@@ -40,8 +40,10 @@ def test_report_holds_what_analyze_reports(cli, llama_path, bart_path, tmp_path,
     assert len(pages) == n >= FRONT_PAGES + len(plan_figures_for(doc))
     assert doc["model"]["name"] in pages[0] and "qkinspect report" in pages[0]
     for name in ("symmetry", "directionality", "qk_effective_rank", "qk_stable_rank", "qk_k90", "overlap_qk",
-                 "overlap_qv", "overlap_kv", "cka_qk"):
+                 "overlap_qv", "overlap_kv"):
         assert name in text, name
+    # defined only when shown: CKA is computed by the default analysis but drawn and tabulated nowhere
+    assert "cka_qk" in doc["heads"][0] and "cka_qk" not in text
     for layer in doc["layers"]:
         for metric in ("symmetry_median", "symmetry_mean", "qk_effective_rank_median"):
             assert fmt(layer[metric]) in text, (layer["block"], layer["layer"], metric)
@@ -84,7 +86,13 @@ def test_report_text_is_searchable_for_the_demo(results, tmp_path):
     flat = text.replace("\n", " ")
     # the registry's gauge field in words: basis-dependent metrics are not passed off as invariant
     assert "gauge-invariant (describes the model)" in flat
-    assert "invariant under orthogonal re-basings only" in flat
+    from qkinspect.metrics.registry import METRICS
+    from qkinspect.report.tables import shown_metrics
+
+    shown = shown_metrics(r)
+    assert "symmetry" in shown and "cka_qk" not in shown  # the report defines what it shows
+    orthogonal = any(METRICS[m].gauge_invariant == "orthogonal" for m in shown)
+    assert ("invariant under orthogonal re-basings only" in flat) == orthogonal
 
 
 @pytest.mark.parametrize("args, message", [

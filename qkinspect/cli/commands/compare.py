@@ -116,13 +116,15 @@ def compare_document(a, b, *, requested=None) -> Document:
 def _render(console, a, b, rows: list[dict[str, Any]], cols: list[str]) -> None:
     from types import SimpleNamespace
 
-    from qkinspect.cli.tables import gauge_note, head_table, model_line
+    from qkinspect.cli.tables import gauge_note, head_table, legend, model_line, print_lines
 
-    console.print(f"A: {model_line(a.model, a.processing)}", markup=False, highlight=False, soft_wrap=True)
-    console.print(f"B: {model_line(b.model, b.processing)}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"A: {model_line(a.model, a.processing)}", markup=False, highlight=False)
+    console.print(f"B: {model_line(b.model, b.processing)}", markup=False, highlight=False)
     heads = [SimpleNamespace(block=r["block"], layer=r["layer"], head=r["head"], kv_head=r["kv_head"], values=r)
              for r in rows]
-    console.print(head_table(heads, cols, title="per-head differences, B − A"))
+    for t in head_table(heads, cols, title="per-head differences, B − A", width=console.width):
+        console.print(t)
+    print_lines(console, [legend(cols)])
     gauge_note(console, cols)
     for c in cols:
         vals = [abs(r[c]) for r in rows if r[c] is not None and not math.isnan(r[c])]

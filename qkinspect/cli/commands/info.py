@@ -56,17 +56,22 @@ def human_bytes(n: int | None) -> str:
 
 
 def _render(console, info, rows: list[dict[str, Any]]) -> None:
-    from rich.table import Table
+    from rich.text import Text
 
-    console.print(f"[bold]{info.name}[/bold]  {info.model_type}"
-                  + (f" ({info.architecture})" if info.architecture else ""))
+    from qkinspect.cli.tables import Column, fit_tables
+
+    console.print(Text(info.name, style="bold") + Text(f"  {info.model_type}"
+                                                       + (f" ({info.architecture})" if info.architecture else "")))
     console.print(f"source: {info.source}  format: {info.format}  dtype: {info.dtype or '?'}  "
-                  f"attention weights: {human_bytes(info.attention_bytes)}", highlight=False, soft_wrap=True)
-    t = Table(show_edge=False, header_style="bold")
-    for col in ("block", "layers", "heads", "KV heads", "d_model", "d_head", "positional", "flags"):
-        t.add_column(col, justify="left" if col in ("block", "positional", "flags") else "right")
-    for r in rows:
-        pos = r["positional"] + (f" ({r['rotary_dims']} dims)" if r["rotary_dims"] else "")
-        t.add_row(r["block"], str(r["n_layers"]), str(r["n_heads"]), str(r["n_kv_heads"]), str(r["d_model"]),
-                  str(r["d_head"]), pos, r["flags"] or "-")
-    console.print(t)
+                  f"attention weights: {human_bytes(info.attention_bytes)}", highlight=False, markup=False)
+    if info.quantization:
+        console.print(f"quantized: {info.quantization} (dequantized on read)", highlight=False, markup=False)
+    cells = {"block": [r["block"] for r in rows], "layers": [str(r["n_layers"]) for r in rows],
+             "heads": [str(r["n_heads"]) for r in rows], "KV heads": [str(r["n_kv_heads"]) for r in rows],
+             "d_model": [str(r["d_model"]) for r in rows], "d_head": [str(r["d_head"]) for r in rows],
+             "positional": [r["positional"] + (f" ({r['rotary_dims']} dims)" if r["rotary_dims"] else "")
+                            for r in rows],
+             "flags": [r["flags"] or "-" for r in rows]}
+    columns = [Column(k, v, left=k in ("block", "positional", "flags")) for k, v in cells.items()]
+    for t in fit_tables(columns[:1], columns[1:], width=console.width):
+        console.print(t)

@@ -42,11 +42,12 @@ class Kind(str, Enum):
     metric = "metric"
 
 
-KindOpt = Annotated[Kind, typer.Option("--kind", "-k", help="Which figure to draw.")]
+KindOpt = Annotated[Kind, typer.Option("--kind", "-k", metavar="KIND", help="Which figure to draw: "
+                                        + ", ".join(k.value for k in Kind) + ".")]
 FigureOut = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE",
                                                 help="The figure file: .png, .svg or .pdf (written atomically).")]
 MetricOpt = Annotated[str | None, typer.Option(
-    "--metric", "-m", metavar="NAME", help="--kind metric: the per-head metric to map (any of `qkinspect analyze "
+    "--metric", metavar="NAME", help="--kind metric: the per-head metric to map (any of `qkinspect analyze "
     "--metrics`' head metrics, e.g. shared_qk_distance, qk_stable_rank, cka_qv).")]
 LayerOpt = Annotated[int | None, typer.Option(
     "--layer", metavar="N", help="--kind heads: the layer to show (default: every layer as small multiples).")]
@@ -106,10 +107,15 @@ def draw_figure(model: str | None, kind: str, output: Path, selection: Selection
     Example:
         >>> draw_figure(None, "symmetry", Path("symmetry.png"), Selection.parse())
     """
+    from qkinspect.cli.options import check_selection
     from qkinspect.cli.run import run_analysis
+    from qkinspect.loading import open_model
     from qkinspect.report.figures import figure
 
-    result = run_analysis(model, selection, revision=revision)
+    with open_model(model, revision=revision) as m:
+        if layer is not None:  # answered with the option the user typed, before any work
+            check_selection(m.info, selection.blocks, (layer,), options=("--layer", "--heads"))
+        result = run_analysis(m, selection)
     result_b = run_analysis(other, selection) if other is not None else None
     # the heads figure takes the first selected block
     fig = figure(result, kind, layer=layer, other=result_b, metric_name=metric)

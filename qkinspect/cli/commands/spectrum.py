@@ -61,6 +61,7 @@ def register(app: typer.Typer) -> None:
 
         check_output(fmt, output)
         with open_model(model, revision=revision) as m:
+            check_selection(m.info, parse_blocks(block), (layer,), (head,), options=("--layer", "--head"))
             sel = Selection.parse(layers=str(layer), heads=str(head), blocks=[_one_block(m.info, block)],
                                   metrics=["symmetry"], precision=precision, device=device, fold_ln=fold_ln,
                                   fold_qk_norm=fold_qk_norm)
@@ -110,20 +111,17 @@ def _rows(sv: np.ndarray, eig: np.ndarray | None) -> list[dict[str, Any]]:
 
 
 def _render(console, result, h, matrix: str, rows: list[dict[str, Any]]) -> None:
-    from rich.table import Table
+    from qkinspect.cli.tables import COLUMN_GAP, Column, fit_tables, fmt_value, model_line
 
-    from qkinspect.cli.tables import fmt_value, model_line
-
-    console.print(model_line(result.model, result.processing), markup=False, highlight=False, soft_wrap=True)
+    console.print(model_line(result.model, result.processing), markup=False, highlight=False)
     console.print(f"{h.block} layer {h.layer} head {h.head} (KV head {h.kv_head}): {MATRIX_TEXT[matrix]}",
                   style="bold", highlight=False)
-    t = Table(header_style="bold", show_edge=False, pad_edge=False)
-    cols = [c for c in ("index", "singular_value", "eig_real", "eig_imag", "eig_abs") if c in rows[0]]
-    for c in cols:
-        t.add_column(c.replace("_", " "), justify="right")
-    t.add_column("", justify="left")  # a bar proportional to the singular value
+    names = [c for c in ("index", "singular_value", "eig_real", "eig_imag", "eig_abs") if c in rows[0]]
+    columns = [Column(c.replace("_", " "), [fmt_value(r.get(c), 4) for r in rows]) for c in names]
+    room = console.width - sum(c.width() + COLUMN_GAP for c in columns)
     top = max((r["singular_value"] or 0.0) for r in rows) or 1.0
-    for r in rows:
-        bar = "█" * round(20 * (r["singular_value"] or 0.0) / top)
-        t.add_row(*[fmt_value(r.get(c), 4) for c in cols], bar)
-    console.print(t)
+    bars = ["█" * round(max(0, min(20, room)) * (r["singular_value"] or 0.0) / top) for r in rows]
+    if room >= 5:  # a bar proportional to the singular value, where the width allows
+        columns.append(Column("", bars, left=True))
+    for t in fit_tables(columns[:1], columns[1:], width=console.width):
+        console.print(t)

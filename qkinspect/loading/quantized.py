@@ -1,0 +1,252 @@
+"""Quantized safetensors checkpoints: which ``quantization_config`` qkinspect understands, dequantizing those on
+read, and refusing the rest.
+
+A quantized checkpoint stores integers or FP8 values plus scales; its raw values are not the model's weights (an FP8
+block-quantized W_Q read without its ``weight_scale_inv`` is off by a factor of hundreds). So a config that declares
+a quantization this module does not understand is refused where it enters, never read raw; one it understands is
+read through `DequantizingSource`, which gives each quantized weight back in float32 as it is read.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from qkinspect.errors import CheckpointError, UnsupportedModelError
+from qkinspect.loading.source import TensorSource
+
+# Keys under which a config.json declares its quantization (compressed-tensors wrote ``compression_config`` before
+# transformers adopted ``quantization_config``).
+QUANT_KEYS = ("quantization_config", "compression_config")
+UNDERSTOOD: dict[str, str] = {  # quant_method -> what it is
+    "fp8": "FP8 weights with weight_scale_inv per block, per output row or per tensor",
+    "compressed-tensors": "llm-compressor's formats: " + ", ".join(("pack-quantized", "naive-quantized",
+                                                                    "int-quantized", "float-quantized")),
+}
+
+
+def declared_quantization(raw: dict) -> tuple[str, Any] | None:
+    """(key path, value) of the first quantization declaration in a config.json (top level or a sub-config such as
+    ``text_config``), or None."""
+    for key in QUANT_KEYS:
+        if raw.get(key) is not None:
+            return key, raw[key]
+    for name, sub in raw.items():
+        if isinstance(sub, dict):
+            found = declared_quantization(sub)
+            if found is not None:
+                return f"{name}.{found[0]}", found[1]
+    return None
+
+
+def check_quantization(raw: dict, cfg_file: Path) -> dict | None:
+    """The config's quantization_config when qkinspect can dequantize it, None when there is none.
+
+    Raises:
+        UnsupportedModelError: the config declares a quantization that is not understood (it is never read raw).
+    """
+    found = declared_quantization(raw)
+    if found is None:
+        return None
+    key, qc = found
+    method = qc.get("quant_method") if isinstance(qc, dict) else None
+    if key == "quantization_config" and type(method) is str and method in UNDERSTOOD:
+        return qc
+    what = f"quant_method {method!r}" if type(method) is str else "a quantization without a quant_method"
+    supported = ", ".join(sorted(UNDERSTOOD)) or "none"
+    raise UnsupportedModelError(
+        f"{cfg_file}: {key} declares {what}, which qkinspect cannot dequantize (supported: {supported}); "
+        f"its raw values are not the model's weights, so it is refused"
+    )
+
+
+# -- dequantizing on read -----------------------------------------------------------------------------------------
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+CT_FORMATS = ("pack-quantized", "naive-quantized", "int-quantized", "float-quantized")  # compressed-tensors
+
+
+def describe(qc: dict) -> str:
+    """One line for `info` and the output's processing: the method, format and weights' bits and grouping."""
+    if qc["quant_method"] == "fp8":
+        block = qc.get("weight_block_size")
+        return f"fp8 ({'x'.join(map(str, block)) + ' blocks' if block else 'per-tensor/per-channel scales'})"
+    groups = [g.get("weights") or {} for g in (qc.get("config_groups") or {}).values()]
+    parts = sorted({f"{w.get('type', 'int')}{w.get('num_bits', '?')} {w.get('strategy', '?')}"
+                    + (f" {w['group_size']}" if w.get("group_size") else "") for w in groups})
+    return f"compressed-tensors {qc.get('format', '?')} ({', '.join(parts)})"
+
+
+class DequantizingSource(TensorSource):
+    """A quantized checkpoint's tensors with each quantized ``X.weight`` dequantized to float32 as it is read, one
+    tensor (so one layer) at a time; the scales and packing tensors themselves are hidden.
+
+    ``fp8``: ``X.weight`` in float8 with ``X.weight_scale_inv`` beside it: one scale per block of
+    ``weight_block_size`` (DeepSeek-V3, Qwen3-FP8), per output row, or per tensor; W = w * scale_inv.
+    ``compressed-tensors``: the module's tensors (``weight_packed``, ``weight_scale``, ``weight_zero_point``,
+    ``weight_shape`` ...) handed to the `compressed-tensors` package's own compressor for the format.
+    """
+
+    def __init__(self, inner: TensorSource, qc: dict, path: Path):
+        self.inner, self.qc, self.path = inner, qc, path
+        self.method = qc["quant_method"]
+        self.quantization = describe(qc)
+        hidden = _HIDDEN[self.method]
+        inner_keys = inner.keys()
+        self._virtual = {k.removesuffix("_packed") for k in inner_keys if k.endswith(".weight_packed")}
+        self._keys = [k for k in inner_keys if not k.endswith(hidden)] + sorted(self._virtual)
+        self._inner_keys = set(inner_keys)
+        if self.method == "compressed-tensors":
+            self._schemes = ct_schemes(qc, path)
+
+    def keys(self) -> list[str]:
+        return self._keys
+
+    def stored_shape(self, stored_name: str) -> tuple[int, ...]:
+        if stored_name in self._virtual:
+            return tuple(int(n) for n in self.inner._read(stored_name + "_shape").tolist())
+        return self.inner.stored_shape(stored_name)
+
+    def stored_dtype(self, stored_name: str) -> str:
+        if stored_name in self._virtual:
+            return "packed int32"
+        return self.inner.stored_dtype(stored_name)
+
+    def stored_nbytes(self, stored_name: str) -> int:
+        own = [n for n in self._module_tensors(stored_name) if n in self._inner_keys]
+        return sum(self.inner.stored_nbytes(n) for n in own) or self.inner.stored_nbytes(stored_name)
+
+    def shard_of(self, stored_name: str) -> Any:
+        return self.inner.shard_of(stored_name + "_packed" if stored_name in self._virtual else stored_name)
+
+    def release(self, shard: Any) -> None:
+        self.inner.release(shard)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def _module_tensors(self, stored_name: str) -> list[str]:
+        """The stored tensors that make up `stored_name` (a weight and its scales ...)."""
+        module = stored_name.removesuffix(".weight")
+        if not stored_name.endswith(".weight"):
+            return [stored_name]
+        return [f"{module}.{p}" for p in ("weight", "weight_scale_inv", "weight_packed", "weight_scale",
+                                         "weight_zero_point", "weight_shape", "weight_g_idx")]
+
+    def _read(self, stored_name: str) -> Tensor:
+        if self.method == "fp8":
+            return self._read_fp8(stored_name)
+        return self._read_ct(stored_name)
+
+    def _read_fp8(self, stored_name: str) -> Tensor:
+        w = self.inner._read(stored_name)
+        if w.dtype not in FP8:
+            return w
+        scale_name = stored_name + "_scale_inv"
+        if scale_name not in self._inner_keys:
+            raise CheckpointError(f"{self.path}: FP8 tensor {stored_name!r} has no {scale_name!r} beside it")
+        return fp8_dequantize(w, self.inner._read(scale_name), self.qc.get("weight_block_size"),
+                              f"{self.path}: {stored_name}")
+
+    def _read_ct(self, stored_name: str) -> Tensor:
+        module = stored_name.removesuffix(".weight")
+        scheme = ct_scheme_for(self._schemes, module) if stored_name.endswith(".weight") else None
+        quantized = any(f"{module}.{p}" in self._inner_keys for p in ("weight_packed", "weight_scale"))
+        if scheme is None or not quantized:  # "Linear" targets name a class: a norm's weight is not quantized
+            w = self.inner._read(stored_name)
+            if not w.is_floating_point() or w.dtype in FP8:
+                raise CheckpointError(f"{self.path}: {stored_name!r} is stored as {w.dtype} without the scales "
+                                      f"of its quantization")
+            return w
+        fmt, scheme = scheme
+        from compressed_tensors.compressors import BaseCompressor
+
+        compressor = BaseCompressor.get_value_from_registry(fmt)
+        names = [n for n in compressor.compression_param_names(scheme) if f"{module}.{n}" in self._inner_keys]
+        if "weight" not in names and f"{module}.weight" in self._inner_keys:
+            names.append("weight")
+        local = {n: self.inner._read(f"{module}.{n}") for n in names}
+        try:
+            out = compressor.decompress(local, scheme)["weight"]
+        except Exception as e:
+            raise CheckpointError(f"{self.path}: cannot dequantize {stored_name!r} ({fmt}: {_one_line(e)})") from None
+        return out.to(torch.float32)
+
+
+_HIDDEN = {"fp8": ("_scale_inv",),
+           "compressed-tensors": (".weight_packed", ".weight_scale", ".weight_zero_point", ".weight_shape",
+                                  ".weight_g_idx", ".input_scale", ".output_scale", ".input_global_scale",
+                                  ".weight_global_scale")}
+
+
+def fp8_dequantize(w: Tensor, scale_inv: Tensor, block: list[int] | None, where: str) -> Tensor:
+    """float32 W = w * scale_inv, the scale taken per block of `block` = [rows, cols] (the last blocks may be
+    partial), per output row, or per tensor, as the scale's shape says."""
+    O, I = w.shape  # noqa: E741
+    s = scale_inv.to(torch.float32)
+    if s.numel() == 1:
+        return w.to(torch.float32) * s.reshape(())
+    if s.shape in ((O,), (O, 1)):
+        return w.to(torch.float32) * s.reshape(O, 1)
+    if s.dim() != 2:
+        raise CheckpointError(f"{where}: scale of shape {tuple(s.shape)} for a weight of shape {(O, I)}")
+    bo, bi = block if block else (-(-O // s.shape[0]), -(-I // s.shape[1]))
+    if s.shape != (-(-O // bo), -(-I // bi)):
+        raise CheckpointError(f"{where}: scale grid {tuple(s.shape)} does not fit {(O, I)} in {bo}x{bi} blocks")
+    full = s.repeat_interleave(bo, dim=0)[:O].repeat_interleave(bi, dim=1)[:, :I]  # (O/bo, I/bi) -> (O, I)
+    return w.to(torch.float32) * full
+
+
+def ct_schemes(qc: dict, path: Path) -> list[tuple[list[str], str, Any]]:
+    """compressed-tensors config groups as (targets, format, QuantizationScheme), with the ignore list first
+    (targets, None, None); only weight formats this module dequantizes are accepted."""
+    try:
+        from compressed_tensors.quantization import QuantizationScheme
+    except ImportError:
+        raise UnsupportedModelError(f"{path}: a compressed-tensors checkpoint needs the compressed-tensors package "
+                                    f"(pip install 'qkinspect[quantized]')") from None
+    out: list[tuple[list[str], str | None, Any]] = [(list(qc.get("ignore") or []), None, None)]
+    for name, group in (qc.get("config_groups") or {}).items():
+        fmt = (group.get("format") if isinstance(group, dict) else None) or qc.get("format")
+        if fmt not in CT_FORMATS:
+            raise UnsupportedModelError(f"{path}: compressed-tensors format {fmt!r} (group {name!r}) is not "
+                                        f"supported; supported: {', '.join(CT_FORMATS)}")
+        try:
+            scheme = QuantizationScheme.model_validate({k: v for k, v in group.items() if k != "format"})
+        except Exception as e:
+            raise CheckpointError(f"{path}: compressed-tensors group {name!r} is invalid ({_one_line(e)})") from None
+        out.append((list(scheme.targets), fmt, scheme))
+    return out
+
+
+def ct_scheme_for(schemes: list, module: str) -> tuple[str, Any] | None:
+    """The (format, scheme) of the first group targeting `module` (a Linear), None when ignored or untargeted."""
+    for targets, fmt, scheme in schemes:
+        if any(_matches(t, module) for t in targets):
+            return None if fmt is None else (fmt, scheme)
+    return None
+
+
+def _matches(target: str, module: str) -> bool:
+    """compressed-tensors' target syntax: a class name (every projection read here is a Linear), ``re:`` and a
+    regular expression, or a module name."""
+    if target.startswith("re:"):
+        return re.match(target[3:], module) is not None
+    return target == "Linear" or target == module or module.endswith("." + target)
+
+
+def dequantizing(source: TensorSource, qc: dict | None, path: Path) -> TensorSource:
+    """`source` itself when unquantized, else it wrapped to dequantize on read."""
+    return source if qc is None else DequantizingSource(source, qc, path)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+__all__ = ["check_quantization", "declared_quantization", "dequantizing", "DequantizingSource", "fp8_dequantize",
+           "QUANT_KEYS", "UNDERSTOOD"]
