@@ -14,6 +14,11 @@
 (b) cannot be faster than (d) + (e) on this machine, whatever the reading: the benchmark prints that bound as a
 ratio to (a) beside the measured (b)/(a).
 
+  (f) the cost of detecting heads that float32 cannot resolve (docs/metrics.md, Numerics): the default metrics of
+      layers of the checkpoint's shape (Gaussian weights, every head on the fast route), in memory, timed with the
+      detection and with it switched off (no head ever recomputed), interleaved, best of several; needs no
+      checkpoint: `python bench/run.py --detection llama-7b --layers 4`
+
 Each of (a) and (b) is timed twice: with the checkpoint's pages evicted from the page cache first
 (posix_fadvise DONTNEED: a cold read from disk, as on a laptop opening a checkpoint; the row the targets are judged
 on) and with them cached.
@@ -21,6 +26,7 @@ on) and with them cached.
 Usage:
   python bench/make_checkpoints.py llama-7b bench/out/llama-7b
   python bench/run.py bench/out/llama-7b [--naive-heads 2]
+  python bench/run.py --detection llama-7b [--layers 4 --repeats 5]
 """
 
 from __future__ import annotations
@@ -197,7 +203,58 @@ def startup_floor() -> float:
     return best
 
 
+def detection_cost(shape: str, n_layers: int, repeats: int) -> tuple[float, float, int]:
+    """(f): seconds for the default metrics of `n_layers` layers of `shape` (bf16 Gaussian weights, as the
+    synthetic checkpoints hold them), with the detection of unresolved heads and without it (best of `repeats`,
+    the two interleaved so that both see the same machine); and the heads the detection sent to float64."""
+    from unittest import mock
+
+    from bench.make_checkpoints import SHAPES
+    from qkinspect.layer import AttentionLayer, BlockSpec
+    from qkinspect.metrics.heads import HEAD_METRICS, measure_products
+    from qkinspect.metrics.products import HeadProducts
+    from qkinspect.metrics.registry import resolve_metrics
+
+    s = SHAPES[shape]
+    H, G, D = s.heads, s.kv_heads, s.d_model
+    d = D // H
+    spec = BlockSpec(name="decoder", n_layers=n_layers, n_heads=H, n_kv_heads=G, d_model=D, d_head=d)
+    gen = torch.Generator().manual_seed(0)
+    w = lambda n: (torch.randn(n, D, d, generator=gen) / D**0.5).bfloat16()  # noqa: E731  (n, D, d)
+    layers = [AttentionLayer(spec=spec, layer=i, W_Q=w(H), W_K=w(G), W_V=w(G)) for i in range(n_layers)]
+    names = [n for n in resolve_metrics(None) if n in HEAD_METRICS]
+    never = property(lambda p: torch.zeros(p.n, dtype=torch.bool))  # no detection: every head stays float32
+
+    def run() -> tuple[float, int]:
+        t0, redone = time.perf_counter(), 0
+        for layer in layers:
+            _, _, num = measure_products(HeadProducts(layer), names)
+            redone += int(num.recomputed.sum())
+        return time.perf_counter() - t0, redone
+
+    run()  # warm-up: thread pools, MKL's per-thread set-up
+    best_on = best_off = float("inf")
+    redone = 0
+    for _ in range(repeats):
+        t, redone = run()
+        best_on = min(best_on, t)
+        with mock.patch.object(HeadProducts, "unresolved", never):
+            best_off = min(best_off, run()[0])
+    return best_on, best_off, redone
+
+
 def main() -> None:
+    if "--detection" in sys.argv:
+        ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        ap.add_argument("--detection", required=True, help="shape name in bench/make_checkpoints.py")
+        ap.add_argument("--layers", type=int, default=4)
+        ap.add_argument("--repeats", type=int, default=5)
+        a = ap.parse_args()
+        on, off, redone = detection_cost(a.detection, a.layers, a.repeats)
+        print(f"(f) default metrics, {a.layers} layers of {a.detection} (in memory, torch threads "
+              f"{torch.get_num_threads()}): with detection {on:.3f} s, without {off:.3f} s, "
+              f"ratio {on / off:.3f} ({(on / off - 1) * 100:+.1f} %); heads recomputed in float64: {redone}")
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folder", type=Path)
     ap.add_argument("--naive-heads", type=int, default=2, help="heads to time on the dense route")

@@ -21,7 +21,14 @@ from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
 from qkinspect.metrics.baseline import gaussian_baselines
 from qkinspect.metrics.fold import fold_ln as fold_ln_layer
 from qkinspect.metrics.fold import fold_qk_norm as fold_qk_norm_layer
-from qkinspect.metrics.heads import HEAD_METRICS, check_spectra, head_warnings, measure_products, needs_o
+from qkinspect.metrics.heads import (
+    HEAD_METRICS,
+    check_spectra,
+    head_warnings,
+    measure_products,
+    needs_o,
+    numerics_warning,
+)
 from qkinspect.metrics.layer_form import head_overlap, layer_form_metrics
 from qkinspect.metrics.products import HeadProducts
 from qkinspect.metrics.registry import LAYER_FORM, METRICS, resolve_metrics
@@ -160,6 +167,8 @@ class _Run:
     spectra_out: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     baselines: list[Baseline] = field(default_factory=list)
+    recomputed: int = 0  # heads measured again in float64 (their Grams unresolved in the chosen precision)
+    cut: int = 0  # heads with directions of W_Q, W_K or W_V below the rank cut
 
     @classmethod
     def make(cls, metrics, spectra, precision, device, fold_ln, fold_qk_norm, layer_form) -> _Run:
@@ -188,12 +197,15 @@ class _Run:
         layer = self._process(layer)
         where = f"{layer.block} layer {layer.layer}"
         p = HeadProducts(layer, self.head_index(layer.spec), dtype=self.dtype, device=self.device)
-        values, spectra = measure_products(p, self.head_names, self.spectra)
+        values, spectra, num = measure_products(p, self.head_names, self.spectra)
         self.warnings += head_warnings(p, where)
+        self.recomputed += int(num.recomputed.sum())
+        self.cut += int(num.cut.sum())
         heads, kvs = p.heads.tolist(), p.kv.tolist()
         for i, (h, g) in enumerate(zip(heads, kvs, strict=True)):
+            ranks = {k: int(v[i]) for k, v in num.ranks.items()}
             self.head_records.append(HeadRecord(layer.block, layer.layer, h, g,
-                                                {n: float(values[n][i]) for n in self.head_names}))
+                                                {n: float(values[n][i]) for n in self.head_names}, **ranks))
             if spectra:
                 self.spectra_out[(layer.block, layer.layer, h)] = {k: v[i] for k, v in spectra.items()}
         self.layer_records.append(self._layer_record(layer, p, values))
@@ -215,7 +227,9 @@ class _Run:
             out.update(self._layer_form(layer, p))
         overlap = None
         if "head_overlap" in self.names:
-            overlap = head_overlap(p).detach().to("cpu", torch.float64).numpy()
+            unresolved = p.fq.unresolved & ~p.bad  # any such W_Q: the whole matrix in float64
+            q = p.exact(torch.ones_like(unresolved)) if bool(unresolved.any()) else p
+            overlap = head_overlap(q).detach().to("cpu", torch.float64).numpy()
             overlap[p.bad.cpu().numpy()] = np.nan
             overlap[:, p.bad.cpu().numpy()] = np.nan
         return LayerRecord(layer.block, layer.layer, p.n, out, overlap)
@@ -233,6 +247,11 @@ class _Run:
         for spec in specs:
             self.baselines += gaussian_baselines(spec, self.names, dtype=self.dtype, device=self.device)
 
+    def _numerics_warning(self) -> list[str]:
+        precision = str(self.dtype).removeprefix("torch.")
+        line = numerics_warning(self.recomputed, self.cut, len(self.head_records), precision)
+        return [line] if line else []
+
     def result(self, info: ModelInfo, blocks, layers) -> AnalysisResult:
         present = set(self.head_names) | {k for r in self.layer_records for k in r.values}
         if any(r.head_overlap is not None for r in self.layer_records):
@@ -244,7 +263,7 @@ class _Run:
             layers=layers, heads=self.heads, metrics=self.names, dequantized=info.quantization)
         return AnalysisResult(model=info, processing=processing, heads=self.head_records, layers=self.layer_records,
                               baselines=self.baselines, spectra=self.spectra_out,
-                              warnings=list(dict.fromkeys(self.warnings)),
+                              warnings=list(dict.fromkeys(self.warnings + self._numerics_warning())),
                               metric_names=[n for n in self.names if n in present])
 
 

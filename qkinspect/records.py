@@ -19,16 +19,22 @@ SCHEMA = "qkinspect/1"
 
 @dataclass(frozen=True)
 class HeadRecord:
-    """Metrics of one head. `values` maps metric name -> float (NaN where undefined)."""
+    """Metrics of one head. `values` maps metric name -> float (NaN where undefined); `rank_q`, `rank_k`,
+    `rank_v`: the numerical rank kept (σ > 1e-5 σ_max) of W_Q, of its KV head's W_K and W_V (None: not measured)."""
 
     block: str
     layer: int
     head: int
     kv_head: int
     values: Mapping[str, float]
+    rank_q: int | None = None
+    rank_k: int | None = None
+    rank_v: int | None = None
 
     def row(self) -> dict[str, Any]:
-        return {"block": self.block, "layer": self.layer, "head": self.head, "kv_head": self.kv_head,
+        ranks = {k: v for k, v in (("rank_q", self.rank_q), ("rank_k", self.rank_k), ("rank_v", self.rank_v))
+                 if v is not None}
+        return {"block": self.block, "layer": self.layer, "head": self.head, "kv_head": self.kv_head, **ranks,
                 **self.values}
 
 

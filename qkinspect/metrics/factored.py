@@ -5,6 +5,11 @@ Their Gram matrices XᵀX (d, d) are cheap batched matmuls. From a Gram come the
 eigenvalues, `eigvalsh`), a square root R with RᵀR = XᵀX (equal to the R of X = QR up to an orthogonal factor on
 the left, which no singular value or norm below can see), and a whitener Z with XZ orthonormal. R and Z come from
 a Cholesky factorisation where the Gram is safely positive definite, else from its eigendecomposition.
+
+A Gram squares X's condition number, so in float32 it resolves only directions with σ/σ_max above about
+√(rows·eps) ≈ 1 %. `GramFactor.unresolved` names the heads the fast route cannot give exactly (read from the
+eigenvalues it computes anyway); the caller recomputes those in float64 (`HeadProducts.exact`). The one rank cut
+that remains is RANK_RTOL, the same in every precision.
 """
 
 from __future__ import annotations
@@ -20,13 +25,17 @@ from torch import Tensor
 
 CHUNK_BYTES = 8 << 20  # large per-head temporaries are formed in pieces of about this size (see row_norms)
 SAFE = 8.0  # Cholesky where λ_min > SAFE x the rank tolerance: every direction resolved, with room for rounding
+RANK_RTOL = 1e-5  # directions with σ <= RANK_RTOL · σ_max count as zero, in every precision (λ <= 1e-10 λ_max)
+EXACT_MARGIN = 1e3  # the fast route is exact where λ_min > EXACT_MARGIN · √rows · eps · λ_max (see `unresolved`)
 
 
 class GramFactor:
     """The Gram matrices XᵀX of a batch of tall matrices X (n, rows, d), decomposed on first use.
 
-    Eigenvalues at or below `max(rows, d) * eps * λ_max` are below what the Gram resolves in its dtype
-    (numpy's matrix_rank rule, applied to λ = σ²): they count as zero in `evals`, `rank`, `root` and `whitener`.
+    Eigenvalues at or below `RANK_RTOL² · λ_max` (σ <= 1e-5 σ_max), or below what the Gram resolves in its dtype
+    (`max(rows, d) · eps · λ_max`, numpy's matrix_rank rule applied to λ = σ²), count as zero in `evals`, `rank`,
+    `root` and `whitener`. In float64 the first is the larger for rows < 4.5e5, so the cut is RANK_RTOL; in float32
+    the second is, but a head it cuts is `unresolved` and recomputed in float64 by the caller.
     Heads whose smallest eigenvalue is more than SAFE times that tolerance (and whose Cholesky factorisation
     succeeds) take R and Z from the Cholesky factor L (R = Lᵀ, Z = L⁻ᵀ, a few ms for a batch of 128 x 128);
     the others from a symmetric eigendecomposition (R = diag(σ) Uᵀ, Z = U diag(1/σ) on the resolved directions).
@@ -58,8 +67,23 @@ class GramFactor:
         return evals, L, safe, vecs.flip(-1)  # columns paired with the descending eigenvalues
 
     def _tol(self, evals: Tensor) -> Tensor:
-        """(n, 1): the smallest eigenvalue the Gram resolves, per head."""
-        return max(self.rows, self.gram.shape[-1]) * torch.finfo(evals.dtype).eps * evals[..., :1].clamp_min(0)
+        """(n, 1): the largest eigenvalue counted as zero, per head (the rank cut, or the Gram's resolution)."""
+        resolution = max(self.rows, self.gram.shape[-1]) * torch.finfo(evals.dtype).eps
+        return max(RANK_RTOL**2, resolution) * evals[..., :1].clamp_min(0)
+
+    @property
+    def unresolved(self) -> Tensor:
+        """(n,) heads this dtype's Gram cannot give to 1e-3 in every metric: λ_min <= EXACT_MARGIN · √rows · eps ·
+        λ_max (σ_min/σ_max below about 3-9 % in float32 for rows = 576-4096). Measured: the largest float32 error,
+        on heads whose σ span a decade or more, grows like √rows · eps / (λ_min/λ_max), reaching 1e-3 at about
+        130 · √rows · eps; the margin leaves a factor 8. Never in float64, whose Gram resolves every direction
+        above the cut (σ_min/σ_max > RANK_RTOL) to 1e-4 for rows up to 16384. Zero heads are not unresolved."""
+        if self.gram.dtype == torch.float64:
+            return torch.zeros(self.gram.shape[0], dtype=torch.bool, device=self.gram.device)
+        evals = self._spectrum[0]
+        top = evals[..., 0]
+        limit = EXACT_MARGIN * self.rows**0.5 * torch.finfo(evals.dtype).eps
+        return (top > 0) & (evals[..., -1] <= limit * top)
 
     @cached_property
     def evals(self) -> Tensor:
@@ -127,6 +151,10 @@ class _Indexed(GramFactor):
     @cached_property
     def whitener(self) -> Tensor:
         return self.parent.whitener[self.idx]
+
+    @property
+    def unresolved(self) -> Tensor:
+        return self.parent.unresolved[self.idx]
 
 
 def _inverse_lower(L: Tensor) -> Tensor:

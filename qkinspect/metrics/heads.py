@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,7 +19,7 @@ from torch import Tensor
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer
 from qkinspect.metrics import norms, ov, similarity, symmetry
-from qkinspect.metrics.factored import trace
+from qkinspect.metrics.factored import RANK_RTOL, trace
 from qkinspect.metrics.products import HeadProducts
 from qkinspect.metrics.spectrum import (
     descending_eigvals,
@@ -98,13 +99,64 @@ def check_spectra(keys: Iterable[str]) -> tuple[str, ...]:
     return keys
 
 
-def measure_products(p: HeadProducts, names: Iterable[str], spectra: Iterable[str] = ()
-                     ) -> tuple[dict[str, np.ndarray], dict[str, list[np.ndarray]]]:
-    """Metric values (name -> (n,) float64) and spectra (key -> one array per head) of prepared products.
+@dataclass(frozen=True)
+class Numerics:
+    """How the heads of one layer were computed: the numerical rank kept (σ > RANK_RTOL · σ_max) of W_Q, W_K,
+    W_V per head ("rank_q", "rank_k", "rank_v" -> (n,) int64), and the heads recomputed in float64 (n,) bool."""
 
-    Heads with non-finite weights get NaN everywhere (OV metrics also for a non-finite W_O). With "qk" spectra,
-    the eigenvalues "qk_eig" come along when an eigenvalue metric computed them anyway; likewise "ov_eig".
+    ranks: dict[str, np.ndarray]
+    recomputed: np.ndarray
+    widths: dict[str, int]
+
+    @property
+    def cut(self) -> np.ndarray:
+        """(n,) heads with some direction of W_Q, W_K or W_V dropped by the rank cut (zero factors excluded)."""
+        out = np.zeros(self.recomputed.shape, dtype=bool)
+        for name, r in self.ranks.items():
+            out |= (r > 0) & (r < self.widths[name])
+        return out
+
+
+def measure_products(p: HeadProducts, names: Iterable[str], spectra: Iterable[str] = ()
+                     ) -> tuple[dict[str, np.ndarray], dict[str, list[np.ndarray]], Numerics]:
+    """Metric values (name -> (n,) float64), spectra (key -> one array per head) and Numerics of prepared products.
+
+    Heads whose factors the products' precision cannot resolve (`HeadProducts.unresolved`: float32 Grams of
+    ill-conditioned factors) are measured again in float64 and their values, spectra and ranks replaced, so every
+    head gets its metric's value in either precision. Heads with non-finite weights get NaN everywhere (OV metrics
+    also for a non-finite W_O). With "qk" spectra, the eigenvalues "qk_eig" come along when an eigenvalue metric
+    computed them anyway; likewise "ov_eig".
     """
+    names = list(names)
+    redo = p.unresolved  # W_Q, W_K, W_V: from the eigenvalues of Grams every run decomposes
+    if p.n and bool(redo.all()):  # nothing for the fast route (a model as ill-conditioned as Gemma-3): skip it
+        exact = p.exact(redo)
+        values, out_spectra = _measure(exact, names, spectra)
+        ranks = {k: _numpy(v, torch.int64) for k, v in exact.ranks.items()}
+        return values, out_spectra, Numerics(ranks, _numpy(redo, torch.bool), _widths(p))
+    values, out_spectra = _measure(p, names, spectra)
+    ranks = {k: _numpy(v, torch.int64) for k, v in p.ranks.items()}
+    redo = p.unresolved  # again: W_O and [W_Q W_K] too, where the metrics decomposed them
+    if bool(redo.any()):
+        exact = p.exact(redo)
+        idx = redo.nonzero().squeeze(-1).tolist()
+        v64, s64 = _measure(exact, names, spectra)
+        for name, v in v64.items():
+            values[name][idx] = v
+        for key, per_head in s64.items():
+            for j, i in enumerate(idx):
+                out_spectra[key][i] = per_head[j].astype(out_spectra[key][i].dtype)
+        for name, r in exact.ranks.items():
+            ranks[name][idx] = _numpy(r, torch.int64)
+    return values, out_spectra, Numerics(ranks, _numpy(redo, torch.bool), _widths(p))
+
+
+def _widths(p: HeadProducts) -> dict[str, int]:
+    return {"rank_q": p.Q.shape[-1], "rank_k": p.K.shape[-1], "rank_v": p.V.shape[-1]}
+
+
+def _measure(p: HeadProducts, names: list[str], spectra: Iterable[str]
+             ) -> tuple[dict[str, np.ndarray], dict[str, list[np.ndarray]]]:
     values = {}
     for name in names:
         v = HEAD_METRICS[name](p)
@@ -123,8 +175,27 @@ def measure_products(p: HeadProducts, names: Iterable[str], spectra: Iterable[st
     return values, out_spectra
 
 
-def _numpy(t: Tensor) -> np.ndarray:
-    return t.detach().to("cpu", torch.float64).numpy()
+def _numpy(t: Tensor, dtype: torch.dtype = torch.float64) -> np.ndarray:
+    return t.detach().to("cpu", dtype).numpy()
+
+
+def numerics_warning(recomputed: int, cut: int, n: int, precision: str) -> str | None:
+    """The one line a result carries when heads were recomputed in float64 or directions cut (None otherwise).
+
+    Example:
+        >>> numerics_warning(3, 1, 144, "float32")
+        '3 of 144 heads recomputed in float64 (float32 Grams cannot resolve their smallest directions); 1 head has \
+directions of W_Q, W_K or W_V below the rank cut σ <= 1e-05 σ_max, dropped (rank_q, rank_k, rank_v say how many \
+were kept)'
+    """
+    parts = []
+    if recomputed:
+        parts.append(f"{recomputed} of {n} heads recomputed in float64 ({precision} Grams cannot resolve their "
+                     "smallest directions)")
+    if cut:
+        parts.append(f"{cut} head{' has' if cut == 1 else 's have'} directions of W_Q, W_K or W_V below the rank cut "
+                     f"σ <= {RANK_RTOL:g} σ_max, dropped (rank_q, rank_k, rank_v say how many were kept)")
+    return "; ".join(parts) or None
 
 
 def head_warnings(p: HeadProducts, where: str) -> list[str]:
@@ -147,9 +218,13 @@ def measure_heads(layer: AttentionLayer, names: Iterable[str], *, heads: Iterabl
     """Per-head metrics of one AttentionLayer (a convenience over HeadProducts + measure_products).
 
     Returns:
-        (values, spectra, warnings): values name -> (n,) numpy array over the selected heads in order.
+        (values, spectra, warnings): values name -> (n,) numpy array over the selected heads in order, with the
+        ranks kept ("rank_q", "rank_k", "rank_v") beside the metrics.
     """
     sel = None if heads is None else torch.as_tensor(list(heads), dtype=torch.int64)
     p = HeadProducts(layer, sel, dtype=dtype, device=device)
-    values, spec = measure_products(p, names, spectra)
-    return values, spec, head_warnings(p, f"{layer.block} layer {layer.layer}")
+    values, spec, num = measure_products(p, names, spectra)
+    values.update(num.ranks)
+    warnings = head_warnings(p, f"{layer.block} layer {layer.layer}")
+    line = numerics_warning(int(num.recomputed.sum()), int(num.cut.sum()), p.n, str(dtype).removeprefix("torch."))
+    return values, spec, warnings + ([line] if line else [])

@@ -46,6 +46,7 @@ class HeadProducts:
         self.spec, self.heads, self.dtype = s, sel, dtype
         self.grouped = bool(heads is None or torch.equal(sel, torch.arange(s.n_heads)))
         self.same_qk = _same_qk(layer)
+        self._layer = layer  # for `exact`: the stored tensors, not this precision's copies
         self._load(layer, device)
 
     def _load(self, layer: AttentionLayer, device: str | torch.device) -> None:
@@ -143,6 +144,26 @@ class HeadProducts:
         """||M||_F² = tr(W_QᵀW_Q · W_KᵀW_K) per head (n,), without forming M."""
         return tr_prod(self.fq.gram, self.fk.gram)
 
+    # -- numerics: which heads this precision resolves, and the ranks kept -----------------------------------
+    @property
+    def unresolved(self) -> Tensor:
+        """(n,) finite heads that the Grams of this dtype cannot resolve (`GramFactor.unresolved`): W_Q, its KV
+        head's W_K or W_V, and W_O and the joint [W_Q W_K] where a metric decomposed them. Ask after the metrics."""
+        out = self.fq.unresolved | self.fk.unresolved | self.fv.unresolved
+        for name in ("fo", "f_joint"):
+            if name in vars(self):  # cached_property stores in the instance: only the factors a metric used
+                out = out | vars(self)[name].unresolved
+        return out & ~self.bad
+
+    @property
+    def ranks(self) -> dict[str, Tensor]:
+        """Numerical rank kept (σ > RANK_RTOL · σ_max) of W_Q, W_K, W_V per query head, (n,) each."""
+        return {"rank_q": self.fq.rank, "rank_k": self.fk.rank, "rank_v": self.fv.rank}
+
+    def exact(self, mask: Tensor) -> HeadProducts:
+        """The heads in `mask` (n,) again, from the stored tensors, in float64 (whose Gram resolves them)."""
+        return HeadProducts(self._layer, self.heads[mask.cpu()], dtype=torch.float64, device=self.device)
+
     # -- cross products (n, e, d) -------------------------------------------------------------------------
     @cached_property
     def c_qk(self) -> Tensor:
@@ -185,12 +206,17 @@ class HeadProducts:
         entries, not from ||M||² − ⟨M, Mᵀ⟩, so it keeps its accuracy when M is nearly symmetric.
         """
         d = self.Q.shape[-1]
-        C = self.c_qk  # W_Kᵀ W_Q (n, d, d)
-        joint = torch.cat([torch.cat([self.fq.gram, C.mT], -1), torch.cat([C, self.fk.gram], -1)], -2)  # (n, 2d, 2d)
-        R = GramFactor(joint, rows=self.Q.shape[-2]).root  # (n, 2d, 2d)
+        R = self.f_joint.root  # (n, 2d, 2d)
         P = R[..., :d] @ R[..., d:].mT  # (n, 2d, d) @ (n, d, 2d): M in the basis U
         skew2 = ((P - P.mT) / 2).square().sum((-2, -1))
         return eigvalsh((P + P.mT) / 2), skew2
+
+    @cached_property
+    def f_joint(self) -> GramFactor:
+        """Factors of [W_Q W_K] (n, D, 2d): its Gram [[W_QᵀW_Q, W_QᵀW_K], [W_KᵀW_Q, W_KᵀW_K]] (n, 2d, 2d)."""
+        C = self.c_qk  # W_Kᵀ W_Q (n, d, d)
+        joint = torch.cat([torch.cat([self.fq.gram, C.mT], -1), torch.cat([C, self.fk.gram], -1)], -2)
+        return GramFactor(joint, rows=self.Q.shape[-2])
 
     @cached_property
     def row_col_norms(self) -> tuple[Tensor, Tensor]:

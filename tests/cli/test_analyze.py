@@ -34,7 +34,8 @@ def test_csv_tidy_row_per_head(cli, tiny_bert):
     r = cli("analyze", tiny_bert, "-f", "csv", "--metrics", "symmetry,overlap_qk", "--heads", "1-2")
     assert r.exit_code == 0, r.stderr
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
-    assert list(rows[0]) == ["model", "block", "layer", "head", "kv_head", "symmetry", "overlap_qk"]
+    assert list(rows[0]) == ["model", "block", "layer", "head", "kv_head", "rank_q", "rank_k", "rank_v", "symmetry",
+                             "overlap_qk"]
     assert [(x["layer"], x["head"]) for x in rows] == [("0", "1"), ("0", "2"), ("1", "1"), ("1", "2")]
     lib = {(h.layer, h.head): h.values["symmetry"] for h in qkinspect.analyze(str(tiny_bert)).heads}
     assert all(float(x["symmetry"]) == pytest.approx(lib[(int(x["layer"]), int(x["head"]))]) for x in rows)
@@ -73,7 +74,8 @@ def test_options_reach_the_library(cli, tiny_bert):
                   "--layers", "1", "--metrics", "symmetry"))
     p = d["processing"]
     assert (p["fold_ln"], p["precision"], p["layers"]) == (True, "float64", [1])
-    assert {k for h in d["heads"] for k in h} == {"block", "layer", "head", "kv_head", "symmetry"}
+    assert {k for h in d["heads"] for k in h} == {"block", "layer", "head", "kv_head", "rank_q", "rank_k", "rank_v",
+                                                  "symmetry"}
     lib = qkinspect.analyze(str(tiny_bert), layers=[1], metrics=["symmetry"], fold_ln=True, precision="float64")
     assert [h["symmetry"] for h in d["heads"]] == pytest.approx([h.values["symmetry"] for h in lib.heads])
 

@@ -241,5 +241,5 @@ def test_the_api_is_visible_and_to_pandas_has_the_csv_columns(minilm):
     assert {"analyze", "load"} <= set(dir(qkinspect))
     pytest.importorskip("pandas")
     df = qkinspect.analyze(minilm, layers=[0], metrics=["symmetry"]).to_pandas()
-    assert list(df.columns) == ["model", "block", "layer", "head", "kv_head", "symmetry"]
+    assert list(df.columns) == ["model", "block", "layer", "head", "kv_head", "rank_q", "rank_k", "rank_v", "symmetry"]
     assert set(df["model"]) == {qkinspect.analyze(minilm, layers=[0], metrics=["symmetry"]).model.name}
