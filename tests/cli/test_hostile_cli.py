@@ -79,7 +79,7 @@ def test_empty_selection_names_the_model(cli, tiny_bert, monkeypatch):
 
     monkeypatch.setattr(qkinspect, "analyze", nothing)
     line = one_error_line(cli("analyze", tiny_bert, "--layers", "1", "--heads", "2"))
-    assert line == f"error: {tiny_bert}: the selection (--layers 1 --heads 2) matched no heads of this model"
+    assert line == f"error: {tiny_bert.name}: the selection (--layers 1 --heads 2) matched no heads of this model"
 
 
 # -- class 4: a reader that closes the pipe early -----------------------------------------------------------

@@ -68,7 +68,7 @@ def test_other_options_are_other_results(swept, tiny_run, cluster, cli, tmp_path
             "symmetry", "--layers", "1", "-f", "csv")
     assert r.exit_code == 0, r.stderr
     assert "2 computed, 0 already in" in r.stderr
-    assert r.stdout.splitlines()[0] == "checkpoint,step,block,layer,head,kv_head,symmetry"
+    assert r.stdout.splitlines()[0] == "checkpoint,step,block,layer,head,kv_head,rank_q,rank_k,rank_v,symmetry"
     assert len(list((out / "results").glob("*.json"))) == 8
 
 
@@ -167,8 +167,9 @@ def test_trajectory_figure_of_the_sweep(swept, cli, tmp_path):
     assert png_size(tmp_path / "t.png")[0] == 1400 and ink_fraction(tmp_path / "t.png") > 0.02
     r = cli("plot", out, "--kind", "trajectory", "--metric", "cka_qv", "-o", tmp_path / "u.png")
     assert r.exit_code == 2
-    assert r.stderr.strip() == ("error: --metric cka_qv: the sweep did not compute it; it has symmetry, "
-                                "directionality, qk_effective_rank, overlap_qk, overlap_qv, overlap_kv")
+    assert r.stderr.strip() == ("error: --metric cka_qv: the sweep did not compute it; it has rank_q, rank_k, "
+                                "rank_v, symmetry, directionality, qk_effective_rank, overlap_qk, "
+                                "overlap_qv, overlap_kv")
     r = cli("plot", tmp_path, "--kind", "trajectory", "-o", tmp_path / "v.png")
     assert r.exit_code == 2 and "not a sweep folder" in r.stderr
 
