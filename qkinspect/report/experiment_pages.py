@@ -4,6 +4,7 @@ and whether the weight metric predicts the cost; then the cheapest and costliest
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,11 @@ CAPTION = ("Top: Δloss (the edited model's loss minus the unedited one's) of ev
            "right (when several rank:K edits were run): the mean Δloss against K.")
 
 
+def dfmt(x: float | None) -> str:
+    """A loss difference to 3 significant digits: an edit's Δloss is often far below the report's 3 decimals."""
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.3g}"
+
+
 def _scope_words(c: es.EditCost) -> str:
     if c.scope == "model":
         return "edited in all the chosen heads at once"
@@ -31,7 +37,7 @@ def _scope_words(c: es.EditCost) -> str:
 def _cost_line(c: es.EditCost) -> str:
     ratio = ("" if c.ratio is None or c.edit == "ablate"
              else f"; {fmt(c.ratio)} times what removing the same heads costs")
-    return f"{c.edit}: Δloss {fmt(c.dloss)}, {_scope_words(c)}{ratio}."
+    return f"{c.edit}: Δloss {dfmt(c.dloss)}, {_scope_words(c)}{ratio}."
 
 
 def _head(h: es.HeadCost) -> str:
@@ -65,12 +71,12 @@ def _share_words(pages: TextPages, heads: list[es.HeadCost]) -> None:
     pages.heading("Which heads could share one matrix for queries and keys almost for free?", size=10.5)
     free = es.free_heads(heads)
     if any(h.ratio is not None for h in heads):
-        names = ", ".join(f"{_head(h)} (Δloss {fmt(h.dloss)})" for h in free[:LISTED])
+        names = ", ".join(f"{_head(h)} (Δloss {dfmt(h.dloss)})" for h in free[:LISTED])
         more = f" and {len(free) - LISTED} more" if len(free) > LISTED else ""
         pages.paragraph(f"{len(free)} of {len(heads)} heads: share_qk costs them at most "
                         f"{es.FREE_RATIO:g} of what removing the head costs{': ' + names + more if free else ''}.")
-    cheap = ", ".join(f"{_head(h)} ({fmt(h.dloss)})" for h in heads[:LISTED])
-    pages.paragraph(f"Smallest share_qk Δloss: {cheap}. Largest: {_head(heads[-1])} ({fmt(heads[-1].dloss)}).")
+    cheap = ", ".join(f"{_head(h)} ({dfmt(h.dloss)})" for h in heads[:LISTED])
+    pages.paragraph(f"Smallest share_qk Δloss: {cheap}. Largest: {_head(heads[-1])} ({dfmt(heads[-1].dloss)}).")
 
 
 def head_table(doc: dict[str, Any], edit: str = es.SHARE) -> Table | None:
@@ -79,8 +85,9 @@ def head_table(doc: dict[str, Any], edit: str = es.SHARE) -> Table | None:
     if not heads:
         return None
     shown = heads if len(heads) <= 2 * LISTED else heads[:LISTED] + heads[-LISTED:]
-    rows = [[_head(h), fmt(h.dloss), fmt(h.ratio), fmt(h.predicted)] for h in shown]
+    rows = [[_head(h), dfmt(h.dloss), fmt(h.ratio), fmt(h.predicted)] for h in shown]
     if len(shown) < len(heads):
         rows.insert(LISTED, ["…", "", "", ""])
-    title = f"{edit}: the {min(LISTED, len(heads))} cheapest and costliest heads (of {len(heads)}), by Δloss"
+    title = (f"{edit}: the {LISTED} cheapest and the {LISTED} costliest of {len(heads)} heads, by Δloss"
+             if len(shown) < len(heads) else f"{edit}: all {len(heads)} heads, cheapest first")
     return Table(title, ["head", "Δloss", "ratio to ablate", "predicted"], rows)
