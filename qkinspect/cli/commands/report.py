@@ -54,8 +54,7 @@ def register(app: typer.Typer) -> None:
         Example (a sweep's folder: what was swept, then each metric against training step): qkinspect report
         sweep/ -o sweep.pdf
 
-        Example (with what editing the heads cost): qkinspect experiment ./my-bert --edit share_qk --format json
-        -o runs.json, then qkinspect report ./my-bert --experiment runs.json -o report.pdf
+        Example (with an experiment's runs.json): qkinspect report ./my-bert --experiment runs.json -o report.pdf
         """
         output = check_report_path(output, html=html)
         is_sweep = model is not None and (Path(model) / "sweep.json").is_file()
