@@ -75,6 +75,9 @@ def _share_words(pages: TextPages, heads: list[es.HeadCost]) -> None:
         more = f" and {len(free) - LISTED} more" if len(free) > LISTED else ""
         pages.paragraph(f"{len(free)} of {len(heads)} heads: share_qk costs them at most "
                         f"{es.FREE_RATIO:g} of what removing the head costs{': ' + names + more if free else ''}.")
+    else:
+        pages.paragraph("The runs hold no ablation of the same heads (they were run with --no-reference), so "
+                        "nothing says which costs are small against removing a head; the smallest are:")
     cheap = ", ".join(f"{_head(h)} ({dfmt(h.dloss)})" for h in heads[:LISTED])
     pages.paragraph(f"Smallest share_qk Δloss: {cheap}. Largest: {_head(heads[-1])} ({dfmt(heads[-1].dloss)}).")
 

@@ -100,6 +100,22 @@ def test_model_scope_cost_and_its_ratio(tmp_path):
     assert "Does the weight metric predict the cost?" not in text  # one run: no ρ to give
 
 
+def test_without_reference_runs(setup, tmp_path):
+    _, model, _, _, _ = setup
+    runs = tmp_path / "runs.json"
+    r = cli("experiment", model, "--edit", "share_qk", "--layers", "2", "--no-reference", *SMALL, "-o", runs)
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(runs.read_text())
+    out = tmp_path / "r.pdf"
+    r = cli("report", model, "--experiment", runs, "-o", out)
+    assert r.exit_code == 0, r.stderr
+    text = words("\n".join(p.extract_text() for p in PdfReader(out).pages))
+    total = sum(x["dloss"] for x in doc["runs"])
+    assert f"share_qk: Δloss {dfmt(total)}, summed over 4 runs, one head edited at a time" in text
+    assert "times what removing" not in text and "heads: share_qk costs them at most" not in text
+    assert "The runs hold no ablation of the same heads" in text
+
+
 @pytest.mark.parametrize("case", ["other model", "html", "not an experiment", "missing"])
 def test_refusals(setup, tmp_path, case):
     root, model, runs, _, _ = setup
