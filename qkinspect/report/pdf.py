@@ -50,9 +50,12 @@ def plan_figures(result: AnalysisResult) -> list[FigurePlan]:
     return plans
 
 
-def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: dt.datetime | None = None) -> int:
+def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
+              experiment: tuple[dict, Path] | None = None) -> int:
     """Write the report to `target` (a path or a binary file); returns the number of pages.
-    The caller makes the write atomic (the CLI writes a temporary file and renames it).
+    The caller makes the write atomic (the CLI writes a temporary file and renames it). `experiment`, the
+    document `qkinspect experiment` wrote (report.experiment.read_experiment) and its path, adds the experiment
+    section after the summary: its words, its figure and the cheapest and costliest heads.
 
     Raises:
         InputError: the analysis holds no head records.
@@ -67,6 +70,8 @@ def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: d
         text.cover(pages, result, date)
         pages.new_page()
         text.summary_page(pages, result, summary(result))
+        if experiment is not None:
+            _experiment(pages, *experiment)
         pages.new_page()
         text.definitions(pages, result)
         skipped = _figures(pages, result)
@@ -93,6 +98,28 @@ def _figures(pages: TextPages, result: AnalysisResult) -> list[str]:
         _caption(slot["caption"], plan.caption)
         pages.add_page(page)
     return skipped
+
+
+def _experiment(pages: TextPages, doc: dict, path: Path) -> None:
+    """The experiment section: its words, its figure (when it has one to draw) and its head tables."""
+    from qkinspect.report import experiment_pages
+    from qkinspect.report.experiment import experiment_figure
+
+    pages.new_page()
+    experiment_pages.experiment_section(pages, doc, path)
+    pages.flush()
+    page = Figure(figsize=PAGE, layout="constrained")
+    slot: dict = {}
+    try:
+        experiment_figure(doc, canvas=_page_canvas(page, slot))
+    except InputError as e:
+        pages.paragraph(f"No experiment figure: {e}.")
+    else:
+        _caption(slot["caption"], experiment_pages.CAPTION)
+        pages.add_page(page)
+    for e in experiment_pages.es.edits(doc):
+        if e != "ablate" and (t := experiment_pages.head_table(doc, e)) is not None:
+            pages.table(t)
 
 
 def _page_canvas(page: Figure, slot: dict):

@@ -33,6 +33,10 @@ HtmlOpt = Annotated[bool, typer.Option("--html", help="Write one self-contained 
                                                       "instead of a PDF.")]
 LayerFormOpt = Annotated[bool, typer.Option(
     "--layer-form", help="Also measure each layer's summed form Σ_h W_Q W_Kᵀ (costs O(d_model³) per layer).")]
+ExperimentOpt = Annotated[Path | None, typer.Option(
+    "--experiment", metavar="RUNS.json", help="Add an experiment section: the JSON `qkinspect experiment MODEL "
+    "--format json -o RUNS.json` wrote for this same model (what sharing one matrix for queries and keys costs, "
+    "which heads share it almost for free, whether the weight metric predicts it). PDF only.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -41,7 +45,7 @@ def register(app: typer.Typer) -> None:
         model: ModelArg = None, output: ReportOut = None, layers: LayersOpt = None, block: BlockOpt = None,
         fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False, layer_form: LayerFormOpt = False,
         precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
-        html: HtmlOpt = False,
+        html: HtmlOpt = False, experiment: ExperimentOpt = None,
     ) -> None:
         """Write a PDF report: the model's identity, a one-page summary in plain words, the definitions, every
         figure with a caption and per-layer tables; its text is searchable. --html writes the same as one web page.
@@ -50,9 +54,13 @@ def register(app: typer.Typer) -> None:
 
         Example (a sweep's folder: what was swept, then each metric against training step): qkinspect report
         sweep/ -o sweep.pdf
+
+        Example (with an experiment's runs.json): qkinspect report ./my-bert --experiment runs.json -o report.pdf
         """
         output = check_report_path(output, html=html)
-        if model is not None and (Path(model) / "sweep.json").is_file():  # a sweep's folder (qkinspect sweep --out)
+        is_sweep = model is not None and (Path(model) / "sweep.json").is_file()
+        runs = read_runs(experiment, html=html, sweep=is_sweep)
+        if is_sweep:  # a sweep's folder (qkinspect sweep --out)
             n = write_sweep_report(Path(model), output, html=html)
             note(f"wrote a {n}-page sweep report to {output}")
             return
@@ -62,7 +70,7 @@ def register(app: typer.Typer) -> None:
             write_html_report(model, output, sel, layer_form=layer_form, revision=revision)
             note(f"wrote an HTML report to {output}")
             return
-        n = write_report(model, output, sel, layer_form=layer_form, revision=revision)
+        n = write_report(model, output, sel, layer_form=layer_form, revision=revision, experiment=runs)
         note(f"wrote {'an' if str(n)[0] == '8' or n in (11, 18) else 'a'} {n}-page report to {output}")
 
 
@@ -78,9 +86,22 @@ def check_report_path(output: Path | None, html: bool = False) -> Path:
     return output
 
 
+def read_runs(path: Path | None, *, html: bool = False, sweep: bool = False) -> tuple[dict, Path] | None:
+    """The --experiment document and its path (None without --experiment); InputError where it cannot go."""
+    if path is None:
+        return None
+    if html or sweep:
+        raise InputError(f"--experiment {path}: the experiment section is in a model's PDF report only"
+                         + ("; leave out --html" if html else ", not a sweep's"))
+    from qkinspect.report.experiment import read_experiment
+
+    return read_experiment(path), path
+
+
 def write_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
-                 revision: str | None = None) -> int:
-    """Analyse `model` and write the PDF report atomically to `output`; returns the number of pages.
+                 revision: str | None = None, experiment: tuple[dict, Path] | None = None) -> int:
+    """Analyse `model` and write the PDF report atomically to `output`; returns the number of pages. `experiment`
+    (read_runs) adds the experiment section; InputError when it was run on another model.
 
     Example:
         >>> write_report(None, Path("report.pdf"), Selection.parse(metrics=["default", "head_overlap"]))
@@ -90,8 +111,13 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
     from qkinspect.report.pdf import write_pdf
 
     result = run_analysis(model, selection, revision=revision, layer_form=layer_form)
+    if experiment is not None:
+        from qkinspect.records import model_dict
+        from qkinspect.report.experiment_summary import check_same_model
+
+        check_same_model(experiment[0], model_dict(result.model), experiment[1])
     pages: list[int] = []
-    atomic_write_file(output, lambda tmp: pages.append(write_pdf(result, tmp)))
+    atomic_write_file(output, lambda tmp: pages.append(write_pdf(result, tmp, experiment=experiment)))
     return pages[0]
 
 
