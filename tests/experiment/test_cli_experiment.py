@@ -55,6 +55,18 @@ def test_csv_rows_and_table(llama, tmp_path):
     assert "baseline" in r.stdout and "ablate" in r.stdout and "Δloss" in r.stdout
 
 
+def test_table_fits_80_columns_without_cutting(llama, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    r = cli(llama, "--edit", "share_qk,share_qkv,rank:4", "--layers", "0", "--heads", "0-1", *SMALL,
+            "--format", "table")
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "…" not in r.stdout, r.stdout
+    table = [ln for ln in lines if ln.startswith(("share_qk", "share_qkv", "rank:4", "ablate"))]
+    assert len(table) == 8 and all(len(ln) <= 80 for ln in table), r.stdout
+    assert any(ln.startswith("columns: Δ/Δabl=") for ln in lines)
+
+
 @pytest.mark.parametrize("args,message", [
     (("--edit", "share_kq"), "unknown edit 'share_kq'"),
     (("--edit", "rank:x"), "rank takes a whole number"),

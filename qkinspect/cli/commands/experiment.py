@@ -107,20 +107,30 @@ def _fmt(v: Any, spec: str = ".4f") -> str:
 
 
 def _render(console, result, rows: list[dict[str, Any]]) -> None:
-    from rich.table import Table
+    from rich.text import Text
 
+    from qkinspect.cli.tables import Column, fit_tables
     from qkinspect.experiment.measure import MEASURES
 
-    console.print(f"[bold]{result.model.name}[/bold]  {MEASURES[result.measure]} on {result.text}: "
-                  f"{result.tokens} tokens ({result.windows} × {result.window}), baseline {result.baseline:.4f}",
+    baseline = 0.0 if abs(result.baseline) < 5e-5 else result.baseline  # no "-0.0000" for a drift of ~0
+    console.print(Text(result.model.name, style="bold") + Text(
+        f"  {MEASURES[result.measure]} on {result.text}: {result.tokens} tokens ({result.windows} × "
+        f"{result.window}), baseline {baseline:.4f}"), soft_wrap=True)
+    cells = {"edit": [r["edit"] for r in rows], "scope": [r["scope"] for r in rows],
+             "layer": [_fmt(r["layer"], "d") for r in rows], "head": [_fmt(r["head"], "d") for r in rows],
+             "loss": [_fmt(r["loss"]) for r in rows], "Δloss": [_fmt(r["dloss"], "+.4f") for r in rows],
+             "Δ/Δabl": [_fmt(r["dloss_ratio_ablate"], ".2f") for r in rows],
+             "pred": [_fmt(r["predicted"], ".3f") for r in rows]}
+    if any(r["offset0_only"] for r in rows):
+        cells["off0"] = ["yes" if r["offset0_only"] else "" for r in rows]
+    if all(r["head"] is None for r in rows):
+        del cells["head"]
+    labels = [Column(k, cells.pop(k), left=k in ("edit", "scope")) for k in ("edit", "scope", "layer", "head")
+              if k in cells]
+    for t in fit_tables(labels, [Column(k, v) for k, v in cells.items()], width=console.width):
+        console.print(t)
+    console.print("columns: Δ/Δabl=Δloss / Δloss(ablate) of the same heads, pred=weight-space prediction"
+                  + (", off0=exact at offset 0 only (rotary)" if "off0" in cells else ""),
                   highlight=False, soft_wrap=True)
-    t = Table(show_edge=False, header_style="bold")
-    for col in ("edit", "scope", "layer", "head", "loss", "Δloss", "Δ/Δablate", "predicted", "offset-0"):
-        t.add_column(col, justify="left" if col in ("edit", "scope") else "right")
-    for r in rows:
-        t.add_row(r["edit"], r["scope"], _fmt(r["layer"], "d"), _fmt(r["head"], "d"), _fmt(r["loss"]),
-                  _fmt(r["dloss"], "+.4f"), _fmt(r["dloss_ratio_ablate"], ".2f"), _fmt(r["predicted"], ".3f"),
-                  "yes" if r["offset0_only"] else "")
-    console.print(t)
     for name, what in result.predictors.items():
         console.print(f"predicted for {name}: {what}", highlight=False, soft_wrap=True)
