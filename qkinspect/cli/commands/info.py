@@ -62,7 +62,9 @@ def _render(console, info, rows: list[dict[str, Any]]) -> None:
 
     console.print(Text(info.name, style="bold") + Text(f"  {info.model_type}"
                                                        + (f" ({info.architecture})" if info.architecture else "")))
-    console.print(f"source: {info.source}  format: {info.format}  dtype: {info.dtype or '?'}  "
+    # The path on a line of its own, never wrapped by us: how long it is depends on where the model lives.
+    console.print(f"source: {info.source}", highlight=False, markup=False, soft_wrap=True)
+    console.print(f"format: {info.format}  dtype: {info.dtype or '?'}  "
                   f"attention weights: {human_bytes(info.attention_bytes)}", highlight=False, markup=False)
     if info.quantization:
         console.print(f"quantized: {info.quantization} (dequantized on read)", highlight=False, markup=False)
