@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +20,7 @@ from torch import Tensor
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer
 from qkinspect.metrics import norms, ov, similarity, symmetry
-from qkinspect.metrics.factored import RANK_RTOL, trace
+from qkinspect.metrics.factored import RANK_RTOL, GramFactor, trace
 from qkinspect.metrics.products import HeadProducts
 from qkinspect.metrics.spectrum import (
     descending_eigvals,
@@ -128,6 +129,7 @@ def measure_products(p: HeadProducts, names: Iterable[str], spectra: Iterable[st
     computed them anyway; likewise "ov_eig".
     """
     names = list(names)
+    _decompose_meanwhile(p, names)
     redo = p.unresolved  # W_Q, W_K, W_V: from the eigenvalues of Grams every run decomposes
     if p.n and bool(redo.all()):  # nothing for the fast route (a model as ill-conditioned as Gemma-3): skip it
         exact = p.exact(redo)
@@ -149,6 +151,49 @@ def measure_products(p: HeadProducts, names: Iterable[str], spectra: Iterable[st
         for name, r in exact.ranks.items():
             ranks[name][idx] = _numpy(r, torch.int64)
     return values, out_spectra, Numerics(ranks, _numpy(redo, torch.bool), _widths(p))
+
+
+_CROSS = {  # cross product -> the metrics that read it
+    "c_qk": {"symmetry", "overlap_qk", "cosine_qk", "cka_qk", "qk_eig_pos_frac", "qk_eig_real_ratio",
+             "shared_qk_distance"},
+    "c_qv": {"overlap_qv", "cosine_qv", "cka_qv"},
+    "c_kv": {"overlap_kv", "cosine_kv", "cka_kv"},
+}
+_WHITENED = {"fq": {"overlap_qk", "overlap_qv"}, "fk_all": {"overlap_qk", "overlap_kv"},
+             "fv_all": {"overlap_qv", "overlap_kv"}}  # factor -> the metrics that read its whitener
+_BACKGROUND: list[ThreadPoolExecutor] = []
+
+
+def _decompose_meanwhile(p: HeadProducts, names: list[str]) -> None:
+    """Form the Grams and the cross products the metrics read (GEMMs, on torch's threads) while one background
+    thread decomposes each Gram as soon as it exists (eigenvalues, Cholesky factor, and the whitener where an
+    overlap reads it: LAPACK, one thread per chunk of heads, `factored.threaded`), so the two overlap instead of
+    following each other. Every run needs the eigenvalues of the three Grams (`unresolved`, ranks), so nothing
+    is computed that the metrics would not ask for; the values are those of the sequential order (same routines
+    on the same inputs). CPU runs with two or more torch threads only."""
+    threads = torch.get_num_threads()
+    if p.device.type != "cpu" or p.n == 0 or threads < 2:
+        return
+    wanted = set(names)
+    if not _BACKGROUND:
+        _BACKGROUND.append(ThreadPoolExecutor(1, thread_name_prefix="qkinspect-decompose"))
+    jobs = []
+    for name in ("fq", "fv_all") if p.same_qk else ("fq", "fk_all", "fv_all"):
+        f = getattr(p, name)  # its Gram: a GEMM here
+        jobs.append(_BACKGROUND[0].submit(_decompose, f, bool(_WHITENED[name] & wanted), threads))
+    for name, readers in _CROSS.items():
+        if readers & wanted and (p.square or name == "c_kv"):
+            getattr(p, name)  # a GEMM here, while the Grams are decomposed
+    for job in jobs:
+        job.result()
+
+
+def _decompose(f: GramFactor, whiten: bool, threads: int) -> None:
+    if torch.get_num_threads() != threads:  # this thread's count as the caller's: `threaded` splits by it
+        torch.set_num_threads(threads)
+    f.evals  # noqa: B018 (a cached property: computed here)
+    if whiten:
+        f.whitener  # noqa: B018
 
 
 def _widths(p: HeadProducts) -> dict[str, int]:
