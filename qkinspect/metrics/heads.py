@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -161,7 +162,15 @@ _CROSS = {  # cross product -> the metrics that read it
 }
 _WHITENED = {"fq": {"overlap_qk", "overlap_qv"}, "fk_all": {"overlap_qk", "overlap_kv"},
              "fv_all": {"overlap_qv", "overlap_kv"}}  # factor -> the metrics that read its whitener
-_BACKGROUND: list[ThreadPoolExecutor] = []
+_BACKGROUND: dict[int, ThreadPoolExecutor] = {}  # process id -> its thread (a forked child starts its own)
+
+
+def _background() -> ThreadPoolExecutor:
+    pid = os.getpid()
+    if pid not in _BACKGROUND:
+        _BACKGROUND.clear()
+        _BACKGROUND[pid] = ThreadPoolExecutor(1, thread_name_prefix="qkinspect-decompose")
+    return _BACKGROUND[pid]
 
 
 def _decompose_meanwhile(p: HeadProducts, names: list[str]) -> None:
@@ -175,12 +184,11 @@ def _decompose_meanwhile(p: HeadProducts, names: list[str]) -> None:
     if p.device.type != "cpu" or p.n == 0 or threads < 2:
         return
     wanted = set(names)
-    if not _BACKGROUND:
-        _BACKGROUND.append(ThreadPoolExecutor(1, thread_name_prefix="qkinspect-decompose"))
+    background = _background()
     jobs = []
     for name in ("fq", "fv_all") if p.same_qk else ("fq", "fk_all", "fv_all"):
         f = getattr(p, name)  # its Gram: a GEMM here
-        jobs.append(_BACKGROUND[0].submit(_decompose, f, bool(_WHITENED[name] & wanted), threads))
+        jobs.append(background.submit(_decompose, f, bool(_WHITENED[name] & wanted), threads))
     for name, readers in _CROSS.items():
         if readers & wanted and (p.square or name == "c_kv"):
             getattr(p, name)  # a GEMM here, while the Grams are decomposed
