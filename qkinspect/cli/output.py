@@ -6,7 +6,7 @@ A command builds a `Document` (a JSON-ready dict, tidy rows, and a rich renderin
   `.csv`, `.txt` for the table); without either, a terminal gets a table and a pipe gets JSON.
 - Results go to stdout or the file and nowhere else; notes, warnings and progress bars go to stderr.
 - Files are written atomically (a temporary file in the same folder, then `os.replace`), links are written through
-  and FIFOs, devices and `-o -` straight to (`qkinspect.cli.files`), so an interrupted run never leaves a partial
+  and FIFOs, devices and `-o -` straight to (`qkinspect.files`), so an interrupted run never leaves a partial
   file. `check_writable` lets a command fail before a long computation.
 - A reader that closes the pipe early (`| head`) ends the command quietly (see `qkinspect.cli.app`).
 
@@ -33,8 +33,8 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
-from qkinspect.cli.files import STDOUT, atomic_write, check_writable
 from qkinspect.errors import InputError, OutputError
+from qkinspect.files import STDOUT, atomic_write, check_writable
 
 FORMATS = ("table", "json", "ndjson", "csv")
 EXTENSIONS = {".json": "json", ".ndjson": "ndjson", ".jsonl": "ndjson", ".csv": "csv", ".txt": "table"}

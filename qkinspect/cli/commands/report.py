@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from qkinspect.cli.files import atomic_write, atomic_write_file, check_writable
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -23,6 +22,7 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import note
 from qkinspect.errors import InputError
+from qkinspect.files import atomic_write, atomic_write_file, check_writable
 
 # The report shows every default metric and the head-by-head overlap figure.
 REPORT_METRICS = ("default", "shared_qk_distance", "head_overlap")
@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
         runs = read_runs(experiment, html=html, sweep=is_sweep)
         if is_sweep:  # a sweep's folder (qkinspect sweep --out)
             n = write_sweep_report(Path(model), output, html=html)
-            note(f"wrote a {n}-page sweep report to {output}")
+            note(f"wrote {pages(n)} sweep report to {output}")
             return
         sel = Selection.parse(layers=layers, blocks=block, metrics=list(REPORT_METRICS), precision=precision,
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
             note(f"wrote an HTML report to {output}")
             return
         n = write_report(model, output, sel, layer_form=layer_form, revision=revision, experiment=runs)
-        note(f"wrote {'an' if str(n)[0] == '8' or n in (11, 18) else 'a'} {n}-page report to {output}")
+        note(f"wrote {pages(n)} report to {output}")
 
 
 def check_report_path(output: Path | None, html: bool = False) -> Path:
@@ -145,3 +145,13 @@ def write_html_report(model: str | None, output: Path, selection: Selection, *, 
     result = run_analysis(model, selection, revision=revision, layer_form=layer_form)
     page = render_html(result)
     atomic_write(output, lambda f: f.write(page))
+
+
+def pages(n: int) -> str:
+    """'a 5-page', 'an 8-page', 'an 11-page', 'a 110-page': the article goes by how the number is said. It starts
+    with a vowel sound when it begins "eight…" (8, 8x, 8xx, 8,xxx …) or "eleven"/"eighteen" (11, 18, 11,xxx,
+    18,xxx …: the leading group of digits is 11 or 18)."""
+    s = str(n)
+    lead = s[: len(s) % 3 or 3]  # the leading group of thousands: 11 in 11000, 110 in 110000
+    vowel = s[0] == "8" or lead in ("11", "18")
+    return f"{'an' if vowel else 'a'} {n}-page"
