@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
         runs = read_runs(experiment, html=html, sweep=is_sweep)
         if is_sweep:  # a sweep's folder (qkinspect sweep --out)
             n = write_sweep_report(Path(model), output, html=html)
-            note(f"wrote {pages(n)} sweep report to {output}")
+            note(f"wrote an HTML sweep report to {output}" if html else f"wrote {pages(n)} sweep report to {output}")
             return
         sel = Selection.parse(layers=layers, blocks=block, metrics=list(REPORT_METRICS), precision=precision,
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
@@ -122,15 +122,20 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
 
 
 def write_sweep_report(folder: Path, output: Path, *, html: bool = False) -> int:
-    """The report of a sweep folder, written atomically as a PDF; returns the number of pages."""
+    """The report of a sweep folder, written atomically as a PDF (returns the number of pages) or, with `html`,
+    as one HTML page (returns 1)."""
     from qkinspect.report.sweep_pdf import write_sweep_pdf
     from qkinspect.sweep import read_sweep
 
-    if html:
-        raise InputError(f"{folder}: a sweep's report is a PDF; leave out --html")
     sweep = read_sweep(folder)
     if not sweep.results:
         raise InputError(f"{folder}: the sweep has no results yet")
+    if html:
+        from qkinspect.report.html import render_sweep_html
+
+        page = render_sweep_html(sweep)
+        atomic_write(output, lambda f: f.write(page))
+        return 1
     pages: list[int] = []
     atomic_write_file(output, lambda tmp: pages.append(write_sweep_pdf(sweep, tmp)))
     return pages[0]
