@@ -88,3 +88,30 @@ def roberta(folder: Path, seed: int = 0) -> Path:
     config = RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
                            vocab_size=len(VOCAB), max_position_embeddings=66, pad_token_id=0)
     return _save(RobertaForMaskedLM(config).eval(), folder)
+
+
+def qwen2(folder: Path, seed: int = 0) -> Path:
+    """Qwen2ForCausalLM: Llama's modules with q/k/v biases (random, so a dropped bias shows), grouped-query."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=48, vocab_size=len(VOCAB), max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return _save(model, folder)
+
+
+def mixtral(folder: Path, seed: int = 0) -> Path:
+    """MixtralForCausalLM: Mistral's attention with a mixture of experts after it (2 of 4 experts per token)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(seed)
+    config = MixtralConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=48, vocab_size=len(VOCAB), max_position_embeddings=64,
+                           num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)
+    return _save(MixtralForCausalLM(config).eval(), folder)
