@@ -9,6 +9,8 @@ adapter for the architecture reads them:
     blk.N.attn_qkv                                  -> the family's fused projection (phi3, gpt2, bloom, falcon)
     blk.N.attn_norm                                 -> model.layers.N.input_layernorm (ln_1, ln_attn ...)
     blk.N.attn_q_norm / attn_k_norm                 -> model.layers.N.self_attn.{q,k}_norm
+    blk.N.attn_q_a / attn_kv_a_mqa / attn_kv_b ...  -> DeepSeek's MLA projections (deepseek2); a split
+    blk.N.attn_k_b + attn_v_b                       -> model.layers.N.self_attn.kv_b_proj, rebuilt
 
 What llama.cpp's converter did to each architecture's tensors (q/k row permutation, Gemma's norm + 1, fused QKV
 re-ordering) is written once per architecture in `qkinspect.loading.gguf_arch` and undone here as each tensor is

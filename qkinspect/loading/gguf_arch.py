@@ -207,9 +207,9 @@ def deepseek2(m: Meta) -> dict[str, Any]:
 
 def deepseek2_yarn(m: Meta) -> dict[str, Any] | None:
     """YaRN as llama.cpp's deepseek2 graph applies it: the softmax scale times mscale(factor, mscale_all_dim)²,
-    ``rope.scaling.yarn_log_multiplier`` being 0.1 * mscale_all_dim (float32); the rotary part of q and k carries no further
-    factor (``attention_factor`` 1: llama.cpp cancels YaRN's own magnitude correction, which transformers keeps as
-    mscale(factor, mscale) / mscale(factor, mscale_all_dim), 1 in every released config, where the two are equal).
+    ``rope.scaling.yarn_log_multiplier`` being 0.1 * mscale_all_dim (float32); the rotary part of q and k carries
+    no further factor (``attention_factor`` 1: llama.cpp cancels YaRN's own magnitude correction, which transformers
+    keeps as mscale(factor, mscale) / mscale(factor, mscale_all_dim), 1 in every released config: the two are equal).
     A stored ``attn_factor`` other than 1 scales the whole logits in llama.cpp but only the rotary part in
     transformers: refused."""
     kind = m("rope.scaling.type", "none")

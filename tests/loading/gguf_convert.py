@@ -31,7 +31,7 @@ RMS = dict(rms_norm_eps=1e-5)
 MLA = dict(RMS, num_key_value_heads=4, head_dim=None, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8,
            qk_rope_head_dim=4, v_head_dim=6, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
            moe_intermediate_size=16, first_k_dense_replace=1)
-YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16, mscale=1.0,
+YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8, mscale=1.0,
             mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0)  # V3 / R1 / Kimi-K2 style: mscale == mscale_all_dim
 
 # GGUF architecture -> (transformers model_type, config overrides, the llama.cpp arch's norm: "rms" or "ln")
