@@ -139,9 +139,8 @@ class GGUFSource(TensorSource):
         ks, vs = _shape(k_b, 3), _shape(v_b, 3)
         H, (dn, dv) = self._heads[0], self._mla_widths
         if (len(ks), len(vs)) != (3, 3) or ks[0] != H or vs[0] != H or ks[2] != dn or vs[1] != dv or ks[1] != vs[2]:
-            raise CheckpointError(f"{self.path}: {k_b.name!r} {list(k_b.shape)} and {v_b.name!r} "
-                                  f"{list(v_b.shape)} are not llama.cpp's split kv_b ([{dn}, r, {H}] and "
-                                  f"[r, {dv}, {H}])")
+            raise CheckpointError(f"{self.path}: {k_b.name!r} {_ne(k_b)} and {v_b.name!r} {_ne(v_b)} "
+                                  f"are not llama.cpp's split kv_b ([{dn}, r, {H}] and [r, {dv}, {H}])")
         return H, ks[1], dn, dv
 
     def _as_hf(self, stored_name: str, w: Tensor) -> Tensor:
@@ -201,6 +200,11 @@ def _shape(t: Any, ndim: int = 0) -> tuple[int, ...]:
     return (1,) * (ndim - len(shape)) + shape
 
 
+def _ne(t: Any) -> list[int]:
+    """A GGUF tensor's shape as GGUF lists it (ne0 first)."""
+    return [int(n) for n in t.shape.tolist()]
+
+
 def _dtype(t: Any) -> str:
     name = t.tensor_type.name
     return {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}.get(name, name.lower())
@@ -246,6 +250,8 @@ def gguf_config_dict(reader: Any, arch: str, path: Path) -> dict[str, Any]:
         data = layout.config(meta)
     except (TypeError, ValueError, ZeroDivisionError) as e:
         raise CheckpointError(f"{path}: GGUF metadata for {arch!r} is invalid ({_one_line(e)})") from None
+    except UnsupportedModelError as e:  # a form qkinspect does not read (said without the path)
+        raise UnsupportedModelError(f"{path}: GGUF {arch!r}: {_one_line(e)}") from None
     data = {"model_type": layout.model_type, "architectures": [layout.architecture], **data}
     check_counts(data, path)  # what the counts imply together (key/value heads dividing the query heads)
     return data

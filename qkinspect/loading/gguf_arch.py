@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from qkinspect.errors import UnsupportedModelError
+
 LLAMA_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                "attn_output": "self_attn.o_proj", "attn_norm": "input_layernorm",
                "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
@@ -188,13 +190,15 @@ def deepseek2(m: Meta) -> dict[str, Any]:
     if d <= dr:
         raise ValueError(f"key width {d} leaves no content dims beside {dr} rotary dims")
     plain, latent = m.has_tensor(".attn_q.weight"), m.has_tensor(".attn_q_a.weight")
-    if plain == latent:
-        raise ValueError("the file has both attn_q and attn_q_a (ambiguous query)" if plain else
-                         "the file has neither attn_q nor attn_q_a")
+    if plain and latent:
+        raise UnsupportedModelError("the file has both attn_q and attn_q_a: which query is meant is ambiguous")
+    if not (plain or latent):
+        raise ValueError("the file has neither attn_q nor attn_q_a")
     if m.has_tensor(".attn_kv_b.weight") and m.has_tensor(".attn_k_b.weight"):
-        raise ValueError("the file has both attn_kv_b and attn_k_b/attn_v_b (ambiguous keys and values)")
+        raise UnsupportedModelError("the file has both attn_kv_b and attn_k_b/attn_v_b: which keys and values are "
+                                    "meant is ambiguous")
     if m("attention.temperature_scale", None) is not None:
-        raise ValueError("attention.temperature_scale (per-position query temperature) is not supported")
+        raise UnsupportedModelError("attention.temperature_scale (a per-position query temperature) is not supported")
     return {**{k: c[k] for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
                                  "max_position_embeddings", "vocab_size")},
             "num_key_value_heads": c["num_attention_heads"], "kv_lora_rank": int(m("attention.kv_lora_rank")),
@@ -216,10 +220,10 @@ def deepseek2_yarn(m: Meta) -> dict[str, Any] | None:
     if kind == "none":
         return None
     if kind != "yarn":
-        raise ValueError(f"rope.scaling.type {kind!r} is not supported for deepseek2 (none and yarn are)")
+        raise UnsupportedModelError(f"rope.scaling.type {kind!r} is not supported (none and yarn are)")
     for key in ("rope.scaling.attn_factor", "rope.scaling.yarn_attn_factor"):
         if float(m(key, 1.0)) != 1.0:
-            raise ValueError(f"{key} {m(key)} is not supported (only 1)")
+            raise UnsupportedModelError(f"{key} {m(key)} is not supported (only 1)")
     out: dict[str, Any] = {"rope_type": "yarn", "factor": float(m("rope.scaling.factor")), "attention_factor": 1.0,
                            "original_max_position_embeddings": int(m("rope.scaling.original_context_length"))}
     log_mul = m("rope.scaling.yarn_log_multiplier", None)

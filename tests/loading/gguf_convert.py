@@ -208,8 +208,9 @@ def write_mla_meta(w, case: str, c) -> None:
         w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
 
 
-def write_gguf(path: Path, case: str, config, model) -> Path:
-    """The model converted as llama.cpp converts it, F32 throughout (so that the comparisons can be exact)."""
+def write_gguf(path: Path, case: str, config, model, qtype=None) -> Path:
+    """The model converted as llama.cpp converts it, F32 throughout (so that the comparisons can be exact), or with
+    every matrix whose rows fit its blocks quantised to `qtype` (vectors stay F32, as llama-quantize keeps them)."""
     import gguf
 
     arch = gguf_arch(case)
@@ -222,7 +223,11 @@ def write_gguf(path: Path, case: str, config, model) -> Path:
             new = names.get_name(name, try_suffixes=(".weight", ".bias"))
             if new is None or new in w.tensors[0]:
                 continue  # rotary buffers, tied output, single experts ...
-            w.add_tensor(new, value.float().contiguous().numpy())
+            a = value.float().contiguous().numpy()
+            if qtype is not None and a.ndim > 1 and a.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
+                w.add_tensor(new, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+            else:
+                w.add_tensor(new, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
