@@ -185,8 +185,9 @@ def deepseek2(m: Meta) -> dict[str, Any]:
     V2-Lite): the tensors decide, as in llama.cpp's graph."""
     c = sizes(m)
     dr = int(m("rope.dimension_count"))
-    d = int(m("attention.key_length_mla", None) or m("attention.key_length"))
-    dv = int(m("attention.value_length_mla", None) or m("attention.value_length"))
+    even = c["hidden_size"] // c["num_attention_heads"]  # llama.cpp's default head width
+    d = int(m("attention.key_length_mla", None) or c["head_dim"])  # head_dim: key_length, else `even`
+    dv = int(m("attention.value_length_mla", None) or m("attention.value_length", even))
     if d <= dr:
         raise ValueError(f"key width {d} leaves no content dims beside {dr} rotary dims")
     plain, latent = m.has_tensor(".attn_q.weight"), m.has_tensor(".attn_q_a.weight")
@@ -197,6 +198,9 @@ def deepseek2(m: Meta) -> dict[str, Any]:
     if m.has_tensor(".attn_kv_b.weight") and m.has_tensor(".attn_k_b.weight"):
         raise UnsupportedModelError("the file has both attn_kv_b and attn_k_b/attn_v_b: which keys and values are "
                                     "meant is ambiguous")
+    if m.has_tensor(".attn_k_b.weight") and m("attention.key_length_mla", None) is None:
+        raise ValueError("attn_k_b/attn_v_b without attention.key_length_mla (llama.cpp reads the split form only "
+                         "with the per-head widths there)")
     if m("attention.temperature_scale", None) is not None:
         raise UnsupportedModelError("attention.temperature_scale (a per-position query temperature) is not supported")
     return {**{k: c[k] for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",

@@ -95,6 +95,8 @@ YARN = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.o
 def write(path, meta=None, tensors=None, drop=()):
     w = gguf.GGUFWriter(str(path), "deepseek2")
     for key, v in {**META, **(meta or {})}.items():
+        if v is None:
+            continue
         add = w.add_string if isinstance(v, str) else w.add_float32 if isinstance(v, float) else w.add_uint32
         add(f"deepseek2.{key}", v)
     rng = np.random.default_rng(0)
@@ -116,6 +118,7 @@ REFUSED = {
     "k_b-not-transposed": (dict(tensors={"attn_k_b": (H, DN, R)}), "not llama.cpp's split kv_b"),
     "v_b-heads": (dict(tensors={"attn_v_b": (H * DV, R)}), "not llama.cpp's split kv_b"),
     "no-content-dims": (dict(meta={"attention.key_length_mla": DR}), "no content dims"),
+    "split-without-widths": (dict(meta={"attention.key_length_mla": None}), "without attention.key_length_mla"),
     "attn-factor": (dict(meta={**YARN, "rope.scaling.yarn_attn_factor": 0.5}), "yarn_attn_factor"),
     "scaling-type": (dict(meta={"rope.scaling.type": "linear", "rope.scaling.factor": 2.0}), "'linear'"),
     "temperature": (dict(meta={"attention.temperature_scale": 0.1}), "temperature_scale"),
