@@ -76,6 +76,19 @@ def test_products_equal_the_float32_products():
 
 
 @needs_mkl
+def test_layer_products_agree_on_both_routes():
+    """The benchmark's eight products per layer (grouped query heads: 6 over 2 KV heads) on each route."""
+    g = torch.Generator().manual_seed(2)
+    Q, K, V = (torch.randn(n, 200, 8, generator=g).bfloat16() for n in (6, 2, 2))
+    Rq, Rk = torch.randn(6, 8, 8, generator=g), torch.randn(6, 8, 8, generator=g)
+    f32 = backend.layer_products(Q, K, V, Rq, Rk, "float32")
+    bf16 = backend.layer_products(Q, K, V, Rq, Rk, "bf16")
+    assert [tuple(t.shape) for t in f32] == [(6, 8, 8), (2, 8, 8), (2, 8, 8)] + [(6, 8, 8)] * 3 + [(6, 200)] * 2
+    for a, b in zip(f32, bf16, strict=True):
+        assert b.dtype == torch.float32 and rel(b, a) < 1e-6
+
+
+@needs_mkl
 def test_bf16_products_are_float32_accumulated():
     """Integer entries whose products need more bits than bf16 has: the result is exact only with float32
     accumulation and output."""
@@ -372,3 +385,62 @@ def test_cli_bad_override_is_one_line(monkeypatch):
     assert r.exit_code == 2
     assert "error: QKINSPECT_PRODUCTS='nonsense': choose auto, float32 or bf16" in r.output
     assert "Traceback" not in r.output
+
+
+# -- the loader on the bf16 route -----------------------------------------------------------------------------------
+
+def _tiny_bf16(tmp_path, name: str):
+    """A tiny random Llama (its weights reshaped into heads) or DeepSeek-V3 (W_Q, W_K, W_V composed from latent
+    projections and norm gains), saved in bf16."""
+    tf = pytest.importorskip("transformers")
+    from tests.adapters.harness import randomise_, save_tiny
+
+    common = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=99,
+                  max_position_embeddings=64)
+    if name == "llama":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(num_key_value_heads=2, **common))
+    else:
+        model = tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
+            num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
+            v_head_dim=6, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, moe_intermediate_size=16,
+            first_k_dense_replace=1, n_group=2, topk_group=1, **common))
+    return save_tiny(randomise_(model, seed=4).to(torch.bfloat16), tmp_path / name)
+
+
+@pytest.mark.parametrize("name", ["llama", "deepseek"])
+def test_loader_keeps_bf16_uncast_and_exact(tmp_path, name):
+    """Layers read with bf16 kept equal the cast ones exactly. Llama's W_Q/W_K/W_V are views of the stored
+    tensors (kept bf16); DeepSeek's are composed, in float32 by the adapter itself (so they come out float32)."""
+    from qkinspect.loading import open_model
+
+    with open_model(_tiny_bf16(tmp_path, name)) as m:
+        assert m.info.dtype == "bfloat16"
+        cast = list(m.layers(dtype=torch.float32))
+        kept = list(m.layers(dtype=torch.float32, keep=[torch.bfloat16]))
+    for a, b in zip(cast, kept, strict=True):
+        for k in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V"):
+            x, y = getattr(a, k), getattr(b, k)
+            assert (x is None) == (y is None), k
+            if x is not None:
+                assert torch.equal(y.float(), x), k
+        assert b.W_Q.dtype == (torch.bfloat16 if name == "llama" else torch.float32)
+
+
+def test_loader_rebuilds_a_layer_computed_in_bf16(tmp_path, monkeypatch):
+    """An adapter that does arithmetic on the weights it reads would round in bf16: that layer is built again
+    from the cast tensors, so it equals the cast path's."""
+    from qkinspect.loading import open_model
+
+    with open_model(_tiny_bf16(tmp_path, "llama")) as m:
+        build = m.adapter.build
+
+        def scaling_build(block, layer, tensors):  # W_Q times a constant that bf16 cannot hold exactly
+            built = build(block, layer, tensors)
+            return replace(built, W_Q=built.W_Q * 1.001)
+
+        monkeypatch.setattr(m.adapter, "build", scaling_build)
+        cast = list(m.layers(dtype=torch.float32))
+        kept = list(m.layers(dtype=torch.float32, keep=[torch.bfloat16]))
+    for a, b in zip(cast, kept, strict=True):
+        assert b.W_Q.dtype == torch.float32 and torch.equal(b.W_Q, a.W_Q)
+        assert torch.equal(b.W_K.float(), a.W_K)
