@@ -65,6 +65,8 @@ def test_products_equal_the_float32_products():
     assert rel(backend.matmul(X.mT, X), Xf.mT @ Xf) < 1e-6  # the Gram
     assert rel(backend.matmul(Y.mT, X, ia=kv), Yf[kv].mT @ Xf) < 1e-6  # paired, each query head with its KV head
     assert rel(backend.matmul(X, X.mT[:, :, :50]), Xf @ Xf.mT[:, :, :50]) < 1e-6  # strided operand
+    ones = torch.ones(1, 1, 16).bfloat16().expand(6, 300, 16)  # every stride 0 but the last: copied first
+    assert rel(backend.matmul(ones.mT, X), ones.float().mT @ Xf) < 1e-6
     R = torch.randn(6, 16, 16, generator=g)  # a float32 root
     want = torch.linalg.vector_norm(Xf.double() @ R.double().mT, dim=-1)
     got = backend.row_norms(X, R)
@@ -94,6 +96,23 @@ def test_bf16_products_are_float32_accumulated():
     A = torch.full((1, 2, 100), 3.0).bfloat16()
     B = torch.full((1, 100, 2), 7.0).bfloat16()
     assert torch.equal(backend.matmul(A, B), torch.full((1, 2, 2), 2100.0))  # 2100 is not a bf16 number
+
+
+@needs_mkl
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 9), st.integers(1, 9), st.integers(1, 9), st.booleans(), st.booleans(),
+       st.integers(0, 2**31))
+def test_matmul_any_layout_is_exact(n, m, k, p, a_t, b_t, seed):
+    """Integer-valued bf16 operands (products need float32 accumulation), plain or transposed views, size-1
+    dimensions and an index map: equal to float64 exactly."""
+    g = torch.Generator().manual_seed(seed)
+    A = torch.randint(-20, 21, (n, m, k), generator=g).bfloat16()
+    B = torch.randint(-20, 21, (n, k, p), generator=g).bfloat16()
+    A = A.mT.contiguous().mT if a_t else A  # same values, column-major matrices
+    B = B.mT.contiguous().mT if b_t else B
+    ia = torch.randint(0, n, (n + 1,), generator=g)
+    ib = torch.randint(0, n, (n + 1,), generator=g)
+    assert torch.equal(backend.matmul(A, B, ia=ia, ib=ib).double(), A.double()[ia] @ B.double()[ib])
 
 
 def test_split3_known_value():
