@@ -80,6 +80,8 @@ class Processing:
     metrics: tuple[str, ...] | None = None
     baseline_seed: int = 0
     dequantized: str | None = None  # the quantization the weights were dequantized from (ModelInfo.quantization)
+    products: str = "float32"  # how the large products were computed: "float32", "float64", "bf16" (bf16 read,
+    # float32 accumulated: qkinspect.metrics.backend), or several joined by "+" when layers differed
 
 
 @dataclass
