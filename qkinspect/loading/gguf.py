@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.errors import CheckpointError, UnsupportedModelError
 from qkinspect.loading.checked import check_counts, positive_int
 from qkinspect.loading.gguf_arch import ARCHES, Layout, Meta, layer_names
 from qkinspect.loading.source import TensorSource
+
+if TYPE_CHECKING:  # torch is imported where a tensor is read, not to open the file (`qkinspect info`)
+    from torch import Tensor
 
 _GGUF_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _REQUIRED = object()  # marks a metadata key without a default
@@ -67,6 +66,8 @@ def ungroup_qkv(w: Tensor, n_heads: int, n_kv: int) -> Tensor:
     if not rep or rows % (n_heads + 2 * n_kv):
         raise CheckpointError(f"cannot undo the fused QKV order: {rows} rows for {n_heads} heads, {n_kv} KV heads")
     d = rows // (n_heads + 2 * n_kv)
+    import torch
+
     q, k, v = w.split([n_heads * d, n_kv * d, n_kv * d])
     q = q.reshape(n_kv, rep, d, *rest)  # (H*d, ...) -> (G, rep, d, ...)
     k, v = k.reshape(n_kv, 1, d, *rest), v.reshape(n_kv, 1, d, *rest)  # (G*d, ...) -> (G, 1, d, ...)
@@ -109,6 +110,8 @@ class GGUFSource(TensorSource):
         return int(self._tensors[stored_name].n_bytes)
 
     def _read(self, stored_name: str) -> Tensor:
+        import numpy as np
+        import torch
         from gguf.quants import dequantize
 
         t = self._tensors[stored_name]
