@@ -42,14 +42,16 @@ COMMANDS = sorted(m.name for m in pkgutil.iter_modules([str(ROOT / "qkinspect" /
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
-    """Every layout `info` opens: a safetensors folder, a sharded one, a single file, GGUF, a hub-cache snapshot;
-    and folders that are refused before any tensor is read."""
+    """Every layout `info` opens: a safetensors folder, a sharded one, a single file, .bin (single and sharded),
+    GGUF, a hub-cache snapshot; and folders that are refused before any tensor is read."""
     root = tmp_path_factory.mktemp("startup")
     config, state = tiny.llama()
     out = {"folder": tiny.write(root / "llama", config, state),
            "sharded": tiny.write(root / "sharded", config, state, shards=2),
            "gguf": tiny.llama_gguf_with(root / "llama.gguf", state)}
     out["file"] = out["folder"] / "model.safetensors"
+    out["bin"] = tiny.write(root / "bin", config, state, fmt="bin")
+    out["bin_sharded"] = tiny.write(root / "bin_sharded", config, state, fmt="bin", shards=2)
     snapshot = root / "cache" / "models--org--name" / "snapshots" / "0123abcd"
     tiny.write(snapshot, config, state)
     (snapshot.parents[1] / "refs").mkdir()
@@ -86,6 +88,8 @@ def _cases(m: dict[str, Path]) -> dict[str, tuple[list[str], int, str]]:
         "info sharded": (["info", str(m["sharded"])], 0, "llama"),
         "info file": (["info", str(m["file"])], 0, "llama"),
         "info gguf": (["info", str(m["gguf"])], 0, "gguf"),
+        "info bin": (["info", str(m["bin"])], 0, '"format": "bin"'),
+        "info bin sharded": (["info", str(m["bin_sharded"])], 0, '"format": "bin"'),
         "info hub cache": (["info", "org/name"], 0, "org/name"),
         "missing path": (["info", str(w / "nothing")], 2, "no such file or folder"),
         "bad --layers": (["analyze", "--layers", "x"], 2, "--layers"),
@@ -134,8 +138,8 @@ def runs(models, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProces
     return {name: (results[name], cases[name]) for name in cases}
 
 
-CASE_NAMES = list(_cases({k: Path(k) for k in ("folder", "sharded", "gguf", "file", "unknown_arch", "zero_heads",
-                                                "escapes", "work")}))
+CASE_NAMES = list(_cases({k: Path(k) for k in ("folder", "sharded", "gguf", "file", "bin", "bin_sharded",
+                                                "unknown_arch", "zero_heads", "escapes", "work")}))
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
