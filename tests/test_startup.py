@@ -52,6 +52,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
     out["file"] = out["folder"] / "model.safetensors"
     out["bin"] = tiny.write(root / "bin", config, state, fmt="bin")
     out["bin_sharded"] = tiny.write(root / "bin_sharded", config, state, fmt="bin", shards=2)
+    out["bert"] = tiny.write(root / "bert", *tiny.bert())
     snapshot = root / "cache" / "models--org--name" / "snapshots" / "0123abcd"
     tiny.write(snapshot, config, state)
     (snapshot.parents[1] / "refs").mkdir()
@@ -106,6 +107,7 @@ def _cases(m: dict[str, Path]) -> dict[str, tuple[list[str], int, str]]:
         "report out of range": (["report", str(m["folder"]), "--layers", "9", "-o", str(w / "x.pdf")], 2,
                                 "out of range"),
         "compare missing": (["compare", str(w / "a"), str(w / "b")], 2, "no such file or folder"),
+        "compare other shapes": (["compare", str(m["folder"]), str(m["bert"])], 2, "cannot compare"),
     }
     return cases
 
@@ -138,7 +140,7 @@ def runs(models, tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProces
     return {name: (results[name], cases[name]) for name in cases}
 
 
-CASE_NAMES = list(_cases({k: Path(k) for k in ("folder", "sharded", "gguf", "file", "bin", "bin_sharded",
+CASE_NAMES = list(_cases({k: Path(k) for k in ("folder", "sharded", "gguf", "file", "bin", "bin_sharded", "bert",
                                                 "unknown_arch", "zero_heads", "escapes", "work")}))
 
 
