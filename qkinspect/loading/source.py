@@ -230,16 +230,27 @@ def _checked_header(f: Path, header: dict[str, Any], data_size: int) -> dict[str
         if not (type(dtype) is str and dtype in _SAFETENSORS_BITS and _uints(shape) and _uints(offsets)
                 and len(offsets) == 2):
             raise _corrupt(f, f"tensor {name!r}: no valid dtype, shape and data_offsets")
-        spans.append((offsets[0], offsets[1], name, _numel(shape) * _SAFETENSORS_BITS[dtype]))
+        spans.append((offsets[0], offsets[1], name, _bits(shape, _SAFETENSORS_BITS[dtype])))
         out[name] = (dtype, tuple(shape))
     end = 0
     for start, stop, name, bits in sorted(spans):
-        if start != end or stop < start or bits % 8 or stop - start != bits // 8:
+        if start != end or stop < start or bits is None or bits % 8 or stop - start != bits // 8:
             raise _corrupt(f, f"tensor {name!r}: data_offsets do not match its shape and dtype")
         end = stop
     if end != data_size:
         raise _corrupt(f, f"the data section holds {data_size} bytes, the header describes {end}")
     return out
+
+
+def _bits(shape: list[int], bits: int) -> int | None:
+    """Bits of a tensor's data, or None past 2**64 elements' worth (safetensors' own overflow check; it also keeps a
+    hostile shape of a million huge sizes from costing a million bigint products)."""
+    n = 1
+    for s in shape:
+        n *= s
+        if n >= 1 << 64:
+            return None
+    return n * bits
 
 
 def _uints(v: object) -> bool:

@@ -179,15 +179,20 @@ class _TensorMeta(_Inert):
         self.dtype, self.shape = dtype, shape
 
 
+def _count(x: object) -> bool:
+    """A size, stride, offset or element count as torch stores them (int64; no huge pickled longs to multiply)."""
+    return type(x) is int and 0 <= x < 1 << 63
+
+
 def _ints(v: object) -> tuple[int, ...]:
-    if not (isinstance(v, tuple) and all(type(x) is int and x >= 0 for x in v)):
+    if not (isinstance(v, tuple) and all(_count(x) for x in v)):
         raise _NotPlain("not a tuple of sizes")
     return v
 
 
 def _tensor(storage: object, offset: object, size: object, stride: object, dtype: str | None) -> _TensorMeta:
     """A tensor's record, after the bounds check torch makes when it sets a tensor on its storage."""
-    if not isinstance(storage, _Storage) or type(offset) is not int or offset < 0 or dtype not in _ITEMSIZE:
+    if not isinstance(storage, _Storage) or not _count(offset) or dtype not in _ITEMSIZE:
         raise _NotPlain("not a plain tensor")
     size, stride = _ints(size), _ints(stride)
     if len(size) != len(stride):
@@ -244,7 +249,7 @@ class _HeaderUnpickler(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> _Storage:
         # ("storage", storage type, key, location, number of elements (bytes for an UntypedStorage))
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
-                and isinstance(pid[1], _StorageType) and type(pid[2]) is str and type(pid[4]) is int):
+                and isinstance(pid[1], _StorageType) and type(pid[2]) is str and _count(pid[4])):
             raise _NotPlain("not a storage reference")
         dtype, key, numel = pid[1].dtype, pid[2], pid[4]
         nbytes = numel * (1 if dtype is None else _ITEMSIZE[dtype])
