@@ -98,7 +98,7 @@ def load_state_dict(f: Path) -> dict[str, Tensor]:
         raise CheckpointError(f"{f}: cannot read it ({os_reason(e)})") from None
     except Exception as e:
         raise CheckpointError(_load_error(f, e)) from None
-    return _tensors_of(f, obj)
+    return _tensors_of(f, obj, torch.Tensor)
 
 
 def _load_error(f: Path, e: Exception) -> str:
@@ -110,10 +110,9 @@ def _load_error(f: Path, e: Exception) -> str:
     return f"{f}: not a readable PyTorch checkpoint, corrupt or truncated ({detail})"
 
 
-def _tensors_of(f: Path, obj: object, tensor_type: type | None = None) -> dict[str, Any]:
-    """The tensors of a loaded object: a state dict, or a dict holding one under ``state_dict``."""
-    if tensor_type is None:
-        from torch import Tensor as tensor_type
+def _tensors_of(f: Path, obj: object, tensor_type: type) -> dict[str, Any]:
+    """The tensors (`tensor_type`: torch's, or the light reader's records) of a loaded object: a state dict, or a
+    dict holding one under ``state_dict``."""
     if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
         obj = obj["state_dict"]
     if not isinstance(obj, Mapping):
