@@ -108,6 +108,8 @@ def _cases(m: dict[str, Path]) -> dict[str, tuple[list[str], int, str]]:
                                 "out of range"),
         "compare missing": (["compare", str(w / "a"), str(w / "b")], 2, "no such file or folder"),
         "compare other shapes": (["compare", str(m["folder"]), str(m["bert"])], 2, "cannot compare"),
+        "experiment unknown edit": (["experiment", "--edit", "share_kq"], 2, "unknown edit 'share_kq'"),
+        "experiment bad --layers": (["experiment", "--edit", "rank:4", "--layers", "1-x"], 2, "--layers"),
     }
     return cases
 
