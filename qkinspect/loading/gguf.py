@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.errors import CheckpointError, UnsupportedModelError
 from qkinspect.loading.checked import check_counts, positive_int
 from qkinspect.loading.gguf_arch import ARCHES, Layout, Meta, layer_names
 from qkinspect.loading.source import TensorSource
+
+if TYPE_CHECKING:  # torch is imported where a tensor is read, not to open the file (`qkinspect info`)
+    from torch import Tensor
 
 _GGUF_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _REQUIRED = object()  # marks a metadata key without a default
@@ -69,6 +68,8 @@ def ungroup_qkv(w: Tensor, n_heads: int, n_kv: int) -> Tensor:
     if not rep or rows % (n_heads + 2 * n_kv):
         raise CheckpointError(f"cannot undo the fused QKV order: {rows} rows for {n_heads} heads, {n_kv} KV heads")
     d = rows // (n_heads + 2 * n_kv)
+    import torch
+
     q, k, v = w.split([n_heads * d, n_kv * d, n_kv * d])
     q = q.reshape(n_kv, rep, d, *rest)  # (H*d, ...) -> (G, rep, d, ...)
     k, v = k.reshape(n_kv, 1, d, *rest), v.reshape(n_kv, 1, d, *rest)  # (G*d, ...) -> (G, 1, d, ...)
@@ -115,6 +116,8 @@ class GGUFSource(TensorSource):
         return sum(int(t.n_bytes) for t in self._split.get(stored_name, (self._tensors.get(stored_name),)))
 
     def _read(self, stored_name: str) -> Tensor:
+        import torch
+
         if stored_name in self._split:
             H, r, dn, dv = self._split_dims(stored_name)
             k_b, v_b = (self._dequantized(t) for t in self._split[stored_name])
@@ -123,6 +126,8 @@ class GGUFSource(TensorSource):
         return self._as_hf(stored_name, self._dequantized(self._tensors[stored_name]))
 
     def _dequantized(self, t: Any) -> Tensor:
+        import numpy as np
+        import torch
         from gguf.quants import dequantize
 
         try:

@@ -11,16 +11,19 @@ import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields, replace
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from qkinspect.errors import CheckpointError, QkinspectError
 from qkinspect.layer import AttentionLayer, ModelInfo
 from qkinspect.loading.adapters.base import Adapter
-from qkinspect.loading.cast import Caster
 from qkinspect.loading.resolve import Resolved
 from qkinspect.loading.source import storage_dtype
+
+if TYPE_CHECKING:  # torch is imported when a layer is read, not when a model is opened (`qkinspect info`)
+    import torch
+    from torch import Tensor
+
+    from qkinspect.loading.cast import Caster
 
 Step = tuple[str, int]  # (block, layer)
 
@@ -117,6 +120,8 @@ class LoadedModel:
         placeholder (on the meta device) stands in for each. `dtype`: floating tensors are cast to it as they are
         read (always a copy, so no returned tensor keeps the file's mapping alive).
         """
+        from qkinspect.loading.cast import Caster
+
         return self._read_tensors(block, layer, need_o, Caster(dtype))
 
     def _read_tensors(self, block: str, layer: int, need_o: bool, cast: Caster) -> dict[str, Tensor]:
@@ -146,6 +151,8 @@ class LoadedModel:
 
     def _placeholder(self, name: str) -> Tensor | None:
         """A tensor of the stored shape with no data (meta device), or None when the checkpoint lacks `name`."""
+        import torch
+
         stored = self.source.resolve(name)
         return None if stored is None else torch.empty(self.source.stored_shape(stored), device="meta")
 
@@ -156,6 +163,8 @@ class LoadedModel:
         `need_o=False` gives W_O = b_O = None (and does not read them where the adapter names them); `dtype`
         casts the floating tensors as they are read (see `read_tensors`).
         """
+        from qkinspect.loading.cast import Caster
+
         return self._layer(block, layer, need_o, Caster(dtype))
 
     def _layer(self, block: str, layer: int, need_o: bool, cast: Caster) -> AttentionLayer:
@@ -191,6 +200,8 @@ class LoadedModel:
         Tensors stored in a `keep` dtype (bf16, for the bf16 product route) are copied uncast; a layer whose
         adapter computes with them (rather than reshaping them) is built from the cast tensors instead.
         """
+        from qkinspect.loading.cast import Caster
+
         steps = list(self.plan(blocks, layers))
         release = self._release_plan(steps, every_step=dtype is not None)
         cast = Caster(dtype, recycle=True, keep=keep)  # used by one reading thread at a time
@@ -247,6 +258,8 @@ def _prefetched(read: Callable[[int], AttentionLayer], n: int) -> Iterator[Atten
 def _computed_in(layer: AttentionLayer, dtypes: frozenset[torch.dtype], read: Iterable[Tensor]) -> bool:
     """Whether any tensor of `layer` in one of `dtypes` is not a view of a tensor that was read (then the adapter
     computed it in that dtype)."""
+    from torch import Tensor
+
     storages = {t.untyped_storage().data_ptr() for t in read if not t.is_meta}
     tensors = [getattr(layer, f.name) for f in fields(layer)]
     tensors += [t for norm in (layer.norm_q, layer.norm_kv) if norm is not None for t in (norm.weight, norm.bias)]

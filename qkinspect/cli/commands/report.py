@@ -108,9 +108,10 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
         12
     """
     from qkinspect.cli.run import run_analysis
-    from qkinspect.report.pdf import write_pdf
 
     result = run_analysis(model, selection, revision=revision, layer_form=layer_form)
+    from qkinspect.report.pdf import write_pdf  # matplotlib: after the checks, so that errors come fast
+
     if experiment is not None:
         from qkinspect.records import model_dict
         from qkinspect.report.experiment_summary import check_same_model
