@@ -174,6 +174,8 @@ class LoadedModel:
         if cast.keep and _computed_in(built, cast.keep, tensors.values()):
             # The adapter did arithmetic on uncast half-precision tensors (composed or scaled weights): that would
             # round, so build this layer again from the tensors cast as usual (exact: a cast of stored values).
+            from qkinspect.loading.cast import Caster
+
             built = self._build(block, layer, {k: Caster(cast.dtype)(t) for k, t in tensors.items()})
         return built if need_o else replace(built, W_O=None, b_O=None)
 
