@@ -18,6 +18,7 @@ import torch
 
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
+from qkinspect.metrics import backend
 from qkinspect.metrics.baseline import gaussian_baselines
 from qkinspect.metrics.fold import fold_ln as fold_ln_layer
 from qkinspect.metrics.fold import fold_qk_norm as fold_qk_norm_layer
@@ -97,7 +98,7 @@ def analyze(
         total = sum(1 for _ in m.plan(keys, layer_sel))
         if progress is not None:
             progress(0, total)
-        stream = _layers(m, keys, layer_sel, need_o=run.needs_o, dtype=run.dtype)
+        stream = _layers(m, keys, layer_sel, need_o=run.needs_o, dtype=run.dtype, keep=run.keep)
         with _threads(threads), contextlib.closing(stream):  # closing stops the prefetch thread on an error
             for done, layer in enumerate(stream, start=1):
                 run.measure(layer)
@@ -169,6 +170,7 @@ class _Run:
     baselines: list[Baseline] = field(default_factory=list)
     recomputed: int = 0  # heads measured again in float64 (their Grams unresolved in the chosen precision)
     cut: int = 0  # heads with directions of W_Q, W_K or W_V below the rank cut
+    routes: set[str] = field(default_factory=set)  # the product routes the layers took ("bf16", "float32" ...)
 
     @classmethod
     def make(cls, metrics, spectra, precision, device, fold_ln, fold_qk_norm, layer_form) -> _Run:
@@ -177,6 +179,13 @@ class _Run:
             raise InputError(f"precision={precision!r}: choose float32 or float64")
         return cls(resolve_metrics(metrics, layer_form=layer_form), check_spectra(spectra or ()),
                    PRECISIONS[precision], _check_device(device), bool(fold_ln), bool(fold_qk_norm))
+
+    @property
+    def keep(self) -> tuple[torch.dtype, ...]:
+        """Dtypes the loader leaves uncast: bf16 on the bf16 product route, which reads it directly (not with a
+        fold, which scales the weights first)."""
+        bf16 = backend.uses_bf16(self.dtype, self.device) and not (self.fold_ln or self.fold_qk_norm)
+        return (torch.bfloat16,) if bf16 else ()
 
     @property
     def head_names(self) -> list[str]:
@@ -198,6 +207,7 @@ class _Run:
         where = f"{layer.block} layer {layer.layer}"
         p = HeadProducts(layer, self.head_index(layer.spec), dtype=self.dtype, device=self.device)
         values, spectra, num = measure_products(p, self.head_names, self.spectra)
+        self.routes.add(p.route)
         self.warnings += head_warnings(p, where)
         self.recomputed += int(num.recomputed.sum())
         self.cut += int(num.cut.sum())
@@ -260,7 +270,8 @@ class _Run:
             fold_ln=self.fold_ln, fold_qk_norm=self.fold_qk_norm, precision=str(self.dtype).removeprefix("torch."),
             device=self.device, layer_form=any(n in self.names for n in LAYER_FORM),
             blocks=None if blocks is None else tuple([blocks] if isinstance(blocks, str) else blocks),
-            layers=layers, heads=self.heads, metrics=self.names, dequantized=info.quantization)
+            layers=layers, heads=self.heads, metrics=self.names, dequantized=info.quantization,
+            products="+".join(sorted(self.routes)) or str(self.dtype).removeprefix("torch."))
         return AnalysisResult(model=info, processing=processing, heads=self.head_records, layers=self.layer_records,
                               baselines=self.baselines, spectra=self.spectra_out,
                               warnings=list(dict.fromkeys(self.warnings + self._numerics_warning())),

@@ -6,10 +6,11 @@ Row-vector convention throughout: ``q = x @ W_Q[h] + b_Q[h]``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
+
 
 Block = Literal["encoder", "decoder", "cross"]
 Positional = Literal["absolute", "rope", "alibi", "relative", "none"]
@@ -145,6 +146,8 @@ class AttentionLayer:
 
     def kv_index(self) -> Tensor:
         """For each query head h, its key/value head h // (H // G) (never h % G: DESIGN.md §2)."""
+        import torch
+
         return torch.arange(self.spec.n_heads) // self.spec.group_size
 
     def nbytes(self) -> int:

@@ -6,13 +6,15 @@
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.layer import ModelInfo
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SCHEMA = "qkinspect/1"
 
@@ -80,6 +82,8 @@ class Processing:
     metrics: tuple[str, ...] | None = None
     baseline_seed: int = 0
     dequantized: str | None = None  # the quantization the weights were dequantized from (ModelInfo.quantization)
+    products: str = "float32"  # how the large products were computed: "float32", "float64", "bf16" (bf16 read,
+    # float32 accumulated: qkinspect.metrics.backend), or several joined by "+" when layers differed
 
 
 @dataclass
@@ -166,16 +170,17 @@ def model_info(d: Mapping[str, Any]) -> ModelInfo:
 
 def _clean(x: Any) -> Any:
     """Make a structure JSON-safe: NaN/inf -> None, numpy scalars -> Python, tuples -> lists."""
+    np = sys.modules.get("numpy")  # no numpy values can exist before numpy is imported (`qkinspect info` never does)
     if isinstance(x, dict):
         return {str(k): _clean(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_clean(v) for v in x]
-    if isinstance(x, np.ndarray):
+    if np is not None and isinstance(x, np.ndarray):
         return _clean(x.tolist())
-    if isinstance(x, (np.floating, float)):
+    if isinstance(x, float) or (np is not None and isinstance(x, np.floating)):
         v = float(x)
         return v if math.isfinite(v) else None
-    if isinstance(x, np.integer):
+    if np is not None and isinstance(x, np.integer):
         return int(x)
     if isinstance(x, complex):
         return [x.real, x.imag]

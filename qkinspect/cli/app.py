@@ -14,9 +14,9 @@ import typer
 from typer.core import TyperGroup
 
 from qkinspect import __version__
-from qkinspect.cli.files import Terminated
 from qkinspect.cli.help_format import clean_usage_error, install
 from qkinspect.errors import QkinspectError
+from qkinspect.files import Terminated
 
 try:  # typer >= 0.26 vendors its own click
     from typer._click import exceptions as click_exc

@@ -6,7 +6,7 @@ A command builds a `Document` (a JSON-ready dict, tidy rows, and a rich renderin
   `.csv`, `.txt` for the table); without either, a terminal gets a table and a pipe gets JSON.
 - Results go to stdout or the file and nowhere else; notes, warnings and progress bars go to stderr.
 - Files are written atomically (a temporary file in the same folder, then `os.replace`), links are written through
-  and FIFOs, devices and `-o -` straight to (`qkinspect.cli.files`), so an interrupted run never leaves a partial
+  and FIFOs, devices and `-o -` straight to (`qkinspect.files`), so an interrupted run never leaves a partial
   file. `check_writable` lets a command fail before a long computation.
 - A reader that closes the pipe early (`| head`) ends the command quietly (see `qkinspect.cli.app`).
 
@@ -26,6 +26,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -33,8 +34,8 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
-from qkinspect.cli.files import STDOUT, atomic_write, check_writable
 from qkinspect.errors import InputError, OutputError
+from qkinspect.files import STDOUT, atomic_write, check_writable
 
 FORMATS = ("table", "json", "ndjson", "csv")
 EXTENSIONS = {".json": "json", ".ndjson": "ndjson", ".jsonl": "ndjson", ".csv": "csv", ".txt": "table"}
@@ -199,37 +200,61 @@ def warn(message: str) -> None:
 
 class Progress:
     """A `progress(done, total)` callable that shows a rich bar on stderr once work has run for `delay` seconds,
-    and only when stderr is a terminal (pipes and logs stay clean)."""
+    and only when stderr is a terminal (pipes and logs stay clean). The bar appears on time even while the first
+    step is still running (a timer starts it; rich's own refresh keeps the elapsed time moving), not only at the
+    next call."""
 
     def __init__(self, label: str, delay: float = 1.0):
         self.label, self.delay = label, delay
         self._t0 = time.monotonic()
         self._bar = None
         self._task = None
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._done, self._total = 0, 0
         self._enabled = sys.stderr.isatty()
 
     def __call__(self, done: int, total: int) -> None:
         if not self._enabled:
             return
-        if self._bar is None and time.monotonic() - self._t0 >= self.delay and done < total:
-            self._start(total)
-        if self._bar is not None:
-            self._bar.update(self._task, completed=done, total=total)
+        with self._lock:
+            self._done, self._total = done, total
+            if self._bar is None and done < total:
+                wait = self.delay - (time.monotonic() - self._t0)
+                if wait <= 0:
+                    self._start()
+                elif self._timer is None:
+                    self._timer = threading.Timer(wait, self._on_time)
+                    self._timer.daemon = True
+                    self._timer.start()
+            if self._bar is not None:
+                self._bar.update(self._task, completed=done, total=total)
 
-    def _start(self, total: int) -> None:
+    def _on_time(self) -> None:
+        with self._lock:
+            if self._bar is None and not self._closed and self._done < self._total:
+                self._start()
+
+    def _start(self) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as RichProgress
 
-        self._bar = RichProgress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 console=Console(stderr=True), transient=True)
-        self._bar.start()
-        self._task = self._bar.add_task(self.label, total=total)
+        bar = RichProgress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                           console=Console(stderr=True), transient=True)
+        bar.start()
+        self._task = bar.add_task(self.label, total=self._total, completed=self._done)
+        self._bar = bar  # last: a bar is never seen without its task
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
+        with self._lock:
+            self._closed = True
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._bar is not None:
+                self._bar.stop()
+                self._bar = None
 
 
 @contextlib.contextmanager

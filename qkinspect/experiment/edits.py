@@ -9,28 +9,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from qkinspect.errors import InputError
 from qkinspect.experiment import edit_forms as forms
+from qkinspect.experiment.edit_names import EDITS, Edit, EditError, parse_edit  # noqa: F401 (re-exported)
 from qkinspect.experiment.edit_rotary import RotaryLayout, rotary_layout
 from qkinspect.layer import AttentionLayer
 from qkinspect.metrics.factored import _one_thread
-
-EDITS = ("share_qk", "tie_q", "tie_k", "symmetric", "rank", "share_qkv", "ablate")
-
-
-class EditError(InputError):
-    """An edit that is misspelt, or not defined for this layer (exit code 2)."""
-
-
-@dataclass(frozen=True)
-class Edit:
-    """One edit: its name, and K for `rank:K`."""
-
-    name: str
-    k: int | None = None
-
-    def __str__(self) -> str:
-        return self.name if self.k is None else f"{self.name}:{self.k}"
 
 
 @dataclass(frozen=True)
@@ -41,20 +24,6 @@ class EditResult:
     offset0_only: bool
     predicted: dict[int, float]
     details: dict[int, dict[str, float]] = field(default_factory=dict)
-
-
-def parse_edit(text: str) -> Edit:
-    """`"rank:8"` -> Edit("rank", 8); raises EditError on anything else than the names in EDITS."""
-    name, sep, arg = text.strip().partition(":")
-    if name not in EDITS:
-        raise EditError(f"unknown edit {text!r}; expected one of {', '.join(EDITS)} (rank as rank:K)")
-    if name == "rank":
-        if not sep or not arg.isdigit():
-            raise EditError(f"edit {text!r}: rank takes a whole number of dimensions, e.g. rank:8")
-        return Edit(name, int(arg))
-    if sep:
-        raise EditError(f"edit {text!r}: {name} takes no argument")
-    return Edit(name)
 
 
 def expand_kv(layer: AttentionLayer) -> AttentionLayer:

@@ -1,8 +1,9 @@
 """The one place where model code runs: a checkpoint loaded with transformers' own classes (never remote code),
 and canonical `AttentionLayer`s written back into its modules (the inverse of qkinspect's adapters).
 
-Families whose write-back is proven (tests/experiment/test_hf.py): Llama-type decoders (separate q/k/v/o_proj,
-grouped-query attention included), BERT-type encoders (self.query/key/value, output.dense) and GPT-2 (fused
+Families whose write-back is proven (tests/experiment/test_run.py): Llama-type decoders (separate q/k/v/o_proj,
+grouped-query attention included: Llama, Mistral, Mixtral, Qwen2 and Qwen2-MoE with their q/k/v biases), BERT-type
+encoders (self.query/key/value, output.dense) and GPT-2 (fused
 Conv1D c_attn). A write-back never changes a module in place: it swaps in new projection modules and returns a
 function that swaps the originals back, so restoring is exact.
 """
@@ -21,7 +22,8 @@ from qkinspect.errors import CheckpointError, UnsupportedModelError
 from qkinspect.layer import AttentionLayer
 
 # model_type -> family of modules the write-back knows
-FAMILIES = {"llama": "llama", "mistral": "llama", "bert": "bert", "roberta": "bert", "gpt2": "gpt2"}
+FAMILIES = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "llama", "qwen2_moe": "llama",
+            "bert": "bert", "roberta": "bert", "gpt2": "gpt2"}
 CAUSAL, MASKED, DRIFT = "causal", "masked", "drift"
 
 

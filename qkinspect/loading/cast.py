@@ -10,6 +10,8 @@ count, nothing is reused.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import Tensor
 
@@ -18,7 +20,8 @@ _KEEP = 32  # buffers remembered per caster (a few layers' worth); older ones ar
 
 class Caster:
     """Casts floating tensors to `dtype` (always a copy, so no result keeps a file mapping alive); other tensors,
-    placeholders on the meta device, and everything when `dtype` is None pass through.
+    placeholders on the meta device, and everything when `dtype` is None pass through. Floating tensors stored in
+    one of the `keep` dtypes are copied as they are, uncast (for products that read bf16 directly).
 
     Example:
         >>> cast = Caster(torch.float32, recycle=True)
@@ -28,25 +31,27 @@ class Caster:
         (6.0, 0.0)
     """
 
-    def __init__(self, dtype: torch.dtype | None, recycle: bool = False):
+    def __init__(self, dtype: torch.dtype | None, recycle: bool = False, keep: Iterable[torch.dtype] = ()):
         self.dtype = dtype
+        self.keep = frozenset(keep)
         self.recycle = recycle and _reference_count_works()
         self._buffers: list[Tensor] = []
 
     def __call__(self, t: Tensor) -> Tensor:
         if self.dtype is None or t.is_meta or not t.is_floating_point():
             return t
+        dtype = t.dtype if t.dtype in self.keep else self.dtype
         if not self.recycle:
-            return t.to(self.dtype, copy=True)
+            return t.to(dtype, copy=True)
         # A view, not the kept tensor itself: the storage count covers tensors, not Python references, so the
         # caller must hold its own tensor for the count to see it.
-        return self._buffer(t.shape, t.device).copy_(t).view(t.shape)
+        return self._buffer(t.shape, t.device, dtype).copy_(t).view(t.shape)
 
-    def _buffer(self, shape: torch.Size, device: torch.device) -> Tensor:
+    def _buffer(self, shape: torch.Size, device: torch.device, dtype: torch.dtype) -> Tensor:
         for b in self._buffers:
-            if b.shape == shape and b.device == device and _unshared(b):
+            if b.shape == shape and b.device == device and b.dtype == dtype and _unshared(b):
                 return b
-        b = torch.empty(shape, dtype=self.dtype, device=device)
+        b = torch.empty(shape, dtype=dtype, device=device)
         self._buffers.append(b)
         del self._buffers[:-_KEEP]
         return b

@@ -9,6 +9,8 @@ adapter for the architecture reads them:
     blk.N.attn_qkv                                  -> the family's fused projection (phi3, gpt2, bloom, falcon)
     blk.N.attn_norm                                 -> model.layers.N.input_layernorm (ln_1, ln_attn ...)
     blk.N.attn_q_norm / attn_k_norm                 -> model.layers.N.self_attn.{q,k}_norm
+    blk.N.attn_q_a / attn_kv_a_mqa / attn_kv_b ...  -> DeepSeek's MLA projections (deepseek2); a split
+    blk.N.attn_k_b + attn_v_b                       -> model.layers.N.self_attn.kv_b_proj, rebuilt
 
 What llama.cpp's converter did to each architecture's tensors (q/k row permutation, Gemma's norm + 1, fused QKV
 re-ordering) is written once per architecture in `qkinspect.loading.gguf_arch` and undone here as each tensor is
@@ -20,16 +22,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.errors import CheckpointError, UnsupportedModelError
 from qkinspect.loading.checked import check_counts, positive_int
 from qkinspect.loading.gguf_arch import ARCHES, Layout, Meta, layer_names
 from qkinspect.loading.source import TensorSource
+
+if TYPE_CHECKING:  # torch is imported where a tensor is read, not to open the file (`qkinspect info`)
+    from torch import Tensor
 
 _GGUF_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _REQUIRED = object()  # marks a metadata key without a default
@@ -67,6 +68,8 @@ def ungroup_qkv(w: Tensor, n_heads: int, n_kv: int) -> Tensor:
     if not rep or rows % (n_heads + 2 * n_kv):
         raise CheckpointError(f"cannot undo the fused QKV order: {rows} rows for {n_heads} heads, {n_kv} KV heads")
     d = rows // (n_heads + 2 * n_kv)
+    import torch
+
     q, k, v = w.split([n_heads * d, n_kv * d, n_kv * d])
     q = q.reshape(n_kv, rep, d, *rest)  # (H*d, ...) -> (G, rep, d, ...)
     k, v = k.reshape(n_kv, 1, d, *rest), v.reshape(n_kv, 1, d, *rest)  # (G*d, ...) -> (G, 1, d, ...)
@@ -90,35 +93,60 @@ class GGUFSource(TensorSource):
         names = layer_names(layout, config)
         self._tensors = {hf: t for t in reader.tensors if (hf := hf_name(t.name, layout, names)) is not None}
         self._role = {hf: t.name.split(".")[2] for hf, t in self._tensors.items()}
+        self._split = split_kv_b(reader.tensors, layout, path) if layout.mla else {}
+        self._mla_widths = (int(config.get("qk_nope_head_dim", 0)), int(config.get("v_head_dim", 0)))
         H = int(config.get("num_attention_heads", config.get("n_head", 0)))
         self._heads = (H, int(config.get("num_key_value_heads", config.get("num_kv_heads", H))))
 
     def keys(self) -> list[str]:
-        return list(self._tensors)
+        return [*self._tensors, *self._split]
 
     def stored_shape(self, stored_name: str) -> tuple[int, ...]:
-        # GGUF lists dimensions fastest-varying first (ne0 = columns): numpy/torch order is the reverse.
-        shape = tuple(int(n) for n in reversed(self._tensors[stored_name].shape.tolist()))
+        if stored_name in self._split:
+            H, r, dn, dv = self._split_dims(stored_name)
+            return (H * (dn + dv), r)
+        shape = _shape(self._tensors[stored_name])
         return shape[::-1] if self._transposed(stored_name, len(shape)) else shape
 
     def stored_dtype(self, stored_name: str) -> str:
-        name = self._tensors[stored_name].tensor_type.name
-        return {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}.get(name, name.lower())
+        types = dict.fromkeys(_dtype(t) for t in self._split.get(stored_name, (self._tensors.get(stored_name),)))
+        return "+".join(types)
 
     def stored_nbytes(self, stored_name: str) -> int:
-        return int(self._tensors[stored_name].n_bytes)
+        return sum(int(t.n_bytes) for t in self._split.get(stored_name, (self._tensors.get(stored_name),)))
 
     def _read(self, stored_name: str) -> Tensor:
+        import torch
+
+        if stored_name in self._split:
+            H, r, dn, dv = self._split_dims(stored_name)
+            k_b, v_b = (self._dequantized(t) for t in self._split[stored_name])
+            kv = torch.cat([k_b.reshape(H, r, dn).transpose(1, 2), v_b.reshape(H, dv, r)], dim=1)  # (H, dn+dv, r)
+            return kv.reshape(H * (dn + dv), r)  # per head [k_nope (dn) | v (dv)] rows, as kv_b_proj stores them
+        return self._as_hf(stored_name, self._dequantized(self._tensors[stored_name]))
+
+    def _dequantized(self, t: Any) -> Tensor:
+        import numpy as np
+        import torch
         from gguf.quants import dequantize
 
-        t = self._tensors[stored_name]
         try:
             data = dequantize(t.data, t.tensor_type)
             w = torch.from_numpy(np.array(data, dtype=np.float32))  # a copy: never a view of the file mapping
-            w = w.reshape(tuple(int(n) for n in reversed(t.shape.tolist())))
+            return w.reshape(_shape(t))
         except Exception as e:
             raise CheckpointError(f"{self.path}: cannot read tensor {t.name!r} ({_one_line(e)})") from None
-        return self._as_hf(stored_name, w)
+
+    def _split_dims(self, stored_name: str) -> tuple[int, int, int, int]:
+        """(H, r, dn, dv) of a split kv_b: attn_k_b is (H, r, dn) in numpy order (each head's k_nope block
+        transposed), attn_v_b (H, dv, r); anything else is refused."""
+        k_b, v_b = self._split[stored_name]
+        ks, vs = _shape(k_b, 3), _shape(v_b, 3)
+        H, (dn, dv) = self._heads[0], self._mla_widths
+        if (len(ks), len(vs)) != (3, 3) or ks[0] != H or vs[0] != H or ks[2] != dn or vs[1] != dv or ks[1] != vs[2]:
+            raise CheckpointError(f"{self.path}: {k_b.name!r} {_ne(k_b)} and {v_b.name!r} {_ne(v_b)} "
+                                  f"are not llama.cpp's split kv_b ([{dn}, r, {H}] and [r, {dv}, {H}])")
+        return H, ks[1], dn, dv
 
     def _as_hf(self, stored_name: str, w: Tensor) -> Tensor:
         """Undo what llama.cpp's converter did to this tensor (see qkinspect.loading.gguf_arch)."""
@@ -146,8 +174,45 @@ class GGUFSource(TensorSource):
         return " ".join(value.split()) or None if isinstance(value, str) else None
 
     def close(self) -> None:
-        self._tensors = {}
+        self._tensors, self._split = {}, {}
         self._reader = None
+
+
+def split_kv_b(tensors: Any, layout: Layout, path: Path) -> dict[str, tuple[Any, Any]]:
+    """``model.layers.N.self_attn.kv_b_proj.weight`` -> (attn_k_b, attn_v_b) of layer N, for files written since
+    llama.cpp's MLA change (one without the other is refused)."""
+    found: dict[int, dict[str, Any]] = {}
+    for t in tensors:
+        m = _GGUF_NAME.fullmatch(t.name)
+        if m is not None and m.group(2) in ("attn_k_b", "attn_v_b"):
+            if m.group(3) != "weight":
+                raise UnsupportedModelError(f"{path}: {t.name!r}: llama.cpp's split kv_b has no bias")
+            found.setdefault(int(m.group(1)), {})[m.group(2)] = t
+    out = {}
+    for i, pair in sorted(found.items()):
+        if len(pair) != 2:
+            (role,) = pair
+            other = "attn_v_b" if role == "attn_k_b" else "attn_k_b"
+            raise CheckpointError(f"{path}: blk.{i}.{role}.weight is there but blk.{i}.{other}.weight is missing")
+        out[f"{layout.prefix}.{i}.self_attn.kv_b_proj.weight"] = (pair["attn_k_b"], pair["attn_v_b"])
+    return out
+
+
+def _shape(t: Any, ndim: int = 0) -> tuple[int, ...]:
+    """A GGUF tensor's shape in numpy/torch order (GGUF lists dimensions fastest-varying first: ne0 = columns), with
+    leading 1s up to `ndim` dimensions."""
+    shape = tuple(int(n) for n in reversed(t.shape.tolist()))
+    return (1,) * (ndim - len(shape)) + shape
+
+
+def _ne(t: Any) -> list[int]:
+    """A GGUF tensor's shape as GGUF lists it (ne0 first)."""
+    return [int(n) for n in t.shape.tolist()]
+
+
+def _dtype(t: Any) -> str:
+    name = t.tensor_type.name
+    return {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}.get(name, name.lower())
 
 
 def open_gguf(path: Path) -> tuple[Any, GGUFSource]:
@@ -170,7 +235,8 @@ def open_gguf(path: Path) -> tuple[Any, GGUFSource]:
 
 # Metadata counts checked as they are read: a block count of 2**30 would otherwise build per-layer lists of gigabytes.
 _COUNTS = (".block_count", ".embedding_length", ".attention.head_count", ".attention.head_count_kv",
-           ".attention.key_length", ".attention.value_length", ".rope.dimension_count")
+           ".attention.key_length", ".attention.value_length", ".rope.dimension_count", ".attention.key_length_mla",
+           ".attention.value_length_mla", ".attention.q_lora_rank", ".attention.kv_lora_rank")
 
 
 def gguf_config_dict(reader: Any, arch: str, path: Path) -> dict[str, Any]:
@@ -189,6 +255,8 @@ def gguf_config_dict(reader: Any, arch: str, path: Path) -> dict[str, Any]:
         data = layout.config(meta)
     except (TypeError, ValueError, ZeroDivisionError) as e:
         raise CheckpointError(f"{path}: GGUF metadata for {arch!r} is invalid ({_one_line(e)})") from None
+    except UnsupportedModelError as e:  # a form qkinspect does not read (said without the path)
+        raise UnsupportedModelError(f"{path}: GGUF {arch!r}: {_one_line(e)}") from None
     data = {"model_type": layout.model_type, "architectures": [layout.architecture], **data}
     check_counts(data, path)  # what the counts imply together (key/value heads dividing the query heads)
     return data

@@ -13,6 +13,11 @@ adapters the Hugging Face tensors back:
 - ``qkv``: how the fused ``attn_qkv`` relates to the Hugging Face tensor: ``"same"`` (phi3), ``"transposed"``
   (GPT-2's Conv1D, also its ``attn_output``), ``"grouped"`` (BLOOM, Falcon: the converter turned the per-head or
   per-KV-group interleaving into sections ``[q | k | v]``).
+- ``mla``: DeepSeek's Multi-head Latent Attention (``deepseek2``). Files written since llama.cpp's MLA change split
+  ``kv_b_proj`` (rows per head ``[k_nope (dn) | v (dv)]``) into ``attn_k_b`` (per head ``k_nope`` transposed: GGUF
+  ``[dn, r, H]``) and ``attn_v_b`` (GGUF ``[r, dv, H]``); older files keep it whole as ``attn_kv_b``. Either way the
+  source gives the adapter ``kv_b_proj`` back; the rotary dims are not permuted (llama.cpp's "normal" RoPE pairs
+  adjacent dims, as DeepSeek's own checkpoints do).
 
 The config of each architecture is a config.json-style dict built from the GGUF metadata (`Meta`), read by the
 same light config reader as a folder's config.json, so opening a GGUF file needs no transformers import.
@@ -24,11 +29,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from qkinspect.errors import UnsupportedModelError
+
 LLAMA_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
                "attn_output": "self_attn.o_proj", "attn_norm": "input_layernorm",
                "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 PHI3_NAMES = {"attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj", "attn_norm": "input_layernorm"}
 GPT2_NAMES = {"attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "attn_norm": "ln_1"}
+DEEPSEEK2_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_q_a": "self_attn.q_a_proj",
+                   "attn_q_a_norm": "self_attn.q_a_layernorm", "attn_q_b": "self_attn.q_b_proj",
+                   "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa", "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+                   "attn_kv_b": "self_attn.kv_b_proj", "attn_output": "self_attn.o_proj"}
 BLOOM_NAMES = {"attn_qkv": "self_attention.query_key_value", "attn_output": "self_attention.dense",
                "attn_norm": "input_layernorm"}
 
@@ -166,6 +177,70 @@ def falcon(m: Meta) -> dict[str, Any]:
             "rope_theta": float(m("rope.freq_base", 10000.0))}
 
 
+def deepseek2(m: Meta) -> dict[str, Any]:
+    """DeepSeek-V2/V3 (and R1, Kimi-K2 ...) as llama.cpp stores them. Head widths: ``attention.key_length_mla`` /
+    ``value_length_mla`` where present (files since the MLA change, whose ``key_length`` / ``value_length`` are the
+    latent cache's ``kv_lora_rank + rope`` / ``kv_lora_rank`` and ``head_count_kv`` is 1), else ``key_length`` /
+    ``value_length`` (older files). The query has a latent (``attn_q_a``, ``q_lora_rank``) or not (``attn_q``,
+    V2-Lite): the tensors decide, as in llama.cpp's graph."""
+    c = sizes(m)
+    dr = int(m("rope.dimension_count"))
+    even = c["hidden_size"] // c["num_attention_heads"]  # llama.cpp's default head width
+    d = int(m("attention.key_length_mla", None) or c["head_dim"])  # head_dim: key_length, else `even`
+    dv = int(m("attention.value_length_mla", None) or m("attention.value_length", even))
+    if d <= dr:
+        raise ValueError(f"key width {d} leaves no content dims beside {dr} rotary dims")
+    plain, latent = m.has_tensor(".attn_q.weight"), m.has_tensor(".attn_q_a.weight")
+    if plain and latent:
+        raise UnsupportedModelError("the file has both attn_q and attn_q_a: which query is meant is ambiguous")
+    if not (plain or latent):
+        raise ValueError("the file has neither attn_q nor attn_q_a")
+    if m.has_tensor(".attn_kv_b.weight") and m.has_tensor(".attn_k_b.weight"):
+        raise UnsupportedModelError("the file has both attn_kv_b and attn_k_b/attn_v_b: which keys and values are "
+                                    "meant is ambiguous")
+    if m.has_tensor(".attn_k_b.weight") and m("attention.key_length_mla", None) is None:
+        raise ValueError("attn_k_b/attn_v_b without attention.key_length_mla (llama.cpp reads the split form only "
+                         "with the per-head widths there)")
+    if m("attention.temperature_scale", None) is not None:
+        raise UnsupportedModelError("attention.temperature_scale (a per-position query temperature) is not supported")
+    return {**{k: c[k] for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size",
+                                 "max_position_embeddings", "vocab_size")},
+            "num_key_value_heads": c["num_attention_heads"], "kv_lora_rank": int(m("attention.kv_lora_rank")),
+            "q_lora_rank": int(m("attention.q_lora_rank")) if latent else None, "qk_rope_head_dim": dr,
+            "qk_nope_head_dim": d - dr, "v_head_dim": dv,
+            "rms_norm_eps": float(m("attention.layer_norm_rms_epsilon", 1e-6)),
+            "rope_theta": float(m("rope.freq_base", 10000.0)), "rope_scaling": deepseek2_yarn(m),
+            "attention_bias": m.has_tensor(".attn_q_a.bias") or m.has_tensor(".attn_kv_a_mqa.bias")}
+
+
+def deepseek2_yarn(m: Meta) -> dict[str, Any] | None:
+    """YaRN as llama.cpp's deepseek2 graph applies it: the softmax scale times mscale(factor, mscale_all_dim)²,
+    ``rope.scaling.yarn_log_multiplier`` being 0.1 * mscale_all_dim (float32); the rotary part of q and k carries
+    no further factor (``attention_factor`` 1: llama.cpp cancels YaRN's own magnitude correction, which transformers
+    keeps as mscale(factor, mscale) / mscale(factor, mscale_all_dim), 1 in every released config: the two are equal).
+    A stored ``attn_factor`` other than 1 scales the whole logits in llama.cpp but only the rotary part in
+    transformers: refused."""
+    kind = m("rope.scaling.type", "none")
+    if kind == "none":
+        return None
+    if kind != "yarn":
+        raise UnsupportedModelError(f"rope.scaling.type {kind!r} is not supported (none and yarn are)")
+    for key in ("rope.scaling.attn_factor", "rope.scaling.yarn_attn_factor"):
+        if float(m(key, 1.0)) != 1.0:
+            raise UnsupportedModelError(f"{key} {m(key)} is not supported (only 1)")
+    out: dict[str, Any] = {"rope_type": "yarn", "factor": float(m("rope.scaling.factor")), "attention_factor": 1.0,
+                           "original_max_position_embeddings": int(m("rope.scaling.original_context_length"))}
+    log_mul = m("rope.scaling.yarn_log_multiplier", None)
+    if log_mul is not None:  # divided back in float32 as llama.cpp does; the shortest decimal of that float32
+        import numpy as np
+
+        out["mscale_all_dim"] = float(str(np.float32(log_mul) / np.float32(0.1)))
+    for key in ("beta_fast", "beta_slow"):
+        if (v := m(f"rope.scaling.yarn_{key}", None)) is not None:
+            out[key] = float(v)
+    return out
+
+
 @dataclass(frozen=True)
 class Layout:
     """One llama.cpp architecture: the transformers family its attention maps onto, and what the converter did."""
@@ -178,6 +253,7 @@ class Layout:
     permuted_qk: bool = False
     norm_plus_one: bool = False
     qkv: str | None = None  # "same", "transposed" or "grouped" (see the module docstring)
+    mla: bool = False  # kv_b_proj may be stored split as attn_k_b / attn_v_b (see the module docstring)
 
 
 ARCHES: dict[str, Layout] = {
@@ -198,6 +274,7 @@ ARCHES: dict[str, Layout] = {
     "gpt2": Layout("gpt2", "GPT2LMHeadModel", gpt2, names=GPT2_NAMES, prefix="h", qkv="transposed"),
     "bloom": Layout("bloom", "BloomForCausalLM", bloom, names=BLOOM_NAMES, prefix="h", qkv="grouped"),
     "falcon": Layout("falcon", "FalconForCausalLM", falcon, names=BLOOM_NAMES, prefix="h", qkv="grouped"),
+    "deepseek2": Layout("deepseek_v2", "DeepseekV2ForCausalLM", deepseek2, names=DEEPSEEK2_NAMES, mla=True),
 }
 
 

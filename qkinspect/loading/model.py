@@ -10,17 +10,20 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
-
-import torch
-from torch import Tensor
+from dataclasses import fields, replace
+from typing import TYPE_CHECKING
 
 from qkinspect.errors import CheckpointError, QkinspectError
 from qkinspect.layer import AttentionLayer, ModelInfo
 from qkinspect.loading.adapters.base import Adapter
-from qkinspect.loading.cast import Caster
 from qkinspect.loading.resolve import Resolved
 from qkinspect.loading.source import storage_dtype
+
+if TYPE_CHECKING:  # torch is imported when a layer is read, not when a model is opened (`qkinspect info`)
+    import torch
+    from torch import Tensor
+
+    from qkinspect.loading.cast import Caster
 
 Step = tuple[str, int]  # (block, layer)
 
@@ -117,6 +120,8 @@ class LoadedModel:
         placeholder (on the meta device) stands in for each. `dtype`: floating tensors are cast to it as they are
         read (always a copy, so no returned tensor keeps the file's mapping alive).
         """
+        from qkinspect.loading.cast import Caster
+
         return self._read_tensors(block, layer, need_o, Caster(dtype))
 
     def _read_tensors(self, block: str, layer: int, need_o: bool, cast: Caster) -> dict[str, Tensor]:
@@ -146,6 +151,8 @@ class LoadedModel:
 
     def _placeholder(self, name: str) -> Tensor | None:
         """A tensor of the stored shape with no data (meta device), or None when the checkpoint lacks `name`."""
+        import torch
+
         stored = self.source.resolve(name)
         return None if stored is None else torch.empty(self.source.stored_shape(stored), device="meta")
 
@@ -156,22 +163,33 @@ class LoadedModel:
         `need_o=False` gives W_O = b_O = None (and does not read them where the adapter names them); `dtype`
         casts the floating tensors as they are read (see `read_tensors`).
         """
+        from qkinspect.loading.cast import Caster
+
         return self._layer(block, layer, need_o, Caster(dtype))
 
     def _layer(self, block: str, layer: int, need_o: bool, cast: Caster) -> AttentionLayer:
         with self._lock:
             tensors = self._read_tensors(block, layer, need_o, cast)
+        built = self._build(block, layer, tensors)
+        if cast.keep and _computed_in(built, cast.keep, tensors.values()):
+            # The adapter did arithmetic on uncast half-precision tensors (composed or scaled weights): that would
+            # round, so build this layer again from the tensors cast as usual (exact: a cast of stored values).
+            from qkinspect.loading.cast import Caster
+
+            built = self._build(block, layer, {k: Caster(cast.dtype)(t) for k, t in tensors.items()})
+        return built if need_o else replace(built, W_O=None, b_O=None)
+
+    def _build(self, block: str, layer: int, tensors: dict[str, Tensor]) -> AttentionLayer:
         try:
-            built = self.adapter.build(block, layer, tensors)
+            return self.adapter.build(block, layer, tensors)
         except QkinspectError:
             raise
         except (ValueError, AssertionError) as e:  # shape checks inside the adapter or AttentionLayer
             raise CheckpointError(f"{self.info.source}: {block} layer {layer}: {_one_line(e)}") from None
-        return built if need_o else replace(built, W_O=None, b_O=None)
 
     def layers(
         self, blocks: Iterable[str] | None = None, layers: Iterable[int] | None = None, *, prefetch: bool = False,
-        need_o: bool = True, dtype: torch.dtype | None = None,
+        need_o: bool = True, dtype: torch.dtype | None = None, keep: Iterable[torch.dtype] = (),
     ) -> Iterator[AttentionLayer]:
         """Yield the chosen layers in file order. With `prefetch`, a background thread reads layer i+1 while the
         caller works on layer i (two layers in memory instead of one); its errors are raised here.
@@ -181,10 +199,14 @@ class LoadedModel:
         is read: the cast copies hold no pages of the file, and a later layer reopens the shard (a header read).
         Cast layers are written into buffers reused from earlier layers that nothing holds any more (see
         `qkinspect.loading.cast`): drop a layer (and its views) when done with it to let its memory be reused.
+        Tensors stored in a `keep` dtype (bf16, for the bf16 product route) are copied uncast; a layer whose
+        adapter computes with them (rather than reshaping them) is built from the cast tensors instead.
         """
+        from qkinspect.loading.cast import Caster
+
         steps = list(self.plan(blocks, layers))
         release = self._release_plan(steps, every_step=dtype is not None)
-        cast = Caster(dtype, recycle=True)  # used by one reading thread at a time
+        cast = Caster(dtype, recycle=True, keep=keep)  # used by one reading thread at a time
 
         def read(k: int) -> AttentionLayer:
             layer = self._layer(*steps[k], need_o, cast)
@@ -233,6 +255,18 @@ def _prefetched(read: Callable[[int], AttentionLayer], n: int) -> Iterator[Atten
         finally:
             if pending is not None:
                 pending.cancel()  # the caller stopped early; the executor waits for a read already running
+
+
+def _computed_in(layer: AttentionLayer, dtypes: frozenset[torch.dtype], read: Iterable[Tensor]) -> bool:
+    """Whether any tensor of `layer` in one of `dtypes` is not a view of a tensor that was read (then the adapter
+    computed it in that dtype)."""
+    from torch import Tensor
+
+    storages = {t.untyped_storage().data_ptr() for t in read if not t.is_meta}
+    tensors = [getattr(layer, f.name) for f in fields(layer)]
+    tensors += [t for norm in (layer.norm_q, layer.norm_kv) if norm is not None for t in (norm.weight, norm.bias)]
+    return any(isinstance(t, Tensor) and t.dtype in dtypes and not t.is_meta
+               and t.untyped_storage().data_ptr() not in storages for t in tensors)
 
 
 def _one_line(e: BaseException) -> str:

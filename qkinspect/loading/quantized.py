@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.errors import CheckpointError, UnsupportedModelError
-from qkinspect.loading.source import TensorSource
+from qkinspect.loading.source import TensorSource, storage_dtype
+
+if TYPE_CHECKING:  # torch is imported where weights are dequantized, not where a config is checked
+    from torch import Tensor
 
 # Keys under which a config.json declares its quantization (compressed-tensors wrote ``compression_config`` before
 # transformers adopted ``quantization_config``).
@@ -66,7 +66,7 @@ def check_quantization(raw: dict, cfg_file: Path) -> dict | None:
 
 # -- dequantizing on read -----------------------------------------------------------------------------------------
 
-FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8 = ("float8_e4m3fn", "float8_e5m2")  # storage dtypes, by name
 CT_FORMATS = ("pack-quantized", "naive-quantized", "int-quantized", "float-quantized")  # compressed-tensors
 
 
@@ -144,7 +144,7 @@ class DequantizingSource(TensorSource):
 
     def _read_fp8(self, stored_name: str) -> Tensor:
         w = self.inner._read(stored_name)
-        if w.dtype not in FP8:
+        if storage_dtype(w) not in FP8:
             return w
         scale_name = stored_name + "_scale_inv"
         if scale_name not in self._inner_keys:
@@ -158,11 +158,12 @@ class DequantizingSource(TensorSource):
         quantized = any(f"{module}.{p}" in self._inner_keys for p in ("weight_packed", "weight_scale"))
         if scheme is None or not quantized:  # "Linear" targets name a class: a norm's weight is not quantized
             w = self.inner._read(stored_name)
-            if not w.is_floating_point() or w.dtype in FP8:
+            if not w.is_floating_point() or storage_dtype(w) in FP8:
                 raise CheckpointError(f"{self.path}: {stored_name!r} is stored as {w.dtype} without the scales "
                                       f"of its quantization")
             return w
         fmt, scheme = scheme
+        import torch
         from compressed_tensors.compressors import BaseCompressor
 
         compressor = BaseCompressor.get_value_from_registry(fmt)
@@ -186,6 +187,8 @@ _HIDDEN = {"fp8": ("_scale_inv",),
 def fp8_dequantize(w: Tensor, scale_inv: Tensor, block: list[int] | None, where: str) -> Tensor:
     """float32 W = w * scale_inv, the scale taken per block of `block` = [rows, cols] (the last blocks may be
     partial), per output row, or per tensor, as the scale's shape says."""
+    import torch
+
     O, I = w.shape  # noqa: E741
     s = scale_inv.to(torch.float32)
     if s.numel() == 1:

@@ -96,9 +96,7 @@ def _from_file(name: str, path: Path) -> Resolved:
     config = load_config(path.parent)
     if suffix == ".safetensors":
         return Resolved(name, path, "safetensors", config, _dequantizing(SafetensorsSource([path]), path.parent))
-    from qkinspect.loading.torchbin import TorchBinSource
-
-    return Resolved(name, path, "bin", config, TorchBinSource([path]))
+    return Resolved(name, path, "bin", config, _torchbin()([path]))
 
 
 _STANDARD_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -160,13 +158,11 @@ def load_config(folder: Path) -> Any:
 
 def folder_source(folder: Path) -> tuple[TensorSource, str]:
     """The weights of a folder: safetensors (sharded or single) first, then PyTorch .bin (sharded or single)."""
-    from qkinspect.loading.torchbin import TorchBinSource
-
     candidates = [
-        ("model.safetensors.index.json", lambda p: SafetensorsSource.from_index(p), "safetensors"),
+        ("model.safetensors.index.json", SafetensorsSource.from_index, "safetensors"),
         ("model.safetensors", lambda p: SafetensorsSource([p]), "safetensors"),
-        ("pytorch_model.bin.index.json", lambda p: TorchBinSource.from_index(p), "bin"),
-        ("pytorch_model.bin", lambda p: TorchBinSource([p]), "bin"),
+        ("pytorch_model.bin.index.json", lambda p: _torchbin().from_index(p), "bin"),
+        ("pytorch_model.bin", lambda p: _torchbin()([p]), "bin"),
     ]
     for file, make, fmt in candidates:
         if (folder / file).is_file():
@@ -175,6 +171,13 @@ def folder_source(folder: Path) -> tuple[TensorSource, str]:
         f"{folder}: no weights (model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
         f"pytorch_model.bin.index.json)"
     )
+
+
+def _torchbin():
+    """TorchBinSource, imported only for a .bin checkpoint."""
+    from qkinspect.loading.torchbin import TorchBinSource
+
+    return TorchBinSource
 
 
 # -- the Hugging Face hub --------------------------------------------------------------------------------

@@ -8,22 +8,35 @@ no later layer needs it.
 
 from __future__ import annotations
 
+import json
+import os
+import struct
 from collections.abc import Hashable, Iterable
 from pathlib import Path
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.errors import CheckpointError
 from qkinspect.loading.checked import inside, os_reason, read_json
 
-# safetensors header dtype -> torch dtype (the storage dtype of a tensor, as stored).
+if TYPE_CHECKING:  # torch is imported where tensors are read, not to open a checkpoint (`qkinspect info`)
+    import torch
+    from torch import Tensor
+
+# safetensors header dtype -> (torch's name for it, bytes per element): the storage dtype of a tensor, as stored.
 _SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
+    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
+    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1),
+    "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1),
+    "BOOL": ("bool", 1),
 }
+# Bits per element of every dtype the safetensors format defines (those above and those torch cannot read), for
+# checking a header's offsets as safetensors itself does.
+_SAFETENSORS_BITS = {
+    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64, "F64": 64,
+    "I64": 64, "U64": 64,
+}
+_MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header's size
 
 
 class TensorSource:
@@ -136,24 +149,22 @@ class SafetensorsSource(ShardedSource):
         self._where: dict[str, Path] = {}
         self._meta: dict[str, tuple[str, tuple[int, ...]]] = {}  # name -> (header dtype, shape)
         for f in self.files:
-            h = _open_safetensors(f)
-            for k in h.keys():
-                s = h.get_slice(k)
+            for k, (dtype, shape) in read_safetensors_header(f).items():
                 self._where[k] = f
-                self._meta[k] = (s.get_dtype(), tuple(s.get_shape()))
-            del h  # headers read; the mapping is opened again on the first read from this file
+                self._meta[k] = (dtype, shape)
+        # the data is mapped with `safe_open` on the first read from each file
 
     def stored_dtype(self, stored_name: str) -> str:
         raw = self._meta[stored_name][0]
         dt = _SAFETENSORS_DTYPES.get(raw)
-        return raw.lower() if dt is None else storage_dtype(dt)
+        return raw.lower() if dt is None else dt[0]
 
     def stored_nbytes(self, stored_name: str) -> int:
         raw, shape = self._meta[stored_name]
         dt = _SAFETENSORS_DTYPES.get(raw)
         if dt is None:
             raise CheckpointError(f"{self._where[stored_name]}: tensor {stored_name!r} has unsupported dtype {raw}")
-        return _numel(shape) * dt.itemsize
+        return _numel(shape) * dt[1]
 
     def release(self, shard: Hashable) -> None:
         self._handles.pop(shard, None)  # type: ignore[call-overload]
@@ -172,6 +183,83 @@ class SafetensorsSource(ShardedSource):
 
     def close(self) -> None:
         self._handles.clear()
+
+
+def read_safetensors_header(f: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Name -> (header dtype such as ``"BF16"``, shape) of every tensor in a .safetensors file, from its JSON header
+    alone (json and struct: neither safetensors nor torch is imported). The header is checked as `safe_open` checks
+    it (size, JSON object, known dtypes, offsets that tile the data exactly, sizes that match the shapes), so a
+    corrupt or truncated file is refused here, naming the file.
+    """
+    try:
+        with open(f, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            head = fh.read(8)
+            if len(head) < 8:
+                raise _corrupt(f, f"{size} bytes, shorter than the header's length field")
+            n = struct.unpack("<Q", head)[0]  # the JSON header's length, little-endian u64
+            if n > _MAX_HEADER or 8 + n > size:
+                raise _corrupt(f, f"header length {n} does not fit the file's {size} bytes")
+            raw = fh.read(n)
+    except FileNotFoundError:
+        raise CheckpointError(f"{f}: file is missing") from None
+    except OSError as e:
+        raise CheckpointError(f"{f}: cannot read it ({os_reason(e)})") from None
+    try:
+        text = raw.decode("utf-8")
+        header = json.loads(text) if text.startswith("{") else None
+    except (ValueError, RecursionError):
+        header = None
+    if not isinstance(header, dict):
+        raise _corrupt(f, "header is not a JSON object")
+    return _checked_header(f, header, size - 8 - n)
+
+
+def _checked_header(f: Path, header: dict[str, Any], data_size: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The tensors of a parsed header, after safetensors' own checks: the data offsets, sorted, tile the data
+    section exactly and each tensor's byte size is its shape's element count times its dtype's size."""
+    meta = header.pop("__metadata__", None)
+    if meta is not None and not (isinstance(meta, dict) and all(type(v) is str for v in meta.values())):
+        raise _corrupt(f, "__metadata__ is not an object of strings")
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    spans = []
+    for name, info in header.items():
+        dtype = info.get("dtype") if isinstance(info, dict) else None
+        shape = info.get("shape") if isinstance(info, dict) else None
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (type(dtype) is str and dtype in _SAFETENSORS_BITS and _uints(shape) and _uints(offsets)
+                and len(offsets) == 2):
+            raise _corrupt(f, f"tensor {name!r}: no valid dtype, shape and data_offsets")
+        spans.append((offsets[0], offsets[1], name, _bits(shape, _SAFETENSORS_BITS[dtype])))
+        out[name] = (dtype, tuple(shape))
+    end = 0
+    for start, stop, name, bits in sorted(spans):
+        if start != end or stop < start or bits is None or bits % 8 or stop - start != bits // 8:
+            raise _corrupt(f, f"tensor {name!r}: data_offsets do not match its shape and dtype")
+        end = stop
+    if end != data_size:
+        raise _corrupt(f, f"the data section holds {data_size} bytes, the header describes {end}")
+    return out
+
+
+def _bits(shape: list[int], bits: int) -> int | None:
+    """Bits of a tensor's data, or None past 2**64 elements' worth (safetensors' own overflow check; it also keeps a
+    hostile shape of a million huge sizes from costing a million bigint products)."""
+    n = 1
+    for s in shape:
+        n *= s
+        if n >= 1 << 64:
+            return None
+    return n * bits
+
+
+def _uints(v: object) -> bool:
+    """A JSON list of unsigned 64-bit integers (as the format's usize fields; not bools, not floats)."""
+    return isinstance(v, list) and all(type(x) is int and 0 <= x < 1 << 64 for x in v)
+
+
+def _corrupt(f: Path, why: str) -> CheckpointError:
+    return CheckpointError(f"{f}: not a readable safetensors file, corrupt or truncated ({why})")
 
 
 def _open_safetensors(f: Path):
@@ -207,6 +295,7 @@ class DictSource(TensorSource):
     """In-memory tensors (tests, and checkpoints already loaded by other means).
 
     Example:
+        >>> import torch
         >>> src = DictSource({"w": torch.zeros(2, 3)})
         >>> src.shape("w")
         (2, 3)
@@ -234,7 +323,9 @@ class DictSource(TensorSource):
 
 def storage_dtype(t: Tensor | torch.dtype) -> str:
     """``torch.bfloat16`` (or a tensor of it) -> ``"bfloat16"``."""
-    dt = t.dtype if isinstance(t, Tensor) else t
+    import torch  # already imported by whoever holds a tensor or a dtype
+
+    dt = t.dtype if isinstance(t, torch.Tensor) else t
     return str(dt).removeprefix("torch.")
 
 
@@ -249,4 +340,5 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
-__all__ = ["TensorSource", "SafetensorsSource", "DictSource", "shards_from_index", "storage_dtype", "torch"]
+__all__ = ["TensorSource", "SafetensorsSource", "DictSource", "shards_from_index", "storage_dtype",
+           "read_safetensors_header"]

@@ -80,12 +80,12 @@ def needs_o(names: Iterable[str], spectra: Iterable[str] = ()) -> bool:
 
 def _spectrum(p: HeadProducts, key: str) -> Tensor | None:
     """One spectrum for every selected head, or None where it is not defined (no W_O; D != Dk for eigenvalues)."""
-    if key in ("ov", "ov_eig") and p.O is None:
+    if key in ("ov", "ov_eig") and not p.has_o:
         return None
     if key == "qk_eig":
         return descending_eigvals(p.eig_qk) if p.square else None
     if key == "ov_eig":
-        return descending_eigvals(p.eig_ov) if p.O.shape[-1] == p.V.shape[-2] else None
+        return descending_eigvals(p.eig_ov) if p.shape("O")[-1] == p.shape("V")[-2] else None
     return {"qk": lambda: p.sigma_qk, "q": lambda: p.fq.sigma, "k": lambda: p.fk.sigma, "v": lambda: p.fv.sigma,
             "ov": lambda: p.sigma_ov}[key]()
 
@@ -205,7 +205,7 @@ def _decompose(f: GramFactor, whiten: bool, threads: int) -> None:
 
 
 def _widths(p: HeadProducts) -> dict[str, int]:
-    return {"rank_q": p.Q.shape[-1], "rank_k": p.K.shape[-1], "rank_v": p.V.shape[-1]}
+    return {"rank_q": p.shape("Q")[-1], "rank_k": p.shape("K")[-1], "rank_v": p.shape("V")[-1]}
 
 
 def _measure(p: HeadProducts, names: list[str], spectra: Iterable[str]

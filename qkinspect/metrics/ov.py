@@ -17,14 +17,14 @@ from qkinspect.metrics.spectrum import effective_rank, eig_real_ratio
 
 
 def ov_effective_rank(p: HeadProducts) -> Tensor:
-    return p.nan() if p.O is None else effective_rank(p.sigma_ov)
+    return p.nan() if not p.has_o else effective_rank(p.sigma_ov)
 
 
 def ov_norm_spec(p: HeadProducts) -> Tensor:
-    return p.nan() if p.O is None else p.sigma_ov[:, 0]
+    return p.nan() if not p.has_o else p.sigma_ov[:, 0]
 
 
 def ov_copying(p: HeadProducts) -> Tensor:
-    if p.O is None or p.O.shape[-1] != p.V.shape[-2]:
+    if not p.has_o or p.shape("O")[-1] != p.shape("V")[-2]:
         return p.nan()
     return eig_real_ratio(p.eig_ov, trace(p.c_ov))

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from qkinspect.layer import AttentionLayer
+from qkinspect.metrics import backend
 from qkinspect.metrics.factored import (
     GramFactor,
     eigvals,
@@ -33,6 +34,10 @@ class HeadProducts:
     its KV head h // (H // G). A head with non-finite entries is found by its Gram (computed on first use of
     the factor), zeroed (so no decomposition fails) and flagged in `bad`, for the caller to report as NaN.
 
+    On the bf16 product route (`qkinspect.metrics.backend`; float32 on a CPU only) bf16 weights are kept as stored
+    and the large products read them directly; Q, K, V and O are then cast to float32 only when something asks
+    for them, and `route` says which route this layer's products took ("bf16", or the dtype's name).
+
     Example:
         >>> p = HeadProducts(layer, torch.tensor([0, 3]), dtype=torch.float64)  # doctest: +SKIP
         >>> p.sigma_qk.shape, p.c_qk.shape  # singular values of M, and W_Kᵀ W_Q, for heads 0 and 3  # doctest: +SKIP
@@ -47,21 +52,24 @@ class HeadProducts:
         self.grouped = bool(heads is None or torch.equal(sel, torch.arange(s.n_heads)))
         self.same_qk = _same_qk(layer)
         self._layer = layer  # for `exact`: the stored tensors, not this precision's copies
-        self._load(layer, device)
+        self._load(layer, device, backend.uses_bf16(dtype, device) and _all_bf16(layer))
 
-    def _load(self, layer: AttentionLayer, device: str | torch.device) -> None:
-        """Cast (half precision up before anything) and select the query heads; the finiteness check comes with
-        each factor's Gram (`_checked`)."""
+    def _load(self, layer: AttentionLayer, device: str | torch.device, bf16: bool) -> None:
+        """Cast (half precision up before anything; bf16 weights kept on the bf16 route) and select the query
+        heads; the finiteness check comes with each factor's Gram (`_checked`)."""
 
-        def take(t: Tensor | None, per_query_head: bool) -> Tensor | None:
+        def take(t: Tensor | None, per_query_head: bool, keep: bool = False) -> Tensor | None:
             if t is None:
                 return None
             t = t if self.grouped or not per_query_head else t[self.heads]
-            return t.to(device=device, dtype=self.dtype)
+            return t.to(device=device, dtype=None if keep else self.dtype)
 
-        self._raw = {"Q": take(layer.W_Q, True), "K": take(layer.W_K, False), "V": take(layer.W_V, False),
-                     "O": take(layer.W_O, True)}
+        self.bf16 = bf16
+        self.route = "bf16" if bf16 else str(self.dtype).removeprefix("torch.")
+        self._raw = {"Q": take(layer.W_Q, True, bf16), "K": take(layer.W_K, False, bf16),
+                     "V": take(layer.W_V, False, bf16), "O": take(layer.W_O, True, bf16)}
         self._checked_factors: dict[str, _Checked] = {}
+        self._cast: dict[str, Tensor] = {}
         self.device = self._raw["Q"].device
         self.kv = (self.heads // self.spec.group_size).to(self.device)  # h // (H // G), never h % G
         self.b_Q, self.b_K, self.b_V = take(layer.b_Q, True), take(layer.b_K, False), take(layer.b_V, False)
@@ -70,26 +78,45 @@ class HeadProducts:
         """Factor `name` with its Gram and its non-finite heads (zeroed), computed once."""
         if name not in self._checked_factors:
             X = self._raw[name]
-            gram_of = _outer_gram if name == "O" else _gram  # W_O is (n, dv, D): its rows are the factor's columns
+            outer = name == "O"  # W_O is (n, dv, D): its rows are the factor's columns
+            gram_of = (_bf16_outer_gram if outer else _bf16_gram) if self.bf16 else (_outer_gram if outer else _gram)
             self._checked_factors[name] = _check(X, gram_of)
         return self._checked_factors[name]
+
+    def _x(self, name: str) -> Tensor:
+        """Factor `name` as the products read it (bf16 on the bf16 route), non-finite heads zeroed."""
+        return self._checked(name).X
+
+    def _factor(self, name: str) -> Tensor:
+        """Factor `name` in `dtype`, non-finite heads zeroed (cast once from bf16 on the bf16 route)."""
+        if name not in self._cast:
+            self._cast[name] = self._x(name).to(self.dtype)
+        return self._cast[name]
+
+    def shape(self, name: str) -> torch.Size:
+        """The shape of factor "Q", "K", "V" or "O" (which must be present), without casting or checking it."""
+        return self._raw[name].shape
 
     # -- the factors, non-finite heads zeroed (their metrics are NaN: `bad`, `bad_ov`) ------------------------
     @property
     def Q(self) -> Tensor:
-        return self._checked("Q").X
+        return self._factor("Q")
 
     @property
     def K(self) -> Tensor:
-        return self._checked("K").X
+        return self._factor("K")
 
     @property
     def V(self) -> Tensor:
-        return self._checked("V").X
+        return self._factor("V")
 
     @property
     def O(self) -> Tensor | None:  # noqa: E743 (the paper's name)
-        return None if self._raw["O"] is None else self._checked("O").X
+        return None if self._raw["O"] is None else self._factor("O")
+
+    @property
+    def has_o(self) -> bool:
+        return self._raw["O"] is not None
 
     @cached_property
     def _bad_kv(self) -> Tensor:
@@ -121,11 +148,11 @@ class HeadProducts:
     # -- Gram factors -----------------------------------------------------------------------------------
     @cached_property
     def fq(self) -> GramFactor:
-        return GramFactor(self._checked("Q").gram, rows=self.Q.shape[-2])
+        return GramFactor(self._checked("Q").gram, rows=self.shape("Q")[-2])
 
     @cached_property
     def fk_all(self) -> GramFactor:
-        return GramFactor(self._checked("K").gram, rows=self.K.shape[-2])
+        return GramFactor(self._checked("K").gram, rows=self.shape("K")[-2])
 
     @cached_property
     def fk(self) -> GramFactor:
@@ -133,7 +160,7 @@ class HeadProducts:
 
     @cached_property
     def fv_all(self) -> GramFactor:
-        return GramFactor(self._checked("V").gram, rows=self.V.shape[-2])
+        return GramFactor(self._checked("V").gram, rows=self.shape("V")[-2])
 
     @cached_property
     def fv(self) -> GramFactor:
@@ -168,22 +195,33 @@ class HeadProducts:
     @cached_property
     def c_qk(self) -> Tensor:
         """W_Kᵀ W_Q per head (n, d, d): its eigenvalues are the nonzero eigenvalues of W_Q W_Kᵀ."""
-        return self.fq.gram if self.same_qk else paired(self.K, self.Q, self.kv, self.grouped)
+        return self.fq.gram if self.same_qk else self._paired("K", "Q")
 
     @cached_property
     def c_qv(self) -> Tensor:
         """W_Vᵀ W_Q per head (n, dv, d)."""
-        return paired(self.V, self.Q, self.kv, self.grouped)
+        return self._paired("V", "Q")
 
     @cached_property
     def c_kv(self) -> Tensor:
         """W_Vᵀ W_K per head (n, dv, d)."""
-        return (self.V.mT @ self.K)[self.kv]  # (G, dv, Dk) @ (G, Dk, d) -> (G, dv, d) -> (n, dv, d)
+        V, K = self._x("V"), self._x("K")
+        if self.bf16:
+            return backend.matmul(V.mT, K)[self.kv]  # (G, dv, Dk) @ (G, Dk, d) -> (G, dv, d) -> (n, dv, d)
+        return (V.mT @ K)[self.kv]  # (G, dv, Dk) @ (G, Dk, d) -> (G, dv, d) -> (n, dv, d)
+
+    def _paired(self, y: str, x: str) -> Tensor:
+        """Y[kv[h]]ᵀ X[h] per query head (n, e, d) for factors y (G, rows, e) and x (n, rows, d)."""
+        Y, X = self._x(y), self._x(x)
+        if self.bf16:
+            return backend.matmul(Y.mT, X, ia=self.kv)
+        return paired(Y, X, self.kv, self.grouped)
 
     @cached_property
     def means(self) -> tuple[Tensor, Tensor, Tensor]:
         """Column means over the rows of W_Q (n, d), W_K (n, d), W_V (n, dv) per query head (for CKA)."""
-        return self.Q.mean(-2), self.K.mean(-2)[self.kv], self.V.mean(-2)[self.kv]
+        Q, K, V = (self._x(name).mean(-2, dtype=self.dtype) for name in "QKV")  # bf16 summed in float32
+        return Q, K[self.kv], V[self.kv]
 
     # -- the bilinear form M = W_Q W_Kᵀ -----------------------------------------------------------------------
     @cached_property
@@ -205,7 +243,7 @@ class HeadProducts:
         have the eigenvalues and norms of those of the 2d x 2d matrix P = R_q R_kᵀ. The skew norm comes from P's
         entries, not from ||M||² − ⟨M, Mᵀ⟩, so it keeps its accuracy when M is nearly symmetric.
         """
-        d = self.Q.shape[-1]
+        d = self.shape("Q")[-1]
         R = self.f_joint.root  # (n, 2d, 2d)
         P = R[..., :d] @ R[..., d:].mT  # (n, 2d, d) @ (n, d, 2d): M in the basis U
         skew2 = ((P - P.mT) / 2).square().sum((-2, -1))
@@ -216,25 +254,29 @@ class HeadProducts:
         """Factors of [W_Q W_K] (n, D, 2d): its Gram [[W_QᵀW_Q, W_QᵀW_K], [W_KᵀW_Q, W_KᵀW_K]] (n, 2d, 2d)."""
         C = self.c_qk  # W_Kᵀ W_Q (n, d, d)
         joint = torch.cat([torch.cat([self.fq.gram, C.mT], -1), torch.cat([C, self.fk.gram], -1)], -2)
-        return GramFactor(joint, rows=self.Q.shape[-2])
+        return GramFactor(joint, rows=self.shape("Q")[-2])
 
     @cached_property
     def row_col_norms(self) -> tuple[Tensor, Tensor]:
         """Row norms (n, D) and column norms (n, Dk) of M, from R_K and R_Q without forming M."""
-        rows = row_norms(self.Q, self.fk.root)  # ||W_Q[i] W_Kᵀ||
+        Q, K = self._x("Q"), self._x("K")
+        if self.bf16:  # one head at a time: X bf16 times R split into three exact bf16 terms
+            rows = backend.row_norms(Q, self.fk.root)
+            return (rows, rows) if self.same_qk else (rows, backend.row_norms(K, self.fq.root, idx=self.kv))
+        rows = row_norms(Q, self.fk.root)  # ||W_Q[i] W_Kᵀ||
         if self.same_qk:
             return rows, rows
         if self.grouped:  # each KV head against the roots of its query heads: ||W_K[j] W_Qᵀ||
-            cols = per_group(lambda R: row_norms(self.K, R), self.fq.root, self.K.shape[0])
+            cols = per_group(lambda R: row_norms(K, R), self.fq.root, K.shape[0])
         else:
-            cols = row_norms(self.K, self.fq.root, idx=self.kv)
+            cols = row_norms(K, self.fq.root, idx=self.kv)
         return rows, cols
 
     # -- the OV circuit W_OV = W_V W_O --------------------------------------------------------------------------
     @cached_property
     def fo(self) -> GramFactor:
         """Factors of W_Oᵀ (n, D, dv): Gram W_O W_Oᵀ (n, dv, dv)."""
-        return GramFactor(self._checked("O").gram, rows=self.O.shape[-1])
+        return GramFactor(self._checked("O").gram, rows=self.shape("O")[-1])
 
     @cached_property
     def sigma_ov(self) -> Tensor:
@@ -244,11 +286,17 @@ class HeadProducts:
     @cached_property
     def c_ov(self) -> Tensor:
         """(W_O W_V)ᵀ = W_Vᵀ W_Oᵀ per head (n, dv, dv): same nonzero eigenvalues as W_V W_O."""
-        return paired(self.V, self.O.mT, self.kv, self.grouped)  # W_Oᵀ: (n, dv, D) -> (n, D, dv)
+        V, Ot = self._x("V"), self._x("O").mT  # W_Oᵀ: (n, dv, D) -> (n, D, dv)
+        return backend.matmul(V.mT, Ot, ia=self.kv) if self.bf16 else paired(V, Ot, self.kv, self.grouped)
 
     @cached_property
     def eig_ov(self) -> Tensor:
         return eigvals(self.c_ov)
+
+
+def _all_bf16(layer: AttentionLayer) -> bool:
+    """Every weight the products read is stored in bf16 (a mixed layer takes the float route throughout)."""
+    return all(t is None or t.dtype == torch.bfloat16 for t in (layer.W_Q, layer.W_K, layer.W_V, layer.W_O))
 
 
 def _same_qk(layer: AttentionLayer) -> bool:
@@ -277,6 +325,14 @@ def _gram(X: Tensor) -> Tensor:
 
 def _outer_gram(X: Tensor) -> Tensor:
     return X @ X.mT  # (n, dv, D) @ (n, D, dv) -> (n, dv, dv)
+
+
+def _bf16_gram(X: Tensor) -> Tensor:
+    return backend.matmul(X.mT, X)  # bf16 (n, d, rows) @ (n, rows, d) -> float32 (n, d, d)
+
+
+def _bf16_outer_gram(X: Tensor) -> Tensor:
+    return backend.matmul(X, X.mT)  # bf16 (n, dv, D) @ (n, D, dv) -> float32 (n, dv, dv)
 
 
 def _check(X: Tensor, gram_of) -> _Checked:

@@ -56,28 +56,28 @@ def cosine_qk(p: HeadProducts) -> Tensor:
 
 
 def cosine_qv(p: HeadProducts) -> Tensor:
-    same_shape = p.square and p.Q.shape[-1] == p.V.shape[-1]
+    same_shape = p.square and p.shape("Q")[-1] == p.shape("V")[-1]
     return entrywise_cosine(p.fq, p.fv, p.c_qv) if same_shape else p.nan()
 
 
 def cosine_kv(p: HeadProducts) -> Tensor:
-    return entrywise_cosine(p.fk, p.fv, p.c_kv) if p.K.shape[-1] == p.V.shape[-1] else p.nan()
+    return entrywise_cosine(p.fk, p.fv, p.c_kv) if p.shape("K")[-1] == p.shape("V")[-1] else p.nan()
 
 
 def cka_qk(p: HeadProducts) -> Tensor:
     if not p.square:
         return p.nan()
     mq, mk, _ = p.means
-    return linear_cka(p.fq, p.fk, p.c_qk, mq, mk, p.Q.shape[-2])
+    return linear_cka(p.fq, p.fk, p.c_qk, mq, mk, p.shape("Q")[-2])
 
 
 def cka_qv(p: HeadProducts) -> Tensor:
     if not p.square:
         return p.nan()
     mq, _, mv = p.means
-    return linear_cka(p.fq, p.fv, p.c_qv, mq, mv, p.Q.shape[-2])
+    return linear_cka(p.fq, p.fv, p.c_qv, mq, mv, p.shape("Q")[-2])
 
 
 def cka_kv(p: HeadProducts) -> Tensor:
     _, mk, mv = p.means
-    return linear_cka(p.fk, p.fv, p.c_kv, mk, mv, p.K.shape[-2])
+    return linear_cka(p.fk, p.fv, p.c_kv, mk, mv, p.shape("K")[-2])

@@ -43,6 +43,42 @@ def render_html(result: AnalysisResult, *, date: dt.datetime | None = None) -> s
     return "\n".join(parts)
 
 
+def render_sweep_html(sweep, *, date: dt.datetime | None = None) -> str:
+    """A sweep's report (qkinspect.sweep.read_sweep) as one HTML string: the cover's facts, every checkpoint and
+    failure in a table, and one trajectory figure per metric (inline SVG), as in the PDF."""
+    from matplotlib.figure import Figure
+
+    from qkinspect.report.style import WIDTH
+    from qkinspect.report.sweep_pdf import cover_lines, sweep_metrics
+    from qkinspect.report.trajectory import sweep_trajectory
+
+    metrics = sweep_metrics(sweep)
+    (title, _), *facts = cover_lines(sweep, metrics, __version__, date or dt.datetime.now(dt.timezone.utc))
+    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}: "
+             f"{escape(str(sweep.folder))}</title><style>{CSS}</style></head><body>", f"<h1>{escape(title)}</h1>",
+             *(f"<p class='meta'>{escape(text)}</p>" for text, _ in facts)]
+    rows = [[str(c.step), c.name, "yes" if c.identity in sweep.results else "no"] for c in sweep.checkpoints]
+    parts.append(_table(Table("Checkpoints", ["step", "checkpoint", "result"], rows)))
+    if sweep.failures:
+        parts.append(_table(Table("Failures", ["checkpoint", "error"], [[f.name, f.error] for f in sweep.failures])))
+    parts.append("<h2>Figures</h2>")
+    for metric in metrics:
+        fig = sweep_trajectory(sweep, metric, canvas=lambda h, width=WIDTH: Figure(figsize=(width, h),
+                                                                                    layout="constrained"))
+        parts.append(f"<figure>{_svg(fig)}<figcaption>{escape(metric)} against training step: per layer, the "
+                     "median over its heads; each head a faint line.</figcaption></figure>")
+    return "\n".join([*parts, "</body></html>"])
+
+
+def _svg(fig) -> str:
+    """A matplotlib figure as inline SVG (no XML prolog or doctype: it sits inside HTML)."""
+    buf = io.StringIO()
+    with style():
+        fig.savefig(buf, format="svg")
+    svg = buf.getvalue()
+    return svg[svg.index("<svg"):]
+
+
 def _cover(result: AnalysisResult, date: dt.datetime) -> str:
     m = result.model
     ident = [("source", m.source), ("model type", m.model_type), ("architecture", m.architecture or "n/a"),
@@ -80,12 +116,7 @@ def _figures(result: AnalysisResult) -> str:
         except InputError as e:
             out.append(f"<p class='meta'>{escape(plan.kind)} left out: {escape(str(e))}</p>")
             continue
-        buf = io.StringIO()
-        with style():
-            fig.savefig(buf, format="svg")
-        svg = buf.getvalue()
-        svg = svg[svg.index("<svg"):]  # drop the XML prolog and doctype: the SVG sits inside HTML
-        out.append(f"<figure>{svg}<figcaption>{escape(plan.caption)}</figcaption></figure>")
+        out.append(f"<figure>{_svg(fig)}<figcaption>{escape(plan.caption)}</figcaption></figure>")
     return "\n".join(out)
 
 

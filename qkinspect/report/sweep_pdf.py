@@ -37,10 +37,11 @@ def write_sweep_pdf(sweep, target: str | Path | IO[bytes], *, date: dt.datetime 
         return 1 + len(metrics)
 
 
-def _cover(sweep, metrics: list[str], version: str, date: dt.datetime) -> Figure:
+def cover_lines(sweep, metrics: list[str], version: str, date: dt.datetime) -> list[tuple[str, int]]:
+    """The cover's lines (text, font size) of a sweep's report, PDF and HTML alike: what was swept, with what."""
     steps = [c.step for c in sweep.checkpoints]
     opts = ", ".join(f"{k} {v}" for k, v in sweep.options.items() if v not in (None, False))
-    lines = [
+    return [
         ("qkinspect sweep report", 16),
         (f"folder: {sweep.folder}", 10),
         (f"{len(sweep.checkpoints)} checkpoints, steps {min(steps, default=0)}-{max(steps, default=0)}; "
@@ -48,6 +49,12 @@ def _cover(sweep, metrics: list[str], version: str, date: dt.datetime) -> Figure
         (f"options: {opts or 'defaults'}", 10),
         (f"figures: {', '.join(metrics)} against training step (per-layer median over heads; each head faint)", 10),
         (f"qkinspect {version}, {date:%Y-%m-%d %H:%M} UTC", 9),
+    ]
+
+
+def _cover(sweep, metrics: list[str], version: str, date: dt.datetime) -> Figure:
+    lines = [
+        *cover_lines(sweep, metrics, version, date),
         ("", 9),
         ("checkpoints:", 10),
         *[(f"  step {c.step}: {c.name}" + ("" if c.identity in sweep.results else "  (no result)"), 8)

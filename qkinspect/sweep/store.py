@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import InputError, OutputError
+from qkinspect.files import atomic_write
 from qkinspect.sweep.checkpoints import Checkpoint
 
 MANIFEST = "sweep.json"
@@ -128,8 +129,6 @@ def prepare(folder: Path) -> None:
 def write_json(path: Path, doc: dict[str, Any]) -> None:
     """Write `doc` atomically (a temporary file beside `path`, then a rename, as the CLI writes -o): a reader, or a
     resumed sweep, sees the whole file or none."""
-    from qkinspect.cli.files import atomic_write
-
     atomic_write(path, lambda f: f.write(json.dumps(doc, allow_nan=False) + "\n"))
 
 

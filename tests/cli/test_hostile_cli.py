@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from qkinspect.cli.files import atomic_write, atomic_write_file, check_writable
 from qkinspect.cli.options import MAX_INDEX, Selection, parse_indices
 from qkinspect.errors import InputError, OutputError
+from qkinspect.files import atomic_write, atomic_write_file, check_writable
 
 QK = [sys.executable, "-m", "qkinspect"]
 
@@ -234,7 +234,7 @@ def test_no_temporary_file_after_sigterm_or_sighup(tmp_path, sig):
 import sys, time
 from pathlib import Path
 from qkinspect.cli.app import QkGroup
-from qkinspect.cli.files import atomic_write
+from qkinspect.files import atomic_write
 def stall(f):
     f.write("partial")
     f.flush()

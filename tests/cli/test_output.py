@@ -136,6 +136,9 @@ def test_progress_only_on_a_terminal_and_after_the_delay(monkeypatch):
     slow = Progress("x", delay=3600.0)
     slow(1, 3)
     assert slow._bar is None  # short work: no bar
+    slow.close()
+    slow._timer.join(5)
+    assert slow._bar is None and not slow._timer.is_alive()  # closing cancels the pending bar
     fast = Progress("x", delay=0.0)
     try:
         fast(1, 3)
@@ -144,3 +147,33 @@ def test_progress_only_on_a_terminal_and_after_the_delay(monkeypatch):
     finally:
         fast.close()
     assert fast._bar is None
+
+
+def test_the_bar_appears_while_the_first_step_still_runs(monkeypatch):
+    """progress(0, N) and then nothing for a while (the first layer of a GGUF being dequantised): the bar shows
+    after the delay anyway, at 0 of N, and is gone once closed; a run that ends before the delay never shows one."""
+    import sys
+    import time
+
+    from qkinspect.cli.output import Progress
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    p = Progress("x", delay=0.2)
+    try:
+        p(0, 5)
+        assert p._bar is None
+        deadline = time.monotonic() + 10
+        while p._bar is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert p._bar is not None and p._bar.tasks[0].completed == 0 and p._bar.tasks[0].total == 5
+        p(1, 5)
+        assert p._bar.tasks[0].completed == 1
+    finally:
+        p.close()
+    assert p._bar is None
+    quick = Progress("x", delay=0.2)
+    quick(0, 5)
+    quick(5, 5)
+    quick.close()
+    time.sleep(0.4)
+    assert quick._bar is None

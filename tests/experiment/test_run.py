@@ -21,7 +21,9 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("experiment_models")
     return {"llama": tiny.llama(root / "llama"), "bert": tiny.bert(root / "bert"),
             "bare": tiny.bert(root / "bare", head=False), "gpt2": tiny.gpt2(root / "gpt2"),
-            "mistral": tiny.mistral(root / "mistral"), "roberta": tiny.roberta(root / "roberta")}
+            "mistral": tiny.mistral(root / "mistral"), "roberta": tiny.roberta(root / "roberta"),
+            "qwen2": tiny.qwen2(root / "qwen2"), "mixtral": tiny.mixtral(root / "mixtral"),
+            "qwen2_moe": tiny.qwen2_moe(root / "qwen2_moe")}
 
 
 def opened(folder):
@@ -39,7 +41,9 @@ def scorer(hf, cache=()):
 
 
 @pytest.mark.parametrize("family,kind", [("llama", "causal"), ("bert", "masked"), ("bare", "drift"),
-                                         ("gpt2", "causal"), ("mistral", "causal"), ("roberta", "masked")])
+                                         ("gpt2", "causal"), ("mistral", "causal"), ("roberta", "masked"),
+                                         ("qwen2", "causal"), ("mixtral", "causal"),
+                                         ("qwen2_moe", "causal")])
 def test_writing_back_the_loaded_tensors_reproduces_the_model(models, family, kind):
     hf, layers = opened(models[family])
     assert hf.kind == kind
@@ -49,7 +53,7 @@ def test_writing_back_the_loaded_tensors_reproduces_the_model(models, family, ki
     assert s.score() == base
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "mistral", "roberta"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert", "mistral", "roberta", "qwen2", "mixtral", "qwen2_moe"])
 def test_a_run_from_a_cached_layer_equals_the_full_run(models, family):
     from qkinspect.experiment import apply_edit, parse_edit
 
@@ -77,8 +81,9 @@ def test_undo_restores_the_modules_exactly(models):
     assert s.score() == base
 
 
-def test_expanding_the_shared_key_value_heads_alone_changes_nothing(models):
-    hf, layers = opened(models["llama"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral", "qwen2_moe"])
+def test_expanding_the_shared_key_value_heads_alone_changes_nothing(models, family):
+    hf, layers = opened(models[family])
     assert layers[0].spec.n_kv_heads == 2
     s, base = scorer(hf)
     with written(hf, [expand_kv(layer) for layer in layers.values()]):

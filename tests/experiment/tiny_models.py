@@ -32,6 +32,15 @@ def _random_norms(model: torch.nn.Module) -> None:
                 m.weight.uniform_(0.5, 1.5)
 
 
+def _random_qkv_biases(model: torch.nn.Module) -> torch.nn.Module:
+    """q/k/v biases away from zero (transformers starts them at 0), so a dropped bias changes the loss."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
+
+
 def _save(model, folder: Path) -> Path:
     _random_norms(model)
     model.save_pretrained(folder)
@@ -88,3 +97,39 @@ def roberta(folder: Path, seed: int = 0) -> Path:
     config = RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
                            vocab_size=len(VOCAB), max_position_embeddings=66, pad_token_id=0)
     return _save(RobertaForMaskedLM(config).eval(), folder)
+
+
+def qwen2(folder: Path, seed: int = 0) -> Path:
+    """Qwen2ForCausalLM: Llama's modules with q/k/v biases (random, so a dropped bias shows), grouped-query."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=48, vocab_size=len(VOCAB), max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(config).eval()
+    return _save(_random_qkv_biases(model), folder)
+
+
+def mixtral(folder: Path, seed: int = 0) -> Path:
+    """MixtralForCausalLM: Mistral's attention with a mixture of experts after it (2 of 4 experts per token)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(seed)
+    config = MixtralConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           intermediate_size=48, vocab_size=len(VOCAB), max_position_embeddings=64,
+                           num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)
+    return _save(MixtralForCausalLM(config).eval(), folder)
+
+
+def qwen2_moe(folder: Path, seed: int = 0) -> Path:
+    """Qwen2MoeForCausalLM: Qwen2's attention (q/k/v biases, randomised) with experts and a shared expert."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2MoeConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=48, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+                            num_experts=4, num_experts_per_tok=2, vocab_size=len(VOCAB), max_position_embeddings=64,
+                            tie_word_embeddings=False)
+    model = Qwen2MoeForCausalLM(config).eval()
+    return _save(_random_qkv_biases(model), folder)

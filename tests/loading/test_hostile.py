@@ -48,13 +48,14 @@ def opened_files(monkeypatch):
     from qkinspect.loading import source
 
     seen: list[str] = []
-    real = source._open_safetensors
+    for opener in ("_open_safetensors", "read_safetensors_header"):  # the data, and the header alone
+        real = getattr(source, opener)
 
-    def spy(f):
-        seen.append(os.path.realpath(f))
-        return real(f)
+        def spy(f, real=real):
+            seen.append(os.path.realpath(f))
+            return real(f)
 
-    monkeypatch.setattr(source, "_open_safetensors", spy)
+        monkeypatch.setattr(source, opener, spy)
     return seen
 
 

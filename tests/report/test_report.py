@@ -121,3 +121,12 @@ def test_html_report_holds_the_same(cli, llama_path, tmp_path):
     assert f"median symmetry score of W_Q W_Kᵀ is {fmt(np.median(sym))}" in page
     r = cli("report", llama_path, "--html", "-o", tmp_path / "x.pdf")
     assert r.exit_code == 2 and "report writes HTML" in r.stderr
+
+
+def test_the_article_goes_by_how_the_page_count_is_said():
+    from qkinspect.cli.commands.report import pages
+
+    said = {1: "a", 5: "a", 8: "an", 11: "an", 18: "an", 80: "an", 110: "a", 118: "a", 800: "an", 1100: "a",
+            8000: "an", 11000: "an", 18000: "an", 110000: "a"}
+    assert {n: pages(n).split()[0] for n in said} == said
+    assert pages(12) == "a 12-page"

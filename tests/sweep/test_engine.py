@@ -236,4 +236,10 @@ def test_report_of_a_sweep(swept, cli, tmp_path):
     assert "figures: symmetry, qk_effective_rank, overlap_qk, directionality against training step" in cover
     assert "training step" in pages[1].extract_text() and "symmetry" in pages[1].extract_text()
     r = cli("report", out, "--html", "-o", tmp_path / "s.html")
-    assert r.exit_code == 2 and "a sweep's report is a PDF" in r.stderr
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.strip() == f"note: wrote an HTML sweep report to {tmp_path / 's.html'}"
+    page = (tmp_path / "s.html").read_text()
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    assert "6 checkpoints, steps 500-3000; 6 with results, 0 failed" in page
+    assert page.count("<svg") == 4 and page.count("<figure>") == 4  # the PDF's four figures, inline
+    assert page.count("<tr><td>") == 6 and "<td>3000</td>" in page  # every checkpoint, with its step

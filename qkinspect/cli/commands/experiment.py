@@ -60,17 +60,19 @@ def register(app: typer.Typer) -> None:
         --tokens 1024 -o runs.csv
         """
         check_output(fmt, output)
-        from qkinspect.experiment import run_experiment
-        from qkinspect.experiment.edits import parse_edit
+        from qkinspect.experiment.edit_names import parse_edit
 
-        for e in edit.split(","):  # refuse a misspelt edit before loading anything
+        for e in edit.split(","):  # refuse a misspelt edit before loading anything (torch, transformers)
             if e.strip():
                 parse_edit(e)
+        layer_list, head_list = parse_indices(layers, "--layers"), parse_indices(heads, "--heads")
+        from qkinspect.experiment import run_experiment
+
         with progress("editing heads") as p:
             result = run_experiment(
-                model, edit, scope=scope.value, layers=parse_indices(layers, "--layers"),
-                heads=parse_indices(heads, "--heads"), text=text, tokens=tokens, window=window,
-                reference=reference, rotary=rotary.value, tokenizer=tokenizer, revision=revision, progress=p)
+                model, edit, scope=scope.value, layers=layer_list, heads=head_list, text=text, tokens=tokens,
+                window=window, reference=reference, rotary=rotary.value, tokenizer=tokenizer, revision=revision,
+                progress=p)
         emit(experiment_document(result), fmt, output)
 
 

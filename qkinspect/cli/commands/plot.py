@@ -9,7 +9,6 @@ from typing import Annotated
 
 import typer
 
-from qkinspect.cli.files import atomic_write_file, check_writable
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -25,6 +24,7 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import note
 from qkinspect.errors import InputError
+from qkinspect.files import atomic_write_file, check_writable
 from qkinspect.metrics.registry import head_metric
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -135,13 +135,13 @@ def draw_figure(model: str | None, kind: str, output: Path, selection: Selection
     from qkinspect.cli.options import check_selection
     from qkinspect.cli.run import run_analysis
     from qkinspect.loading import open_model
-    from qkinspect.report.figures import figure
 
     with open_model(model, revision=revision) as m:
         if layer is not None:  # answered with the option the user typed, before any work
             check_selection(m.info, selection.blocks, (layer,), options=("--layer", "--heads"))
         result = run_analysis(m, selection)
     result_b = run_analysis(other, selection) if other is not None else None
+    from qkinspect.report.figures import figure  # matplotlib: after the checks, so that errors come fast
     # the heads figure takes the first selected block
     fig = figure(result, kind, layer=layer, other=result_b, metric_name=metric)
     save_figure(fig, output)

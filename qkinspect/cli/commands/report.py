@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from qkinspect.cli.files import atomic_write, atomic_write_file, check_writable
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -23,6 +22,7 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import note
 from qkinspect.errors import InputError
+from qkinspect.files import atomic_write, atomic_write_file, check_writable
 
 # The report shows every default metric and the head-by-head overlap figure.
 REPORT_METRICS = ("default", "shared_qk_distance", "head_overlap")
@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
         runs = read_runs(experiment, html=html, sweep=is_sweep)
         if is_sweep:  # a sweep's folder (qkinspect sweep --out)
             n = write_sweep_report(Path(model), output, html=html)
-            note(f"wrote a {n}-page sweep report to {output}")
+            note(f"wrote an HTML sweep report to {output}" if html else f"wrote {pages(n)} sweep report to {output}")
             return
         sel = Selection.parse(layers=layers, blocks=block, metrics=list(REPORT_METRICS), precision=precision,
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
             note(f"wrote an HTML report to {output}")
             return
         n = write_report(model, output, sel, layer_form=layer_form, revision=revision, experiment=runs)
-        note(f"wrote {'an' if str(n)[0] == '8' or n in (11, 18) else 'a'} {n}-page report to {output}")
+        note(f"wrote {pages(n)} report to {output}")
 
 
 def check_report_path(output: Path | None, html: bool = False) -> Path:
@@ -108,9 +108,10 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
         12
     """
     from qkinspect.cli.run import run_analysis
-    from qkinspect.report.pdf import write_pdf
 
     result = run_analysis(model, selection, revision=revision, layer_form=layer_form)
+    from qkinspect.report.pdf import write_pdf  # matplotlib: after the checks, so that errors come fast
+
     if experiment is not None:
         from qkinspect.records import model_dict
         from qkinspect.report.experiment_summary import check_same_model
@@ -122,15 +123,20 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
 
 
 def write_sweep_report(folder: Path, output: Path, *, html: bool = False) -> int:
-    """The report of a sweep folder, written atomically as a PDF; returns the number of pages."""
+    """The report of a sweep folder, written atomically as a PDF (returns the number of pages) or, with `html`,
+    as one HTML page (returns 1)."""
     from qkinspect.report.sweep_pdf import write_sweep_pdf
     from qkinspect.sweep import read_sweep
 
-    if html:
-        raise InputError(f"{folder}: a sweep's report is a PDF; leave out --html")
     sweep = read_sweep(folder)
     if not sweep.results:
         raise InputError(f"{folder}: the sweep has no results yet")
+    if html:
+        from qkinspect.report.html import render_sweep_html
+
+        page = render_sweep_html(sweep)
+        atomic_write(output, lambda f: f.write(page))
+        return 1
     pages: list[int] = []
     atomic_write_file(output, lambda tmp: pages.append(write_sweep_pdf(sweep, tmp)))
     return pages[0]
@@ -145,3 +151,13 @@ def write_html_report(model: str | None, output: Path, selection: Selection, *, 
     result = run_analysis(model, selection, revision=revision, layer_form=layer_form)
     page = render_html(result)
     atomic_write(output, lambda f: f.write(page))
+
+
+def pages(n: int) -> str:
+    """'a 5-page', 'an 8-page', 'an 11-page', 'a 110-page': the article goes by how the number is said. It starts
+    with a vowel sound when it begins "eight…" (8, 8x, 8xx, 8,xxx …) or "eleven"/"eighteen" (11, 18, 11,xxx,
+    18,xxx …: the leading group of digits is 11 or 18)."""
+    s = str(n)
+    lead = s[: len(s) % 3 or 3]  # the leading group of thousands: 11 in 11000, 110 in 110000
+    vowel = s[0] == "8" or lead in ("11", "18")
+    return f"{'an' if vowel else 'a'} {n}-page"

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 
 from qkinspect.cli.options import (
@@ -26,6 +25,9 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import Document, check_output, emit, envelope
 from qkinspect.errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class Matrix(str, Enum):
@@ -80,6 +82,8 @@ def _one_block(info, block: list[str] | None) -> str:
 
 def spectrum_document(result, matrix: str) -> Document:
     """The head's spectrum as a document: JSON arrays, one tidy row per index, a table."""
+    import numpy as np
+
     from qkinspect.records import model_dict
 
     (h,) = result.heads
@@ -102,6 +106,8 @@ def _rows(sv: np.ndarray, eig: np.ndarray | None) -> list[dict[str, Any]]:
     rows = [{"index": i, "singular_value": float(s)} for i, s in enumerate(sv)]
     if eig is None:
         return rows
+    import numpy as np
+
     order = np.argsort(-np.abs(eig), kind="stable")
     for i, e in enumerate(eig[order]):
         if i == len(rows):

@@ -14,7 +14,6 @@ from typing import Annotated, Any
 import typer
 
 from qkinspect.cli.commands.analyze import By, ByOpt, LayerFormOpt
-from qkinspect.cli.files import atomic_write_file, check_writable
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -32,6 +31,7 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import Document, check_output, emit, envelope, note, warn
 from qkinspect.errors import InputError, SweepFailed
+from qkinspect.files import atomic_write_file, check_writable
 
 
 class SweepFormat(str, Enum):

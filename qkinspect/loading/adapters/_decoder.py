@@ -8,13 +8,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 from functools import cached_property
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.errors import CheckpointError
 from qkinspect.layer import AttentionLayer, BlockSpec, Norm
 from qkinspect.loading.adapters.base import Adapter, bias_heads, heads_in, heads_out
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # -- config readers ------------------------------------------------------------------------------------
 

@@ -15,14 +15,16 @@ so the same reshape serves the weight (rows, D) and the bias (rows,). They retur
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from qkinspect.layer import AttentionLayer
 from qkinspect.loading.adapters._decoder import DecoderAdapter, norm_from
 from qkinspect.loading.adapters.base import heads_out
 
-Blocks = tuple[Tensor, Tensor, Tensor]
+if TYPE_CHECKING:
+    from torch import Tensor
+
+Blocks = tuple["Tensor", "Tensor", "Tensor"]
 
 
 def sectioned(w: Tensor, H: int, G: int, d: int) -> Blocks:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from qkinspect.layer import AttentionLayer, BlockSpec, Norm
 from qkinspect.loading.adapters.base import Adapter, bias_heads, heads_in, heads_out
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass(frozen=True)

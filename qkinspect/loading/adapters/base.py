@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from qkinspect.layer import AttentionLayer, BlockSpec
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class Adapter:

@@ -15,9 +15,7 @@ probabilities (a learned H x H map): the per-head forms are those before mixing,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.layer import AttentionLayer, BlockSpec, Norm
 from qkinspect.loading.adapters._decoder import check_shapes
@@ -25,6 +23,9 @@ from qkinspect.loading.adapters._fused import interleaved_per_head, to_heads
 from qkinspect.loading.adapters._projections import self_attention_spec
 from qkinspect.loading.adapters.base import Adapter, bias_heads, heads_out
 from qkinspect.loading.adapters.registry import register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register

@@ -30,10 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.errors import UnsupportedModelError
 from qkinspect.layer import AttentionLayer, BlockSpec
@@ -41,7 +38,11 @@ from qkinspect.loading.adapters._decoder import DecoderAdapter, norm_from
 from qkinspect.loading.adapters.base import heads_in, heads_out
 from qkinspect.loading.adapters.registry import register
 
-_FP8 = {torch.float8_e4m3fn, torch.float8_e5m2}
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+_FP8 = ("float8_e4m3fn", "float8_e5m2")  # storage dtypes, by name: torch is imported only to read weights
 
 
 def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -80,6 +81,8 @@ def rope_attention_factor(config: Any) -> float:
 
 def _work_dtype(t: Tensor) -> torch.dtype:
     """Products are formed in float32 (float64 when stored so): bf16 products would round the composed weights."""
+    import torch
+
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
@@ -176,6 +179,8 @@ class MLAAdapter(DecoderAdapter):
 
     def key_value(self, t: Mapping[str, Tensor], a: float) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
         """W_K (H, D, d), b_K, W_V (H, D, dv), b_V: content parts through the latent, the shared RoPE part after."""
+        import torch
+
         s = self._spec
         dn, dr, dv, r, _ = self.dims()
         H, D = s.n_heads, s.d_model
@@ -199,13 +204,15 @@ def rope_times(w: Tensor, a: float, dr: int) -> Tensor:
     """w (..., d) with its last dr (rotary) columns multiplied by a; w itself when a == 1."""
     if a == 1.0:
         return w
+    import torch
+
     return torch.cat([w[..., :-dr], w[..., -dr:] * a], dim=-1)
 
 
 def refuse_quantized(t: Mapping[str, Tensor]) -> None:
     """FP8 checkpoints (DeepSeek-V3 as released) store block scales beside the weights; reading the raw FP8 values
     without them would give wrong matrices."""
-    if any(k.startswith("scale_") for k in t) or any(v.dtype in _FP8 for v in t.values()):
+    if any(k.startswith("scale_") for k in t) or any(str(v.dtype).removeprefix("torch.") in _FP8 for v in t.values()):
         raise UnsupportedModelError("FP8 block-quantized MLA weights (weight_scale_inv) are not supported; "
                                     "use a bf16/fp16 conversion of the checkpoint")
 

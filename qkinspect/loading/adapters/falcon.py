@@ -13,9 +13,7 @@ RoPE over the whole head, or ALiBi when `alibi` is set.
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.loading.adapters._fused import (
     Blocks,
@@ -25,6 +23,9 @@ from qkinspect.loading.adapters._fused import (
     sectioned,
 )
 from qkinspect.loading.adapters.registry import register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register

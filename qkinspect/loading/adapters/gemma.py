@@ -9,12 +9,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.loading.adapters._decoder import SplitProjectionAdapter
 from qkinspect.loading.adapters.registry import register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register

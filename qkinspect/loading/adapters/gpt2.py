@@ -24,15 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.loading.adapters._decoder import check_shapes, norm_from, with_scale
 from qkinspect.loading.adapters._fused import Blocks, FusedQKVAdapter, sectioned, to_heads
 from qkinspect.loading.adapters.base import bias_heads, heads_in
 from qkinspect.loading.adapters.registry import register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 CROSS = "cross"
 

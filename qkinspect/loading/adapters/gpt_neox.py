@@ -9,13 +9,14 @@ RoPE (rotate-half) on the first rotary_pct * d_head dims of each head.
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.loading.adapters._decoder import rope_spec
 from qkinspect.loading.adapters._fused import Blocks, FusedQKVAdapter, interleaved_per_head
 from qkinspect.loading.adapters.registry import register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.layer import AttentionLayer, BlockSpec, Norm
 from qkinspect.loading.adapters._projections import self_attention_spec
 from qkinspect.loading.adapters.base import Adapter, bias_heads, heads_in, heads_out
 from qkinspect.loading.adapters.registry import register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def split_sections(w: Tensor, n: int, d: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -10,12 +10,13 @@ which no linear reading can include) is recorded in `extra["clip_qkv"]`.
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.loading.adapters._fused import Blocks, FusedQKVAdapter, sectioned
 from qkinspect.loading.adapters.registry import register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register

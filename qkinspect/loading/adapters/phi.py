@@ -11,13 +11,14 @@ Phi-3: one fused projection, sectioned [q | k | v] along its output rows::
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.loading.adapters._decoder import SplitProjectionAdapter, attention_kind, rope_spec
 from qkinspect.loading.adapters._fused import Blocks, FusedQKVAdapter, sectioned
 from qkinspect.loading.adapters.registry import register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register

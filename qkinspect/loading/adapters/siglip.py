@@ -18,9 +18,7 @@ normalised), so ``--fold-ln`` refuses this block; select ``--block text,vision``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.layer import AttentionLayer, BlockSpec, Norm
 from qkinspect.loading.adapters._decoder import check_shapes
@@ -28,6 +26,9 @@ from qkinspect.loading.adapters._fused import sectioned, to_heads
 from qkinspect.loading.adapters.base import heads_out
 from qkinspect.loading.adapters.clip import _ClipTowers
 from qkinspect.loading.adapters.registry import register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 POOLING = "pooling"
 

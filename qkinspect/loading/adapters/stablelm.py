@@ -12,13 +12,13 @@ The per-head gains are stacked to (H, d) and (G, d): the same canonical form as 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.loading.adapters._decoder import SplitProjectionAdapter
 from qkinspect.loading.adapters.registry import register
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register
@@ -59,5 +59,7 @@ class StableLmAdapter(SplitProjectionAdapter):
         k = [t.get(f"kn{g}") for g in range(s.n_kv_heads)]
         if not self.has_qk_norm() or any(w is None for w in q + k):
             return {}
+        import torch
+
         extra = {"qk_norm_kind": self.qk_norm_kind, "qk_norm_scope": self.qk_norm_scope}
         return {"q_norm": torch.stack(q), "k_norm": torch.stack(k), "extra": extra}  # H x (d,) -> (H, d)
