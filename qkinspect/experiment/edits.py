@@ -13,7 +13,7 @@ from qkinspect.experiment import edit_forms as forms
 from qkinspect.experiment.edit_names import EDITS, Edit, EditError, parse_edit  # noqa: F401 (re-exported)
 from qkinspect.experiment.edit_rotary import RotaryLayout, rotary_layout
 from qkinspect.layer import AttentionLayer
-from qkinspect.metrics.factored import _one_thread
+from qkinspect.metrics.factored import one_thread
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def apply_edit(layer: AttentionLayer, edit: Edit, heads: Sequence[int] | None = 
     """
     # One torch thread: the edit is many small decompositions, and with two threads each LAPACK step ends in a
     # barrier that a descheduled thread stalls (10x slower on a loaded machine; see metrics.factored.threaded).
-    with _one_thread():
+    with one_thread():
         return _apply(layer, edit, heads, rotary)
 
 

@@ -246,7 +246,7 @@ def threaded(fn, A: Tensor):
         return fn(A)
     workers = min(torch.get_num_threads(), A.shape[0] // 4)
     if workers < 2:
-        with _one_thread():
+        with one_thread():
             return fn(A)
     parts = list(_linalg_pool(workers).map(fn, A.chunk(workers)))
     if isinstance(parts[0], Tensor):
@@ -267,7 +267,7 @@ def _linalg_pool(workers: int) -> ThreadPoolExecutor:
     with _POOLS_LOCK:
         pool = _POOLS.get(workers)
         if pool is None:
-            with _one_thread():  # the global count new threads read; restored once every worker has started
+            with one_thread():  # the global count new threads read; restored once every worker has started
                 pool = ThreadPoolExecutor(workers, thread_name_prefix="qkinspect-linalg", initializer=_one_thread_here)
                 started = threading.Barrier(workers)
                 list(pool.map(lambda _: started.wait(), range(workers)))  # one task per worker: all start now
@@ -283,8 +283,16 @@ def _one_thread_here() -> None:
 
 
 @contextmanager
-def _one_thread() -> Iterator[None]:
-    """torch (OpenMP, MKL) on one thread in the calling thread, and in threads started meanwhile."""
+def one_thread() -> Iterator[None]:
+    """torch (OpenMP, MKL) on one thread in the calling thread, and in threads started meanwhile; the count before
+    is restored on exit. For many small products in a row (the experiment's edits): on a busy machine one thread
+    without barriers is several times faster than two.
+
+    Example:
+        >>> with one_thread():
+        ...     torch.get_num_threads()
+        1
+    """
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
