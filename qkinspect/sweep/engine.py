@@ -135,8 +135,11 @@ def connect(scheduler: str | None, workers: int | None, threads: int | None,
     n = workers or max(1, min(cores, n_tasks))
     with _workers_deaf_to_ctrl_c():
         # The scheduler always serves HTTP (health, metrics); a free port on loopback, not 8787 (maybe taken).
+        # The workers' own logs stay quiet even at ERROR: a task's failure reaches the client as its exception
+        # (listed once by the CLI), and what they log besides is shutdown noise (a heartbeat that meets the
+        # closing scheduler: CommClosedError), which is not the user's to read.
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                               dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
+                               dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL)
     with contextlib.closing(cluster), contextlib.closing(Client(cluster)) as client:
         yield client, threads or max(1, cores // n)
 
