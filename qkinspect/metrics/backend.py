@@ -57,7 +57,7 @@ def route() -> str:
         return "bf16"
     if want != "auto":
         raise InputError(f"{ENV}={want!r}: choose auto, float32 or bf16")
-    return "bf16" if _has_amx_bf16() and not _unavailable() else "float32"
+    return best_route()
 
 
 def best_route() -> str:
@@ -208,8 +208,15 @@ def split3(R: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def matmul_f32(X: Tensor, R: Tensor, *, idx: Tensor | None = None) -> Tensor:
     """X[idx[h]] @ R[h] in float32 from bf16 X (a, m, k) and float32 R (n, k, p): R split into three bf16 terms
     (`split3`), three GEMMs accumulated in float32, smallest first."""
-    hi, mid, lo = split3(R)
-    out = matmul(X, lo, ia=idx)
+    return _split_matmul(X, split3(R), idx=idx)
+
+
+def _split_matmul(X: Tensor, parts: tuple[Tensor, Tensor, Tensor], *, idx: Tensor | None = None,
+                  out: Tensor | None = None) -> Tensor:
+    """X[idx[h]] @ (hi + mid + lo)[h] in float32 for `parts` = (hi, mid, lo) from `split3`: lo first, then mid and
+    hi added in place (the small terms summed before they meet the large one). `out`: as `matmul`'s."""
+    hi, mid, lo = parts
+    out = matmul(X, lo, ia=idx, out=out)
     matmul(X, mid, ia=idx, out=out, accumulate=True)
     return matmul(X, hi, ia=idx, out=out, accumulate=True)
 
@@ -223,10 +230,7 @@ def row_norms(X: Tensor, R: Tensor, idx: Tensor | None = None) -> Tensor:
     out = torch.empty(n, rows, dtype=torch.float32)
     buf = torch.empty(1, rows, R.shape[-2], dtype=torch.float32)
     for h, i in enumerate(ids):
-        x = X[i: i + 1]
-        matmul(x, lo[h: h + 1], out=buf)
-        matmul(x, mid[h: h + 1], out=buf, accumulate=True)
-        matmul(x, hi[h: h + 1], out=buf, accumulate=True)
+        _split_matmul(X[i: i + 1], (hi[h: h + 1], mid[h: h + 1], lo[h: h + 1]), out=buf)
         torch.linalg.vector_norm(buf[0], dim=-1, out=out[h])
     return out
 
