@@ -79,9 +79,16 @@ class HeadProducts:
         if name not in self._checked_factors:
             X = self._raw[name]
             outer = name == "O"  # W_O is (n, dv, D): its rows are the factor's columns
-            gram_of = (_bf16_outer_gram if outer else _bf16_gram) if self.bf16 else (_outer_gram if outer else _gram)
-            self._checked_factors[name] = _check(X, gram_of)
+            self._checked_factors[name] = _check(X, lambda X: self._gram(X, outer))
         return self._checked_factors[name]
+
+    def _gram(self, X: Tensor, outer: bool) -> Tensor:
+        """XᵀX (n, d, rows) @ (n, rows, d) -> (n, d, d), or X Xᵀ when `outer` (n, dv, D) @ (n, D, dv) -> (n, dv, dv)."""
+        return self._mm(X, X.mT) if outer else self._mm(X.mT, X)
+
+    def _mm(self, A: Tensor, B: Tensor) -> Tensor:
+        """A @ B on this layer's product route: float32 from bf16 factors on the bf16 route, else torch's own."""
+        return backend.matmul(A, B) if self.bf16 else A @ B
 
     def _x(self, name: str) -> Tensor:
         """Factor `name` as the products read it (bf16 on the bf16 route), non-finite heads zeroed."""
@@ -195,24 +202,21 @@ class HeadProducts:
     @cached_property
     def c_qk(self) -> Tensor:
         """W_Kᵀ W_Q per head (n, d, d): its eigenvalues are the nonzero eigenvalues of W_Q W_Kᵀ."""
-        return self.fq.gram if self.same_qk else self._paired("K", "Q")
+        return self.fq.gram if self.same_qk else self._paired(self._x("K"), self._x("Q"))
 
     @cached_property
     def c_qv(self) -> Tensor:
         """W_Vᵀ W_Q per head (n, dv, d)."""
-        return self._paired("V", "Q")
+        return self._paired(self._x("V"), self._x("Q"))
 
     @cached_property
     def c_kv(self) -> Tensor:
         """W_Vᵀ W_K per head (n, dv, d)."""
-        V, K = self._x("V"), self._x("K")
-        if self.bf16:
-            return backend.matmul(V.mT, K)[self.kv]  # (G, dv, Dk) @ (G, Dk, d) -> (G, dv, d) -> (n, dv, d)
-        return (V.mT @ K)[self.kv]  # (G, dv, Dk) @ (G, Dk, d) -> (G, dv, d) -> (n, dv, d)
+        return self._mm(self._x("V").mT, self._x("K"))[self.kv]  # (G, dv, Dk) @ (G, Dk, d) -> (G, dv, d) -> (n, dv, d)
 
-    def _paired(self, y: str, x: str) -> Tensor:
-        """Y[kv[h]]ᵀ X[h] per query head (n, e, d) for factors y (G, rows, e) and x (n, rows, d)."""
-        Y, X = self._x(y), self._x(x)
+    def _paired(self, Y: Tensor, X: Tensor) -> Tensor:
+        """Y[kv[h]]ᵀ X[h] per query head (n, e, d) for factors Y (G, rows, e) and X (n, rows, d), on this layer's
+        product route."""
         if self.bf16:
             return backend.matmul(Y.mT, X, ia=self.kv)
         return paired(Y, X, self.kv, self.grouped)
@@ -286,8 +290,7 @@ class HeadProducts:
     @cached_property
     def c_ov(self) -> Tensor:
         """(W_O W_V)ᵀ = W_Vᵀ W_Oᵀ per head (n, dv, dv): same nonzero eigenvalues as W_V W_O."""
-        V, Ot = self._x("V"), self._x("O").mT  # W_Oᵀ: (n, dv, D) -> (n, D, dv)
-        return backend.matmul(V.mT, Ot, ia=self.kv) if self.bf16 else paired(V, Ot, self.kv, self.grouped)
+        return self._paired(self._x("V"), self._x("O").mT)  # W_Oᵀ: (n, dv, D) -> (n, D, dv)
 
     @cached_property
     def eig_ov(self) -> Tensor:
@@ -317,22 +320,6 @@ class _Checked:
     X: Tensor
     gram: Tensor
     bad: Tensor
-
-
-def _gram(X: Tensor) -> Tensor:
-    return X.mT @ X  # (n, d, rows) @ (n, rows, d) -> (n, d, d)
-
-
-def _outer_gram(X: Tensor) -> Tensor:
-    return X @ X.mT  # (n, dv, D) @ (n, D, dv) -> (n, dv, dv)
-
-
-def _bf16_gram(X: Tensor) -> Tensor:
-    return backend.matmul(X.mT, X)  # bf16 (n, d, rows) @ (n, rows, d) -> float32 (n, d, d)
-
-
-def _bf16_outer_gram(X: Tensor) -> Tensor:
-    return backend.matmul(X, X.mT)  # bf16 (n, dv, D) @ (n, D, dv) -> float32 (n, dv, dv)
 
 
 def _check(X: Tensor, gram_of) -> _Checked:
