@@ -22,12 +22,11 @@ if TYPE_CHECKING:  # torch is imported where tensors are read, not to open a che
     import torch
     from torch import Tensor
 
-# safetensors header dtype -> (torch's name for it, bytes per element): the storage dtype of a tensor, as stored.
+# safetensors header dtype -> torch's name for it: the storage dtype of a tensor, as stored (those torch reads).
 _SAFETENSORS_DTYPES = {
-    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
-    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1),
-    "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1),
-    "BOOL": ("bool", 1),
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
 }
 # Bits per element of every dtype the safetensors format defines (those above and those torch cannot read), for
 # checking a header's offsets as safetensors itself does.
@@ -157,14 +156,13 @@ class SafetensorsSource(ShardedSource):
     def stored_dtype(self, stored_name: str) -> str:
         raw = self._meta[stored_name][0]
         dt = _SAFETENSORS_DTYPES.get(raw)
-        return raw.lower() if dt is None else dt[0]
+        return raw.lower() if dt is None else dt
 
     def stored_nbytes(self, stored_name: str) -> int:
         raw, shape = self._meta[stored_name]
-        dt = _SAFETENSORS_DTYPES.get(raw)
-        if dt is None:
+        if raw not in _SAFETENSORS_DTYPES:
             raise CheckpointError(f"{self._where[stored_name]}: tensor {stored_name!r} has unsupported dtype {raw}")
-        return _numel(shape) * dt[1]
+        return _numel(shape) * _SAFETENSORS_BITS[raw] // 8
 
     def release(self, shard: Hashable) -> None:
         self._handles.pop(shard, None)  # type: ignore[call-overload]
