@@ -186,6 +186,8 @@ def gemm_floor(folder: Path, route: str = "float32", dtype: torch.dtype = torch.
     (the cost of a product does not depend on its values)."""
     from safetensors import safe_open
 
+    from qkinspect.metrics import backend
+
     cfg = json.loads((folder / "config.json").read_text())
     H, G, D, n_layers = (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"],
                          cfg["num_hidden_layers"])
@@ -198,36 +200,16 @@ def gemm_floor(folder: Path, route: str = "float32", dtype: torch.dtype = torch.
             return h.get_tensor(name).to(dtype).view(n, d, D).mT  # (n*d, D) -> (n, D, d), as qkinspect holds it
 
     R = torch.randn(H, d, d)
-    kv = torch.arange(H) // (H // G)
     total = 0.0
     for i in range(n_layers):
         Q, K, V = read(i, "q", H), read(i, "k", G), read(i, "v", G)
-        # (G, D, d) -> (H, D, d), the KV head of each query head, in the same (transposed) layout as Q (float32)
-        Kq, Vq = (X.mT.repeat_interleave(H // G, 0).mT for X in (K, V)) if route == "float32" else (None, None)
         best = float("inf")
         for _ in range(2):
             t0 = time.perf_counter()
-            _default_products(route, Q, K, V, Kq, Vq, kv, R)
+            backend.layer_products(Q, K, V, R, R, route)  # the eight products, as `analyze` forms them
             best = min(best, time.perf_counter() - t0)
         total += best
     return total
-
-
-def _default_products(route: str, Q, K, V, Kq, Vq, kv, R) -> None:
-    """The eight batched products of one layer: Q (H, D, d); K, V (G, D, d); Kq, Vq (H, D, d) (float32 route);
-    kv (H,) each query head's KV head; R (H, d, d) float32."""
-    if route == "bf16":  # -- hook: the bf16 route's products, as the backend forms them
-        from qkinspect.metrics import backend
-
-        for a, b, ia in ((Q, Q, None), (K, K, None), (V, V, None), (K, Q, kv), (V, Q, kv), (V, K, None)):
-            backend.matmul(a.mT, b, ia=ia)  # (n, d, D) @ (n, D, d) -> (n, d, d) float32
-        backend.row_norms(Q, R)  # the rows of M
-        backend.row_norms(K, R, idx=kv)  # the columns of M
-        return
-    for a, b in ((Q, Q), (K, K), (V, V), (Kq, Q), (Vq, Q), (V, K)):
-        a.mT @ b  # (n, d, D) @ (n, D, d) -> (n, d, d)
-    Q @ R.mT  # (H, D, d) @ (H, d, d): the rows of M
-    Kq @ R.mT  # the columns of M
 
 
 def startup_floor() -> float:
