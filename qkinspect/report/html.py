@@ -46,9 +46,6 @@ def render_html(result: AnalysisResult, *, date: dt.datetime | None = None) -> s
 def render_sweep_html(sweep, *, date: dt.datetime | None = None) -> str:
     """A sweep's report (qkinspect.sweep.read_sweep) as one HTML string: the cover's facts, every checkpoint and
     failure in a table, and one trajectory figure per metric (inline SVG), as in the PDF."""
-    from matplotlib.figure import Figure
-
-    from qkinspect.report.style import WIDTH
     from qkinspect.report.sweep_pdf import cover_lines, sweep_metrics
     from qkinspect.report.trajectory import sweep_trajectory
 
@@ -63,8 +60,7 @@ def render_sweep_html(sweep, *, date: dt.datetime | None = None) -> str:
         parts.append(_table(Table("Failures", ["checkpoint", "error"], [[f.name, f.error] for f in sweep.failures])))
     parts.append("<h2>Figures</h2>")
     for metric in metrics:
-        fig = sweep_trajectory(sweep, metric, canvas=lambda h, width=WIDTH: Figure(figsize=(width, h),
-                                                                                    layout="constrained"))
+        fig = sweep_trajectory(sweep, metric)
         parts.append(f"<figure>{_svg(fig)}<figcaption>{escape(metric)} against training step: per layer, the "
                      "median over its heads; each head a faint line.</figcaption></figure>")
     return "\n".join([*parts, "</body></html>"])

@@ -8,7 +8,7 @@ from typing import IO
 
 from matplotlib.figure import Figure
 
-from qkinspect.report.style import PAGE, WIDTH, style
+from qkinspect.report.style import PAGE, style
 from qkinspect.report.trajectory import sweep_trajectory
 
 # Drawn when the sweep computed them, in this order; otherwise its first per-head metrics.
@@ -32,8 +32,7 @@ def write_sweep_pdf(sweep, target: str | Path | IO[bytes], *, date: dt.datetime 
     with style(), PdfPages(target, metadata={"Title": f"qkinspect sweep report: {sweep.folder}"}) as pdf:
         pdf.savefig(_cover(sweep, metrics, __version__, date or dt.datetime.now(dt.timezone.utc)))
         for metric in metrics:
-            pdf.savefig(sweep_trajectory(sweep, metric, canvas=lambda h, width=WIDTH: Figure(figsize=(width, h),
-                                                                                              layout="constrained")))
+            pdf.savefig(sweep_trajectory(sweep, metric))  # its own figure (style.new_figure), a page of its own
         return 1 + len(metrics)
 
 
