@@ -257,9 +257,13 @@ class _Run:
         for spec in specs:
             self.baselines += gaussian_baselines(spec, self.names, dtype=self.dtype, device=self.device)
 
+    @property
+    def precision(self) -> str:
+        """The compute dtype's name: "float32" or "float64"."""
+        return str(self.dtype).removeprefix("torch.")
+
     def _numerics_warning(self) -> list[str]:
-        precision = str(self.dtype).removeprefix("torch.")
-        line = numerics_warning(self.recomputed, self.cut, len(self.head_records), precision)
+        line = numerics_warning(self.recomputed, self.cut, len(self.head_records), self.precision)
         return [line] if line else []
 
     def result(self, info: ModelInfo, blocks, layers) -> AnalysisResult:
@@ -267,11 +271,11 @@ class _Run:
         if any(r.head_overlap is not None for r in self.layer_records):
             present.add("head_overlap")
         processing = Processing(
-            fold_ln=self.fold_ln, fold_qk_norm=self.fold_qk_norm, precision=str(self.dtype).removeprefix("torch."),
+            fold_ln=self.fold_ln, fold_qk_norm=self.fold_qk_norm, precision=self.precision,
             device=self.device, layer_form=any(n in self.names for n in LAYER_FORM),
             blocks=None if blocks is None else tuple([blocks] if isinstance(blocks, str) else blocks),
             layers=layers, heads=self.heads, metrics=self.names, dequantized=info.quantization,
-            products="+".join(sorted(self.routes)) or str(self.dtype).removeprefix("torch."))
+            products="+".join(sorted(self.routes)) or self.precision)
         return AnalysisResult(model=info, processing=processing, heads=self.head_records, layers=self.layer_records,
                               baselines=self.baselines, spectra=self.spectra_out,
                               warnings=list(dict.fromkeys(self.warnings + self._numerics_warning())),

@@ -37,6 +37,7 @@ from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.loading.adapters._decoder import DecoderAdapter, norm_from
 from qkinspect.loading.adapters.base import heads_in, heads_out
 from qkinspect.loading.adapters.registry import register
+from qkinspect.loading.source import storage_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -212,7 +213,7 @@ def rope_times(w: Tensor, a: float, dr: int) -> Tensor:
 def refuse_quantized(t: Mapping[str, Tensor]) -> None:
     """FP8 checkpoints (DeepSeek-V3 as released) store block scales beside the weights; reading the raw FP8 values
     without them would give wrong matrices."""
-    if any(k.startswith("scale_") for k in t) or any(str(v.dtype).removeprefix("torch.") in _FP8 for v in t.values()):
+    if any(k.startswith("scale_") for k in t) or any(storage_dtype(v) in _FP8 for v in t.values()):
         raise UnsupportedModelError("FP8 block-quantized MLA weights (weight_scale_inv) are not supported; "
                                     "use a bf16/fp16 conversion of the checkpoint")
 
