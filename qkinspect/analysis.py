@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
 from qkinspect.metrics import backend
 from qkinspect.metrics.baseline import gaussian_baselines
+from qkinspect.metrics.factored import worker_pool
 from qkinspect.metrics.fold import fold_ln as fold_ln_layer
 from qkinspect.metrics.fold import fold_qk_norm as fold_qk_norm_layer
 from qkinspect.metrics.heads import (
@@ -99,13 +102,17 @@ def analyze(
         if progress is not None:
             progress(0, total)
         stream = _layers(m, keys, layer_sel, need_o=run.needs_o, dtype=run.dtype, keep=run.keep)
+        specs = [b for b in chosen if b.key in keys]
         with _threads(threads), contextlib.closing(stream):  # closing stops the prefetch thread on an error
-            for done, layer in enumerate(stream, start=1):
-                run.measure(layer)
-                del layer  # before the next read: the loader reuses the memory of layers nothing holds
+            at_once = _layers_at_once(run, specs, total)
+            baselines = None
+            if at_once > 1:  # the baseline on a worker too, while the first layer is read
+                baselines = _workers(at_once).submit(run.baselines_of, specs)
+            for done, measured in enumerate(_measured(run, stream, at_once), start=1):
+                run.add(measured)
                 if progress is not None:
                     progress(done, total)
-        run.add_baselines([b for b in chosen if b.key in keys])
+            run.baselines += run.baselines_of(specs) if baselines is None else baselines.result()
         info = m.info
     return run.result(info, blocks, layer_sel)
 
@@ -130,6 +137,57 @@ def _layers(m, keys: list[str], layers: tuple[int, ...] | None, **options) -> Ge
     accepted = inspect.signature(m.layers).parameters
     kwargs = {k: v for k, v in {"prefetch": True, **options}.items() if k in accepted}
     return m.layers(keys, layers, **kwargs)
+
+
+PARALLEL_BYTES = 512 << 20  # layers are measured side by side only while their weights fit in this together
+
+
+def _layers_at_once(run: _Run, specs: list[BlockSpec], n_layers: int) -> int:
+    """How many layers to measure side by side, each on a worker thread with an equal share of torch's threads.
+
+    On a CPU with two or more threads, two (or more) layers at once, each on fewer threads, keep every core busy:
+    within one layer the small decompositions and the element-wise work wait on the products and on each other,
+    and a few cores running one layer's products in parallel stop at a barrier after every step. Only while the
+    layers' weights in the compute dtype fit in PARALLEL_BYTES together (a 7B layer's q/k/v: 192 MB in float32;
+    a 70B layer is measured alone), so the memory held stays within a layer or so of measuring one at a time.
+    """
+    threads = torch.get_num_threads()
+    if torch.device(run.device).type != "cpu" or threads < 2 or n_layers < 2 or not specs:
+        return 1
+    itemsize = torch.empty((), dtype=run.dtype).element_size()
+    widest = itemsize * max(s.d_model * s.n_heads * (s.d_head + (s.v_head if run.needs_o else 0))  # W_Q, W_O
+                            + s.kv_width * s.n_kv_heads * (s.d_head + s.v_head) for s in specs)  # W_K, W_V
+    return max(1, min(threads, n_layers, PARALLEL_BYTES // max(widest, 1)))
+
+
+def _measured(run: _Run, stream: Iterator[AttentionLayer], at_once: int) -> Iterator[_Measured]:
+    """Each layer of `stream` measured, in order: one after another, or `at_once` side by side on a pool of worker
+    threads (`factored.worker_pool`), the next layer read while they work. An error in one layer is raised here,
+    in order, once the layers before it are done; layers still running are waited for, not abandoned."""
+    if at_once == 1:
+        for layer in stream:
+            yield run.measure(layer)
+            del layer  # before the next read: the loader reuses the memory of layers nothing holds
+        return
+    pool = _workers(at_once)
+    pending: deque[Future] = deque()
+    try:
+        for layer in stream:
+            pending.append(pool.submit(run.measure, layer))
+            del layer
+            if len(pending) >= at_once:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for job in pending:
+            job.cancel()
+        wait(pending)
+
+
+def _workers(at_once: int) -> ThreadPoolExecutor:
+    """The pool that measures `at_once` layers side by side, each worker with its share of the caller's threads."""
+    return worker_pool(at_once, max(1, torch.get_num_threads() // at_once))
 
 
 @contextlib.contextmanager
@@ -202,23 +260,33 @@ class _Run:
             return None
         return torch.tensor([h for h in self.heads if h < spec.n_heads], dtype=torch.int64)
 
-    def measure(self, layer: AttentionLayer) -> None:
+    def measure(self, layer: AttentionLayer) -> _Measured:
+        """One layer's records and warnings. Reads the run's settings and changes nothing of it, so several layers
+        may be measured at once on different threads; `add` keeps the result."""
         layer = self._process(layer)
         where = f"{layer.block} layer {layer.layer}"
         p = HeadProducts(layer, self.head_index(layer.spec), dtype=self.dtype, device=self.device)
         values, spectra, num = measure_products(p, self.head_names, self.spectra)
-        self.routes.add(p.route)
-        self.warnings += head_warnings(p, where)
-        self.recomputed += int(num.recomputed.sum())
-        self.cut += int(num.cut.sum())
+        out = _Measured(p.route, head_warnings(p, where), int(num.recomputed.sum()), int(num.cut.sum()))
         heads, kvs = p.heads.tolist(), p.kv.tolist()
         for i, (h, g) in enumerate(zip(heads, kvs, strict=True)):
             ranks = {k: int(v[i]) for k, v in num.ranks.items()}
-            self.head_records.append(HeadRecord(layer.block, layer.layer, h, g,
-                                                {n: float(values[n][i]) for n in self.head_names}, **ranks))
+            out.heads.append(HeadRecord(layer.block, layer.layer, h, g,
+                                        {n: float(values[n][i]) for n in self.head_names}, **ranks))
             if spectra:
-                self.spectra_out[(layer.block, layer.layer, h)] = {k: v[i] for k, v in spectra.items()}
-        self.layer_records.append(self._layer_record(layer, p, values))
+                out.spectra[(layer.block, layer.layer, h)] = {k: v[i] for k, v in spectra.items()}
+        out.layer = self._layer_record(layer, p, values, out.warnings)
+        return out
+
+    def add(self, m: _Measured) -> None:
+        """Keep one measured layer (in layer order)."""
+        self.routes.add(m.route)
+        self.warnings += m.warnings
+        self.recomputed += m.recomputed
+        self.cut += m.cut
+        self.head_records += m.heads
+        self.spectra_out.update(m.spectra)
+        self.layer_records.append(m.layer)
 
     def _process(self, layer: AttentionLayer) -> AttentionLayer:
         if self.fold_ln:
@@ -227,14 +295,15 @@ class _Run:
             layer = fold_qk_norm_layer(layer)
         return layer
 
-    def _layer_record(self, layer: AttentionLayer, p: HeadProducts, values: dict[str, np.ndarray]) -> LayerRecord:
+    def _layer_record(self, layer: AttentionLayer, p: HeadProducts, values: dict[str, np.ndarray],
+                      warnings: list[str]) -> LayerRecord:
         out: dict[str, float] = {}
         for name in self.names:
             m = METRICS[name]
             if m.source and m.source in values:
                 out[name] = _summary(values[m.source], name.rsplit("_", 1)[1])
         if any(n in self.names for n in LAYER_FORM):
-            out.update(self._layer_form(layer, p))
+            out.update(self._layer_form(layer, p, warnings))
         overlap = None
         if "head_overlap" in self.names:
             unresolved = p.fq.unresolved & ~p.bad  # any such W_Q: the whole matrix in float64
@@ -244,18 +313,17 @@ class _Run:
             overlap[:, p.bad.cpu().numpy()] = np.nan
         return LayerRecord(layer.block, layer.layer, p.n, out, overlap)
 
-    def _layer_form(self, layer: AttentionLayer, p: HeadProducts) -> dict[str, float]:
+    def _layer_form(self, layer: AttentionLayer, p: HeadProducts, warnings: list[str]) -> dict[str, float]:
         """Summed-form metrics over all the layer's heads (reusing the cast weights when all were selected)."""
         full = p if p.grouped else HeadProducts(layer, dtype=self.dtype, device=self.device)
         if bool(full.bad.any()):
-            self.warnings.append(f"{layer.block} layer {layer.layer}: non-finite weights; layer-form metrics are NaN")
+            warnings.append(f"{layer.block} layer {layer.layer}: non-finite weights; layer-form metrics are NaN")
             return dict.fromkeys(LAYER_FORM, float("nan"))
         vals = layer_form_metrics(full.Q, full.K, full.kv)
         return {k: v for k, v in vals.items() if k in self.names}
 
-    def add_baselines(self, specs: list[BlockSpec]) -> None:
-        for spec in specs:
-            self.baselines += gaussian_baselines(spec, self.names, dtype=self.dtype, device=self.device)
+    def baselines_of(self, specs: list[BlockSpec]) -> list[Baseline]:
+        return [b for spec in specs for b in gaussian_baselines(spec, self.names, dtype=self.dtype, device=self.device)]
 
     @property
     def precision(self) -> str:
@@ -280,6 +348,19 @@ class _Run:
                               baselines=self.baselines, spectra=self.spectra_out,
                               warnings=list(dict.fromkeys(self.warnings + self._numerics_warning())),
                               metric_names=[n for n in self.names if n in present])
+
+
+@dataclass
+class _Measured:
+    """One layer's results, as `_Run.measure` returns them for `_Run.add`."""
+
+    route: str
+    warnings: list[str]
+    recomputed: int
+    cut: int
+    heads: list[HeadRecord] = field(default_factory=list)
+    spectra: dict = field(default_factory=dict)
+    layer: LayerRecord | None = None
 
 
 def _summary(v: np.ndarray, how: str) -> float:

@@ -14,14 +14,50 @@ that remains is RANK_RTOL, the same in every precision.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from functools import cached_property
+from typing import Any
 
 import torch
 from torch import Tensor
+
+
+class cached:  # noqa: N801 (used as a decorator, like functools.cached_property)
+    """A property computed on first use and stored in the instance, without a lock.
+
+    `functools.cached_property` holds one lock per class attribute (not per instance) while it computes, on
+    Python < 3.12: two threads measuring two layers at once would take turns on every Gram. Here two threads
+    asking for the same attribute of the same instance at once may both compute it (the same value); callers
+    that share an instance across threads ask for each attribute in one thread first.
+
+    Example:
+        >>> class A:
+        ...     @cached
+        ...     def x(self) -> int:
+        ...         print("computed")
+        ...         return 1
+        >>> a = A()
+        >>> a.x + a.x
+        computed
+        2
+    """
+
+    def __init__(self, func):
+        self.func = func
+        self.__doc__ = func.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.func(instance)  # later lookups find the instance's entry
+        return value
+
 
 CHUNK_BYTES = 8 << 20  # large per-head temporaries are formed in pieces of about this size (see row_norms)
 SAFE = 8.0  # Cholesky where λ_min > SAFE x the rank tolerance: every direction resolved, with room for rounding
@@ -51,7 +87,7 @@ class GramFactor:
         self.gram = (gram + gram.mT) / 2  # (n, d, d), exactly symmetric
         self.rows = rows
 
-    @cached_property
+    @cached
     def _spectrum(self) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """(eigenvalues (n, d) descending as computed, Cholesky factors L (n, d, d), cholesky-safe heads (n,),
         eigenvectors (m, d, d) of the m other heads or None). Eigenvalues of the other heads come from the same
@@ -85,7 +121,7 @@ class GramFactor:
         limit = EXACT_MARGIN * self.rows**0.5 * torch.finfo(evals.dtype).eps
         return (top > 0) & (evals[..., -1] <= limit * top)
 
-    @cached_property
+    @cached
     def evals(self) -> Tensor:
         """Eigenvalues of XᵀX (n, d) descending, resolved ones only (the rest set to 0)."""
         evals = self._spectrum[0]
@@ -101,7 +137,7 @@ class GramFactor:
         """Singular values of X, descending (n, d)."""
         return self.evals.sqrt()
 
-    @cached_property
+    @cached
     def root(self) -> Tensor:
         """R (n, d, d) with RᵀR = XᵀX on the resolved directions."""
         _, L, safe, vecs = self._spectrum
@@ -112,7 +148,7 @@ class GramFactor:
         R[~safe] = self.sigma[~safe].unsqueeze(-1) * vecs.mT  # diag(σ) Uᵀ: (m, d, 1) * (m, d, d)
         return R
 
-    @cached_property
+    @cached
     def whitener(self) -> Tensor:
         """Z (n, d, d) with X Z an orthonormal basis of X's column space, padded with zero columns."""
         _, L, safe, vecs = self._spectrum
@@ -140,15 +176,15 @@ class _Indexed(GramFactor):
         self.parent, self.idx = parent, idx
         self.gram, self.rows = parent.gram[idx], parent.rows
 
-    @cached_property
+    @cached
     def evals(self) -> Tensor:
         return self.parent.evals[self.idx]
 
-    @cached_property
+    @cached
     def root(self) -> Tensor:
         return self.parent.root[self.idx]
 
-    @cached_property
+    @cached
     def whitener(self) -> Tensor:
         return self.parent.whitener[self.idx]
 
@@ -254,7 +290,7 @@ def threaded(fn, A: Tensor):
     return tuple(torch.cat(p) for p in zip(*parts, strict=True))
 
 
-_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS: dict[tuple[int, int, int], ThreadPoolExecutor] = {}
 _POOLS_LOCK = threading.Lock()
 
 
@@ -264,22 +300,30 @@ def _linalg_pool(workers: int) -> ThreadPoolExecutor:
     Kept, not made per call: a fresh thread pays for its start and for MKL's per-thread set-up on its first
     LAPACK call, which cost 3-5x the work itself for a batch of 32 Cholesky factors or triangular inverses (about
     60 ms per 7B layer, 2 s per model). Each worker sets its own thread count once, as it starts."""
+    return worker_pool(workers, 1)
+
+
+def worker_pool(workers: int, threads: int) -> ThreadPoolExecutor:
+    """A pool of `workers` threads kept for the life of the process (a forked child makes its own), each running
+    torch on `threads` threads of its own, whatever the caller's count is then or later."""
+    key = (os.getpid(), workers, threads)
     with _POOLS_LOCK:
-        pool = _POOLS.get(workers)
+        pool = _POOLS.get(key)
         if pool is None:
-            with one_thread():  # the global count new threads read; restored once every worker has started
-                pool = ThreadPoolExecutor(workers, thread_name_prefix="qkinspect-linalg", initializer=_one_thread_here)
+            with _thread_count(threads):  # the global count new threads read; restored once every worker started
+                pool = ThreadPoolExecutor(workers, thread_name_prefix="qkinspect-worker",
+                                          initializer=_threads_here, initargs=(threads,))
                 started = threading.Barrier(workers)
                 list(pool.map(lambda _: started.wait(), range(workers)))  # one task per worker: all start now
-            _POOLS[workers] = pool
+            _POOLS[key] = pool
     return pool
 
 
-def _one_thread_here() -> None:
-    """torch on one thread in the calling thread, for good: torch sets a thread's count from the global one on its
-    first parallel operation unless it has been initialised (get_num_threads does that) before set_num_threads."""
+def _threads_here(threads: int) -> None:
+    """torch on `threads` threads in the calling thread, for good: torch sets a thread's count from the global one on
+    its first parallel operation unless it has been initialised (get_num_threads does that) before set_num_threads."""
     torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
 
 
 @contextmanager
@@ -293,8 +337,14 @@ def one_thread() -> Iterator[None]:
         ...     torch.get_num_threads()
         1
     """
+    with _thread_count(1):
+        yield
+
+
+@contextmanager
+def _thread_count(threads: int) -> Iterator[None]:
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     try:
         yield
     finally:

@@ -217,7 +217,7 @@ def _measure(p: HeadProducts, names: list[str], spectra: Iterable[str]
         values[name] = _numpy(torch.where(bad, torch.full_like(v, float("nan")), v))
     keys = list(dict.fromkeys(spectra))
     for have, extra, cached in (("qk", "qk_eig", "eig_qk"), ("ov", "ov_eig", "eig_ov")):
-        if have in keys and extra not in keys and cached in vars(p):  # cached_property stores in the instance
+        if have in keys and extra not in keys and cached in vars(p):  # a cached attribute is stored in the instance
             keys.append(extra)
     out_spectra = {}
     for key in keys:

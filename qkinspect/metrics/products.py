@@ -7,7 +7,6 @@ run that asks for symmetry alone never pays for eigenvalues or the OV circuit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -16,6 +15,7 @@ from qkinspect.layer import AttentionLayer
 from qkinspect.metrics import backend
 from qkinspect.metrics.factored import (
     GramFactor,
+    cached,
     eigvals,
     eigvalsh,
     paired,
@@ -125,16 +125,16 @@ class HeadProducts:
     def has_o(self) -> bool:
         return self._raw["O"] is not None
 
-    @cached_property
+    @cached
     def _bad_kv(self) -> Tensor:
         return (self._checked("K").bad | self._checked("V").bad)[self.kv]
 
-    @cached_property
+    @cached
     def bad(self) -> Tensor:
         """(n,) query heads whose W_Q, or whose KV head's W_K or W_V, has non-finite entries (or overflows)."""
         return self._checked("Q").bad | self._bad_kv
 
-    @cached_property
+    @cached
     def bad_ov(self) -> Tensor:
         """(n,) heads whose W_O, W_K or W_V is non-finite (the OV metrics' NaN mask)."""
         return self._bad_kv if self._raw["O"] is None else self._checked("O").bad | self._bad_kv
@@ -153,27 +153,27 @@ class HeadProducts:
         return torch.full((self.n,), float("nan"), dtype=self.dtype, device=self.device)
 
     # -- Gram factors -----------------------------------------------------------------------------------
-    @cached_property
+    @cached
     def fq(self) -> GramFactor:
         return GramFactor(self._checked("Q").gram, rows=self.shape("Q")[-2])
 
-    @cached_property
+    @cached
     def fk_all(self) -> GramFactor:
         return GramFactor(self._checked("K").gram, rows=self.shape("K")[-2])
 
-    @cached_property
+    @cached
     def fk(self) -> GramFactor:
         return self.fq if self.same_qk else self.fk_all.index(self.kv)
 
-    @cached_property
+    @cached
     def fv_all(self) -> GramFactor:
         return GramFactor(self._checked("V").gram, rows=self.shape("V")[-2])
 
-    @cached_property
+    @cached
     def fv(self) -> GramFactor:
         return self.fv_all.index(self.kv)
 
-    @cached_property
+    @cached
     def fro2_qk(self) -> Tensor:
         """||M||_F² = tr(W_QᵀW_Q · W_KᵀW_K) per head (n,), without forming M."""
         return tr_prod(self.fq.gram, self.fk.gram)
@@ -185,7 +185,7 @@ class HeadProducts:
         head's W_K or W_V, and W_O and the joint [W_Q W_K] where a metric decomposed them. Ask after the metrics."""
         out = self.fq.unresolved | self.fk.unresolved | self.fv.unresolved
         for name in ("fo", "f_joint"):
-            if name in vars(self):  # cached_property stores in the instance: only the factors a metric used
+            if name in vars(self):  # a cached attribute is stored in the instance: only the factors a metric used
                 out = out | vars(self)[name].unresolved
         return out & ~self.bad
 
@@ -199,17 +199,17 @@ class HeadProducts:
         return HeadProducts(self._layer, self.heads[mask.cpu()], dtype=torch.float64, device=self.device)
 
     # -- cross products (n, e, d) -------------------------------------------------------------------------
-    @cached_property
+    @cached
     def c_qk(self) -> Tensor:
         """W_Kᵀ W_Q per head (n, d, d): its eigenvalues are the nonzero eigenvalues of W_Q W_Kᵀ."""
         return self.fq.gram if self.same_qk else self._paired(self._x("K"), self._x("Q"))
 
-    @cached_property
+    @cached
     def c_qv(self) -> Tensor:
         """W_Vᵀ W_Q per head (n, dv, d)."""
         return self._paired(self._x("V"), self._x("Q"))
 
-    @cached_property
+    @cached
     def c_kv(self) -> Tensor:
         """W_Vᵀ W_K per head (n, dv, d)."""
         return self._mm(self._x("V").mT, self._x("K"))[self.kv]  # (G, dv, Dk) @ (G, Dk, d) -> (G, dv, d) -> (n, dv, d)
@@ -221,24 +221,24 @@ class HeadProducts:
             return backend.matmul(Y.mT, X, ia=self.kv)
         return paired(Y, X, self.kv, self.grouped)
 
-    @cached_property
+    @cached
     def means(self) -> tuple[Tensor, Tensor, Tensor]:
         """Column means over the rows of W_Q (n, d), W_K (n, d), W_V (n, dv) per query head (for CKA)."""
         Q, K, V = (self._x(name).mean(-2, dtype=self.dtype) for name in "QKV")  # bf16 summed in float32
         return Q, K[self.kv], V[self.kv]
 
     # -- the bilinear form M = W_Q W_Kᵀ -----------------------------------------------------------------------
-    @cached_property
+    @cached
     def sigma_qk(self) -> Tensor:
         """Singular values of M (n, d), descending: those of R_Q R_Kᵀ."""
         return svdvals(self.fq.root @ self.fk.root.mT)  # (n, d, d) @ (n, d, d)
 
-    @cached_property
+    @cached
     def eig_qk(self) -> Tensor:
         """The d eigenvalues of W_Kᵀ W_Q (n, d) complex: M's nonzero eigenvalues, padded with zeros."""
         return eigvals(self.c_qk)
 
-    @cached_property
+    @cached
     def sym_skew_qk(self) -> tuple[Tensor, Tensor]:
         """Eigenvalues (n, 2d) of M's symmetric part (M + Mᵀ)/2, ascending, and ||(M − Mᵀ)/2||_F² (n,).
 
@@ -253,14 +253,14 @@ class HeadProducts:
         skew2 = ((P - P.mT) / 2).square().sum((-2, -1))
         return eigvalsh((P + P.mT) / 2), skew2
 
-    @cached_property
+    @cached
     def f_joint(self) -> GramFactor:
         """Factors of [W_Q W_K] (n, D, 2d): its Gram [[W_QᵀW_Q, W_QᵀW_K], [W_KᵀW_Q, W_KᵀW_K]] (n, 2d, 2d)."""
         C = self.c_qk  # W_Kᵀ W_Q (n, d, d)
         joint = torch.cat([torch.cat([self.fq.gram, C.mT], -1), torch.cat([C, self.fk.gram], -1)], -2)
         return GramFactor(joint, rows=self.shape("Q")[-2])
 
-    @cached_property
+    @cached
     def row_col_norms(self) -> tuple[Tensor, Tensor]:
         """Row norms (n, D) and column norms (n, Dk) of M, from R_K and R_Q without forming M."""
         Q, K = self._x("Q"), self._x("K")
@@ -277,22 +277,22 @@ class HeadProducts:
         return rows, cols
 
     # -- the OV circuit W_OV = W_V W_O --------------------------------------------------------------------------
-    @cached_property
+    @cached
     def fo(self) -> GramFactor:
         """Factors of W_Oᵀ (n, D, dv): Gram W_O W_Oᵀ (n, dv, dv)."""
         return GramFactor(self._checked("O").gram, rows=self.shape("O")[-1])
 
-    @cached_property
+    @cached
     def sigma_ov(self) -> Tensor:
         """Singular values of W_V W_O (n, dv): those of R_V R_Oᵀ."""
         return svdvals(self.fv.root @ self.fo.root.mT)  # (n, dv, dv) @ (n, dv, dv)
 
-    @cached_property
+    @cached
     def c_ov(self) -> Tensor:
         """(W_O W_V)ᵀ = W_Vᵀ W_Oᵀ per head (n, dv, dv): same nonzero eigenvalues as W_V W_O."""
         return self._paired(self._x("V"), self._x("O").mT)  # W_Oᵀ: (n, dv, D) -> (n, D, dv)
 
-    @cached_property
+    @cached
     def eig_ov(self) -> Tensor:
         return eigvals(self.c_ov)
 
