@@ -244,7 +244,8 @@ def _prefetched(read: Callable[[int], AttentionLayer], n: int) -> Iterator[Atten
     """Yield read(0..n-1), reading item k+1 in a worker thread while the caller holds item k."""
     if n == 0:
         return
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="qkinspect-prefetch") as pool:
+    reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qkinspect-prefetch", initializer=_one_torch_thread)
+    with reader as pool:
         pending = pool.submit(read, 0)
         try:
             for k in range(n):
@@ -255,6 +256,15 @@ def _prefetched(read: Callable[[int], AttentionLayer], n: int) -> Iterator[Atten
         finally:
             if pending is not None:
                 pending.cancel()  # the caller stopped early; the executor waits for a read already running
+
+
+def _one_torch_thread() -> None:
+    """The reading thread casts on one thread of its own: the caller's threads are busy with the products, and a
+    team of threads for the cast would take turns with them."""
+    import torch
+
+    torch.get_num_threads()  # initialise this thread's count first, or its first parallel op resets it
+    torch.set_num_threads(1)
 
 
 def _computed_in(layer: AttentionLayer, dtypes: frozenset[torch.dtype], read: Iterable[Tensor]) -> bool:
