@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from qkinspect.metrics import lapack
+
 
 class cached:  # noqa: N801 (used as a decorator, like functools.cached_property)
     """A property computed on first use and stored in the instance, without a lock.
@@ -93,7 +95,7 @@ class GramFactor:
         eigenvectors (m, d, d) of the m other heads or None). Eigenvalues of the other heads come from the same
         eigendecomposition as their eigenvectors, so rank, root and whitener agree."""
         evals = eigvalsh(self.gram).flip(-1)  # ascending -> descending
-        L, info = threaded(torch.linalg.cholesky_ex, self.gram)  # (n, d, d) lower; info (n,) 0 where it succeeded
+        L, info = threaded(lapack.cholesky_ex, self.gram)  # (n, d, d) lower; info (n,) 0 where it succeeded
         safe = (evals[..., -1] > SAFE * self._tol(evals)[..., 0]) & (info == 0)
         if bool(safe.all()):
             return evals, L, safe, None
@@ -152,7 +154,7 @@ class GramFactor:
     def whitener(self) -> Tensor:
         """Z (n, d, d) with X Z an orthonormal basis of X's column space, padded with zero columns."""
         _, L, safe, vecs = self._spectrum
-        Z = threaded(_inverse_lower, L).mT  # L⁻ᵀ: Zᵀ G Z = L⁻¹ L Lᵀ L⁻ᵀ = I
+        Z = threaded(lapack.inverse_lower, L).mT  # L⁻ᵀ: Zᵀ G Z = L⁻¹ L Lᵀ L⁻ᵀ = I
         if vecs is None:
             return Z
         s = self.sigma[~safe]
@@ -191,12 +193,6 @@ class _Indexed(GramFactor):
     @property
     def unresolved(self) -> Tensor:
         return self.parent.unresolved[self.idx]
-
-
-def _inverse_lower(L: Tensor) -> Tensor:
-    """L⁻¹ of a batch of lower-triangular matrices (n, d, d)."""
-    eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
-    return torch.linalg.solve_triangular(L, eye, upper=False)
 
 
 def factor_gram(gram: Tensor, rows: int) -> GramFactor:

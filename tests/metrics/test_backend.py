@@ -303,9 +303,16 @@ def test_analyze_reads_a_bf16_checkpoint_without_casting(monkeypatch, tmp_path):
     b = qkinspect.analyze(tmp_path, layers="0,4", metrics=["all"])
     assert seen[2:] == [torch.bfloat16] * 2  # the loader cast only on the float32 route
     assert (a.processing.products, b.processing.products) == ("float32", "bf16")
-    for x, y in zip(a.heads, b.heads, strict=True):
-        for name, v in x.values.items():
-            assert v == pytest.approx(y.values[name], rel=1e-5, abs=2e-6, nan_ok=True), name
+    ref = qkinspect.analyze(tmp_path, layers="0,4", metrics=["all"], precision="float64")
+    for name in a.heads[0].values:  # as assert_routes_agree: equal, or within float32's own error of float64
+        x, y, r = (np.array([h.values[name] for h in res.heads]) for res in (a, b, ref))
+        assert np.array_equal(np.isnan(x), np.isnan(y)), name
+        ok = ~np.isnan(x)
+        x, y, r = x[ok], y[ok], r[ok]
+        scale = np.maximum(1, np.abs(r))
+        same = np.abs(y - x) <= 2e-6 * scale
+        no_worse = np.abs(y - r) <= 3 * np.abs(x - r).max() + 1e-6 * scale
+        assert (same | no_worse).all(), (name, np.abs(y - x).max(), np.abs(x - r).max(), np.abs(y - r).max())
     folded = qkinspect.analyze(tmp_path, layers="0", metrics=["symmetry"], fold_ln=True)
     assert seen[-1] == torch.float32 and folded.processing.products == "float32"  # a fold scales in float32
     assert qkinspect.analyze(tmp_path, layers="0", metrics=["symmetry"], precision="float64"
