@@ -104,6 +104,18 @@ class HeadProducts:
         """The shape of factor "Q", "K", "V" or "O" (which must be present), without casting or checking it."""
         return self._raw[name].shape
 
+    @property
+    def _one_kv_per_query(self) -> bool:
+        """Every query head selected, each with a KV head of its own (no grouping): `kv` is 0, 1, ..., n - 1."""
+        return self.grouped and self._raw["K"].shape[0] == self.n
+
+    def _per_query(self, X: Tensor) -> Tensor:
+        """X (G, ...) per KV head -> (n, ...) per query head: X itself when `kv` is the identity, else X[kv]."""
+        return X if self._one_kv_per_query else X[self.kv]
+
+    def _per_query_factor(self, f: GramFactor) -> GramFactor:
+        return f if self._one_kv_per_query else f.index(self.kv)
+
     # -- the factors, non-finite heads zeroed (their metrics are NaN: `bad`, `bad_ov`) ------------------------
     @property
     def Q(self) -> Tensor:
@@ -127,7 +139,7 @@ class HeadProducts:
 
     @cached
     def _bad_kv(self) -> Tensor:
-        return (self._checked("K").bad | self._checked("V").bad)[self.kv]
+        return self._per_query(self._checked("K").bad | self._checked("V").bad)
 
     @cached
     def bad(self) -> Tensor:
@@ -163,7 +175,7 @@ class HeadProducts:
 
     @cached
     def fk(self) -> GramFactor:
-        return self.fq if self.same_qk else self.fk_all.index(self.kv)
+        return self.fq if self.same_qk else self._per_query_factor(self.fk_all)
 
     @cached
     def fv_all(self) -> GramFactor:
@@ -171,7 +183,7 @@ class HeadProducts:
 
     @cached
     def fv(self) -> GramFactor:
-        return self.fv_all.index(self.kv)
+        return self._per_query_factor(self.fv_all)
 
     @cached
     def fro2_qk(self) -> Tensor:
@@ -212,7 +224,7 @@ class HeadProducts:
     @cached
     def c_kv(self) -> Tensor:
         """W_Vᵀ W_K per head (n, dv, d)."""
-        return self._mm(self._x("V").mT, self._x("K"))[self.kv]  # (G, dv, Dk) @ (G, Dk, d) -> (G, dv, d) -> (n, dv, d)
+        return self._per_query(self._mm(self._x("V").mT, self._x("K")))  # (G, dv, Dk) @ (G, Dk, d) -> (n, dv, d)
 
     def _paired(self, Y: Tensor, X: Tensor) -> Tensor:
         """Y[kv[h]]ᵀ X[h] per query head (n, e, d) for factors Y (G, rows, e) and X (n, rows, d), on this layer's
@@ -225,7 +237,7 @@ class HeadProducts:
     def means(self) -> tuple[Tensor, Tensor, Tensor]:
         """Column means over the rows of W_Q (n, d), W_K (n, d), W_V (n, dv) per query head (for CKA)."""
         Q, K, V = (self._x(name).mean(-2, dtype=self.dtype) for name in "QKV")  # bf16 summed in float32
-        return Q, K[self.kv], V[self.kv]
+        return Q, self._per_query(K), self._per_query(V)
 
     # -- the bilinear form M = W_Q W_Kᵀ -----------------------------------------------------------------------
     @cached
