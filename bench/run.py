@@ -9,8 +9,10 @@
       and scaled to the model
   (d) the compute floor of the default metrics: only the eight batched products per layer that they cannot do
       without (the Grams of W_Q, W_K, W_V; W_K^T W_Q, W_V^T W_Q, W_V^T W_K; W_Q R_K^T and W_K R_Q^T for
-      directionality's row and column norms), on tensors already in memory, with torch's threads, for each exact
-      product route the machine has (`product_routes`): the float32 route always; (d_best) is the fastest
+      directionality's row and column norms), on tensors already in memory, for each exact product route the
+      machine has (`product_routes`: the float32 route always) and each way `analyze` may schedule the layers
+      (one at a time with torch's threads; and, where `analyze` does so here, two or more side by side on worker
+      threads with a share of them each); (d_best) is the fastest
   (e) the start-up floor: a Python process that imports torch and qkinspect's loader and exits
 
 The bound: `analyze` must start (e), then read the q/k/v tensors and do the products, which overlap (the next
@@ -45,8 +47,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+
+from qkinspect.layer import BlockSpec
 
 ATTN = re.compile(r"\.self_attn\.(q|k|v|o)_proj\.weight$")
 
@@ -166,27 +171,26 @@ def product_routes() -> dict[str, torch.dtype]:
     float32 (torch's products of the cast weights) is always there and always measured. A route the product
     backend (qkinspect.metrics.backend, issue 17) selects on this machine is added beside it: its bf16-in,
     float32-out GEMMs read the bf16 weights directly."""
+    from qkinspect.metrics import backend
+
     routes = {"float32": torch.float32}
-    # -- hook: the bf16 product route -----------------------------------------------------------------------
-    try:
-        from qkinspect.metrics import backend
-    except ImportError:  # no backend module on this branch: the float32 route only
-        return routes
     if backend.best_route() == "bf16":
         routes["bf16"] = torch.bfloat16
     return routes
 
 
-def gemm_floor(folder: Path, route: str = "float32", dtype: torch.dtype = torch.float32) -> float:
+def gemm_floor(folder: Path, route: str = "float32", dtype: torch.dtype = torch.float32, at_once: int = 1) -> float:
     """(d): seconds of the eight batched products per layer that the default metrics need, summed over layers,
-    on the product route `route` (weights in `dtype`: float32 cast from bf16, or bf16 as stored).
+    on the product route `route` (weights in `dtype`: float32 cast from bf16, or bf16 as stored), `at_once`
+    layers at a time: one layer with torch's threads, or several side by side on worker threads with an equal share
+    of them each (`qkinspect.metrics.factored.worker_pool`), as `analyze` schedules layers that fit together.
 
     Each layer's q/k/v weights are read (and cast) untimed; only the products are timed (best of two).
     Query heads pair with KV head h // (H // G), as in qkinspect; a random d x d factor stands in for R_K and R_Q
     (the cost of a product does not depend on its values)."""
     from safetensors import safe_open
 
-    from qkinspect.metrics import backend
+    from qkinspect.metrics import backend, factored
 
     cfg = json.loads((folder / "config.json").read_text())
     H, G, D, n_layers = (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"],
@@ -200,16 +204,36 @@ def gemm_floor(folder: Path, route: str = "float32", dtype: torch.dtype = torch.
             return h.get_tensor(name).to(dtype).view(n, d, D).mT  # (n*d, D) -> (n, D, d), as qkinspect holds it
 
     R = torch.randn(H, d, d)
+    pool = factored.worker_pool(at_once, max(1, torch.get_num_threads() // at_once)) if at_once > 1 else None
+
+    def products(layer: tuple[torch.Tensor, ...]) -> None:
+        backend.layer_products(*layer, R, R, route)  # the eight products, as `analyze` forms them
+
     total = 0.0
-    for i in range(n_layers):
-        Q, K, V = read(i, "q", H), read(i, "k", G), read(i, "v", G)
+    for i in range(0, n_layers, at_once):
+        group = [(read(j, "q", H), read(j, "k", G), read(j, "v", G)) for j in range(i, min(i + at_once, n_layers))]
         best = float("inf")
         for _ in range(2):
             t0 = time.perf_counter()
-            backend.layer_products(Q, K, V, R, R, route)  # the eight products, as `analyze` forms them
+            if pool is None:
+                products(group[0])
+            else:
+                list(pool.map(products, group))
             best = min(best, time.perf_counter() - t0)
         total += best
     return total
+
+
+def layers_at_once(cfg: dict) -> int:
+    """How many of this checkpoint's layers `analyze` measures side by side here (qkinspect.analysis's rule for
+    the default metrics in float32)."""
+    from qkinspect import analysis
+
+    d = cfg["hidden_size"] // cfg["num_attention_heads"]
+    spec = BlockSpec("decoder", cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+                     cfg["hidden_size"], d)
+    run = SimpleNamespace(device="cpu", dtype=torch.float32, needs_o=False)
+    return analysis._layers_at_once(run, [spec], cfg["num_hidden_layers"])
 
 
 def startup_floor() -> float:
@@ -324,12 +348,17 @@ def main() -> None:
 
     if not extra:  # the floor counts the default metrics' products; another selection needs others
         warm(folder)
-        floors = {route: gemm_floor(folder, route, dtype) for route, dtype in product_routes().items()}
+        schedules = {"one layer at a time": 1}
+        side = layers_at_once(cfg)
+        if side > 1:
+            schedules[f"{side} layers side by side"] = side
+        floors = {f"{route} route, {how}": gemm_floor(folder, route, dtype, at_once)
+                  for route, dtype in product_routes().items() for how, at_once in schedules.items()}
         best = min(floors, key=floors.get)
         gemm, start = floors[best], startup_floor()
-        others = "" if len(floors) > 1 else " (no other exact product route on this machine)"
+        others = "" if len(product_routes()) > 1 else " (no other exact product route on this machine)"
         print("(d) compute floor of the default metrics, batched products alone: "
-              + ", ".join(f"{r} route {t:.2f} s" for r, t in floors.items())
+              + ", ".join(f"{r} {t:.2f} s" for r, t in floors.items())
               + f"{others}; (d_best) = {gemm:.2f} s ({best}); (e) start-up floor {start:.2f} s"
               " (import torch and the loader)")
         for cache, (floor, qkv, wall, _rss) in rows.items():

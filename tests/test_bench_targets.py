@@ -1,5 +1,5 @@
-"""bench/run.py's target logic (no timing: that is the benchmark's job): the product routes (d_best) is the minimum
-over, the shape a checkpoint's config names, and the verdicts."""
+"""bench/run.py's target logic (no timing: that is the benchmark's job): the product routes and layer schedules
+(d_best) is the minimum over, the shape a checkpoint's config names, and the verdicts."""
 
 from __future__ import annotations
 
@@ -9,14 +9,6 @@ import types
 import torch
 
 from bench import run
-
-
-def test_the_float32_route_is_always_measured(monkeypatch):
-    import qkinspect.metrics
-
-    monkeypatch.setitem(sys.modules, "qkinspect.metrics.backend", None)  # no backend module: import fails
-    monkeypatch.delattr(qkinspect.metrics, "backend", raising=False)
-    assert run.product_routes() == {"float32": torch.float32}
 
 
 def test_the_backends_bf16_route_is_added_where_it_is_the_best(monkeypatch):
@@ -38,3 +30,22 @@ def test_shapes_and_verdicts():
                          "num_key_value_heads": 8}) == "llama-70b-attn"
     assert run.shape_of({**cfg, "num_hidden_layers": 3}) is None
     assert (run.verdict(True), run.verdict(False)) == ("PASS", "FAIL")
+
+
+def test_the_floor_is_also_timed_with_layers_side_by_side_where_analyze_does_so(tmp_path):
+    from tests.test_streaming import _bench_writer
+
+    cfg7 = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32}
+    cfg70 = {**cfg7, "num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8}
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert (run.layers_at_once(cfg7), run.layers_at_once(cfg70)) == (2, 1)
+        torch.set_num_threads(1)
+        assert run.layers_at_once(cfg7) == 1
+        torch.set_num_threads(2)
+        mk = _bench_writer()
+        folder = mk.make(mk.Shape(3, 64, 4, 2, d_ff=96, vocab=50, attention_only=True), tmp_path / "tiny", seed=1)
+        assert run.gemm_floor(folder, at_once=2) > 0 and run.gemm_floor(folder) > 0  # an odd layer count: 2 + 1
+    finally:
+        torch.set_num_threads(before)
