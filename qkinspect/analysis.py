@@ -1,7 +1,8 @@
 """`qkinspect.analyze`: a model in, per-head and per-layer records out (DESIGN.md §1).
 
-Layers are read one at a time (the next one prefetched while the current one is measured), processed (folds),
-measured batched over their heads, and turned into frozen records; a random baseline per block comes last.
+Layers are read one at a time (the next one prefetched while the current ones are measured), processed (folds),
+measured batched over their heads (on a CPU, two layers side by side when they fit, `_layers_at_once`), and turned
+into frozen records in layer order; a random baseline per block comes with them.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def analyze(
         progress: called as progress(done, total) after each layer.
         revision: hub revision when `model` is a hub id.
         threads: torch intra-op threads for this call (default: the CPUs this process may use); a sweep running
-            several analyses side by side on one machine gives each its share.
+            several analyses side by side on one machine gives each its share. With two or more on a CPU, layers
+            small enough (a 7B model's, in float32) are measured two at a time, each on half of the threads.
 
     Returns:
         AnalysisResult with head and layer records, spectra, baselines, warnings and the processing flags.

@@ -109,11 +109,14 @@ class GGUFSource(TensorSource):
         return shape[::-1] if self._transposed(stored_name, len(shape)) else shape
 
     def stored_dtype(self, stored_name: str) -> str:
-        types = dict.fromkeys(_dtype(t) for t in self._split.get(stored_name, (self._tensors.get(stored_name),)))
-        return "+".join(types)
+        return "+".join(dict.fromkeys(_dtype(t) for t in self._parts(stored_name)))
 
     def stored_nbytes(self, stored_name: str) -> int:
-        return sum(int(t.n_bytes) for t in self._split.get(stored_name, (self._tensors.get(stored_name),)))
+        return sum(int(t.n_bytes) for t in self._parts(stored_name))
+
+    def _parts(self, stored_name: str) -> tuple[Any, ...]:
+        """The file's tensors behind a Hugging Face name: two for a split kv_b (attn_k_b, attn_v_b), else one."""
+        return self._split.get(stored_name, (self._tensors.get(stored_name),))
 
     def _read(self, stored_name: str) -> Tensor:
         import torch
