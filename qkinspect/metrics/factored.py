@@ -291,12 +291,29 @@ _POOLS_LOCK = threading.Lock()
 
 
 def _linalg_pool(workers: int) -> ThreadPoolExecutor:
-    """A pool of `workers` threads kept for the life of the process, each running torch on one thread.
+    """A pool of `workers` threads kept for the calling thread (two layers measured side by side, each with
+    threads of its own, do not queue for one pool), each running torch on one thread.
 
     Kept, not made per call: a fresh thread pays for its start and for MKL's per-thread set-up on its first
     LAPACK call, which cost 3-5x the work itself for a batch of 32 Cholesky factors or triangular inverses (about
-    60 ms per 7B layer, 2 s per model). Each worker sets its own thread count once, as it starts."""
-    return worker_pool(workers, 1)
+    60 ms per 7B layer, 2 s per model). Each worker sets its own thread count once, as it starts. The pool goes
+    with the calling thread (its threads end once the pool is collected)."""
+    return per_thread(("linalg", workers), lambda: _new_pool(workers, 1, "qkinspect-linalg"))
+
+
+def per_thread(key: object, make):
+    """An object made by `make()` once per calling thread and process (a forked child makes its own)."""
+    mine = vars(_LOCAL).setdefault("objects", {})
+    pid = os.getpid()
+    if mine.get("pid") != pid:
+        mine.clear()
+        mine["pid"] = pid
+    if key not in mine:
+        mine[key] = make()
+    return mine[key]
+
+
+_LOCAL = threading.local()
 
 
 def worker_pool(workers: int, threads: int) -> ThreadPoolExecutor:
@@ -306,12 +323,15 @@ def worker_pool(workers: int, threads: int) -> ThreadPoolExecutor:
     with _POOLS_LOCK:
         pool = _POOLS.get(key)
         if pool is None:
-            with _thread_count(threads):  # the global count new threads read; restored once every worker started
-                pool = ThreadPoolExecutor(workers, thread_name_prefix="qkinspect-worker",
-                                          initializer=_threads_here, initargs=(threads,))
-                started = threading.Barrier(workers)
-                list(pool.map(lambda _: started.wait(), range(workers)))  # one task per worker: all start now
-            _POOLS[key] = pool
+            pool = _POOLS[key] = _new_pool(workers, threads, "qkinspect-worker")
+    return pool
+
+
+def _new_pool(workers: int, threads: int, name: str) -> ThreadPoolExecutor:
+    with _thread_count(threads):  # the global count new threads read; restored once every worker has started
+        pool = ThreadPoolExecutor(workers, thread_name_prefix=name, initializer=_threads_here, initargs=(threads,))
+        started = threading.Barrier(workers)
+        list(pool.map(lambda _: started.wait(), range(workers)))  # one task per worker: all start now
     return pool
 
 

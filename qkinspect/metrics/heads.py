@@ -9,7 +9,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from torch import Tensor
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer
 from qkinspect.metrics import norms, ov, similarity, symmetry
-from qkinspect.metrics.factored import RANK_RTOL, GramFactor, trace
+from qkinspect.metrics.factored import RANK_RTOL, GramFactor, per_thread, trace
 from qkinspect.metrics.products import HeadProducts
 from qkinspect.metrics.spectrum import (
     descending_eigvals,
@@ -162,15 +161,9 @@ _CROSS = {  # cross product -> the metrics that read it
 }
 _WHITENED = {"fq": {"overlap_qk", "overlap_qv"}, "fk_all": {"overlap_qk", "overlap_kv"},
              "fv_all": {"overlap_qv", "overlap_kv"}}  # factor -> the metrics that read its whitener
-_BACKGROUND: dict[int, ThreadPoolExecutor] = {}  # process id -> its thread (a forked child starts its own)
-
-
 def _background() -> ThreadPoolExecutor:
-    pid = os.getpid()
-    if pid not in _BACKGROUND:
-        _BACKGROUND.clear()
-        _BACKGROUND[pid] = ThreadPoolExecutor(1, thread_name_prefix="qkinspect-decompose")
-    return _BACKGROUND[pid]
+    """The calling thread's own decomposition thread (layers measured side by side do not queue for one)."""
+    return per_thread("decompose", lambda: ThreadPoolExecutor(1, thread_name_prefix="qkinspect-decompose"))
 
 
 def _decompose_meanwhile(p: HeadProducts, names: list[str]) -> None:

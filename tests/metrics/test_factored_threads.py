@@ -38,3 +38,18 @@ def test_threaded_matches_one_call_and_leaves_the_thread_count():
     L, info = threaded(torch.linalg.cholesky_ex, G)  # a tuple result, concatenated per element
     assert torch.allclose(L, torch.linalg.cholesky(G)) and bool((info == 0).all())
     assert torch.get_num_threads() == before
+
+
+def test_each_calling_thread_has_its_own_pools():
+    """Two layers measured side by side, each on a worker with threads of its own, must not queue for one LAPACK
+    pool or one decomposition thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from qkinspect.metrics.heads import _background
+
+    mine = (_linalg_pool(2), _background())
+    with ThreadPoolExecutor(1) as other:
+        theirs = other.submit(lambda: (_linalg_pool(2), _background(), _linalg_pool(2), _background())).result()
+    assert theirs[0] is theirs[2] and theirs[1] is theirs[3]  # kept for that thread
+    assert theirs[0] is not mine[0] and theirs[1] is not mine[1]
+    assert mine == (_linalg_pool(2), _background())

@@ -119,3 +119,23 @@ def test_cached_attributes_of_two_instances_compute_at_once():
         t.join(20)
     assert out == [7, 7]
     assert all(vars(x)["gram"] == 7 for x in layers)  # stored in the instance, as cached_property does
+
+
+def test_workers_with_threads_of_their_own_give_the_same_results(demo_dir, monkeypatch):
+    """threads=4 with room for two layers: two workers of two threads each, so each layer's Grams are decomposed
+    in its worker's own background thread and LAPACK pool while its products are formed."""
+    one = qkinspect.analyze(demo_dir, threads=1, layers="0-3")
+    widest = 384 * 384 * 3 * 4  # MiniLM's q/k/v in float32
+    monkeypatch.setattr(analysis, "PARALLEL_BYTES", 2 * widest)
+    seen = []
+    measure = analysis._Run.measure
+
+    def spy(self, layer):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return measure(self, layer)
+
+    monkeypatch.setattr(analysis._Run, "measure", spy)
+    four = qkinspect.analyze(demo_dir, threads=4, layers="0-3")
+    assert {n for _, n in seen} == {2} and all(name.startswith("qkinspect-worker") for name, _ in seen)
+    for a, b in zip(four.heads, one.heads, strict=True):
+        np.testing.assert_allclose(list(a.values.values()), list(b.values.values()), rtol=2e-6, atol=1e-7)
