@@ -139,3 +139,21 @@ def test_workers_with_threads_of_their_own_give_the_same_results(demo_dir, monke
     assert {n for _, n in seen} == {2} and all(name.startswith("qkinspect-worker") for name, _ in seen)
     for a, b in zip(four.heads, one.heads, strict=True):
         np.testing.assert_allclose(list(a.values.values()), list(b.values.values()), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("H, G", [(4, 4), (4, 2)])
+def test_the_background_maps_name_what_each_metric_reads(H, G):
+    """heads._CROSS and heads._WHITENED (which cross products and whiteners `_decompose_meanwhile` forms ahead of
+    the metrics) say what each metric really reads: a metric computed alone on fresh products forms exactly those."""
+    from qkinspect.metrics import heads
+    from qkinspect.metrics.products import HeadProducts
+    from tests.metrics.helpers import make_layer
+
+    layer = make_layer(0, H=H, G=G, D=12, d=3)
+    for name, metric in heads.HEAD_METRICS.items():
+        p = HeadProducts(layer, dtype=torch.float64)
+        metric(p)
+        crosses = {c for c in heads._CROSS if c in vars(p)}
+        whitened = {f for f in heads._WHITENED if f in vars(p) and "whitener" in vars(vars(p)[f])}
+        assert crosses == {c for c, readers in heads._CROSS.items() if name in readers}, name
+        assert whitened == {f for f, readers in heads._WHITENED.items() if name in readers}, name
