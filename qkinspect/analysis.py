@@ -110,10 +110,15 @@ def analyze(
             baselines = None
             if at_once > 1:  # the baseline on a worker too, while the first layer is read
                 baselines = _workers(at_once).submit(run.baselines_of, specs)
-            for done, measured in enumerate(_measured(run, stream, at_once), start=1):
-                run.add(measured)
-                if progress is not None:
-                    progress(done, total)
+            try:
+                for done, measured in enumerate(_measured(run, stream, at_once), start=1):
+                    run.add(measured)
+                    if progress is not None:
+                        progress(done, total)
+            except BaseException:
+                if baselines is not None:
+                    baselines.cancel()  # not started yet: never starts (a started one ends on its own)
+                raise
             run.baselines += run.baselines_of(specs) if baselines is None else baselines.result()
         info = m.info
     return run.result(info, blocks, layer_sel)
