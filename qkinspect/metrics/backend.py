@@ -96,20 +96,27 @@ def _has_amx_bf16() -> bool:
     return "amx_bf16" in _cpu_flags()
 
 
-def _find_gemm():
-    """MKL's cblas_gemm_bf16bf16f32 from torch's CPU library, or None where it is absent."""
+def torch_symbol(symbol: str):
+    """A function exported by torch's CPU library (which links MKL's BLAS and LAPACK in), or None where absent."""
     lib = Path(torch.__file__).parent / "lib"
     for name in ("libtorch_cpu.so", "libtorch_cpu.dylib", "torch_cpu.dll"):
         try:
-            fn = getattr(ctypes.CDLL(str(lib / name)), _SYMBOL)
+            return getattr(ctypes.CDLL(str(lib / name)), symbol)
         except (OSError, AttributeError):
             continue
-        # MKL_INT is 32 bits (LP64) or 64 (ILP64); 64-bit arguments work with both on x86-64 for values < 2³¹
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        fn.argtypes = [ctypes.c_int] * 3 + [i64] * 3 + [ctypes.c_float, ptr, i64, ptr, i64, ctypes.c_float, ptr, i64]
-        fn.restype = None
-        return fn
     return None
+
+
+def _find_gemm():
+    """MKL's cblas_gemm_bf16bf16f32 from torch's CPU library, or None where it is absent."""
+    fn = torch_symbol(_SYMBOL)
+    if fn is None:
+        return None
+    # MKL_INT is 32 bits (LP64) or 64 (ILP64); 64-bit arguments work with both on x86-64 for values < 2³¹
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [ctypes.c_int] * 3 + [i64] * 3 + [ctypes.c_float, ptr, i64, ptr, i64, ctypes.c_float, ptr, i64]
+    fn.restype = None
+    return fn
 
 
 @cache

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import ctypes
 from functools import cache
-from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from qkinspect.metrics.backend import torch_symbol
 
 _PREFIX = {torch.float32: "s", torch.float64: "d"}
 
@@ -99,15 +100,10 @@ def _routine(dtype: torch.dtype, name: str):
 
 
 def _find(symbol: str):
-    lib = Path(torch.__file__).parent / "lib"
-    for name in ("libtorch_cpu.so", "libtorch_cpu.dylib", "torch_cpu.dll"):
-        try:
-            fn = getattr(ctypes.CDLL(str(lib / name)), symbol)
-        except (OSError, AttributeError):
-            continue
+    fn = torch_symbol(symbol)
+    if fn is not None:
         fn.restype = None  # Fortran subroutines; every argument by reference (INTEGER: 64-bit zeros, see `_int`)
-        return fn
-    return None
+    return fn
 
 
 def _test_matrices(dtype: torch.dtype) -> Tensor:
