@@ -39,7 +39,7 @@ def cholesky_ex(G: Tensor) -> tuple[Tensor, Tensor]:
     n, d = G.shape[0], G.shape[-1]
     # Row-major memory read as column-major is the transpose: LAPACK's upper factor U of G (G = UᵀU, from its
     # column-major upper triangle, our lower one) reads back as L = Uᵀ, lower, with G = L Lᵀ.
-    L = G.contiguous().clone()
+    L = G.clone(memory_format=torch.contiguous_format)
     info = torch.zeros(n, dtype=torch.int64)
     size, uplo, step = ctypes.c_int64(d), ctypes.c_char(b"U"), d * d * L.element_size()
     out = ctypes.c_int64(0)
