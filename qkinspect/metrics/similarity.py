@@ -22,7 +22,7 @@ def subspace_overlap(fa: GramFactor, fb: GramFactor, cross: Tensor) -> Tensor:
     """Mean cos² of principal angles between col(A) and col(B), from cross = BᵀA (n, db, da) -> (n,)."""
     T = fb.whitener.mT @ cross @ fa.whitener  # U_Bᵀ U_A: (n, db, db) @ (n, db, da) @ (n, da, da)
     k = torch.minimum(fa.rank, fb.rank).to(T.dtype)
-    return (T**2).sum((-2, -1)) / k  # k = 0 (a zero head): NaN
+    return _fro2(T) / k  # k = 0 (a zero head): NaN
 
 
 def entrywise_cosine(fa: GramFactor, fb: GramFactor, cross: Tensor) -> Tensor:
@@ -32,11 +32,20 @@ def entrywise_cosine(fa: GramFactor, fb: GramFactor, cross: Tensor) -> Tensor:
 
 def linear_cka(fa: GramFactor, fb: GramFactor, cross: Tensor, mean_a: Tensor, mean_b: Tensor, rows: int) -> Tensor:
     """Centred linear CKA with rows as samples, from Grams, cross = BᵀA and column means (n, da), (n, db)."""
-    cc = cross - rows * mean_b.unsqueeze(-1) * mean_a.unsqueeze(-2)  # B_cᵀ A_c (n, db, da)
-    ga = fa.gram - rows * mean_a.unsqueeze(-1) * mean_a.unsqueeze(-2)  # A_cᵀ A_c (n, da, da)
-    gb = fb.gram - rows * mean_b.unsqueeze(-1) * mean_b.unsqueeze(-2)
-    fro = torch.linalg.matrix_norm
-    return (cc**2).sum((-2, -1)) / (fro(ga) * fro(gb))
+    cc = _centred(cross, mean_b, mean_a, rows)  # B_cᵀ A_c (n, db, da)
+    ga, gb = _centred(fa.gram, mean_a, mean_a, rows), _centred(fb.gram, mean_b, mean_b, rows)  # A_cᵀ A_c, B_cᵀ B_c
+    fro = torch.linalg.matrix_norm  # not the squares' product: (||A_cᵀA_c|| ||B_cᵀB_c||)² can overflow float32
+    return _fro2(cc) / (fro(ga) * fro(gb))
+
+
+def _centred(P: Tensor, u: Tensor, v: Tensor, rows: int) -> Tensor:
+    """P - rows · u vᵀ per head, (n, a, b) from u (n, a), v (n, b): one fused product, no outer-product temporary."""
+    return torch.baddbmm(P, u.unsqueeze(-1), v.unsqueeze(-2), alpha=-rows)
+
+
+def _fro2(A: Tensor) -> Tensor:
+    """||A||_F² per head (n,) in one pass over A (n, a, b)."""
+    return torch.linalg.vector_norm(A, dim=(-2, -1)).square()
 
 
 def overlap_qk(p: HeadProducts) -> Tensor:
