@@ -34,7 +34,6 @@ from torch import Tensor
 from qkinspect.errors import InputError
 
 ENV = "QKINSPECT_PRODUCTS"
-ROUTES = ("float32", "bf16")
 _SYMBOL = "cblas_gemm_bf16bf16f32"
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS enum values
 
@@ -244,23 +243,16 @@ def row_norms(X: Tensor, R: Tensor, idx: Tensor | None = None) -> Tensor:
 
 def layer_products(Q: Tensor, K: Tensor, V: Tensor, Rq: Tensor, Rk: Tensor, route: str | None = None) -> list[Tensor]:
     """The eight products of one layer that the default metrics cannot do without, on `route` (default: the
-    machine's best, `best_route()`), as `HeadProducts` computes them: the Grams of W_Q, W_K, W_V; W_Kᵀ W_Q,
+    machine's best, `best_route()`), by `HeadProducts` itself: the Grams of W_Q, W_K, W_V; W_Kᵀ W_Q,
     W_Vᵀ W_Q, W_Vᵀ W_K per query head; the row norms of W_Q R_Kᵀ and W_K R_Qᵀ (directionality). For benchmarks.
 
     Q (H, D, d), K and V (G, D, d): bf16 on the bf16 route, else cast to float32 here (pass float32 to leave the
     cast out of a timing); Rq, Rk (H, d, d) float32 roots. Query head h reads KV head h // (H // G).
     """
-    route = route or best_route()
-    H, G = Q.shape[0], K.shape[0]
-    kv = torch.arange(H) // (H // G)
-    if route == "bf16":
-        grams = [matmul(X.mT, X) for X in (Q, K, V)]  # (n, d, D) @ (n, D, d)
-        cross = [matmul(K.mT, Q, ia=kv), matmul(V.mT, Q, ia=kv), matmul(V.mT, K)[kv]]
-        return grams + cross + [row_norms(Q, Rk), row_norms(K, Rq, idx=kv)]
-    from qkinspect.metrics import factored
+    from qkinspect.layer import AttentionLayer, BlockSpec
+    from qkinspect.metrics.products import HeadProducts
 
-    Q, K, V = (X.float() for X in (Q, K, V))
-    grams = [X.mT @ X for X in (Q, K, V)]
-    cross = [factored.paired(K, Q, kv, True), factored.paired(V, Q, kv, True), (V.mT @ K)[kv]]
-    cols = factored.per_group(lambda R: factored.row_norms(K, R), Rq, G)
-    return grams + cross + [factored.row_norms(Q, Rk), cols]
+    (H, D, d), G = Q.shape, K.shape[0]
+    layer = AttentionLayer(BlockSpec("decoder", 1, H, G, D, d), 0, W_Q=Q, W_K=K, W_V=V)
+    p = HeadProducts(layer, bf16=(route or best_route()) == "bf16")
+    return [p.fq.gram, p.fk_all.gram, p.fv_all.gram, p.c_qk, p.c_qv, p.c_kv, *p.norms_against(Rq, Rk)]

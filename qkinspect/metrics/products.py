@@ -45,14 +45,20 @@ class HeadProducts:
     """
 
     def __init__(self, layer: AttentionLayer, heads: Tensor | None = None, *, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", bf16: bool | None = None):
+        """`bf16`: take the bf16 product route (True; every weight must be stored in bf16) or the float route
+        (False) whatever the process's route is (`backend.route()`, which decides when None): for benchmarks."""
+        if bf16 is None:
+            bf16 = backend.uses_bf16(dtype, device) and _all_bf16(layer)
+        elif bf16 and not _all_bf16(layer):
+            raise ValueError("the bf16 product route reads bf16 weights only")
         s = layer.spec
         sel = torch.arange(s.n_heads) if heads is None else heads.to(torch.int64)
         self.spec, self.heads, self.dtype = s, sel, dtype
         self.grouped = bool(heads is None or torch.equal(sel, torch.arange(s.n_heads)))
         self.same_qk = _same_qk(layer)
         self._layer = layer  # for `exact`: the stored tensors, not this precision's copies
-        self._load(layer, device, backend.uses_bf16(dtype, device) and _all_bf16(layer))
+        self._load(layer, device, bf16)
 
     def _load(self, layer: AttentionLayer, device: str | torch.device, bf16: bool) -> None:
         """Cast (half precision up before anything; bf16 weights kept on the bf16 route) and select the query
@@ -275,17 +281,22 @@ class HeadProducts:
     @cached
     def row_col_norms(self) -> tuple[Tensor, Tensor]:
         """Row norms (n, D) and column norms (n, Dk) of M, from R_K and R_Q without forming M."""
+        return self.norms_against(self.fq.root, self.fk.root)
+
+    def norms_against(self, Rq: Tensor, Rk: Tensor) -> tuple[Tensor, Tensor]:
+        """Row norms ||W_Q[i] R_kᵀ|| (n, D) and ||W_K[j] R_qᵀ|| (n, Dk) per query head, for roots Rq of W_Q and Rk
+        of its KV head's W_K (n, d, d) (R_kᵀR_k = W_KᵀW_K: the row norms of M = W_Q W_Kᵀ, and of Mᵀ)."""
         Q, K = self._x("Q"), self._x("K")
         if self.bf16:  # one head at a time: X bf16 times R split into three exact bf16 terms
-            rows = backend.row_norms(Q, self.fk.root)
-            return (rows, rows) if self.same_qk else (rows, backend.row_norms(K, self.fq.root, idx=self.kv))
-        rows = row_norms(Q, self.fk.root)  # ||W_Q[i] W_Kᵀ||
+            rows = backend.row_norms(Q, Rk)
+            return (rows, rows) if self.same_qk else (rows, backend.row_norms(K, Rq, idx=self.kv))
+        rows = row_norms(Q, Rk)  # ||W_Q[i] W_Kᵀ||
         if self.same_qk:
             return rows, rows
         if self.grouped:  # each KV head against the roots of its query heads: ||W_K[j] W_Qᵀ||
-            cols = per_group(lambda R: row_norms(K, R), self.fq.root, K.shape[0])
+            cols = per_group(lambda R: row_norms(K, R), Rq, K.shape[0])
         else:
-            cols = row_norms(K, self.fq.root, idx=self.kv)
+            cols = row_norms(K, Rq, idx=self.kv)
         return rows, cols
 
     # -- the OV circuit W_OV = W_V W_O --------------------------------------------------------------------------
