@@ -34,11 +34,23 @@ def cholesky_ex(G: Tensor) -> tuple[Tensor, Tensor]:
     with G = L Lᵀ where info == 0; info > 0 where the leading minor of that order is not positive definite (the
     rest of that L is then unspecified). Reads only G's lower triangle."""
     potrf = _routine(G.dtype, "potrf") if _direct(G) else None
-    if potrf is None:
-        return torch.linalg.cholesky_ex(G)
+    return torch.linalg.cholesky_ex(G) if potrf is None else _potrf(potrf, G)
+
+
+def inverse_lower(L: Tensor) -> Tensor:
+    """L⁻¹ for a batch of lower-triangular matrices L (n, d, d) with nonzero diagonals (upper triangles ignored)."""
+    trsm = _routine(L.dtype, "trsm") if _direct(L) else None
+    if trsm is None:
+        eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
+        return torch.linalg.solve_triangular(L, eye, upper=False)
+    return _trsm(trsm, L)
+
+
+def _potrf(potrf, G: Tensor) -> tuple[Tensor, Tensor]:
+    """`cholesky_ex` by `potrf`, one matrix at a time. Row-major memory read as column-major is the transpose:
+    LAPACK's upper factor U of G (G = UᵀU, from its column-major upper triangle, our lower one) reads back as
+    L = Uᵀ, lower, with G = L Lᵀ."""
     n, d = G.shape[0], G.shape[-1]
-    # Row-major memory read as column-major is the transpose: LAPACK's upper factor U of G (G = UᵀU, from its
-    # column-major upper triangle, our lower one) reads back as L = Uᵀ, lower, with G = L Lᵀ.
     L = G.clone(memory_format=torch.contiguous_format)
     info = torch.zeros(n, dtype=torch.int64)
     size, uplo, step = ctypes.c_int64(d), ctypes.c_char(b"U"), d * d * L.element_size()
@@ -51,16 +63,12 @@ def cholesky_ex(G: Tensor) -> tuple[Tensor, Tensor]:
     return L.tril_(), info
 
 
-def inverse_lower(L: Tensor) -> Tensor:
-    """L⁻¹ for a batch of lower-triangular matrices L (n, d, d) with nonzero diagonals (upper triangles ignored)."""
-    trsm = _routine(L.dtype, "trsm") if _direct(L) else None
-    if trsm is None:
-        eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device).expand_as(L)
-        return torch.linalg.solve_triangular(L, eye, upper=False)
+def _trsm(trsm, L: Tensor) -> Tensor:
+    """`inverse_lower` by `trsm`, one matrix at a time: row-major L X = I is column-major Xᵀ Lᵀ = I, solved as
+    B A = I from the right with A = Lᵀ upper and B = Xᵀ in memory."""
     n, d = L.shape[0], L.shape[-1]
     L = L.contiguous()
     out = torch.eye(d, dtype=L.dtype).expand(n, d, d).contiguous()
-    # row-major L X = I is column-major Xᵀ Lᵀ = I: solve B A = I from the right, A = Lᵀ upper, B = Xᵀ in memory
     side, uplo, trans, diag = (ctypes.c_char(c) for c in (b"R", b"U", b"N", b"N"))
     size, step = ctypes.c_int64(d), d * d * L.element_size()
     one = (ctypes.c_float if L.dtype == torch.float32 else ctypes.c_double)(1.0)
@@ -115,31 +123,17 @@ def _test_matrices(dtype: torch.dtype) -> Tensor:
 def _potrf_ok(dtype: torch.dtype, fn) -> bool:
     G = _test_matrices(dtype)
     G[2, 3, 3] = -1.0  # not positive definite from order 4
-    L = G.clone()
-    infos = []
-    for i in range(3):
-        size, info = ctypes.c_int64(7), ctypes.c_int64(0)
-        fn(ctypes.byref(ctypes.c_char(b"U")), ctypes.byref(size), ctypes.c_void_p(L[i].data_ptr()),
-           ctypes.byref(size), ctypes.byref(info))
-        infos.append(_int(info.value))
+    L, info = _potrf(fn, G)
     want, want_info = torch.linalg.cholesky_ex(G)
     rtol = 1e-5 if dtype == torch.float32 else 1e-12
-    return infos == want_info.tolist() == [0, 0, 4] and torch.allclose(L[:2].tril(), want[:2], rtol=rtol, atol=rtol)
+    return info.tolist() == want_info.tolist() == [0, 0, 4] and torch.allclose(L[:2], want[:2], rtol=rtol, atol=rtol)
 
 
 def _trsm_ok(dtype: torch.dtype, fn) -> bool:
     L = torch.linalg.cholesky(_test_matrices(dtype))
-    L = L.contiguous()
-    out = torch.eye(7, dtype=dtype).expand(3, 7, 7).contiguous()
-    one = (ctypes.c_float if dtype == torch.float32 else ctypes.c_double)(1.0)
-    size = ctypes.c_int64(7)
-    for i in range(3):
-        fn(*(ctypes.byref(ctypes.c_char(c)) for c in (b"R", b"U", b"N", b"N")), ctypes.byref(size),
-           ctypes.byref(size), ctypes.byref(one), ctypes.c_void_p(L[i].data_ptr()), ctypes.byref(size),
-           ctypes.c_void_p(out[i].data_ptr()), ctypes.byref(size))
     want = torch.linalg.inv(L)
     rtol = 1e-4 if dtype == torch.float32 else 1e-10
-    return torch.allclose(out, want, rtol=rtol, atol=rtol * float(want.abs().max()))
+    return torch.allclose(_trsm(fn, L), want, rtol=rtol, atol=rtol * float(want.abs().max()))
 
 
 _SELF_TESTS = {"potrf": _potrf_ok, "trsm": _trsm_ok}
