@@ -58,7 +58,8 @@ def read_text(path: str | Path) -> Text:
 
 def windows(hf: HFModel, text: Text, tokens: int, window: int) -> Tensor:
     """Token windows (n, W) from the first `tokens` tokens of `text`. Encoders get [CLS] … [SEP] around W-2
-    text tokens. With fewer tokens than one window, one window of what there is."""
+    text tokens; causal LMs whose tokenizer starts every text with BOS (Gemma, Llama 3) get BOS before W-1 text
+    tokens, as they were trained. With fewer tokens than one window, one window of what there is."""
     if tokens < 2 or window < 2:
         raise InputError(f"--tokens {tokens} / --window {window}: both must be at least 2")
     limit = getattr(hf.model.config, "max_position_embeddings", None)
@@ -66,7 +67,8 @@ def windows(hf: HFModel, text: Text, tokens: int, window: int) -> Tensor:
         raise InputError(f"--window {window}: this model takes at most {limit} positions")
     tok = hf.tokenizer
     wrap = hf.kind != CAUSAL and tok.cls_token_id is not None and tok.sep_token_id is not None
-    body = window - 2 if wrap else window
+    bos = hf.kind == CAUSAL and _adds_bos(tok)
+    body = window - 2 if wrap else window - 1 if bos else window
     if body < 1:
         raise InputError(f"--window {window}: too short for [CLS] and [SEP]")
     ids = _token_ids(tok, text.text, tokens)
@@ -74,7 +76,7 @@ def windows(hf: HFModel, text: Text, tokens: int, window: int) -> Tensor:
         raise InputError(f"{text.name}: the text gives fewer than 2 tokens")
     if tok.unk_token_id is not None and all(i == tok.unk_token_id for i in ids):
         raise InputError(f"{text.name}: the tokenizer reads nothing but unknown tokens in this text")
-    # Encoders: `tokens` counts the text tokens, so `body` per window.
+    # Encoders and BOS models: `tokens` counts the text tokens, so `body` per window.
     n = max(1, len(ids) // body)
     body = min(body, len(ids))
     rows = torch.tensor(ids[: n * body], dtype=torch.long).view(n, body)  # (n*body,) -> (n, body)
@@ -82,7 +84,15 @@ def windows(hf: HFModel, text: Text, tokens: int, window: int) -> Tensor:
         cls = torch.full((n, 1), tok.cls_token_id, dtype=torch.long)
         sep = torch.full((n, 1), tok.sep_token_id, dtype=torch.long)
         rows = torch.cat([cls, rows, sep], dim=1)  # (n, body + 2)
+    if bos:
+        rows = torch.cat([torch.full((n, 1), tok.bos_token_id, dtype=torch.long), rows], dim=1)  # (n, body + 1)
     return rows
+
+
+def _adds_bos(tok) -> bool:
+    """Whether the tokenizer starts a text with its BOS token (what the model saw in training)."""
+    bos = tok.bos_token_id
+    return bos is not None and tok("a", add_special_tokens=True)["input_ids"][:1] == [bos]
 
 
 def _token_ids(tok, text: str, tokens: int) -> list[int]:
