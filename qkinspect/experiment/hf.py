@@ -70,8 +70,9 @@ def _quiet_transformers() -> Iterator[None]:
         hf_logging.enable_progress_bar()
 
 
-def load_hf(resolved, tokenizer: Any = None) -> HFModel:
-    """Load `resolved` (from `qkinspect.loading.resolve`) with transformers' own classes in float32, eval mode.
+def load_hf(resolved, tokenizer: Any = None, device: str = "cpu") -> HFModel:
+    """Load `resolved` (from `qkinspect.loading.resolve`) with transformers' own classes in float32, eval mode,
+    on `device` ("cpu", "cuda", "cuda:N"; checked by the caller).
 
     Decoders are causal LMs. Encoders are masked LMs when the checkpoint has the head (every head tensor present),
     else bare encoders measured by drift. `tokenizer`: a tokenizer object, or a folder/vocab file to read one
@@ -93,6 +94,8 @@ def load_hf(resolved, tokenizer: Any = None) -> HFModel:
         raise CheckpointError(f"{tokenizer or resolved.path}: no tokenizer vocabulary found; "
                               "name one with --tokenizer (a folder or a vocab.txt)")
     model.eval()
+    if device != "cpu":
+        model.to(device)
     return HFModel(model, family, kind, tok)
 
 

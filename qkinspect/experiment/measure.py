@@ -131,7 +131,9 @@ class Scorer:
         n, W = ids.shape
         per = max(1, batch_tokens // W)
         self.batches = [ids[i : i + per] for i in range(0, n, per)]
-        self.inputs = [self._inputs(b, seed + k) for k, b in enumerate(self.batches)]
+        device = next(hf.model.parameters()).device  # the inputs go where the model is (--device)
+        self.inputs = [{k: v.to(device) if isinstance(v, Tensor) else v for k, v in self._inputs(b, seed + i).items()}
+                       for i, b in enumerate(self.batches)]
         self.cache: dict[int, list[Tensor]] = {}
         self.reference: list[Tensor] = []  # drift: the unedited final hidden states, per batch
         self.as_tuple = False

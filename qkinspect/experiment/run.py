@@ -76,6 +76,7 @@ def run_experiment(
     batch_tokens: int = 2048,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    device: str = "cpu",
 ) -> ExperimentResult:
     """Edit heads of `model` and measure the loss on text, one run per (unit, edit).
 
@@ -90,6 +91,8 @@ def run_experiment(
         rotary: "gauge" (edits exact at every offset) or "offset0" (see `apply_edit`).
         tokenizer: a tokenizer, or a folder / vocab.txt to read one from (default: the model's own).
         progress: called as progress(done, total) after each run.
+        device: where the model runs, "cpu" (default), "cuda" or "cuda:N"; the edits are computed on the CPU
+            and written into the model's modules on its device.
 
     Returns:
         ExperimentResult.
@@ -108,8 +111,11 @@ def run_experiment(
         raise InputError(f"--rotary {rotary!r}: expected gauge or offset0")
     if tokens < 2 or window < 2:
         raise InputError(f"--tokens {tokens} / --window {window}: both must be at least 2")
+    from qkinspect.analysis import _check_device
+
+    device = _check_device(device)
     source = text if isinstance(text, Text) else default_text() if text is None else read_text(text)
-    info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer)
+    info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device)
     spec = info.blocks[0]
     head_list = list(heads) if heads is not None else list(range(spec.n_heads))
     ids = windows(hf, source, tokens, window)
@@ -141,7 +147,7 @@ def _parse_edits(edits: str | Sequence[str]) -> list[Edit]:
     return out
 
 
-def open_experiment(model, revision, layers, heads, tokenizer):
+def open_experiment(model, revision, layers, heads, tokenizer, device: str = "cpu"):
     """The model's identity, its chosen layers in the canonical layout (qkinspect's loader), and the transformers
     model (the same files, through transformers' own classes)."""
     from qkinspect.loading import open_model
@@ -157,7 +163,7 @@ def open_experiment(model, revision, layers, heads, tokenizer):
         _check_range("heads", heads, spec.n_heads)
         wanted = sorted(set(layers)) if layers is not None else list(range(spec.n_layers))
         originals = {i: m.layer(spec.key, i) for i in wanted}
-        hf = load_hf(m.resolved, tokenizer)
+        hf = load_hf(m.resolved, tokenizer, device=device)
     if len(hf.layers) != spec.n_layers:
         raise UnsupportedModelError(f"{info.source}: transformers built {len(hf.layers)} layers, "
                                     f"the checkpoint has {spec.n_layers}")

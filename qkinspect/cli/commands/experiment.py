@@ -8,7 +8,18 @@ from typing import Annotated, Any
 
 import typer
 
-from qkinspect.cli.options import FormatOpt, HeadsOpt, LayersOpt, ModelArg, OutputOpt, RevisionOpt, parse_indices
+from qkinspect.cli.options import (
+    Device,
+    DeviceOpt,
+    FormatOpt,
+    HeadsOpt,
+    LayersOpt,
+    ModelArg,
+    OutputOpt,
+    RevisionOpt,
+    check_device,
+    parse_indices,
+)
 from qkinspect.cli.output import Document, check_output, emit, envelope, progress
 
 
@@ -48,7 +59,7 @@ def register(app: typer.Typer) -> None:
         layers: LayersOpt = None, heads: HeadsOpt = None, text: TextOpt = None, tokens: TokensOpt = 4096,
         window: WindowOpt = 512, reference: ReferenceOpt = True, rotary: RotaryOpt = Rotary.gauge,
         tokenizer: TokenizerOpt = None, revision: RevisionOpt = None, fmt: FormatOpt = None,
-        output: OutputOpt = None,
+        output: OutputOpt = None, device: DeviceOpt = Device.cpu,
     ) -> None:
         """Edit attention heads (share one matrix for queries and keys, symmetrise, truncate the rank, ...), run
         the model on text and report each edit's cost: the loss change per head, per layer or for the model.
@@ -60,6 +71,7 @@ def register(app: typer.Typer) -> None:
         --tokens 1024 -o runs.csv
         """
         check_output(fmt, output)
+        where = check_device(device)
         from qkinspect.experiment.edit_names import parse_edit
 
         for e in edit.split(","):  # refuse a misspelt edit before loading anything (torch, transformers)
@@ -72,7 +84,7 @@ def register(app: typer.Typer) -> None:
             result = run_experiment(
                 model, edit, scope=scope.value, layers=layer_list, heads=head_list, text=text, tokens=tokens,
                 window=window, reference=reference, rotary=rotary.value, tokenizer=tokenizer, revision=revision,
-                progress=p)
+                progress=p, device=where)
         emit(experiment_document(result), fmt, output)
 
 
