@@ -185,3 +185,31 @@ def test_edits_not_defined_under_qk_norms_are_refused(folders, family):
         run_experiment(folders[family], "share_qk", layers=[0], heads=[0], tokens=64, window=32)
     r = run_experiment(folders[family], "tie_q", layers=[0], heads=[0], tokens=64, window=32)
     assert [x.edit for x in r.runs] == ["tie_q", "ablate"] and all(x.dloss != 0 for x in r.runs)
+
+
+@pytest.mark.parametrize("family", ["phi3", "gemma", "gemma2"])
+def test_share_qk_scores_are_symmetric_through_the_models_own_rotation(folders, family):
+    """share_qk written back: the model's q and k (its own projections, rotated by its own rotary embedding,
+    partial on Phi-3) give S_ij = S_ji on the edited heads at every pair of positions, and not on the others. This
+    ties the rotary layout qkinspect edits in (pairs, rotated dims) to what each family computes."""
+    import importlib
+
+    hf, layers = opened(folders[family])
+    rotate = importlib.import_module(f"transformers.models.{family}.modeling_{family}").apply_rotary_pos_emb
+    ids = torch.arange(5, 5 + T)[None]
+    L = apply_edit(layers[1], parse_edit("share_qk"), heads=[1, 2]).layer
+    with written(hf, [L]):
+        got = capture(hf, 1, ids)
+    H, d = L.spec.n_heads, L.spec.d_head
+    if family == "phi3":
+        out = got["qkv_proj"][1]
+        q, k = out[:, : H * d], out[:, H * d:2 * H * d]  # keys expanded: H key heads
+    else:
+        q, k = got["q_proj"][1], got["k_proj"][1]
+    q, k = (t.view(T, H, d).transpose(0, 1)[None] for t in (q, k))  # (T, H*d) -> (1, H, T, d)
+    cos, sin = hf.model.model.rotary_emb(q.float(), torch.arange(T)[None])
+    q, k = rotate(q, k, cos.double(), sin.double())
+    S = (q @ k.mT)[0]  # (H, T, T): every query against every key, before the mask
+    for h in range(H):
+        asym = float((S[h] - S[h].T).abs().max() / S[h].abs().max())
+        assert (asym < 1e-5) if h in (1, 2) else (asym > 1e-2), (h, asym)
