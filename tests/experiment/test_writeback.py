@@ -213,3 +213,37 @@ def test_share_qk_scores_are_symmetric_through_the_models_own_rotation(folders, 
     for h in range(H):
         asym = float((S[h] - S[h].T).abs().max() / S[h].abs().max())
         assert (asym < 1e-5) if h in (1, 2) else (asym > 1e-2), (h, asym)
+
+
+_OPENED: dict = {}
+
+
+@pytest.fixture(scope="module")
+def opened_models(folders):
+    for f in FAMILIES:
+        _OPENED[f] = opened(folders[f])
+    return _OPENED
+
+
+def test_any_edit_on_any_heads_reaches_the_modules(opened_models):
+    """Hypothesis: a random family, an edit defined for it, any set of heads of either layer (grouped-query
+    expansions of some heads only included): the modules compute the edited tensors, and undo restores them."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=15, deadline=None, derandomize=True)
+    @given(st.sampled_from(FAMILIES), st.data())
+    def check(family, data):
+        hf, layers = opened_models[family]
+        i = data.draw(st.sampled_from(sorted(layers)))
+        e = data.draw(st.sampled_from(EDITS[family] + ("ablate",)))
+        heads = data.draw(st.sets(st.integers(0, 3), min_size=1))
+        ids = torch.arange(5, 5 + T)[None]
+        before = capture(hf, i, ids)
+        L = apply_edit(layers[i], parse_edit(e), heads=sorted(heads)).layer
+        with written(hf, [L]):
+            check_modules(hf, L, capture(hf, i, ids))
+        after = capture(hf, i, ids)
+        assert all(torch.equal(after[n][1], before[n][1]) for n in before)
+
+    check()
