@@ -127,7 +127,7 @@ def _check(layer: AttentionLayer, edit: Edit, idx: list[int]) -> None:
                         f"key input {s.kv_width})")
     if name in _REBASE and (s.qk_norm or layer.q_norm is not None or layer.k_norm is not None):
         raise EditError(f"{where}: {name} is not defined under q/k norms (the norm of q = x W_Q depends on W_Q "
-                        "itself, so no edit of W_Q W_Kᵀ is exact)")
+                        "itself, so no edit of W_Q W_Kᵀ is exact); tie_q, tie_k and ablate are defined")
     if name in ("share_qkv", "ablate") and layer.W_O is None:
         raise EditError(f"{where}: {name} needs the output projection W_O, which this layer does not have")
     if name == "share_qkv" and s.v_head != s.d_head:
