@@ -15,6 +15,7 @@ from qkinspect.errors import InputError
 from qkinspect.report.grid import Grid
 from qkinspect.report.heatmap import colorbar, diverging_norm_unbounded, draw
 from qkinspect.report.style import Canvas, new_figure
+from qkinspect.report.titles import suptitle
 
 
 def read_experiment(path: Path) -> dict[str, Any]:
@@ -57,8 +58,9 @@ def _edits(doc: dict[str, Any]) -> list[str]:
     return [e for e in names if _head_runs(doc, e)]
 
 
-def experiment_figure(doc: dict[str, Any], canvas: Canvas = new_figure):
-    """Heatmaps of Δloss per head (one per edit, one colour scale), then prediction vs Δloss and Δloss vs K."""
+def experiment_figure(doc: dict[str, Any], canvas: Canvas = new_figure, title: str | None = None):
+    """Heatmaps of Δloss per head (one per edit, one colour scale), then prediction vs Δloss and Δloss vs K;
+    `title` replaces the figure's title."""
     edits = _edits(doc)
     ranks = _rank_points(doc)
     if not edits and len(ranks) < 2:
@@ -75,7 +77,7 @@ def experiment_figure(doc: dict[str, Any], canvas: Canvas = new_figure):
             ax.set_title(g.metric)
         colorbar(top, im, list(axes), "Δloss")
         name = Path(str(doc.get("model", {}).get("name", ""))).name  # a file's name, not its whole path
-        top.suptitle(f"{name}: Δ{doc['measure']['name']} per head (baseline {doc['baseline']:.3f})")
+        suptitle(top, title or f"{name}: Δ{doc['measure']['name']} per head (baseline {doc['baseline']:.3f})")
     panels = bottom.subplots(1, 2 if len(ranks) >= 2 and edits else 1, squeeze=False)[0]
     if edits:
         _scatter(panels[0], doc, [e for e in edits if e != "ablate"] or edits)
