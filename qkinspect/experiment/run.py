@@ -20,6 +20,10 @@ from qkinspect.layer import AttentionLayer, ModelInfo
 
 SCOPES = ("head", "layer", "model")
 REFERENCE = Edit("ablate")
+# A difference is "beyond its error" when it is at least this many standard errors from 0 (about 95 %, two-sided).
+SIGNIFICANT = 2.0
+# Per-head claims need at least this many scored tokens (docs/experiments.md, "Error bars").
+MIN_SCORED = 1024
 
 
 @dataclass(frozen=True)
@@ -31,13 +35,22 @@ class Run:
     layer: int | None
     head: int | None
     heads: int  # how many heads the run edited
-    loss: float
-    dloss: float  # loss - baseline
-    ratio: float | None  # dloss / dloss of `ablate` on the same heads; None without that run (or when it is 0)
+    loss: float | None  # None: not run exactly (an estimated head that was not verified)
+    dloss: float | None  # loss - baseline
+    # dloss / dloss of `ablate` on the same heads; None without that run, or when ablating does not cost loss
+    # beyond its error (dloss(ablate) <= SIGNIFICANT standard errors)
+    ratio: float | None
     predicted: float | None  # the weight-space figure PREDICTORS[edit] (mean over the edited heads)
     offset0: bool  # a rotary edit that is exact at offset 0 only
     seconds: float  # the whole run: edit, write-back, forward from the first edited layer
     forward_seconds: float  # the forward alone
+    dloss_se: float | None = None  # the standard error of dloss (paired with the baseline, block-clustered)
+    # --estimate (qkinspect.experiment.estimate): the estimated dloss, its Monte-Carlo standard error, how far the
+    # edit moves the head's output (|Δo_h| / |o_h|) and whether that makes the estimate unreliable
+    dloss_estimate: float | None = None
+    dloss_estimate_se: float | None = None
+    moved: float | None = None
+    unreliable: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -202,15 +215,23 @@ def run_unit(scorer: Scorer, hf, originals: dict[int, AttentionLayer], unit: Uni
         heads=len(figures), loss=loss, dloss=loss - base, ratio=None,
         predicted=sum(figures) / len(figures) if figures else None,
         offset0=any(r.offset0_only for r in results), seconds=time.perf_counter() - t0,
-        forward_seconds=t_forward)
+        forward_seconds=t_forward, dloss_se=scorer.paired_se())
+
+
+def beyond_error(dloss: float | None, se: float | None) -> bool:
+    """Whether `dloss` is further than SIGNIFICANT standard errors from 0 (False without a standard error)."""
+    return dloss is not None and se is not None and abs(dloss) > SIGNIFICANT * se
 
 
 def _with_ratios(runs: list[Run]) -> list[Run]:
+    """Each run's dloss / dloss(ablate) of the same unit, where ablating costs loss beyond its error (a ratio to a
+    cost that is <= 0, or within its noise, is not a number)."""
     from dataclasses import replace
 
-    ablate = {(r.layer, r.head): r.dloss for r in runs if r.edit == REFERENCE.name}
+    ablate = {(r.layer, r.head): r for r in runs if r.edit == REFERENCE.name and r.dloss is not None}
     out = []
     for r in runs:
         a = ablate.get((r.layer, r.head))
-        out.append(replace(r, ratio=r.dloss / a if a else None))
+        ok = a is not None and r.dloss is not None and a.dloss > 0 and beyond_error(a.dloss, a.dloss_se)
+        out.append(replace(r, ratio=r.dloss / a.dloss if ok else None))
     return out
