@@ -1,10 +1,12 @@
 """The one place where model code runs: a checkpoint loaded with transformers' own classes (never remote code),
 and canonical `AttentionLayer`s written back into its modules (the inverse of qkinspect's adapters).
 
-Families whose write-back is proven (tests/experiment/test_run.py): Llama-type decoders (separate q/k/v/o_proj,
-grouped-query attention included: Llama, Mistral, Mixtral, Qwen2 and Qwen2-MoE with their q/k/v biases), BERT-type
-encoders (self.query/key/value, output.dense) and GPT-2 (fused
-Conv1D c_attn). A write-back never changes a module in place: it swaps in new projection modules and returns a
+Families whose write-back is proven (tests/experiment/test_run.py, test_writeback.py): Llama-type decoders
+(separate q/k/v/o_proj, grouped-query attention included: Llama, Mistral, Mixtral, Qwen2 and Qwen2-MoE with their
+q/k/v biases, Qwen3 and Qwen3-MoE, Gemma, Gemma 2 and Gemma 3 with their q/k norms, OLMo2 with its norm over the
+whole projection), Phi-3 (fused sectioned qkv_proj), GPT-NeoX (fused query_key_value interleaved per head), BERT-type
+encoders (self.query/key/value, output.dense) and GPT-2 (fused Conv1D c_attn); the newer families' writers are in
+`writeback`. A write-back never changes a module in place: it swaps in new projection modules and returns a
 function that swaps the originals back, so restoring is exact.
 """
 
@@ -23,7 +25,9 @@ from qkinspect.layer import AttentionLayer
 
 # model_type -> family of modules the write-back knows
 FAMILIES = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "llama", "qwen2_moe": "llama",
-            "bert": "bert", "roberta": "bert", "gpt2": "gpt2"}
+            "qwen3": "llama", "qwen3_moe": "llama", "gemma": "llama", "gemma2": "llama", "gemma3_text": "llama",
+            "olmo2": "llama", "phi3": "phi3", "gpt_neox": "gpt_neox", "bert": "bert", "roberta": "bert",
+            "gpt2": "gpt2"}
 CAUSAL, MASKED, DRIFT = "causal", "masked", "drift"
 
 
@@ -32,14 +36,14 @@ class HFModel:
     """A transformers model in eval mode, what it is measured by, and where its layers are."""
 
     model: nn.Module
-    family: str  # "llama", "bert" or "gpt2"
+    family: str  # a value of FAMILIES
     kind: str  # CAUSAL, MASKED or DRIFT
     tokenizer: Any
 
     @property
     def layers(self) -> nn.ModuleList:
         base = self.model.base_model
-        return {"llama": lambda: base.layers, "bert": lambda: base.encoder.layer, "gpt2": lambda: base.h}[self.family]()
+        return base.encoder.layer if self.family == "bert" else base.h if self.family == "gpt2" else base.layers
 
 
 def family_of(model_type: str) -> str:
@@ -47,7 +51,7 @@ def family_of(model_type: str) -> str:
     if model_type not in FAMILIES:
         known = ", ".join(sorted(FAMILIES))
         raise UnsupportedModelError(f"experiment: model_type {model_type!r} cannot be run and edited yet "
-                                    f"(supported: {known})")
+                                    f"(supported: {known}; docs/experiments.md, The model)")
     return FAMILIES[model_type]
 
 
@@ -103,7 +107,7 @@ def _location(resolved) -> tuple[str, dict[str, Any]]:
 def _load_model(family: str, where: str, kw: dict[str, Any]) -> tuple[nn.Module, str]:
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
-    if family in ("llama", "gpt2"):
+    if family != "bert":
         return _complete(AutoModelForCausalLM, where, kw), CAUSAL
     model, info = AutoModelForMaskedLM.from_pretrained(where, dtype=torch.float32, output_loading_info=True, **kw)
     if not info["missing_keys"]:
@@ -225,13 +229,19 @@ def write_layer(hf: HFModel, layer: AttentionLayer) -> Callable[[], None]:
     i = layer.layer
     if not 0 <= i < len(hf.layers):
         raise ValueError(f"layer {i} is not in the model (0..{len(hf.layers) - 1})")
-    return {"llama": _write_llama, "bert": _write_bert, "gpt2": _write_gpt2}[hf.family](hf.layers[i], layer)
+    from qkinspect.experiment.writeback import WRITERS
+
+    writers = {"llama": _write_llama, "bert": _write_bert, "gpt2": _write_gpt2, **WRITERS}
+    return writers[hf.family](hf.layers[i], layer)
 
 
 def _write_llama(block: nn.Module, L: AttentionLayer) -> Callable[[], None]:
+    from qkinspect.experiment.writeback import qk_norm_swaps
+
     a = block.self_attn
     s = L.spec
     return _swap(a, {
+        **qk_norm_swaps(a, L),
         "q_proj": _linear(_rows(L.W_Q), _flat(L.b_Q), a.q_proj),
         "k_proj": _linear(_rows(L.W_K), _flat(L.b_K), a.k_proj),
         "v_proj": _linear(_rows(L.W_V), _flat(L.b_V), a.v_proj),
