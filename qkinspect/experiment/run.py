@@ -15,6 +15,7 @@ from pathlib import Path
 from qkinspect.errors import InputError, UnsupportedModelError
 from qkinspect.experiment.edits import PREDICTORS, Edit, apply_edit, parse_edit
 from qkinspect.experiment.hf import load_hf, written
+from qkinspect.experiment.in_memory import hf_in_memory, keeps_mode
 from qkinspect.experiment.measure import Scorer, Text, default_text, read_text, windows
 from qkinspect.layer import AttentionLayer, ModelInfo
 
@@ -59,6 +60,7 @@ class ExperimentResult:
     predictors: dict[str, str] = field(default_factory=dict)
 
 
+@keeps_mode
 def run_experiment(
     model: str | Path | None = None,
     edits: str | Sequence[str] = "share_qk",
@@ -80,7 +82,10 @@ def run_experiment(
     """Edit heads of `model` and measure the loss on text, one run per (unit, edit).
 
     Args:
-        model: a model spec as for `qkinspect.load` (None: the demo model).
+        model: a model spec as for `qkinspect.load` (None: the demo model), or a transformers model in memory
+            (or a (config, state_dict) pair), which is edited in place and left exactly as it was: every module
+            swapped for an edit is swapped back, and each module's training flag is restored (it runs in eval
+            mode). Give `tokenizer` with a model in memory.
         edits: "share_qk,rank:8" or a list of edit texts (docs/experiments.md, Edits).
         scope: "head" (each head alone), "layer" (the chosen heads of a layer together) or "model" (all at once).
         layers, heads: the selection (default: all).
@@ -157,7 +162,7 @@ def open_experiment(model, revision, layers, heads, tokenizer):
         _check_range("heads", heads, spec.n_heads)
         wanted = sorted(set(layers)) if layers is not None else list(range(spec.n_layers))
         originals = {i: m.layer(spec.key, i) for i in wanted}
-        hf = load_hf(m.resolved, tokenizer)
+        hf = hf_in_memory(m.resolved, tokenizer) if m.info.format == "memory" else load_hf(m.resolved, tokenizer)
     if len(hf.layers) != spec.n_layers:
         raise UnsupportedModelError(f"{info.source}: transformers built {len(hf.layers)} layers, "
                                     f"the checkpoint has {spec.n_layers}")
