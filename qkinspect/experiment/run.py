@@ -14,7 +14,9 @@ from pathlib import Path
 
 from qkinspect.errors import InputError, UnsupportedModelError
 from qkinspect.experiment.edits import PREDICTORS, Edit, apply_edit, parse_edit
+from qkinspect.experiment.heal import Healing, HealOptions, heal_runs
 from qkinspect.experiment.hf import load_hf, written
+from qkinspect.experiment.in_memory import hf_in_memory, keeps_mode
 from qkinspect.experiment.measure import Scorer, Text, default_text, read_text, windows
 from qkinspect.layer import AttentionLayer, ModelInfo
 
@@ -70,8 +72,10 @@ class ExperimentResult:
     baseline_seconds: float
     seconds: float  # all edit runs together
     predictors: dict[str, str] = field(default_factory=dict)
+    healing: Healing | None = None  # with heal=: the edits after fine-tuning, against a control (experiment.heal)
 
 
+@keeps_mode
 def run_experiment(
     model: str | Path | None = None,
     edits: str | Sequence[str] = "share_qk",
@@ -89,11 +93,15 @@ def run_experiment(
     batch_tokens: int = 2048,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    heal: int | HealOptions | None = None,
 ) -> ExperimentResult:
     """Edit heads of `model` and measure the loss on text, one run per (unit, edit).
 
     Args:
-        model: a model spec as for `qkinspect.load` (None: the demo model).
+        model: a model spec as for `qkinspect.load` (None: the demo model), or a transformers model in memory
+            (or a (config, state_dict) pair), which is edited in place and left exactly as it was: every module
+            swapped for an edit is swapped back, and each module's training flag is restored (it runs in eval
+            mode). Give `tokenizer` with a model in memory.
         edits: "share_qk,rank:8" or a list of edit texts (docs/experiments.md, Edits).
         scope: "head" (each head alone), "layer" (the chosen heads of a layer together) or "model" (all at once).
         layers, heads: the selection (default: all).
@@ -103,6 +111,8 @@ def run_experiment(
         rotary: "gauge" (edits exact at every offset) or "offset0" (see `apply_edit`).
         tokenizer: a tokenizer, or a folder / vocab.txt to read one from (default: the model's own).
         progress: called as progress(done, total) after each run.
+        heal: fine-tuning steps (or a HealOptions) after each edit, the edit kept as a parametrisation, beside an
+            unedited control trained the same way (qkinspect.experiment.heal; docs/training.md). Default: none.
 
     Returns:
         ExperimentResult.
@@ -122,6 +132,9 @@ def run_experiment(
     if tokens < 2 or window < 2:
         raise InputError(f"--tokens {tokens} / --window {window}: both must be at least 2")
     source = text if isinstance(text, Text) else default_text() if text is None else read_text(text)
+    opts = heal if isinstance(heal, HealOptions) or not heal else HealOptions(steps=heal, seed=seed)
+    if opts:
+        opts.check()  # before any work
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer)
     spec = info.blocks[0]
     head_list = list(heads) if heads is not None else list(range(spec.n_heads))
@@ -139,11 +152,15 @@ def run_experiment(
             runs.append(run_unit(scorer, hf, originals, unit, edit, scope, base, rotary))
             if progress is not None:
                 progress(len(runs), total)
+    healing = None
+    if heal:
+        exact = {(r.edit, r.layer, r.head): r.dloss for r in runs}
+        healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts)
     return ExperimentResult(
         model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
         windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),
         rotary=rotary, baseline_seconds=t_base, seconds=sum(r.seconds for r in runs),
-        predictors={str(e): PREDICTORS[e.name] for e in runs_edits})
+        predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, healing=healing)
 
 
 def _parse_edits(edits: str | Sequence[str]) -> list[Edit]:
@@ -170,7 +187,7 @@ def open_experiment(model, revision, layers, heads, tokenizer):
         _check_range("heads", heads, spec.n_heads)
         wanted = sorted(set(layers)) if layers is not None else list(range(spec.n_layers))
         originals = {i: m.layer(spec.key, i) for i in wanted}
-        hf = load_hf(m.resolved, tokenizer)
+        hf = hf_in_memory(m.resolved, tokenizer) if m.info.format == "memory" else load_hf(m.resolved, tokenizer)
     if len(hf.layers) != spec.n_layers:
         raise UnsupportedModelError(f"{info.source}: transformers built {len(hf.layers)} layers, "
                                     f"the checkpoint has {spec.n_layers}")

@@ -34,6 +34,9 @@ class Resolved:
     config: Any  # a LightConfig, or a transformers PretrainedConfig (GGUF, families without light rules)
     source: TensorSource
     revision: str | None = None
+    origin: str | None = None  # ModelInfo.source when not the path: "memory:<name>" (loading.in_memory)
+    architecture: str | None = None  # the model's class, where config.architectures does not say it
+    model: Any = None  # an in-memory transformers model (loading.in_memory), else None
 
 
 def resolve(spec: str | Path | None, revision: str | None = None) -> Resolved:
