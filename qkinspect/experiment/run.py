@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qkinspect.errors import InputError, UnsupportedModelError
+from qkinspect.experiment.amounts import check_amounts
 from qkinspect.experiment.edits import PREDICTORS, Edit, apply_edit, parse_edit
 from qkinspect.experiment.hf import load_hf, written
 from qkinspect.experiment.measure import Scorer, Text, default_text, read_text, windows
@@ -106,9 +107,8 @@ def run_experiment(
         raise InputError(f"--scope {scope!r}: expected one of {', '.join(SCOPES)}")
     if rotary not in ("gauge", "offset0"):
         raise InputError(f"--rotary {rotary!r}: expected gauge or offset0")
-    if tokens < 2 or window < 2:
-        raise InputError(f"--tokens {tokens} / --window {window}: both must be at least 2")
-    source = text if isinstance(text, Text) else default_text() if text is None else read_text(text)
+    check_amounts(tokens, window)
+    source = text if isinstance(text, Text) else default_text() if text is None else read_text(text, tokens)
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer)
     spec = info.blocks[0]
     head_list = list(heads) if heads is not None else list(range(spec.n_heads))

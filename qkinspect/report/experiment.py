@@ -4,7 +4,6 @@ against K for `rank:K` edits. Only reading and arranging runs here (DESIGN.md §
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,9 @@ from qkinspect.report.style import Canvas, new_figure
 
 def read_experiment(path: Path) -> dict[str, Any]:
     """The document `qkinspect experiment -o FILE.json` wrote; InputError (one line) for anything else."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: cannot read an experiment document ({e})") from None
+    from qkinspect.reading import read_json
+
+    doc = read_json(path, what="an experiment document")
     if not isinstance(doc, dict) or doc.get("kind") != "experiment" or not isinstance(doc.get("runs"), list):
         raise InputError(f"{path}: not the JSON of `qkinspect experiment` (no \"kind\": \"experiment\" with runs)")
     return doc
