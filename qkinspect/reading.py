@@ -54,6 +54,14 @@ def os_reason(e: OSError) -> str:
     return e.strerror or str(e) or type(e).__name__
 
 
+def _as(what: str) -> str:
+    return "" if what == "file" else f" as {what}"
+
+
+def _a(what: str) -> str:
+    return "a file" if what == "file" else what
+
+
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):g} MiB"
 
@@ -69,18 +77,16 @@ def read_bytes(path: str | Path, *, limit: int, what: str = "file", prefix: bool
     try:
         before = os.stat(p)  # look before opening: a device is never opened at all
         if not stat.S_ISREG(before.st_mode):
-            raise error(f"{p}: is {_kind(before.st_mode)}, not a regular file; refused as {what}")
+            raise error(f"{p}: is {_kind(before.st_mode)}, not a regular file; refused{_as(what)}")
         fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise error(f"{p}: file is missing") from None
     except OSError as e:
-        raise error(f"{p}: cannot read it ({os_reason(e)})") from None
+        raise _unreadable(p, e, what, error) from None
     try:
         st = os.fstat(fd)  # what was opened (it may have been swapped since the stat above)
         if not stat.S_ISREG(st.st_mode):
-            raise error(f"{p}: is {_kind(st.st_mode)}, not a regular file; refused as {what}")
+            raise error(f"{p}: is {_kind(st.st_mode)}, not a regular file; refused{_as(what)}")
         if st.st_size > limit and not prefix:
-            raise error(f"{p}: {st.st_size} bytes, more than the {_mib(limit)} {what} may have; refused")
+            raise error(f"{p}: {st.st_size} bytes, more than the {_mib(limit)} {_a(what)} may have; refused")
         chunks, n = [], 0
         while n <= limit:  # one byte past the limit tells a file that grew while being read
             chunk = os.read(fd, min(_CHUNK, limit + 1 - n))
@@ -89,15 +95,26 @@ def read_bytes(path: str | Path, *, limit: int, what: str = "file", prefix: bool
             chunks.append(chunk)
             n += len(chunk)
     except OSError as e:
-        raise error(f"{p}: cannot read it ({os_reason(e)})") from None
+        raise _unreadable(p, e, what, error) from None
     finally:
         os.close(fd)
     data = b"".join(chunks)
     if len(data) > limit:
         if not prefix:
-            raise error(f"{p}: more than the {_mib(limit)} {what} may have; refused")
+            raise error(f"{p}: more than the {_mib(limit)} {_a(what)} may have; refused")
         data = data[:limit]
     return data
+
+
+def _unreadable(p: Path, e: OSError, what: str, error: type[InputError]) -> InputError:
+    """"runs.json: cannot read an experiment document (no such file)"; for a plain "file", as the checkpoint
+    readers say it: "config.json: file is missing", "config.json: cannot read it (Permission denied)"."""
+    if what != "file":
+        reason = "no such file" if isinstance(e, FileNotFoundError) else os_reason(e)
+        return error(f"{p}: cannot read {what} ({reason})")
+    if isinstance(e, FileNotFoundError):
+        return error(f"{p}: file is missing")
+    return error(f"{p}: cannot read it ({os_reason(e)})")
 
 
 def read_text(path: str | Path, *, limit: int, what: str = "file", prefix: bool = False,

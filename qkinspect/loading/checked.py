@@ -54,7 +54,7 @@ def os_reason(e: OSError) -> str:
 def read_text(path: Path) -> str:
     """A checkpoint file's text (a regular file of at most MAX_JSON_BYTES: a FIFO or a device is refused, never
     read), or CheckpointError saying why it cannot be read (missing, permission ...)."""
-    data = read_bytes(path, limit=MAX_JSON_BYTES, what="a checkpoint's JSON file", error=CheckpointError)
+    data = read_bytes(path, limit=MAX_JSON_BYTES, error=CheckpointError)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -17,13 +17,12 @@ from qkinspect.report.style import Canvas, new_figure
 
 
 def read_experiment(path: Path) -> dict[str, Any]:
-    """The document `qkinspect experiment -o FILE.json` wrote; InputError (one line) for anything else."""
+    """The document `qkinspect experiment -o FILE.json` wrote, checked whole (report.runs_check); InputError (one
+    line naming the file and the key) for anything else."""
     from qkinspect.reading import read_json
+    from qkinspect.report.runs_check import check_experiment
 
-    doc = read_json(path, what="an experiment document")
-    if not isinstance(doc, dict) or doc.get("kind") != "experiment" or not isinstance(doc.get("runs"), list):
-        raise InputError(f"{path}: not the JSON of `qkinspect experiment` (no \"kind\": \"experiment\" with runs)")
-    return doc
+    return check_experiment(read_json(path, what="an experiment document"), path)
 
 
 def _head_runs(doc: dict[str, Any], edit: str) -> list[dict[str, Any]]:
