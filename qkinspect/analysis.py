@@ -20,6 +20,7 @@ import torch
 
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
+from qkinspect.limits import check_threads
 from qkinspect.metrics import backend
 from qkinspect.metrics.baseline import gaussian_baselines
 from qkinspect.metrics.factored import worker_pool
@@ -204,8 +205,7 @@ def _threads(threads: int | None = None) -> Iterator[None]:
     before = torch.get_num_threads()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if threads is not None:
-        if threads < 1:
-            raise InputError(f"threads: {threads} must be at least 1")
+        check_threads(threads, "threads")
         torch.set_num_threads(threads)
     elif cores > before:
         torch.set_num_threads(cores)

@@ -28,7 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkinspect.errors import InputError
+from qkinspect.experiment.amounts import BYTES_PER_TOKEN, check_amounts
 from qkinspect.experiment.hf import CAUSAL, DRIFT, MASKED, HFModel
+from qkinspect.reading import MAX_TEXT_BYTES
 
 MASK_FRACTION = 0.15
 # The standard error of a Δloss treats blocks of this many consecutive positions of one window as the independent
@@ -53,21 +55,26 @@ def default_text() -> Text:
                 "\n\n".join(topics[k] for k in sorted(topics)))
 
 
-def read_text(path: str | Path) -> Text:
+def text_bytes(tokens: int) -> int:
+    """How much of a --text file is read for `tokens` tokens: BYTES_PER_TOKEN a token, at least 1 MiB, at most
+    MAX_TEXT_BYTES."""
+    return min(MAX_TEXT_BYTES, max(1 << 20, BYTES_PER_TOKEN * tokens))
+
+
+def read_text(path: str | Path, tokens: int | None = None) -> Text:
+    """The text of a --text file: only its first `text_bytes(tokens)` bytes (all of MAX_TEXT_BYTES without
+    `tokens`); a FIFO, a device or anything else but a regular file is refused (InputError naming the file)."""
+    from qkinspect.reading import read_text as bounded
+
     p = Path(path)
-    try:
-        return Text(str(p), p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise InputError(f"{p}: --text must be UTF-8 text") from None
-    except OSError as e:
-        raise InputError(f"{p}: cannot read --text ({e.strerror or e})") from None
+    limit = MAX_TEXT_BYTES if tokens is None else text_bytes(tokens)
+    return Text(str(p), bounded(p, limit=limit, what="--text", prefix=True))
 
 
 def windows(hf: HFModel, text: Text, tokens: int, window: int) -> Tensor:
     """Token windows (n, W) from the first `tokens` tokens of `text`. Encoders get [CLS] … [SEP] around W-2
     text tokens. With fewer tokens than one window, one window of what there is."""
-    if tokens < 2 or window < 2:
-        raise InputError(f"--tokens {tokens} / --window {window}: both must be at least 2")
+    check_amounts(tokens, window)
     limit = getattr(hf.model.config, "max_position_embeddings", None)
     if limit and window > limit:
         raise InputError(f"--window {window}: this model takes at most {limit} positions")

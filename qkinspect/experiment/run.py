@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qkinspect.errors import InputError, UnsupportedModelError
+from qkinspect.experiment.amounts import check_amounts
 from qkinspect.experiment.edits import PREDICTORS, Edit, apply_edit, parse_edit
 from qkinspect.experiment.heal import Healing, HealOptions, heal_runs
 from qkinspect.experiment.hf import load_hf, written
@@ -129,9 +130,8 @@ def run_experiment(
         raise InputError(f"--scope {scope!r}: expected one of {', '.join(SCOPES)}")
     if rotary not in ("gauge", "offset0"):
         raise InputError(f"--rotary {rotary!r}: expected gauge or offset0")
-    if tokens < 2 or window < 2:
-        raise InputError(f"--tokens {tokens} / --window {window}: both must be at least 2")
-    source = text if isinstance(text, Text) else default_text() if text is None else read_text(text)
+    check_amounts(tokens, window)
+    source = text if isinstance(text, Text) else default_text() if text is None else read_text(text, tokens)
     opts = heal if isinstance(heal, HealOptions) or not heal else HealOptions(steps=heal, seed=seed)
     if opts:
         opts.check()  # before any work

@@ -4,7 +4,6 @@ against K for `rank:K` edits. Only reading and arranging runs here (DESIGN.md §
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -19,14 +18,12 @@ from qkinspect.report.titles import suptitle
 
 
 def read_experiment(path: Path) -> dict[str, Any]:
-    """The document `qkinspect experiment -o FILE.json` wrote; InputError (one line) for anything else."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: cannot read an experiment document ({e})") from None
-    if not isinstance(doc, dict) or doc.get("kind") != "experiment" or not isinstance(doc.get("runs"), list):
-        raise InputError(f"{path}: not the JSON of `qkinspect experiment` (no \"kind\": \"experiment\" with runs)")
-    return doc
+    """The document `qkinspect experiment -o FILE.json` wrote, checked whole (report.runs_check); InputError (one
+    line naming the file and the key) for anything else."""
+    from qkinspect.reading import read_json
+    from qkinspect.report.runs_check import check_experiment
+
+    return check_experiment(read_json(path, what="an experiment document"), path)
 
 
 def _head_runs(doc: dict[str, Any], edit: str) -> list[dict[str, Any]]:
