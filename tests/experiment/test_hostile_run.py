@@ -1,0 +1,152 @@
+"""Hostile checkpoints for `experiment` (issue 25): what transformers would raise on bad tokenizer files, configs
+and GGUF tokenizer metadata is one `error:` line naming the file, exit 2; files outside the model's folder are
+never opened; nothing but that line reaches stderr."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from qkinspect.cli.app import app
+from tests.experiment import tiny_gguf
+from tests.experiment import tiny_models as tiny
+
+SMALL = ("--edit", "ablate", "--no-reference", "--layers", "0", "--heads", "0", "--tokens", "64", "--window", "16",
+         "--format", "json")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile_run")
+    return {"bert": tiny.bert(root / "bert"), "llama": tiny.llama(root / "llama"),
+            "gguf": tiny_gguf.llama_gguf(root / "tiny.gguf")}
+
+
+def experiment(spec, *extra):
+    return CliRunner().invoke(app, ["experiment", str(spec), *SMALL, *map(str, extra)])
+
+
+def one_error_line(r, names: str) -> str:
+    """Exit 2, exactly one `error:` line on stderr naming `names`, nothing on stdout."""
+    assert r.exit_code == 2, (r.exit_code, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert names in lines[0], lines[0]
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    return lines[0]
+
+
+def copy(models, name: str, tmp_path: Path) -> Path:
+    shutil.copytree(models[name], tmp_path / name)
+    return tmp_path / name
+
+
+def edit_json(path: Path, **values) -> None:
+    data = json.loads(path.read_text())
+    data.update(values)
+    path.write_text(json.dumps(data))
+
+
+# -- class 2: transformers' errors are one line naming the file ------------------------------------------------
+
+
+def without_tokenizer_json(m: Path) -> None:
+    (m / "tokenizer.json").unlink()
+
+
+TOKENIZER_CASES = {
+    "tokenizer.json of {}": (lambda m: (m / "tokenizer.json").write_text("{}"), "tokenizer.json"),
+    "tokenizer.json a list": (lambda m: (m / "tokenizer.json").write_text("[1]"), "tokenizer.json"),
+    "binary vocab.txt": (lambda m: (without_tokenizer_json(m), (m / "vocab.txt").write_bytes(bytes(range(256)))),
+                         "vocab.txt"),
+    "vocab.txt without [UNK]": (lambda m: (without_tokenizer_json(m), (m / "vocab.txt").write_text("a\nb\n")),
+                                "vocab.txt"),
+    "unknown tokenizer_class": (lambda m: (without_tokenizer_json(m),
+                                           edit_json(m / "tokenizer_config.json", tokenizer_class="NopeTokenizer")),
+                                "vocab.txt"),
+    "tokenizer_config.json not an object": (lambda m: (m / "tokenizer_config.json").write_text("[]"),
+                                            "tokenizer_config.json"),
+}
+
+
+@pytest.mark.parametrize("case", list(TOKENIZER_CASES))
+def test_bad_tokenizer_files_are_one_line_naming_the_file(models, tmp_path, case):
+    mutate, named = TOKENIZER_CASES[case]
+    m = copy(models, "bert", tmp_path)
+    mutate(m)
+    one_error_line(experiment(m), str(m / named))
+
+
+@pytest.mark.parametrize("file", ["tokenizer_config.json", "config.json"])
+@pytest.mark.parametrize("value", [["a"], 5, "x", {"AutoTokenizer": ["tok.Remote", None]},
+                                   {"AutoModelForMaskedLM": "m.Remote", "AutoConfig": "c.Remote"}])
+def test_auto_map_is_never_seen_by_transformers(models, tmp_path, file, value):
+    """auto_map names remote code, which is never run: the model_type chooses transformers' own classes, and a
+    malformed auto_map (which transformers reads before it decides not to use it) changes nothing."""
+    m = copy(models, "bert", tmp_path)
+    edit_json(m / file, auto_map=value)
+    r = experiment(m)
+    assert r.exit_code == 0 and r.stderr == "", r.stderr
+
+
+CONFIG_CASES = {
+    "pad_token_id out of range": ({"pad_token_id": 10**6}, "pad_token_id 1000000 is outside the vocabulary"),
+    "pad_token_id a string": ({"pad_token_id": "0"}, "pad_token_id"),
+    "bos_token_id a list": ({"bos_token_id": [1, 2]}, "bos_token_id"),
+    "unknown rope_type": ({"rope_parameters": {"rope_type": "nope", "rope_theta": 10000.0}}, "rope_type 'nope'"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_config_values_the_runner_uses_are_checked(models, tmp_path, case):
+    values, says = CONFIG_CASES[case]
+    m = copy(models, "llama", tmp_path)
+    edit_json(m / "config.json", **values)
+    assert says in one_error_line(experiment(m), str(m / "config.json"))
+
+
+def test_attn_implementation_in_the_config_is_not_used(models, tmp_path):
+    """flash_attention_2 (not installed) in config.json: the runner loads with its own kernel choice."""
+    m = copy(models, "llama", tmp_path)
+    edit_json(m / "config.json", attn_implementation="flash_attention_2")
+    r = experiment(m)
+    assert r.exit_code == 0 and r.stderr == "", r.stderr
+    base = json.loads(experiment(models["llama"]).stdout)["baseline"]
+    assert json.loads(r.stdout)["baseline"] == base
+
+
+@pytest.mark.parametrize("edit", ["rank:³", "rank:٣", "rank:1²", "rank:", "rank:-1", "rank:1e3"])
+def test_rank_takes_ascii_digits_only(models, edit):
+    r = CliRunner().invoke(app, ["experiment", str(models["llama"]), "--edit", edit])
+    one_error_line(r, "rank takes a whole number")
+
+
+GGUF_CASES = {
+    "huge bos_token_id": ({"bos_token_id": 2**40}, "'tokenizer.ggml.bos_token_id' is 1099511627776"),
+    "eos_token_id past the tokens": ({"eos_token_id": 262}, "'tokenizer.ggml.eos_token_id' is 262"),
+    "empty token list": ({"tokens": []}, "'tokenizer.ggml.tokens' is empty"),
+    "a merge naming a missing token": ({"merges": ["t h", "q zz"]}, "transformers cannot build a tokenizer"),
+    "unknown tokenizer model": ({"model": "nope"}, "transformers cannot build a tokenizer"),
+}
+
+
+@pytest.mark.parametrize("case", list(GGUF_CASES))
+def test_bad_gguf_tokenizer_metadata_is_one_line(tmp_path, case):
+    meta, says = GGUF_CASES[case]
+    path = tiny_gguf.llama_gguf(tmp_path / "m.gguf", **meta)
+    assert says in one_error_line(experiment(path), str(path))
+
+
+def test_a_tokenizer_giving_ids_past_the_embeddings_is_refused(models, tmp_path):
+    """A tokenizer with more tokens than the model has embedding rows: refused before the forward pass."""
+    m = copy(models, "bert", tmp_path)
+    (m / "tokenizer.json").unlink()
+    (m / "vocab.txt").write_text("\n".join(tiny.VOCAB + [f"extra{i}" for i in range(300)] + ["hello"]) + "\n")
+    path = tmp_path / "t.txt"
+    path.write_text("hello " * 200)
+    assert "but the model has 141 token embeddings" in one_error_line(experiment(m, "--text", path), "vocab.txt")
+
