@@ -5,7 +5,10 @@ never opened; nothing but that line reaches stderr."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -149,4 +152,26 @@ def test_a_tokenizer_giving_ids_past_the_embeddings_is_refused(models, tmp_path)
     path = tmp_path / "t.txt"
     path.write_text("hello " * 200)
     assert "but the model has 141 token embeddings" in one_error_line(experiment(m, "--text", path), "vocab.txt")
+
+
+# -- class 3: nothing but the one line on stderr, through the real executable --------------------------------
+
+
+def test_real_executable_prints_no_progress_bar_and_no_transformers_line(models, tmp_path):
+    """stderr a pipe: a GGUF run prints nothing there (transformers' GGUF loader has its own tqdm bar), and an
+    unknown rope_type is one `error:` line (transformers logged a line of its own before it). Started together:
+    each pays Python's and torch's start-up."""
+    rope = copy(models, "llama", tmp_path)
+    edit_json(rope / "config.json", rope_parameters={"rope_type": "nope", "rope_theta": 10000.0})
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "HF_HUB_OFFLINE": "1"}
+    runs = {name: subprocess.Popen([sys.executable, "-m", "qkinspect", "experiment", str(spec), *SMALL],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for name, spec in (("gguf", models["gguf"]), ("rope", rope))}
+    out, err = runs["gguf"].communicate(timeout=300)
+    assert runs["gguf"].returncode == 0 and err == "", err
+    assert json.loads(out)["measure"]["kind"] == "causal"
+    out, err = runs["rope"].communicate(timeout=300)
+    assert runs["rope"].returncode == 2 and out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {rope / 'config.json'}: rope_type 'nope'"), err
 
