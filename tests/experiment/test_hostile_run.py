@@ -175,3 +175,77 @@ def test_real_executable_prints_no_progress_bar_and_no_transformers_line(models,
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {rope / 'config.json'}: rope_type 'nope'"), err
 
+
+# -- class 4: nothing outside the model's folder is opened -----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"])
+def test_tokenizer_files_linking_out_of_the_folder_are_refused(models, tmp_path, name):
+    m = copy(models, "bert", tmp_path)
+    outside = tmp_path / f"outside-{name}"
+    if (m / name).exists():
+        (m / name).rename(outside)
+    else:
+        outside.write_text("{}")
+    (m / name).symlink_to(outside)
+    line = one_error_line(experiment(m), f"tokenizer file '{name}' is a link to {outside}")
+    assert "outside the model folder" in line
+
+
+OPENED: list[str] | None = None  # paths opened by Python code while a test records them
+
+
+def _record_opens(event: str, args: tuple) -> None:
+    if OPENED is not None and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        OPENED.append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_record_opens)  # audit hooks cannot be removed: this one records only while OPENED is a list
+
+
+@pytest.mark.parametrize("name, text", [("generation_config.json", '{"bos_token_id": 1}'),
+                                        ("adapter_config.json", "{}"), ("chat_template.jinja", "{{ x }}"),
+                                        ("special_tokens_map.json", "{}"), ("added_tokens.json", "{}")])
+def test_other_files_of_the_folder_are_never_opened(models, tmp_path, name, text):
+    """Files of the folder that the run does not need, linked to a file outside it: never opened (Python's audit
+    hook sees every open). transformers reads a private folder holding only the checked files it needs; a
+    tokenizer file among them that links out is refused (the test above)."""
+    global OPENED
+    m = copy(models, "llama", tmp_path)
+    outside = tmp_path / "outside"
+    outside.write_text(text)
+    if (m / name).exists():
+        (m / name).unlink()
+    (m / name).symlink_to(outside)
+    if name in ("special_tokens_map.json", "added_tokens.json"):  # tokenizer files: refused, never opened
+        (m / "tokenizer.json").unlink()
+    OPENED = []
+    try:
+        r = experiment(m)
+        opened = [p for p in OPENED if os.path.realpath(p) == str(outside.resolve())]
+    finally:
+        OPENED = None
+    assert opened == []
+    if name in ("special_tokens_map.json", "added_tokens.json"):
+        one_error_line(r, f"tokenizer file '{name}' is a link to")
+    else:
+        assert r.exit_code == 0 and r.stderr == "", r.stderr
+
+
+def test_a_tokenizer_file_that_is_a_fifo_is_refused(models, tmp_path):
+    m = copy(models, "bert", tmp_path)
+    (m / "tokenizer.json").unlink()
+    os.mkfifo(m / "tokenizer.json")
+    one_error_line(experiment(m), f"{m / 'tokenizer.json'}: is not a regular file")
+
+
+def test_a_tokenizer_folder_follows_the_same_link_rules(models, tmp_path):
+    tok = tmp_path / "tok"
+    tiny.save_tokenizer(tok)
+    (tok / "vocab.txt").rename(tmp_path / "vocab.txt")
+    (tok / "vocab.txt").symlink_to(tmp_path / "vocab.txt")
+    one_error_line(experiment(models["llama"], "--tokenizer", tok), "tokenizer file 'vocab.txt' is a link to")
+    (tok / "vocab.txt").unlink()
+    (tok / "vocab.txt").write_text("\n".join(tiny.VOCAB) + "\n")
+    r = experiment(models["llama"], "--tokenizer", tok)
+    assert r.exit_code == 0, r.stderr
