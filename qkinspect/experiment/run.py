@@ -12,11 +12,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qkinspect.errors import InputError, UnsupportedModelError
+from qkinspect.errors import CheckpointError, InputError, UnsupportedModelError
 from qkinspect.experiment.amounts import check_amounts
 from qkinspect.experiment.edits import PREDICTORS, Edit, apply_edit, parse_edit
 from qkinspect.experiment.heal import Healing, HealOptions, heal_runs
 from qkinspect.experiment.hf import load_hf, written
+from qkinspect.experiment.hf_guard import boundary, check_token_ids
 from qkinspect.experiment.in_memory import hf_in_memory, keeps_mode
 from qkinspect.experiment.measure import Scorer, Text, default_text, read_text, windows
 from qkinspect.layer import AttentionLayer, ModelInfo
@@ -138,13 +139,22 @@ def run_experiment(
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer)
     spec = info.blocks[0]
     head_list = list(heads) if heads is not None else list(range(spec.n_heads))
-    ids = windows(hf, source, tokens, window)
-    scorer = Scorer(hf, ids, batch_tokens=batch_tokens, seed=seed)
+    with boundary(hf.tokenizer_source, f"the tokenizer cannot read {source.name}"):
+        ids = windows(hf, source, tokens, window)
+    fed = ids.unique().tolist()  # the ids the model will embed (the text's, and [CLS]/[SEP] around encoders')
+    if hf.kind == "masked":
+        if hf.tokenizer.mask_token_id is None:
+            raise CheckpointError(f"{hf.tokenizer_source}: the tokenizer has no mask token, which a masked LM is "
+                                  "measured with")
+        fed.append(hf.tokenizer.mask_token_id)
+    check_token_ids(fed, hf.model.get_input_embeddings().num_embeddings, hf.tokenizer_source)
     units = make_units(scope, sorted(originals), head_list)
     runs_edits = chosen + ([REFERENCE] if reference and REFERENCE not in chosen else [])
-    t0 = time.perf_counter()
-    base = scorer.baseline(cache={_start(unit) for unit in units})
-    t_base = time.perf_counter() - t0
+    with boundary(info.source, "transformers cannot run the model"):  # the unedited pass: the checkpoint's own
+        scorer = Scorer(hf, ids, batch_tokens=batch_tokens, seed=seed)
+        t0 = time.perf_counter()
+        base = scorer.baseline(cache={_start(unit) for unit in units})
+        t_base = time.perf_counter() - t0
     runs: list[Run] = []
     total = len(units) * len(runs_edits)
     for unit in units:
