@@ -56,7 +56,7 @@ def _memory_tokenizer(tokenizer: Any, resolved) -> Any:
                              "vocab.txt to read one from)")
         tokenizer = Path(named)
     with _quiet_transformers():
-        return _tokenizer(tokenizer, "", {}, resolved.origin)
+        return _tokenizer(tokenizer, None)[0]  # never None here: the model's own files are not read
 
 
 def _built(resolved, family: str) -> nn.Module:
@@ -65,7 +65,7 @@ def _built(resolved, family: str) -> nn.Module:
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
     state = resolved.source.tensors
-    head = AutoModelForCausalLM if family in ("llama", "gpt2") else AutoModelForMaskedLM
+    head = AutoModelForMaskedLM if family == "bert" else AutoModelForCausalLM
     for auto in (head, AutoModel):
         with _quiet_transformers():
             try:
