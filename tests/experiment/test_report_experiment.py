@@ -95,9 +95,8 @@ def test_model_scope_cost_and_its_ratio(tmp_path):
     r = cli("report", model, "--experiment", runs, "-o", out)
     assert r.exit_code == 0, r.stderr
     text = words("\n".join(p.extract_text() for p in PdfReader(out).pages))
-    ratio = share["dloss_ratio_ablate"]  # None where ablating costs nothing beyond its error: no ratio shown
-    assert (f"share_qk: Δloss {dfmt(share['dloss'])}, edited in all the chosen heads at once"
-            + ("." if ratio is None else f"; {fmt(ratio)} times what removing the same heads costs")) in text
+    assert (f"share_qk: Δloss {dfmt(share['dloss'])}, edited in all the chosen heads at once; "
+            f"{fmt(share['dloss_ratio_ablate'])} times what removing the same heads costs") in text
     assert "Does the weight metric predict the cost?" not in text  # one run: no ρ to give
 
 
