@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 from qkinspect.errors import QkinspectError  # noqa: E402
 
-__all__ = ["__version__", "QkinspectError", "analyze", "load"]
+__all__ = ["__version__", "QkinspectError", "analyze", "load", "track"]
 
 
 def __getattr__(name: str):
@@ -17,6 +17,10 @@ def __getattr__(name: str):
         from qkinspect.loading import load
 
         return load
+    if name == "track":
+        from qkinspect.callback import track
+
+        return track
     raise AttributeError(f"module 'qkinspect' has no attribute {name!r}")
 
 

@@ -14,13 +14,13 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
+from qkinspect.limits import check_threads
 from qkinspect.metrics import backend
 from qkinspect.metrics.baseline import gaussian_baselines
 from qkinspect.metrics.factored import worker_pool
@@ -64,7 +64,9 @@ def analyze(
     """Measure every selected attention head of a model, from its weights alone.
 
     Args:
-        model: a path, hub id or GGUF file; None for the bundled demo model; or an opened LoadedModel.
+        model: a path, hub id or GGUF file; None for the bundled demo model; an opened LoadedModel; or a model in
+            memory: a transformers PreTrainedModel (any device; its tensors are read in place, a layer at a time)
+            or a (config, state_dict) pair. Its records name it "memory:<config._name_or_path or class name>".
         layers, heads: indexes as the CLI takes them ("0-3,7") or as Python values (3, [0, 1]); None for all.
         blocks: block kinds or labels ("encoder", ["text", "vision"]); None for all.
         metrics: metric or group names (qkinspect.metrics.registry); None for the defaults.
@@ -132,9 +134,7 @@ def _opened(model, revision: str | None) -> Iterator:
     if isinstance(model, LoadedModel):
         yield model
         return
-    if model is not None and not isinstance(model, (str, Path)):
-        raise InputError(f"model must be a path, a hub id, None (the demo) or an opened model, not {type(model)}")
-    with open_model(model, revision=revision) as m:
+    with open_model(model, revision=revision) as m:  # a model object in memory is checked there
         yield m
 
 
@@ -205,8 +205,7 @@ def _threads(threads: int | None = None) -> Iterator[None]:
     before = torch.get_num_threads()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if threads is not None:
-        if threads < 1:
-            raise InputError(f"threads: {threads} must be at least 1")
+        check_threads(threads, "threads")
         torch.set_num_threads(threads)
     elif cores > before:
         torch.set_num_threads(cores)

@@ -162,7 +162,7 @@ class ModelInfo:
     name: str  # the spec as the user gave it (or "demo: all-MiniLM-L6-v2")
     source: str  # the resolved file or folder
     model_type: str
-    format: Literal["safetensors", "bin", "gguf"]
+    format: Literal["safetensors", "bin", "gguf", "memory"]
     blocks: tuple[BlockSpec, ...]
     revision: str | None = None
     dtype: str | None = None  # storage dtype of the attention weights

@@ -12,14 +12,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qkinspect.errors import InputError, UnsupportedModelError
+from qkinspect.errors import CheckpointError, InputError, UnsupportedModelError
+from qkinspect.experiment.amounts import check_amounts
 from qkinspect.experiment.edits import PREDICTORS, Edit, apply_edit, parse_edit
+from qkinspect.experiment.heal import Healing, HealOptions, heal_runs
 from qkinspect.experiment.hf import load_hf, written
+from qkinspect.experiment.hf_guard import boundary, check_token_ids
+from qkinspect.experiment.in_memory import hf_in_memory, keeps_mode
 from qkinspect.experiment.measure import Scorer, Text, default_text, read_text, windows
 from qkinspect.layer import AttentionLayer, ModelInfo
 
 SCOPES = ("head", "layer", "model")
 REFERENCE = Edit("ablate")
+# A difference is "beyond its error" when it is at least this many standard errors from 0 (about 95 %, two-sided).
+SIGNIFICANT = 2.0
+# Per-head claims need at least this many scored tokens (docs/experiments.md, "Error bars").
+MIN_SCORED = 1024
 
 
 @dataclass(frozen=True)
@@ -31,13 +39,22 @@ class Run:
     layer: int | None
     head: int | None
     heads: int  # how many heads the run edited
-    loss: float
-    dloss: float  # loss - baseline
-    ratio: float | None  # dloss / dloss of `ablate` on the same heads; None without that run (or when it is 0)
+    loss: float | None  # None: not run exactly (an estimated head that was not verified)
+    dloss: float | None  # loss - baseline
+    # dloss / dloss of `ablate` on the same heads; None without that run, or when ablating does not cost loss
+    # beyond its error (dloss(ablate) <= SIGNIFICANT standard errors)
+    ratio: float | None
     predicted: float | None  # the weight-space figure PREDICTORS[edit] (mean over the edited heads)
     offset0: bool  # a rotary edit that is exact at offset 0 only
     seconds: float  # the whole run: edit, write-back, forward from the first edited layer
     forward_seconds: float  # the forward alone
+    dloss_se: float | None = None  # the standard error of dloss (paired with the baseline, block-clustered)
+    # --estimate (qkinspect.experiment.estimate): the estimated dloss, its Monte-Carlo standard error, how far the
+    # edit moves the head's output (|Δo_h| / |o_h|) and whether that makes the estimate unreliable
+    dloss_estimate: float | None = None
+    dloss_estimate_se: float | None = None
+    moved: float | None = None
+    unreliable: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -57,8 +74,10 @@ class ExperimentResult:
     baseline_seconds: float
     seconds: float  # all edit runs together
     predictors: dict[str, str] = field(default_factory=dict)
+    healing: Healing | None = None  # with heal=: the edits after fine-tuning, against a control (experiment.heal)
 
 
+@keeps_mode
 def run_experiment(
     model: str | Path | None = None,
     edits: str | Sequence[str] = "share_qk",
@@ -76,12 +95,16 @@ def run_experiment(
     batch_tokens: int = 2048,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
-    device: str = "cpu",
+    heal: int | HealOptions | None = None,
+    device: str | None = None,
 ) -> ExperimentResult:
     """Edit heads of `model` and measure the loss on text, one run per (unit, edit).
 
     Args:
-        model: a model spec as for `qkinspect.load` (None: the demo model).
+        model: a model spec as for `qkinspect.load` (None: the demo model), or a transformers model in memory
+            (or a (config, state_dict) pair), which is edited in place and left exactly as it was: every module
+            swapped for an edit is swapped back, and each module's training flag is restored (it runs in eval
+            mode). Give `tokenizer` with a model in memory.
         edits: "share_qk,rank:8" or a list of edit texts (docs/experiments.md, Edits).
         scope: "head" (each head alone), "layer" (the chosen heads of a layer together) or "model" (all at once).
         layers, heads: the selection (default: all).
@@ -91,8 +114,11 @@ def run_experiment(
         rotary: "gauge" (edits exact at every offset) or "offset0" (see `apply_edit`).
         tokenizer: a tokenizer, or a folder / vocab.txt to read one from (default: the model's own).
         progress: called as progress(done, total) after each run.
-        device: where the model runs, "cpu" (default), "cuda" or "cuda:N"; the edits are computed on the CPU
-            and written into the model's modules on its device.
+        heal: fine-tuning steps (or a HealOptions) after each edit, the edit kept as a parametrisation, beside an
+            unedited control trained the same way (qkinspect.experiment.heal; docs/training.md). Default: none.
+        device: where the model runs, "cpu", "cuda" or "cuda:N" (default: the CPU, or where a model in memory
+            already is; it is not moved); the edits are computed on the CPU and written into the model's modules
+            on its device.
 
     Returns:
         ExperimentResult.
@@ -109,22 +135,33 @@ def run_experiment(
         raise InputError(f"--scope {scope!r}: expected one of {', '.join(SCOPES)}")
     if rotary not in ("gauge", "offset0"):
         raise InputError(f"--rotary {rotary!r}: expected gauge or offset0")
-    if tokens < 2 or window < 2:
-        raise InputError(f"--tokens {tokens} / --window {window}: both must be at least 2")
+    check_amounts(tokens, window)
     from qkinspect.analysis import _check_device
 
-    device = _check_device(device)
-    source = text if isinstance(text, Text) else default_text() if text is None else read_text(text)
+    device = None if device is None else _check_device(device)
+    source = text if isinstance(text, Text) else default_text() if text is None else read_text(text, tokens)
+    opts = heal if isinstance(heal, HealOptions) or not heal else HealOptions(steps=heal, seed=seed)
+    if opts:
+        opts.check()  # before any work
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device)
     spec = info.blocks[0]
     head_list = list(heads) if heads is not None else list(range(spec.n_heads))
-    ids = windows(hf, source, tokens, window)
-    scorer = Scorer(hf, ids, batch_tokens=batch_tokens, seed=seed)
+    with boundary(hf.tokenizer_source, f"the tokenizer cannot read {source.name}"):
+        ids = windows(hf, source, tokens, window)
+    fed = ids.unique().tolist()  # the ids the model will embed (the text's, and [CLS]/[SEP] around encoders')
+    if hf.kind == "masked":
+        if hf.tokenizer.mask_token_id is None:
+            raise CheckpointError(f"{hf.tokenizer_source}: the tokenizer has no mask token, which a masked LM is "
+                                  "measured with")
+        fed.append(hf.tokenizer.mask_token_id)
+    check_token_ids(fed, hf.model.get_input_embeddings().num_embeddings, hf.tokenizer_source)
     units = make_units(scope, sorted(originals), head_list)
     runs_edits = chosen + ([REFERENCE] if reference and REFERENCE not in chosen else [])
-    t0 = time.perf_counter()
-    base = scorer.baseline(cache={_start(unit) for unit in units})
-    t_base = time.perf_counter() - t0
+    with boundary(info.source, "transformers cannot run the model"):  # the unedited pass: the checkpoint's own
+        scorer = Scorer(hf, ids, batch_tokens=batch_tokens, seed=seed)
+        t0 = time.perf_counter()
+        base = scorer.baseline(cache={_start(unit) for unit in units})
+        t_base = time.perf_counter() - t0
     runs: list[Run] = []
     total = len(units) * len(runs_edits)
     for unit in units:
@@ -132,11 +169,15 @@ def run_experiment(
             runs.append(run_unit(scorer, hf, originals, unit, edit, scope, base, rotary))
             if progress is not None:
                 progress(len(runs), total)
+    healing = None
+    if heal:
+        exact = {(r.edit, r.layer, r.head): r.dloss for r in runs}
+        healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts)
     return ExperimentResult(
         model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
         windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),
         rotary=rotary, baseline_seconds=t_base, seconds=sum(r.seconds for r in runs),
-        predictors={str(e): PREDICTORS[e.name] for e in runs_edits})
+        predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, healing=healing)
 
 
 def _parse_edits(edits: str | Sequence[str]) -> list[Edit]:
@@ -147,7 +188,7 @@ def _parse_edits(edits: str | Sequence[str]) -> list[Edit]:
     return out
 
 
-def open_experiment(model, revision, layers, heads, tokenizer, device: str = "cpu"):
+def open_experiment(model, revision, layers, heads, tokenizer, device: str | None = None):
     """The model's identity, its chosen layers in the canonical layout (qkinspect's loader), and the transformers
     model (the same files, through transformers' own classes)."""
     from qkinspect.loading import open_model
@@ -163,11 +204,27 @@ def open_experiment(model, revision, layers, heads, tokenizer, device: str = "cp
         _check_range("heads", heads, spec.n_heads)
         wanted = sorted(set(layers)) if layers is not None else list(range(spec.n_layers))
         originals = {i: m.layer(spec.key, i) for i in wanted}
-        hf = load_hf(m.resolved, tokenizer, device=device)
+        if m.info.format == "memory":
+            hf = hf_in_memory(m.resolved, tokenizer)
+            _check_in_place(hf, device)
+        else:
+            hf = load_hf(m.resolved, tokenizer, device=device or "cpu")
     if len(hf.layers) != spec.n_layers:
         raise UnsupportedModelError(f"{info.source}: transformers built {len(hf.layers)} layers, "
                                     f"the checkpoint has {spec.n_layers}")
     return info, originals, hf
+
+
+def _check_in_place(hf, device: str | None) -> None:
+    """A model in memory runs where it is: refuse a device= it is not on (moving it would change the caller's
+    model)."""
+    import torch
+
+    here = next(hf.model.parameters()).device
+    want = None if device is None else torch.device(device)
+    if want is not None and (want.type != here.type or (want.index is not None and want.index != here.index)):
+        raise InputError(f"device={device!r}: this model in memory is on {here}, and it runs where it is "
+                         f"(move it first: model.to({device!r}))")
 
 
 def _check_range(what: str, wanted: Sequence[int] | None, n: int) -> None:
@@ -208,15 +265,23 @@ def run_unit(scorer: Scorer, hf, originals: dict[int, AttentionLayer], unit: Uni
         heads=len(figures), loss=loss, dloss=loss - base, ratio=None,
         predicted=sum(figures) / len(figures) if figures else None,
         offset0=any(r.offset0_only for r in results), seconds=time.perf_counter() - t0,
-        forward_seconds=t_forward)
+        forward_seconds=t_forward, dloss_se=scorer.paired_se())
+
+
+def beyond_error(dloss: float | None, se: float | None) -> bool:
+    """Whether `dloss` is further than SIGNIFICANT standard errors from 0 (False without a standard error)."""
+    return dloss is not None and se is not None and abs(dloss) > SIGNIFICANT * se
 
 
 def _with_ratios(runs: list[Run]) -> list[Run]:
+    """Each run's dloss / dloss(ablate) of the same unit, where ablating costs loss beyond its error (a ratio to a
+    cost that is <= 0, or within its noise, is not a number)."""
     from dataclasses import replace
 
-    ablate = {(r.layer, r.head): r.dloss for r in runs if r.edit == REFERENCE.name}
+    ablate = {(r.layer, r.head): r for r in runs if r.edit == REFERENCE.name and r.dloss is not None}
     out = []
     for r in runs:
         a = ablate.get((r.layer, r.head))
-        out.append(replace(r, ratio=r.dloss / a if a else None))
+        ok = a is not None and r.dloss is not None and a.dloss > 0 and beyond_error(a.dloss, a.dloss_se)
+        out.append(replace(r, ratio=r.dloss / a.dloss if ok else None))
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from qkinspect.layer import AttentionLayer
 from qkinspect.loading.adapters.registry import adapter_for, supported_model_types
@@ -12,12 +13,14 @@ from qkinspect.loading.resolve import resolve
 
 
 def open_model(
-    spec: str | Path | None = None, *, revision: str | None = None, trust_remote_code: bool = False
+    spec: str | Path | Any = None, *, revision: str | None = None, trust_remote_code: bool = False
 ) -> LoadedModel:
     """Open a checkpoint without reading its weights. `spec` None means the bundled demo model.
 
     `spec` is a folder with config.json, a .safetensors/.bin file beside one, a .gguf file, or a hub id
-    ``org/name`` (with `revision`). Remote code is never run: `trust_remote_code=True` is refused.
+    ``org/name`` (with `revision`); or a model in memory: a transformers PreTrainedModel, or a (config, state_dict)
+    pair, read in place (qkinspect.loading.in_memory). Remote code is never run: `trust_remote_code=True` is
+    refused.
 
     Raises:
         ModelNotFoundError, UnsupportedModelError, CheckpointError (all InputError, exit code 2).
@@ -31,7 +34,9 @@ def open_model(
         from qkinspect.errors import InputError
 
         raise InputError("trust_remote_code is not supported: checkpoints are untrusted and no model code is run")
-    r = resolve(spec, revision=revision)
+    from qkinspect.loading.in_memory import is_in_memory, resolve_memory
+
+    r = resolve_memory(spec) if is_in_memory(spec) else resolve(spec, revision=revision)
     try:
         return LoadedModel(r, adapter_for(r.config.model_type)(r.config))
     except BaseException:
@@ -39,12 +44,13 @@ def open_model(
         raise
 
 
-def load(spec: str | Path | None = None, *, layers: str | int | Iterable[int] | None = None,
+def load(spec: str | Path | Any = None, *, layers: str | int | Iterable[int] | None = None,
          blocks: str | Iterable[str] | None = None, prefetch: bool = False, **kwargs) -> Iterator[AttentionLayer]:
     """Yield the AttentionLayers of a model, one layer in memory at a time (two with `prefetch`).
 
     Args:
-        spec: a path, hub id or GGUF file; None for the demo model.
+        spec: a path, hub id or GGUF file; None for the demo model; a transformers model or a (config, state_dict)
+            pair in memory (its layers are then views of the model's own tensors, on its device).
         layers: layer indexes as the CLI takes them ("0-3,7") or as Python values (3, [0, 1]); None for all.
         blocks: block kinds or labels ("encoder", ["decoder", "cross"]); None for all.
         kwargs: passed to `open_model` (e.g. revision).

@@ -47,12 +47,12 @@ class LoadedModel:
         blocks = tuple(adapter.blocks())
         self.info = ModelInfo(
             name=resolved.name,
-            source=str(resolved.path),
+            source=resolved.origin or str(resolved.path),
             model_type=resolved.config.model_type,
             format=resolved.format,  # type: ignore[arg-type]
             blocks=blocks,
             revision=resolved.revision,
-            architecture=(getattr(resolved.config, "architectures", None) or [None])[0],
+            architecture=resolved.architecture or (getattr(resolved.config, "architectures", None) or [None])[0],
             quantization=getattr(resolved.source, "quantization", None),
         )
         dtype, nbytes = self._check_all()

@@ -34,6 +34,9 @@ class Resolved:
     config: Any  # a LightConfig, or a transformers PretrainedConfig (GGUF, families without light rules)
     source: TensorSource
     revision: str | None = None
+    origin: str | None = None  # ModelInfo.source when not the path: "memory:<name>" (loading.in_memory)
+    architecture: str | None = None  # the model's class, where config.architectures does not say it
+    model: Any = None  # an in-memory transformers model (loading.in_memory), else None
 
 
 def resolve(spec: str | Path | None, revision: str | None = None) -> Resolved:
@@ -214,7 +217,7 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
               endpoint=os.environ.get("HF_ENDPOINT") or None)
     if not hub_offline():
         try:
-            return Path(snapshot_download(**kw))
+            return checked_snapshot(cache, repo_id, Path(snapshot_download(**kw)), revision)
         except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError) as e:
             what = "gated (accept its licence and log in)" if isinstance(e, GatedRepoError) else "not found"
             raise ModelNotFoundError(f"{repo_id}: {what} on the Hugging Face hub (revision {revision or 'main'})") \
@@ -222,10 +225,31 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
         except Exception:
             pass  # no network, or the hub failed: fall back to the local cache below
     try:
-        return Path(snapshot_download(**kw, local_files_only=True))
+        folder = Path(snapshot_download(**kw, local_files_only=True))
     except Exception:
         how = "offline (HF_HUB_OFFLINE)" if hub_offline() else "the hub could not be reached"
         raise ModelNotFoundError(
             f"{repo_id}: no such file or folder, and not in the Hugging Face cache at {cache} "
             f"(revision {revision or 'main'}; {how})"
         ) from None
+    return checked_snapshot(cache, repo_id, folder, revision)
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def checked_snapshot(cache: Path, repo_id: str, folder: Path, revision: str | None = None) -> Path:
+    """The snapshot folder huggingface_hub names for `repo_id`, refused unless it is the repo's
+    ``snapshots/<commit>`` (a 40-hex commit hash), inside the repo's cache folder after links. huggingface_hub
+    joins the text of ``refs/<revision>`` to ``snapshots/`` as it is: a refs file holding ``../../../elsewhere``
+    would point the model at any folder on the machine."""
+    repo = Path(cache) / f"models--{repo_id.replace('/', '--')}"
+    ref = repo / "refs" / (revision or "main")
+    if _COMMIT.fullmatch(folder.name) is None or os.path.normpath(folder.parent) != os.path.normpath(
+            repo / "snapshots"):
+        raise CheckpointError(f"{ref}: leads to {str(folder)!r}, which is not a snapshot of {repo_id} in the cache; "
+                              f"refused (only the repo's own snapshots/<commit> folders are read)")
+    real, root = os.path.realpath(folder), os.path.realpath(repo)
+    if not real.startswith(root.rstrip(os.sep) + os.sep):
+        raise CheckpointError(f"{folder}: is a link to {real}, outside the cache folder {repo}; refused")
+    return folder

@@ -4,7 +4,6 @@ against K for `rank:K` edits. Only reading and arranging runs here (DESIGN.md §
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -15,17 +14,16 @@ from qkinspect.errors import InputError
 from qkinspect.report.grid import Grid
 from qkinspect.report.heatmap import colorbar, diverging_norm_unbounded, draw
 from qkinspect.report.style import Canvas, new_figure
+from qkinspect.report.titles import suptitle
 
 
 def read_experiment(path: Path) -> dict[str, Any]:
-    """The document `qkinspect experiment -o FILE.json` wrote; InputError (one line) for anything else."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: cannot read an experiment document ({e})") from None
-    if not isinstance(doc, dict) or doc.get("kind") != "experiment" or not isinstance(doc.get("runs"), list):
-        raise InputError(f"{path}: not the JSON of `qkinspect experiment` (no \"kind\": \"experiment\" with runs)")
-    return doc
+    """The document `qkinspect experiment -o FILE.json` wrote, checked whole (report.runs_check); InputError (one
+    line naming the file and the key) for anything else."""
+    from qkinspect.reading import read_json
+    from qkinspect.report.runs_check import check_experiment
+
+    return check_experiment(read_json(path, what="an experiment document"), path)
 
 
 def _head_runs(doc: dict[str, Any], edit: str) -> list[dict[str, Any]]:
@@ -57,8 +55,9 @@ def _edits(doc: dict[str, Any]) -> list[str]:
     return [e for e in names if _head_runs(doc, e)]
 
 
-def experiment_figure(doc: dict[str, Any], canvas: Canvas = new_figure):
-    """Heatmaps of Δloss per head (one per edit, one colour scale), then prediction vs Δloss and Δloss vs K."""
+def experiment_figure(doc: dict[str, Any], canvas: Canvas = new_figure, title: str | None = None):
+    """Heatmaps of Δloss per head (one per edit, one colour scale), then prediction vs Δloss and Δloss vs K;
+    `title` replaces the figure's title."""
     edits = _edits(doc)
     ranks = _rank_points(doc)
     if not edits and len(ranks) < 2:
@@ -75,7 +74,7 @@ def experiment_figure(doc: dict[str, Any], canvas: Canvas = new_figure):
             ax.set_title(g.metric)
         colorbar(top, im, list(axes), "Δloss")
         name = Path(str(doc.get("model", {}).get("name", ""))).name  # a file's name, not its whole path
-        top.suptitle(f"{name}: Δ{doc['measure']['name']} per head (baseline {doc['baseline']:.3f})")
+        suptitle(top, title or f"{name}: Δ{doc['measure']['name']} per head (baseline {doc['baseline']:.3f})")
     panels = bottom.subplots(1, 2 if len(ranks) >= 2 and edits else 1, squeeze=False)[0]
     if edits:
         _scatter(panels[0], doc, [e for e in edits if e != "ablate"] or edits)

@@ -17,6 +17,7 @@ from qkinspect import __version__
 from qkinspect.errors import InputError
 from qkinspect.records import AnalysisResult
 from qkinspect.report.figures import figure
+from qkinspect.report.grid import renamed
 from qkinspect.report.pdf import plan_figures
 from qkinspect.report.style import NUMBER_NOTE, style
 from qkinspect.report.summary import summary
@@ -29,15 +30,16 @@ th:first-child,td:first-child{text-align:left}th{border-bottom:1px solid #888}td
 figure{margin:2em 0}figcaption{font-size:.9em;color:#333}.meta{color:#555}svg{max-width:100%;height:auto}"""
 
 
-def render_html(result: AnalysisResult, *, date: dt.datetime | None = None) -> str:
-    """The whole report as an HTML string (figures embedded as SVG, so the file stands alone)."""
+def render_html(result: AnalysisResult, *, date: dt.datetime | None = None, title: str | None = None) -> str:
+    """The whole report as an HTML string (figures embedded as SVG, so the file stands alone); `title` names the
+    model in the page's title and the figures' titles."""
     if not result.heads:
         raise InputError("the report needs at least one analysed head")
     date = date or dt.datetime.now(dt.timezone.utc)
-    name = escape(result.model.name)
+    name = escape(title or result.model.name)
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>qkinspect report: {name}</title>"
              f"<style>{CSS}</style></head><body>", f"<h1>qkinspect report: {name}</h1>",
-             _cover(result, date), _summary(result), _definitions(result), _figures(result),
+             _cover(result, date), _summary(result), _definitions(result), _figures(renamed(result, title)),
              "<h2>Per-layer tables</h2>", f"<p class='meta'>{escape(NUMBER_NOTE)}</p>",
              *(_table(t) for t in layer_tables(result)), "</body></html>"]
     return "\n".join(parts)

@@ -40,12 +40,13 @@ CAPTIONS = {
 }
 
 
-def cover(pages: TextPages, result: AnalysisResult, date: dt.datetime) -> None:
-    """Model identity, shapes of each block, processing flags, tool version and date."""
+def cover(pages: TextPages, result: AnalysisResult, date: dt.datetime, title: str | None = None) -> None:
+    """Model identity, shapes of each block, processing flags, tool version and date; `title` (a report's --title)
+    heads the page in place of the model's name."""
     m = result.model
     pages.new_page()
     pages.heading("qkinspect report", size=20)
-    pages.heading(m.name, size=14)
+    pages.heading(title or m.name, size=14)
     pages.paragraph("The query-key geometry of the model's attention heads, measured from its weights alone.")
     pages.pairs([("model", m.name), ("source", m.source), ("model type", m.model_type),
                  ("architecture", m.architecture or "n/a"), ("format", m.format), ("revision", m.revision or "n/a"),

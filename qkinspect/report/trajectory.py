@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 
 from qkinspect.errors import InputError
 from qkinspect.report.style import HEADS_CMAP, Canvas, new_figure, style
+from qkinspect.report.titles import suptitle
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -55,7 +56,7 @@ def trajectory(rows: Rows, metric: str, *, name: str, x_label: str = "training s
         axes[-1].set_xlabel(x_label)
         bar = fig.colorbar(_mappable(cmap, norm), ax=list(axes), label="layer", aspect=30)
         bar.set_ticks(range(0, n_layers, max(1, math.ceil(n_layers / 12))))
-        fig.suptitle(f"{name}\n{metric}: median over each layer's heads (lines), each head (faint)")
+        suptitle(fig, f"{name}\n{metric}: median over each layer's heads (lines), each head (faint)")
     return fig
 
 

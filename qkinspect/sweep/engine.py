@@ -31,6 +31,7 @@ from typing import Any
 
 from qkinspect.errors import InputError, QkinspectError
 from qkinspect.layer import ModelInfo, shape_differences
+from qkinspect.limits import check_threads, check_workers
 from qkinspect.records import model_info
 from qkinspect.sweep import store, task
 from qkinspect.sweep.checkpoints import Checkpoint
@@ -88,6 +89,8 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
             reached, or `check` refuses. KeyboardInterrupt after cancelling the pending tasks.
     """
     folder = Path(folder)
+    check_threads(threads)
+    check_workers(workers)
     store.check_folder(folder)  # created once the checkpoints pass the checks
     options = store.normalized_options(options)
     plan = [(ck, key, store.result_path(folder, ck, key)) for ck in checkpoints
@@ -116,10 +119,8 @@ def connect(scheduler: str | None, workers: int | None, threads: int | None,
     """A Dask client (to `scheduler`, or to a new LocalCluster) and the torch threads each task should use."""
     from distributed import Client, LocalCluster
 
-    if workers is not None and workers < 1:
-        raise InputError(f"--workers: {workers} must be at least 1")
-    if threads is not None and threads < 1:
-        raise InputError(f"--threads: {threads} must be at least 1")
+    check_threads(threads)
+    check_workers(workers)
     logging.getLogger("distributed").setLevel(logging.ERROR)  # the CLI reports failures itself, once
     if scheduler is not None:
         if workers is not None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from qkinspect.errors import InputError, OutputError
 from qkinspect.files import atomic_write
+from qkinspect.reading import read_json
 from qkinspect.sweep.checkpoints import Checkpoint
 
 MANIFEST = "sweep.json"
@@ -90,8 +91,8 @@ def result_path(folder: Path, ck: Checkpoint, key: str) -> Path:
 def read_result(path: Path, key: str) -> dict[str, Any] | None:
     """A stored result with this key, or None when the file is absent or not one (it is then computed again)."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = read_json(path, what="a sweep result")
+    except InputError:
         return None
     ok = isinstance(doc, dict) and doc.get("kind") == RESULT_KIND and doc.get("key") == key
     return doc if ok and isinstance(doc.get("result"), dict) and isinstance(doc["result"].get("model"), dict) else None
@@ -155,8 +156,8 @@ def read_sweep(folder: Path) -> SweepFolder:
     path = folder / MANIFEST
     if not path.is_file():
         raise InputError(f"{folder}: not a sweep folder (no {MANIFEST}; run `qkinspect sweep ... --out {folder}`)")
+    doc = read_json(path, what="a sweep manifest")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
         cks = [(Checkpoint(**{k: c[k] for k in Checkpoint.__dataclass_fields__}), c["key"])
                for c in doc["checkpoints"]]
         options = doc["options"]

@@ -65,3 +65,38 @@ def test_cuda_measures_what_the_cpu_measures(models, family, edit):
     for a, b in zip(on_cpu.runs, on_gpu.runs, strict=True):
         assert (a.edit, a.layer, a.head) == (b.edit, b.layer, b.head)
         assert b.dloss == pytest.approx(a.dloss, rel=1e-3, abs=1e-5)
+
+
+def test_a_model_in_memory_runs_where_it_is(models, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(models["llama"], dtype=torch.float32)
+    r = run_experiment(model, "share_qk", tokenizer=models["llama"], device="cpu", **KW)
+    assert r.runs and r.measure == "causal"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # past the device check: the model is on the CPU
+    with pytest.raises(InputError, match="runs where it is"):
+        run_experiment(model, "share_qk", tokenizer=models["llama"], device="cuda", **KW)
+    assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+@cuda
+def test_cuda_estimates_what_the_cpu_estimates(models):
+    """The estimate (qkinspect.experiment.estimate) through the model on the GPU: its hooks' tensors meet the
+    edited output projections there; the first-order term as on the CPU, the curvature from the same sampled
+    labels (drawn on the CPU from the same seed; a label at a rounding boundary may differ, hence 5 %)."""
+    from qkinspect.experiment import parse_edit
+    from qkinspect.experiment.estimate import estimate_heads
+    from qkinspect.experiment.measure import Scorer, default_text, windows
+    from qkinspect.experiment.run import open_experiment
+
+    found = {}
+    for device in ("cpu", "cuda"):
+        _, originals, hf = open_experiment(models["llama"], None, [1], None, None, device=device)
+        s = Scorer(hf, windows(hf, default_text(), 96, 32), batch_tokens=64)
+        s.baseline(cache={1})
+        found[device] = estimate_heads(s, originals, [0, 1, 2], [parse_edit("share_qk"), parse_edit("ablate")],
+                                       probes=4)
+    for a, b in zip(found["cpu"], found["cuda"], strict=True):
+        assert (a.layer, a.head, a.edit) == (b.layer, b.head, b.edit)
+        assert b.first == pytest.approx(a.first, rel=1e-3, abs=1e-6)
+        assert b.curvature == pytest.approx(a.curvature, rel=0.05, abs=1e-6)

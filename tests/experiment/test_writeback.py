@@ -247,3 +247,20 @@ def test_any_edit_on_any_heads_reaches_the_modules(opened_models):
         assert all(torch.equal(after[n][1], before[n][1]) for n in before)
 
     check()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_estimate_runs_through_each_family(folders, family):
+    """--estimate's hooks find each family's attention module and output projection (self_attn.o_proj, GPT-NeoX's
+    attention.dense) and re-run it with every edit written back: finite estimates, and the edit moves the outputs."""
+    import math
+
+    from qkinspect.experiment.estimate import estimate_heads
+
+    hf, layers = opened(folders[family])
+    s = Scorer(hf, windows(hf, default_text(), 64, 32), batch_tokens=64)
+    s.baseline(cache={1})
+    edits = [parse_edit(EDITS[family][0]), parse_edit("ablate")]
+    found = estimate_heads(s, {1: layers[1]}, [0, 1], edits, probes=2)
+    assert [(x.head, x.edit) for x in found] == [(h, str(e)) for h in (0, 1) for e in edits]
+    assert all(math.isfinite(x.estimate) and x.moved > 0 for x in found)

@@ -31,6 +31,9 @@ ReportOut = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE"
                                                 help="The report file, .pdf (.html with --html; written atomically).")]
 HtmlOpt = Annotated[bool, typer.Option("--html", help="Write one self-contained HTML page (figures as inline SVG) "
                                                       "instead of a PDF.")]
+TitleOpt = Annotated[str | None, typer.Option(
+    "--title", metavar="TEXT", help="What the report calls the model: its title, footer and figure titles (the "
+    "cover still gives the model's identity).")]
 LayerFormOpt = Annotated[bool, typer.Option(
     "--layer-form", help="Also measure each layer's summed form Σ_h W_Q W_Kᵀ (costs O(d_model³) per layer).")]
 ExperimentOpt = Annotated[Path | None, typer.Option(
@@ -45,7 +48,7 @@ def register(app: typer.Typer) -> None:
         model: ModelArg = None, output: ReportOut = None, layers: LayersOpt = None, block: BlockOpt = None,
         fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False, layer_form: LayerFormOpt = False,
         precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
-        html: HtmlOpt = False, experiment: ExperimentOpt = None,
+        html: HtmlOpt = False, experiment: ExperimentOpt = None, title: TitleOpt = None,
     ) -> None:
         """Write a PDF report: the model's identity, a one-page summary in plain words, the definitions, every
         figure with a caption and per-layer tables; its text is searchable. --html writes the same as one web page.
@@ -67,10 +70,10 @@ def register(app: typer.Typer) -> None:
         sel = Selection.parse(layers=layers, blocks=block, metrics=list(REPORT_METRICS), precision=precision,
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         if html:
-            write_html_report(model, output, sel, layer_form=layer_form, revision=revision)
+            write_html_report(model, output, sel, layer_form=layer_form, revision=revision, title=title)
             note(f"wrote an HTML report to {output}")
             return
-        n = write_report(model, output, sel, layer_form=layer_form, revision=revision, experiment=runs)
+        n = write_report(model, output, sel, layer_form=layer_form, revision=revision, experiment=runs, title=title)
         note(f"wrote {pages(n)} report to {output}")
 
 
@@ -99,7 +102,8 @@ def read_runs(path: Path | None, *, html: bool = False, sweep: bool = False) -> 
 
 
 def write_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
-                 revision: str | None = None, experiment: tuple[dict, Path] | None = None) -> int:
+                 revision: str | None = None, experiment: tuple[dict, Path] | None = None,
+                 title: str | None = None) -> int:
     """Analyse `model` and write the PDF report atomically to `output`; returns the number of pages. `experiment`
     (read_runs) adds the experiment section; InputError when it was run on another model.
 
@@ -118,7 +122,7 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
 
         check_same_model(experiment[0], model_dict(result.model), experiment[1])
     pages: list[int] = []
-    atomic_write_file(output, lambda tmp: pages.append(write_pdf(result, tmp, experiment=experiment)))
+    atomic_write_file(output, lambda tmp: pages.append(write_pdf(result, tmp, experiment=experiment, title=title)))
     return pages[0]
 
 
@@ -143,13 +147,13 @@ def write_sweep_report(folder: Path, output: Path, *, html: bool = False) -> int
 
 
 def write_html_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
-                      revision: str | None = None) -> None:
+                      revision: str | None = None, title: str | None = None) -> None:
     """Analyse `model` and write the HTML report atomically to `output`."""
     from qkinspect.cli.run import run_analysis
     from qkinspect.report.html import render_html
 
     result = run_analysis(model, selection, revision=revision, layer_form=layer_form)
-    page = render_html(result)
+    page = render_html(result, title=title)
     atomic_write(output, lambda f: f.write(page))
 
 

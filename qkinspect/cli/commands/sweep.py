@@ -32,6 +32,7 @@ from qkinspect.cli.options import (
 from qkinspect.cli.output import Document, check_output, emit, envelope, note, warn
 from qkinspect.errors import InputError, SweepFailed
 from qkinspect.files import atomic_write_file, check_writable
+from qkinspect.limits import check_threads, check_workers
 
 
 class SweepFormat(str, Enum):
@@ -56,9 +57,10 @@ SchedulerOpt = Annotated[str | None, typer.Option(
          "cluster on this machine.")]
 WorkersOpt = Annotated[int | None, typer.Option(
     "--workers", metavar="N", help="Local cluster: worker processes (default: one per core, at most one per "
-                                   "checkpoint to do).")]
+                                   "checkpoint to do; at most 4 per core).")]
 ThreadsOpt = Annotated[int | None, typer.Option(
-    "--threads", metavar="N", help="torch threads per checkpoint (default: the cores shared among the workers).")]
+    "--threads", metavar="N",
+    help="torch threads per checkpoint (default: the cores shared among the workers; at most 1024).")]
 SweepFormatOpt = Annotated[SweepFormat | None, typer.Option(
     "--format", "-f", show_default=False,
     help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
@@ -89,6 +91,8 @@ def register(app: typer.Typer) -> None:
         if importlib.util.find_spec("distributed") is None:
             raise InputError("sweep needs Dask distributed: pip install 'qkinspect[sweep]'")
         name = check_sweep_output(fmt, output)
+        check_threads(threads)
+        check_workers(workers)
         sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         checkpoints = discover(specs, [r.strip() for r in revisions.split(",")] if revisions else None)

@@ -1,0 +1,331 @@
+"""Healing: fine-tune an edited model with the edit kept, beside an unedited control fine-tuned the same way
+(docs/training.md, "Healing").
+
+For each run (unit x edit) of an experiment: a float32 copy of the model gets the edit written into its layers
+and kept as a parametrisation (qkinspect.experiment.heal_form), then trains `steps` optimizer steps (AdamW) on
+windows of training text that share no token with the scored windows; the control, an unedited copy with the same
+parameters trainable, trains on the same batches in the same order from the same seed. Both are scored on the
+experiment's scored windows; the healed cost of the edit is loss(edited, healed) - loss(control, healed), paired
+token by token, with its standard error from the spread between windows (tokens within a window are not
+independent). The share of the unhealed cost that healing recovered is 1 - healed cost / unhealed cost.
+
+What trains: "attention" (default), the q/k/v/o projections of every layer (with an edit's form in the edited
+layers); "all", every parameter. The copies are the model's own classes; the user's model is never trained.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from qkinspect.errors import InputError
+from qkinspect.experiment.edits import Edit, apply_edit
+from qkinspect.experiment.heal_form import EditForm, canonical_from, module_maps, parametrise
+from qkinspect.experiment.hf import CAUSAL, MASKED, HFModel, write_layer
+from qkinspect.experiment.measure import Scorer, Text, windows
+
+TRAIN = ("attention", "all")
+TRAINED = {"attention": "the q/k/v/o projections of every layer (the edit's form in the edited layers)",
+           "all": "every parameter"}
+
+
+@dataclass(frozen=True)
+class HealOptions:
+    """How to heal: `steps` AdamW steps at `lr` (constant, no weight decay) on batches of about `batch_tokens`
+    tokens of `text` (None: the scored text after the scored tokens), training `train` ("attention" or "all").
+    `track`: a folder for the metric trajectories during healing (one sweep folder per run), measured every
+    `track_every` steps."""
+
+    steps: int
+    train: str = "attention"
+    lr: float = 1e-4
+    text: Text | None = None
+    batch_tokens: int = 1024
+    track: Path | None = None
+    track_every: int = 10
+    seed: int = 0
+
+    def check(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise InputError(f"--heal {self.steps!r}: the number of fine-tuning steps must be at least 1")
+        if self.train not in TRAIN:
+            raise InputError(f"--heal-train {self.train!r}: expected one of {', '.join(TRAIN)}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise InputError(f"--heal-lr {self.lr!r}: the learning rate must be a positive number")
+        if self.batch_tokens < 2 or self.track_every < 1:
+            raise InputError("--heal-batch-tokens must be at least 2 and the tracking interval at least 1")
+
+
+@dataclass(frozen=True)
+class HealedRun:
+    """One edit on one unit after healing, against the healed control."""
+
+    edit: str
+    scope: str
+    layer: int | None
+    head: int | None
+    heads: int
+    loss: float  # the edited model after healing, on the scored windows
+    control_loss: float  # the control after healing, on the same windows
+    diff: float  # loss - control_loss: the edit's cost after healing
+    se: float | None  # standard error of diff (paired by token, spread between windows); None with one window
+    unhealed: float | None  # the edit's Δloss before healing (the exact run), for comparison
+    recovered: float | None  # 1 - diff / unhealed: the share of the cost healing won back (control subtracted)
+    violation: float  # the largest departure from the edit's set seen at any step (0 up to float rounding)
+    train_loss: tuple[float, ...]  # training loss per step
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Healing:
+    """The control and every healed run, and how they were trained."""
+
+    steps: int
+    train: str
+    trained: str  # what `train` means, in words
+    trained_parameters: int  # parameters the control trained
+    parameters: int  # the model's parameters
+    lr: float
+    text: str
+    train_tokens: int  # distinct training tokens (windows x window)
+    batch_windows: int
+    epochs: float  # how many times the training windows were gone through
+    control_loss: float
+    control_gain: float  # control_loss - baseline (negative: fine-tuning alone lowered the loss)
+    control_train_loss: tuple[float, ...]
+    runs: tuple[HealedRun, ...]
+    seconds: float
+    tracks: dict[str, str] = field(default_factory=dict)  # run name -> its sweep folder
+    notes: tuple[str, ...] = ()
+
+
+Unit = list[tuple[int, list[int]]]
+
+
+def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: int, units: Sequence[Unit],
+              edits: Sequence[Edit], scope: str, rotary: str, exact: dict[tuple, float], baseline: float,
+              opts: HealOptions, progress: Callable[[int, int], None] | None = None) -> Healing:
+    """Heal every (unit, edit) and the control; `exact` maps (edit, layer, head) to the unhealed Δloss."""
+    opts.check()
+    if hf.kind not in (CAUSAL, MASKED):
+        raise InputError("--heal trains on the model's own loss: it needs a causal or masked LM head (this model is "
+                         "measured by drift)")
+    if rotary != "gauge":
+        raise InputError("--heal keeps edits in the rotary gauge; use --rotary gauge")
+    t0 = time.perf_counter()
+    batches, n_train, per = _train_batches(hf, source, tokens, window, opts)
+    notes: list[str] = []
+    tracks: dict[str, str] = {}
+    total = 1 + len(units) * len(edits)
+    control = _Healer(hf, {}, opts, batches, rotary)
+    control.train(_tracker(opts, "control", control, tracks, notes))
+    c_sums, c_counts = window_losses(control.model, hf.kind, scorer.inputs)
+    control_loss = float(c_sums.sum() / c_counts.sum())
+    done = 1
+    if progress is not None:
+        progress(done, total)
+    runs = []
+    for unit in units:
+        for edit in edits:
+            t1 = time.perf_counter()
+            healer = _Healer(hf, {i: (edit, hs) for i, hs in unit}, opts, batches, rotary)
+            name = _run_name(edit, unit, scope)
+            healer.train(_tracker(opts, name, healer, tracks, notes))
+            sums, counts = window_losses(healer.model, hf.kind, scorer.inputs)
+            del healer.model
+            loss = float(sums.sum() / counts.sum())
+            diff, se = paired_difference(sums, c_sums, counts)
+            layer = unit[0][0] if scope != "model" else None
+            head = unit[0][1][0] if scope == "head" else None
+            unhealed = exact.get((str(edit), layer, head))
+            runs.append(HealedRun(
+                edit=str(edit), scope=scope, layer=layer, head=head, heads=sum(len(hs) for _, hs in unit),
+                loss=loss, control_loss=control_loss, diff=diff, se=se, unhealed=unhealed,
+                recovered=1 - diff / unhealed if unhealed else None, violation=healer.violation,
+                train_loss=tuple(healer.losses), seconds=time.perf_counter() - t1))
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    return Healing(
+        steps=opts.steps, train=opts.train, trained=TRAINED[opts.train], trained_parameters=control.n_trained,
+        parameters=control.n_params, lr=float(opts.lr), text=(opts.text or source).name, train_tokens=n_train,
+        batch_windows=per, epochs=opts.steps * per * window / max(n_train, 1), control_loss=control_loss,
+        control_gain=control_loss - baseline, control_train_loss=tuple(control.losses), runs=tuple(runs),
+        seconds=time.perf_counter() - t0, tracks=tracks, notes=tuple(dict.fromkeys(notes)))
+
+
+def _run_name(edit: Edit, unit: Unit, scope: str) -> str:
+    if scope == "model":
+        return f"{edit}-model".replace(":", "")
+    layer = unit[0][0]
+    return (f"{edit}-L{layer}" + (f"-H{unit[0][1][0]}" if scope == "head" else "")).replace(":", "")
+
+
+# -- training text -------------------------------------------------------------------------------------------
+
+
+def _train_batches(hf: HFModel, source: Text, tokens: int, window: int, opts: HealOptions
+                   ) -> tuple[list[dict[str, Tensor]], int, int]:
+    """The training batches (model inputs, masked-LM labels drawn once), the distinct training tokens, and the
+    windows per batch. Windows are shuffled once with the seed and gone through in that order, again if the
+    steps need more."""
+    per = max(1, opts.batch_tokens // window)
+    need = opts.steps * per
+    text = opts.text if opts.text is not None and opts.text.text != source.text else None
+    if text is None:  # the scored text after its scored windows: the first rows `windows` cuts are those scored
+        scored = windows(hf, source, tokens, window).shape[0]
+        rows = windows(hf, source, tokens + need * window, window)[scored:]
+        what = f"{source.name} after the {tokens} scored tokens"
+    else:
+        rows = windows(hf, text, need * window, window)
+        what = text.name
+    if rows.shape[0] == 0:
+        raise InputError(f"--heal: {what} leaves no tokens to train on (give --heal-text)")
+    if rows.shape[1] != window:
+        raise InputError(f"--heal: {what} is shorter than one window of {window} tokens")
+    g = torch.Generator().manual_seed(opts.seed)
+    rows = rows[torch.randperm(rows.shape[0], generator=g)]
+    trainer = Scorer(hf, rows, batch_tokens=per * window, seed=opts.seed + 1)  # its batches, masks drawn once
+    return trainer.inputs, int(rows.numel()), per
+
+
+# -- one healed model ------------------------------------------------------------------------------------------
+
+
+class _Healer:
+    """A float32 copy of the model with `edits` ({layer: (edit, heads)}) kept as parametrisations, trained."""
+
+    def __init__(self, hf: HFModel, edits: dict[int, tuple[Edit, list[int]]], opts: HealOptions,
+                 batches: list[dict[str, Tensor]], rotary: str):
+        from qkinspect.loading import open_model
+
+        self.opts, self.batches, self.kind = opts, batches, hf.kind
+        self.model = copy.deepcopy(hf.model).float()
+        self.hf = HFModel(self.model, hf.family, hf.kind, hf.tokenizer)
+        with open_model(self.model) as m:
+            key = m.info.blocks[0].key
+            layers = [m.layer(key, i) for i in range(m.info.blocks[0].n_layers)]
+        trained: list[nn.Parameter] = []
+        self.forms: dict[int, tuple[EditForm, dict[str, Tensor]]] = {}
+        for i, layer in enumerate(layers):
+            block = self.hf.layers[i]
+            if i in edits:
+                edit, heads = edits[i]
+                edited = apply_edit(layer, edit, heads, rotary=rotary).layer
+                maps = module_maps(self.hf, edited)
+                write_layer(self.hf, edited)
+                form = EditForm(edited, edit, heads)
+                trained += parametrise(block, maps, form)
+                self.forms[i] = (form, maps)
+            else:
+                before = {id(p) for p in block.parameters()}
+                write_layer(self.hf, layer)  # the same values, in modules of their own: the projections to train
+                trained += [p for p in block.parameters() if id(p) not in before]
+        del layers
+        if opts.train == "attention":
+            for p in self.model.parameters():
+                p.requires_grad_(False)
+            for p in trained:
+                p.requires_grad_(True)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.n_trained = sum(p.numel() for p in self.params)
+        self.n_params = sum(p.numel() for p in hf.model.parameters())
+        self.losses: list[float] = []
+        self.violation = self._violation()
+
+    def _violation(self) -> float:
+        v = 0.0
+        with torch.no_grad():
+            for i, (form, maps) in self.forms.items():
+                v = max(v, form.violation(canonical_from(self.hf.layers[i], maps, form)))
+        return v
+
+    def train(self, on_step: Callable[[nn.Module, int], None] | None = None) -> None:
+        opt = torch.optim.AdamW(self.params, lr=self.opts.lr, weight_decay=0.0)
+        self.model.train()
+        if on_step is not None:
+            on_step(self.model, 0)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.opts.seed)  # dropout draws the same masks in the control and the edited run
+            for k in range(self.opts.steps):
+                inputs = self.batches[k % len(self.batches)]
+                out = self.model(**_with_labels(inputs, self.kind))
+                out.loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                self.losses.append(float(out.loss.detach()))
+                self.violation = max(self.violation, self._violation())
+                if on_step is not None:
+                    on_step(self.model, k + 1)
+        self.model.eval()
+
+
+def _with_labels(inputs: dict[str, Tensor], kind: str) -> dict[str, Tensor]:
+    return {**inputs, "labels": inputs["input_ids"]} if kind == CAUSAL else inputs
+
+
+def _tracker(opts: HealOptions, name: str, healer: _Healer, tracks: dict[str, str], notes: list[str]):
+    """A step hook writing the run's metric trajectory (qkinspect.callback.Tracker), or None."""
+    if opts.track is None:
+        return None
+    from qkinspect.callback import Tracker
+
+    layers = sorted(healer.forms) or None
+    tracker = Tracker(Path(opts.track) / name, layers=layers, name=name)
+    failed: list[bool] = []
+
+    def on_step(model: nn.Module, step: int) -> None:
+        if failed or (step % opts.track_every and step != opts.steps):
+            return
+        try:
+            tracker.measure(model, step)
+            tracks[name] = str(tracker.folder)
+        except InputError as e:  # e.g. K/V heads expanded by the edit: the config no longer describes the layer
+            failed.append(True)
+            notes.append(f"trajectory of {name} not measured: {e}")
+
+    return on_step
+
+
+# -- scoring -------------------------------------------------------------------------------------------------
+
+
+def window_losses(model: nn.Module, kind: str, batches: list[dict[str, Tensor]]) -> tuple[Tensor, Tensor]:
+    """Per scored window, the summed loss and the number of scored tokens (float64), over `batches` (a Scorer's
+    inputs): next-token cross-entropy (causal) or masked-LM cross-entropy (masked)."""
+    sums, counts = [], []
+    model.eval()
+    with torch.inference_mode():
+        for inputs in batches:
+            out = model(**{k: v for k, v in inputs.items() if k != "labels"})
+            logits = out.logits.float()
+            if kind == CAUSAL:
+                pred, target = logits[:, :-1], inputs["input_ids"][:, 1:]  # position t predicts token t+1
+            else:
+                pred, target = logits, inputs["labels"]
+            ce = F.cross_entropy(pred.transpose(1, 2), target, reduction="none", ignore_index=-100)  # (B, T)
+            sums.append(ce.double().sum(-1))
+            counts.append((target != -100).sum(-1).double())
+    return torch.cat(sums), torch.cat(counts)
+
+
+def paired_difference(a: Tensor, b: Tensor, counts: Tensor) -> tuple[float, float | None]:
+    """Mean per-token difference of two models' losses on the same tokens (window sums `a`, `b`), and its standard
+    error treating windows as the independent units (a ratio estimator: Σd / Σn, its residuals d_w - mean n_w)."""
+    d = a - b
+    n = counts.sum()
+    mean = d.sum() / n
+    W = len(d)
+    if W < 2:
+        return float(mean), None
+    resid = d - mean * counts
+    se = torch.sqrt(W / (W - 1) * resid.square().sum()) / n
+    return float(mean), float(se)

@@ -1,0 +1,186 @@
+"""Healing: the edit stays exactly in its set at every step, the control and the edited run see the same batches,
+which share no token with the scored text, and the paired difference has the right standard error."""
+
+from __future__ import annotations
+
+import random
+import string
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qkinspect.errors import InputError
+from qkinspect.experiment import heal as heal_mod
+from qkinspect.experiment.heal import HealOptions, paired_difference
+from qkinspect.experiment.measure import Text
+from qkinspect.experiment.run import run_experiment
+from tests.experiment import tiny_models
+
+
+def _text(n=6000, seed=0) -> Text:
+    rnd = random.Random(seed)
+    words = ["".join(rnd.choices(string.ascii_lowercase, k=rnd.randint(2, 7))) for _ in range(n // 5)]
+    return Text("random words", " ".join(words))
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("heal")
+    return {f: getattr(tiny_models, f)(root / f) for f in ("llama", "gpt2", "bert")}
+
+
+def _qk_heads(model, family, layer):
+    """(W_Q, W_K) per query head (H, D, d) read straight from the family's modules (not through qkinspect)."""
+    if family == "llama":
+        a = model.model.layers[layer].self_attn
+        H, d = model.config.num_attention_heads, model.config.head_dim
+        q, k = a.q_proj.weight, a.k_proj.weight
+        Wq = q.detach().view(H, d, -1)
+        Wk = k.detach().view(-1, d, q.shape[1])
+        if Wk.shape[0] != H:  # not expanded: head h reads KV head h // group
+            Wk = Wk[torch.arange(H) // (H // Wk.shape[0])]
+        return Wq.mT, Wk.mT
+    if family == "gpt2":
+        c = model.transformer.h[layer].attn.c_attn.weight.detach()  # (D, 3D) [in, out]: [q | k | v]
+        D, H = c.shape[0], model.config.n_head
+        q, k = c[:, :D], c[:, D:2 * D]
+        return q.view(D, H, -1).permute(1, 0, 2), k.view(D, H, -1).permute(1, 0, 2)
+    s = model.bert.encoder.layer[layer].attention.self
+    H = model.config.num_attention_heads
+    return (s.query.weight.detach().view(H, -1, s.query.weight.shape[1]).mT,
+            s.key.weight.detach().view(H, -1, s.key.weight.shape[1]).mT)
+
+
+CASES = [("llama", "share_qk"), ("llama", "symmetric"), ("llama", "rank:3"), ("llama", "tie_k"),
+         ("gpt2", "share_qk"), ("gpt2", "rank:2"), ("bert", "symmetric"), ("bert", "tie_q")]
+
+
+@pytest.mark.parametrize(("family", "edit"), CASES)
+def test_the_edit_holds_exactly_at_every_step(folders, family, edit, monkeypatch):
+    seen = []  # (step, W_Q, W_K) of the edited layer as the modules hold them, at every step of the edited run
+    original_train = heal_mod._Healer.train
+
+    def train(self, on_step=None):
+        def hook(model, step):
+            if self.forms:
+                seen.append((step, *_qk_heads(model, family, 1)))
+            if on_step is not None:
+                on_step(model, step)
+
+        return original_train(self, hook)
+
+    monkeypatch.setattr(heal_mod._Healer, "train", train)
+    opts = HealOptions(steps=4, lr=3e-2, batch_tokens=64, text=_text())
+    r = run_experiment(str(folders[family]), edit, scope="layer", layers=[1], heads=[0, 2], tokens=96, window=32,
+                       reference=False, heal=opts)
+    run = r.healing.runs[0]
+    assert run.violation < 1e-6
+    assert [s for s, *_ in seen] == [0, 1, 2, 3, 4]
+    first_q = seen[0][1]
+    for step, Wq, Wk in seen:
+        for h in (0, 2):
+            q, k = Wq[h].double(), Wk[h].double()
+            scale = q.abs().max()
+            if edit in ("share_qk", "tie_k", "tie_q"):
+                assert torch.equal(q, k), (step, h)
+            elif edit == "symmetric":
+                M = q @ k.T
+                assert (M - M.T).abs().max() <= 1e-5 * M.abs().max(), (step, h)
+            else:  # rank:K: W_Q W_Kᵀ has rank <= K (its rotary blocks included)
+                K = int(edit.split(":")[1])
+                S = torch.linalg.svdvals(q @ k.T)
+                assert S[K:].max() <= 1e-5 * S[0], (step, h, S)
+            assert scale > 0
+        unedited = [h for h in range(Wq.shape[0]) if h not in (0, 2)]
+        assert not torch.equal(Wq[unedited], Wk[unedited])  # the other heads stay free
+    assert not torch.equal(seen[-1][1], first_q)  # healing did train the edited heads
+
+
+def test_control_and_edited_see_the_same_batches_unlike_the_scored_ones(folders, monkeypatch):
+    calls = []
+    real = heal_mod._with_labels
+
+    def spy(inputs, kind):
+        calls.append(inputs["input_ids"].clone())
+        return real(inputs, kind)
+
+    monkeypatch.setattr(heal_mod, "_with_labels", spy)
+    r = run_experiment(str(folders["llama"]), "share_qk,tie_k", scope="head", layers=[2], heads=[1], tokens=96,
+                       window=32, text=_text(), heal=HealOptions(steps=3, lr=1e-2, batch_tokens=64))
+    h = r.healing
+    assert len(h.runs) == 3 and len(calls) == 4 * 3  # control, share_qk, tie_k, ablate: 3 steps each
+    runs = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other, strict=True))
+    assert not torch.equal(runs[0][0], runs[0][1])  # the steps do move through the text
+    # no training window repeats a scored token position: the scored windows are the text's first 96 tokens
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folders["llama"])
+    ids = tok(_text().text, add_special_tokens=False)["input_ids"]
+    scored = torch.tensor(ids[:96]).view(3, 32)
+    for batch in runs[0]:
+        for row in batch:
+            start = next(i for i in range(len(ids) - 31) if ids[i:i + 32] == row.tolist())
+            assert start >= 96
+    assert all(x.control_loss == h.control_loss for x in h.runs)
+    del scored
+
+
+def test_results_and_options(folders, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folders["llama"])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    r = run_experiment(model, "share_qk", scope="model", layers=[0, 1], tokens=96, window=32, text=_text(),
+                       tokenizer=AutoTokenizer.from_pretrained(folders["llama"]),
+                       heal=HealOptions(steps=2, lr=1e-2, batch_tokens=64, train="all"))
+    h = r.healing
+    assert h.trained_parameters == h.parameters and h.train == "all"
+    assert h.control_gain == pytest.approx(h.control_loss - r.baseline)
+    run = next(x for x in h.runs if x.edit == "share_qk")
+    assert run.diff == pytest.approx(run.loss - run.control_loss, rel=1e-9, abs=1e-12)
+    exact = next(x for x in r.runs if x.edit == "share_qk")
+    assert run.unhealed == exact.dloss and run.recovered == pytest.approx(1 - run.diff / exact.dloss)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())  # the user's model untouched
+    with pytest.raises(InputError, match="--heal-train"):
+        run_experiment(model, "share_qk", heal=HealOptions(steps=1, train="mlp"))
+    with pytest.raises(InputError, match="--heal 0"):
+        run_experiment(model, "share_qk", heal=HealOptions(steps=0))
+    with pytest.raises(InputError, match="rotary gauge"):
+        run_experiment(str(folders["llama"]), "share_qk", layers=[0], heads=[0], tokens=64, window=32,
+                       rotary="offset0", heal=1)
+
+
+def test_healed_losses_are_the_scorer_losses(folders):
+    """window_losses of an unedited, untrained model give the experiment's own baseline."""
+    from qkinspect.experiment.hf import load_hf
+    from qkinspect.experiment.measure import Scorer, windows
+    from qkinspect.loading import open_model
+
+    for family in ("llama", "bert"):
+        with open_model(str(folders[family])) as m:
+            hf = load_hf(m.resolved)
+        s = Scorer(hf, windows(hf, _text(), 96, 32))
+        sums, counts = heal_mod.window_losses(hf.model, hf.kind, s.inputs)
+        assert float(sums.sum() / counts.sum()) == pytest.approx(s.baseline(), rel=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 10), st.floats(0, 10), st.integers(1, 50)), min_size=2, max_size=12))
+def test_paired_difference_against_a_dense_reference(rows):
+    a = torch.tensor([r[0] * r[2] for r in rows], dtype=torch.float64)
+    b = torch.tensor([r[1] * r[2] for r in rows], dtype=torch.float64)
+    n = torch.tensor([r[2] for r in rows], dtype=torch.float64)
+    mean, se = paired_difference(a, b, n)
+    # reference: the ratio estimator's linearised variance, written out term by term
+    W = len(rows)
+    m = sum(float(a[i] - b[i]) for i in range(W)) / float(n.sum())
+    var = W / (W - 1) * sum((float(a[i] - b[i]) - m * float(n[i])) ** 2 for i in range(W)) / float(n.sum()) ** 2
+    assert mean == pytest.approx(m, rel=1e-9, abs=1e-12)
+    assert se == pytest.approx(var ** 0.5, rel=1e-9, abs=1e-12)
+    neg, se2 = paired_difference(b, a, n)
+    assert neg == pytest.approx(-mean, abs=1e-12) and se2 == pytest.approx(se, rel=1e-12, abs=1e-15)
+    assert paired_difference(a[:1], b[:1], n[:1])[1] is None

@@ -1,0 +1,130 @@
+"""The training callback: each step's records equal `analyze` of the checkpoint saved at that step, the summaries
+reach the trainer's loggers, and the folder is a sweep folder that plot and report read."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import qkinspect
+from qkinspect.callback import Tracker, track
+from qkinspect.errors import InputError
+
+
+def _tiny_llama(seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, head_dim=8, intermediate_size=48, vocab_size=30,
+                                        max_position_embeddings=32))
+
+
+def _data(n=8, length=12):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 30, (n, length), generator=g)
+    return [{"input_ids": row, "labels": row} for row in ids]
+
+
+def _rows_equal(a, b) -> bool:
+    return all((x is None and (y is None or math.isnan(y))) or x == y for x, y in zip(a, b, strict=True))
+
+
+@pytest.fixture
+def trained(tmp_path):
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from qkinspect.callback import QKCallback
+
+    class Recorder(TrainerCallback):  # stands for TensorBoard / W&B: what the trainer's loggers receive
+        def __init__(self):
+            self.logs = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.logs.append((state.global_step, dict(logs)))
+
+    recorder = Recorder()
+    args = TrainingArguments(output_dir=str(tmp_path / "ckpt"), max_steps=4, save_steps=2, save_strategy="steps",
+                             per_device_train_batch_size=2, learning_rate=5e-2, report_to=[], use_cpu=True,
+                             logging_steps=100, disable_tqdm=True, seed=0)
+    trainer = Trainer(model=_tiny_llama(), args=args, train_dataset=_data(), callbacks=[recorder])
+    cb = QKCallback.attach(trainer, tmp_path / "qk", every=2, metrics=["symmetry", "overlap_qk"])
+    trainer.train()
+    return tmp_path, cb, recorder
+
+
+def test_callback_records_equal_analyze_of_the_saved_checkpoints(trained):
+    from qkinspect.sweep import read_sweep
+
+    tmp_path, cb, recorder = trained
+    sweep = read_sweep(tmp_path / "qk")
+    assert [c.step for c in sweep.checkpoints] == [0, 2, 4]
+    assert {c.step_source for c in sweep.checkpoints} == {"training"}
+    rows = sweep.rows()
+    for step in (2, 4):
+        want = qkinspect.analyze(tmp_path / "ckpt" / f"checkpoint-{step}", metrics=["symmetry", "overlap_qk"])
+        got = [r for r in rows if r["step"] == step]
+        assert len(got) == len(want.heads) == 8
+        for r, h in zip(got, want.heads, strict=True):
+            assert (r["layer"], r["head"]) == (h.layer, h.head)
+            assert _rows_equal([r["symmetry"], r["overlap_qk"]], [h.values["symmetry"], h.values["overlap_qk"]])
+    first = [r["symmetry"] for r in rows if r["step"] == 0]
+    assert first != [r["symmetry"] for r in rows if r["step"] == 4]  # training moved the weights
+    # the summaries went through trainer.log, so every logger the trainer has received them
+    logged = {step: logs for step, logs in recorder.logs if "qkinspect/seconds" in logs}
+    assert sorted(logged) == [0, 2, 4]
+    want2 = qkinspect.analyze(tmp_path / "ckpt" / "checkpoint-2", metrics=["symmetry"])
+    layer0 = sorted(h.values["symmetry"] for h in want2.heads if h.layer == 0)
+    assert logged[2]["qkinspect/symmetry/decoder_layer_0"] == pytest.approx((layer0[1] + layer0[2]) / 2, rel=1e-6)
+    state = json.loads((tmp_path / "ckpt" / "checkpoint-4" / "trainer_state.json").read_text())
+    assert any("qkinspect/symmetry/decoder_layer_1" in e for e in state["log_history"])
+
+
+def test_plot_and_report_read_the_run_folder(trained, tmp_path):
+    from typer.testing import CliRunner
+
+    from qkinspect.cli.app import app
+
+    run = trained[0] / "qk"
+    r = CliRunner().invoke(app, ["plot", str(run), "--kind", "trajectory", "-o", str(tmp_path / "t.png")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "t.png").stat().st_size > 10_000
+    r = CliRunner().invoke(app, ["report", str(run), "-o", str(tmp_path / "r.pdf")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "r.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_track_in_a_hand_written_loop(tmp_path):
+    """track() for a loop without Trainer: a live folder after every call, continued across calls."""
+    from qkinspect.sweep import read_sweep
+
+    model = _tiny_llama()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    for step, batch in enumerate(_data(4), start=1):
+        model(input_ids=batch["input_ids"][None], labels=batch["labels"][None]).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        logs = track(model, step, tmp_path / "run", layers=[1], heads=[0, 1], metrics=["symmetry"])
+        seen.append(logs)
+        assert [c.step for c in read_sweep(tmp_path / "run").checkpoints] == list(range(1, step + 1))
+    assert set(seen[0]) == {"qkinspect/symmetry/decoder_layer_1", "qkinspect/seconds"}
+    final = qkinspect.analyze(model, layers=[1], heads=[0, 1], metrics=["symmetry"])
+    rows = [r for r in read_sweep(tmp_path / "run").rows() if r["step"] == 4]
+    assert [r["symmetry"] for r in rows] == [h.values["symmetry"] for h in final.heads]
+    with pytest.raises(InputError, match="other options"):
+        Tracker(tmp_path / "run", metrics=["overlap_qk"])
+    with pytest.raises(InputError, match="step="):
+        track(model, -1, tmp_path / "run", layers=[1], heads=[0, 1], metrics=["symmetry"])
+
+
+def test_import_stays_light():
+    import subprocess
+    import sys
+
+    code = "import sys, qkinspect.callback; print('transformers' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
