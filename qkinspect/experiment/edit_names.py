@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qkinspect.errors import InputError
+from qkinspect.suggest import did_you_mean
 
 EDITS = ("share_qk", "tie_q", "tie_k", "symmetric", "rank", "share_qkv", "ablate")
 
@@ -29,7 +30,8 @@ def parse_edit(text: str) -> Edit:
     """`"rank:8"` -> Edit("rank", 8); raises EditError on anything else than the names in EDITS."""
     name, sep, arg = text.strip().partition(":")
     if name not in EDITS:
-        raise EditError(f"unknown edit {text!r}; expected one of {', '.join(EDITS)} (rank as rank:K)")
+        hint = did_you_mean(name, EDITS)
+        raise EditError(f"unknown edit {text!r}{hint}; expected one of {', '.join(EDITS)} (rank as rank:K)")
     if name == "rank":
         if not sep or not arg.isdigit():
             raise EditError(f"edit {text!r}: rank takes a whole number of dimensions, e.g. rank:8")
