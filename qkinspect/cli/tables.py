@@ -312,4 +312,18 @@ def render_analysis(console, result, *, columns: Sequence[str], by: str = "head"
     print_lines(console, [*baselines, legend(shown, marked)])
     if by == "head":
         gauge_note(console, shown)
-    print_lines(console, notes)
+    counted = [*shown, *(empty_columns(result.heads, columns) if by == "head" else [])]  # empty: noted above
+    scalar = {k for r in [*result.heads, *result.layers] for k, v in r.values.items() if not isinstance(v, list)}
+    tabular = [m for m in result.metric_names if m in scalar]  # not head_overlap's (H, H) matrices: JSON only
+    print_lines(console, [*notes, hidden_hint(tabular, counted, by)])
+
+
+def hidden_hint(computed: Sequence[str], shown: Iterable[str], by: str = "head") -> str:
+    """'11 of 30 computed metrics shown; …' where the table leaves computed metrics out, else ""."""
+    shown = set(shown)
+    hidden = [m for m in computed if m not in shown]
+    if not hidden:
+        return ""
+    where = "--by head --metrics all shows" if by != "head" else "--metrics all shows"
+    n = len(computed)
+    return f"{n - len(hidden)} of {n} computed metrics shown; {where} every one, JSON and CSV keep them all"
