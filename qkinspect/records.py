@@ -84,6 +84,8 @@ class Processing:
     dequantized: str | None = None  # the quantization the weights were dequantized from (ModelInfo.quantization)
     products: str = "float32"  # how the large products were computed: "float32", "float64", "bf16" (bf16 read,
     # float32 accumulated: qkinspect.metrics.backend), or several joined by "+" when layers differed
+    recomputed_float64: int = 0  # heads measured again in float64: their Grams were unresolved in `precision`
+    # (information only: the numbers are the float64 ones, nothing to do)
 
 
 @dataclass
