@@ -351,11 +351,18 @@ class _Run:
             device=self.device, layer_form=any(n in self.names for n in LAYER_FORM),
             blocks=None if blocks is None else tuple([blocks] if isinstance(blocks, str) else blocks),
             layers=layers, heads=self.heads, metrics=self.names, dequantized=info.quantization,
-            products="+".join(sorted(self.routes)) or self.precision, recomputed_float64=self.recomputed)
+            products="+".join(sorted(self.routes)) or self.precision, recomputed_float64=self.recomputed,
+            qk_norm_not_folded=() if self.fold_qk_norm else _qk_norm_blocks(info, self.head_records))
         return AnalysisResult(model=info, processing=processing, heads=self.head_records, layers=self.layer_records,
                               baselines=self.baselines, spectra=self.spectra_out,
                               warnings=list(dict.fromkeys(self.warnings + self._numerics_warning())),
                               metric_names=[n for n in self.names if n in present])
+
+
+def _qk_norm_blocks(info: ModelInfo, heads: list[HeadRecord]) -> tuple[str, ...]:
+    """The measured blocks that have q/k norms (their gains not folded in, when the caller asks)."""
+    measured = {h.block for h in heads}
+    return tuple(b.key for b in info.blocks if b.qk_norm and b.key in measured)
 
 
 @dataclass

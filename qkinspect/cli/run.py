@@ -48,6 +48,10 @@ def _analyze_opened(m, selection: Selection, options: dict[str, Any]):
 
         p = result.processing
         note(recompute_note(p.recomputed_float64, len(result.heads), p.precision))
+    if result.processing.qk_norm_not_folded:
+        from qkinspect.cli.tables import qk_norm_line
+
+        note(qk_norm_line(result.processing.qk_norm_not_folded))
     if not result.heads:
         raise InputError(f"{m.info.name}: the selection ({selection.describe()}) matched no heads of this model")
     return result

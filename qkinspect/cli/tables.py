@@ -269,6 +269,13 @@ def model_line(info, processing=None) -> str:
     return line
 
 
+def qk_norm_line(blocks: Sequence[str]) -> str:
+    """What a raw measurement of blocks with q/k norms is not, and how to get what attention computes."""
+    which = f"{', '.join(blocks)} block{'s' if len(blocks) > 1 else ''}"
+    return (f"q/k norm not folded ({which}): this is the raw W_Q W_Kᵀ as stored, not what attention computes; "
+            "--fold-qk-norm measures W_Q diag(γ_q γ_k) W_Kᵀ")
+
+
 def gauge_note(console, columns: Iterable[str]) -> None:
     """The footnote for columns marked '*' by `head_table`."""
     marked = basis_dependent(c.removeprefix("delta_") for c in columns)
@@ -290,6 +297,9 @@ def render_analysis(console, result, *, columns: Sequence[str], by: str = "head"
     console.print(model_line(result.model, result.processing), markup=False, highlight=False)
     if any(b.positional == "rope" for b in result.model.blocks):
         console.print("rotary positions: the metrics describe the form at offset 0", style="dim")
+    unfolded = getattr(result.processing, "qk_norm_not_folded", ())
+    if unfolded:
+        console.print(qk_norm_line(unfolded), style="bold yellow", markup=False, highlight=False)
     width = console.width
     shown: list[str] = []
     notes = list(notes)
