@@ -59,13 +59,13 @@ def short_name(metric: str) -> str:
 def default_columns(result, requested: Sequence[str] | None = None, sort: str | None = None) -> list[str]:
     """The metric columns to show: the requested ones, else the defaults that were computed; plus the sort key."""
     have = list(result.metric_names) or sorted({k for h in result.heads for k in h.values})
-    cols = [m for m in (_head_metrics(requested) if requested else DEFAULT_COLUMNS) if m in have] or have[:8]
+    cols = [m for m in (requested_head_metrics(requested) if requested else DEFAULT_COLUMNS) if m in have] or have[:8]
     if sort and sort in have and sort not in cols:
         cols.append(sort)
     return cols
 
 
-def _head_metrics(requested: Sequence[str]) -> list[str]:
+def requested_head_metrics(requested: Sequence[str]) -> list[str]:
     """Requested metric and group names ("symmetry,eigen") as the per-head metrics they stand for, in the order
     given; a name the registry does not know is kept as it is (it simply matches no column)."""
     from qkinspect.errors import InputError
@@ -337,3 +337,34 @@ def hidden_hint(computed: Sequence[str], shown: Iterable[str], by: str = "head")
     where = "--by head --metrics all shows" if by != "head" else "--metrics all shows"
     n = len(computed)
     return f"{n - len(hidden)} of {n} computed metrics shown; {where} every one, JSON and CSV keep them all"
+
+
+def sweep_tables(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, by: str = "head",
+                 width: int = 80) -> tuple[list, list[str]]:
+    """A sweep's tidy rows (a dict per checkpoint, step, block, layer and head, or per layer with by="layer") as
+    tables like `analyze`'s: the same label and value columns, a rule between checkpoints, metric columns that do not
+    fit in further tables. Checkpoint names wider than a quarter of `width` are numbered, the numbers spelt out in
+    the returned lines (with the legend of short headers)."""
+    names = list(dict.fromkeys(r["checkpoint"] for r in rows))
+    numbered = max(map(len, names), default=0) > width // 4
+    ids = {n: str(i + 1) for i, n in enumerate(names)}
+    labels = [Column("ckpt" if numbered else "checkpoint", [ids[r["checkpoint"]] if numbered else r["checkpoint"]
+                                                           for r in rows], left=not numbered),
+              Column("step", [str(r["step"]) for r in rows])]
+    if len({r.get("block") for r in rows}) > 1:
+        labels.append(Column("block", [r["block"] for r in rows], left=True))
+    labels.append(Column("layer", [str(r["layer"]) for r in rows]))
+    if by == "head":
+        labels.append(Column("head", [str(r["head"]) for r in rows]))
+        if any(r.get("kv_head") != r["head"] for r in rows):
+            labels.append(Column("kv", [str(r.get("kv_head")) for r in rows]))
+    else:
+        labels.append(Column("heads", [str(r.get("n_heads")) for r in rows]))
+    shown = [c for c in columns if any(fmt_value(r.get(c)) != "-" for r in rows)]
+    marked = set(basis_dependent(shown)) if by == "head" else set()
+    values = [Column(short_name(c) + ("*" if c in marked else ""), [_cell(c, r.get(c)) for r in rows]) for c in shown]
+    sections = [i for i in range(1, len(rows)) if rows[i]["checkpoint"] != rows[i - 1]["checkpoint"]]
+    lines = [legend(shown, marked)]
+    if numbered:
+        lines.append("checkpoints: " + ", ".join(f"{ids[n]}={n}" for n in names))
+    return fit_tables(labels, values, width=width, sections=sections), lines
