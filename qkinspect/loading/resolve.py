@@ -110,17 +110,33 @@ _HUB_CACHE_DIR = re.compile(r"models--(.+)")
 def folder_name(folder: Path) -> str:
     """A model folder's name for titles: the folder's own name (its parent's when it is a generic `model`,
     `weights` …), or `org/name` for a snapshot in the Hugging Face cache (…/models--org--name/snapshots/<commit>).
-    The path itself stays in ModelInfo.source.
+    The path itself stays in ModelInfo.source. The demo model's folder is named as the demo (all-MiniLM-L6-v2),
+    whether it is given by path or not at all.
 
     config.json's `_name_or_path` is not used: it names the checkpoint a model was loaded from before it was
     saved, which for a fine-tune is its base (all-MiniLM-L6-v2's says nreimers/MiniLM-L6-H384-uncased).
     """
     folder = folder.resolve()
+    if _is_demo(folder):  # the demo by path has the name it has without a model argument
+        from qkinspect.demo import DEMO_NAME
+
+        return DEMO_NAME
     if folder.parent.name == "snapshots" and (m := _HUB_CACHE_DIR.fullmatch(folder.parent.parent.name)):
         return m.group(1).replace("--", "/")
     if folder.name.lower() in _GENERIC_FOLDERS and folder.parent.name:
         return folder.parent.name
     return folder.name or str(folder)
+
+
+def _is_demo(folder: Path) -> bool:
+    """Whether `folder` (resolved) is the bundled demo model's folder (qkinspect.demo), when that is installed."""
+    from qkinspect.demo import demo_path
+    from qkinspect.errors import DemoNotInstalledError
+
+    try:
+        return folder == demo_path().resolve()
+    except DemoNotInstalledError:
+        return False
 
 
 def file_name(path: Path) -> str:
