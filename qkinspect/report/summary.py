@@ -9,7 +9,7 @@ import numpy as np
 
 from qkinspect.records import AnalysisResult, HeadRecord
 from qkinspect.report.grid import block_values, blocks_of
-from qkinspect.report.style import NUMBER_NOTE, fmt
+from qkinspect.report.style import NUMBER_NOTE, count_text, fmt
 
 N_EXTREMES = 3  # how many most / least symmetric heads the summary names
 CHANCE_SDS = 3.0  # a median within this many baseline standard deviations of the baseline mean is "chance level"
@@ -104,22 +104,67 @@ def _sharing_sentence(result: AnalysisResult, block: str) -> str:
             f"form). The closest is layer {best.layer} head {best.head} ({fmt(best.values['shared_qk_distance'])}).")
 
 
+# (metric, words) of the rank measures the summary reads, each stated against d_head
+RANK_MEASURES = (("qk_effective_rank", "effective rank"), ("qk_stable_rank", "stable rank"),
+                 ("qk_k90", "90% of its squared singular-value energy lies in"))
+LOW_FRACTION, HIGH_FRACTION = 0.25, 0.5  # of d_head: below a quarter is low, from a half up is high
+
+
 def _rank_sentence(result: AnalysisResult, block: str) -> str:
+    """The median head's effective rank, stable rank and k90, each as a share of d_head, and a verdict that reads
+    all three (rank_verdict): a head whose few directions carry its energy is never called close to full rank."""
     d = result.model.block(block).d_head
-    eff = block_values(result, block, "qk_effective_rank")
-    if not eff.size:
+    medians = {m: float(np.median(v)) for m, _ in RANK_MEASURES if (v := block_values(result, block, m)).size}
+    if not medians:
         return ""
-    med = float(np.median(eff))
-    text = (f"How low-rank. W_Q W_Kᵀ has rank at most d_head = {d}. The median head's effective rank is "
-            f"{fmt(med)} ({fmt(med / d)} of d_head)")
-    stable = block_values(result, block, "qk_stable_rank")
-    if stable.size:
-        text += f"; its stable rank is {fmt(float(np.median(stable)))}"
-    k90 = block_values(result, block, "qk_k90")
-    if k90.size:
-        text += f"; 90% of its squared singular-value energy lies in {fmt(float(np.median(k90)))} dimensions"
-    shape = "strongly low-rank" if med < d / 4 else "moderately low-rank" if med < d / 2 else "close to full rank"
-    return f"{text}. So W_Q W_Kᵀ is {shape} within its d_head dimensions."
+    parts = []
+    for m, words in RANK_MEASURES:
+        if m in medians:
+            x = medians[m]
+            value = f"{count_text(x)} dimensions" if m == "qk_k90" else fmt(x)
+            parts.append(f"{words} {value} ({_share(x, d)} of d_head)")
+    text = f"How low-rank. W_Q W_Kᵀ has rank at most d_head = {d}. Medians over the heads: " + "; ".join(parts)
+    return f"{text}. {rank_verdict(medians, d)}"
+
+
+def _share(x: float, d: int) -> str:
+    p = 100 * x / d
+    return "<1%" if 0 < p < 0.5 else f"{p:.0f}%"
+
+
+def rank_verdict(medians: dict[str, float], d: int) -> str:
+    """What the rank measures shown say together, relative to d_head: "close to full rank" only when every one is
+    at least half of d_head, "strongly low-rank" when every one is below a quarter; otherwise which measures are
+    low and which are not.
+
+    Example:
+        >>> rank_verdict({"qk_effective_rank": 150.0, "qk_stable_rank": 6.5, "qk_k90": 65.5}, 256)
+        'So a few directions dominate W_Q W_Kᵀ, beside a long tail of small singular values: its stable rank is ...'
+    """
+    names = dict(RANK_MEASURES) | {"qk_k90": "k90 (the dimensions holding 90% of the energy)"}
+    level = {m: "low" if x < LOW_FRACTION * d else "high" if x >= HIGH_FRACTION * d else "moderate"
+             for m, x in medians.items()}
+    low = [names[m] for m in medians if level[m] == "low"]
+    rest = [names[m] for m in medians if level[m] != "low"]
+    moderate = [names[m] for m in medians if level[m] == "moderate"]
+    if all(v == "high" for v in level.values()):
+        return "So W_Q W_Kᵀ is close to full rank: every measure shown is at least half of d_head."
+    if not rest:
+        return "So W_Q W_Kᵀ is strongly low-rank: every measure shown is below a quarter of d_head."
+    if low:
+        return (f"So a few directions dominate W_Q W_Kᵀ, beside a long tail of small singular values: its "
+                f"{_and(low)} {_is(low)} below a quarter of d_head, while its {_and(rest)} {_is(rest)} not. It is "
+                "not close to full rank.")
+    return (f"So W_Q W_Kᵀ is moderately low-rank: its {_and(moderate)} {_is(moderate)} below half of d_head, and no "
+            "measure shown is below a quarter of it.")
+
+
+def _is(words: list[str]) -> str:
+    return "is" if len(words) == 1 else "are"
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def _overlap_sentence(result: AnalysisResult, block: str) -> str:

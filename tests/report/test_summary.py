@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from qkinspect.report.summary import summary
 from tests.report import synthetic
@@ -28,3 +29,53 @@ def test_sharing_sentence_names_the_median_and_the_closest_head():
 
 def test_no_sharing_sentence_without_the_metric():
     assert "share one matrix?" not in _text(synthetic.result())
+
+
+def _with_ranks(d_head: int, eff, stable, k90):
+    """A one-block result whose heads hold the chosen rank values (one list entry per head)."""
+    r = synthetic.result(synthetic.block(n_layers=1, n_heads=len(eff), d_model=4 * d_head, d_head=d_head))
+    heads = [replace(h, values={**h.values, "qk_effective_rank": float(e), "qk_stable_rank": float(s),
+                                "qk_k90": float(k)})
+             for h, e, s, k in zip(r.heads, eff, stable, k90, strict=True)]
+    return replace(r, heads=heads)
+
+
+def _rank_text(result) -> str:
+    (p,) = [p for s in summary(result) for p in s.paragraphs if p.startswith("How low-rank.")]
+    return p
+
+
+def test_the_rank_verdict_reads_every_number_it_shows():
+    """Gemma-3's case: a high effective rank beside a stable rank of 6.5 of 256 is not "close to full rank", and
+    the median of two whole k90 counts is written as the two counts, not as 65.500."""
+    text = _rank_text(_with_ranks(256, [150, 151], [6.4, 6.6], [65, 66]))
+    assert "close to full rank" not in text.replace("not close to full rank", "")
+    assert "not close to full rank" in text and "a few directions dominate" in text
+    assert "stable rank 6.500 (3% of d_head)" in text and "65–66 dimensions (26% of d_head)" in text
+    assert "65.500" not in text and "effective rank 150.500 (59% of d_head)" in text
+
+
+@pytest.mark.parametrize("eff, stable, k90, verdict", [
+    ([200, 220], [150, 160], [180, 190], "close to full rank: every measure"),
+    ([20, 22], [5, 6], [30, 31], "strongly low-rank"),
+    ([100, 110], [70, 80], [150, 160], "moderately low-rank: its effective rank and stable rank are below half"),
+    ([200, 220], [10, 12], [180, 190], "a few directions dominate"),
+    ([200, 220], [150, 160], [40, 42], "a few directions dominate"),
+])
+def test_the_rank_verdict_follows_the_numbers(eff, stable, k90, verdict):
+    text = _rank_text(_with_ranks(256, eff, stable, k90))
+    assert verdict in text
+    said = text.split(" So ", 1)[1]  # the verdict, after the numbers
+    least = min(np.median(stable), np.median(k90), np.median(eff))
+    assert ("close to full rank" in said.replace("not close to full rank", "")) == (least >= 128)  # half of d_head
+    if least < 64:  # a measure below a quarter of d_head: the verdict says the form is low-rank or dominated
+        assert "strongly low-rank" in said or "a few directions dominate" in said
+
+
+def test_whole_counts_in_the_tables():
+    from qkinspect.report.tables import layer_tables
+
+    r = _with_ranks(256, [150, 151], [6.4, 6.6], [65, 66])
+    cells = [c for t in layer_tables(r) for i, h in enumerate(t.header) if h == "qk_k90" for c in
+             (row[i] for row in t.rows)]
+    assert cells == ["65–66"]
