@@ -43,8 +43,32 @@ def _block_title(result: AnalysisResult, block: str) -> str:
     return f"{block}: {n} heads in {b.n_layers} layers (d_model = {b.d_model}, d_head = {b.d_head})"
 
 
+def raw_qk_norm_blocks(result: AnalysisResult) -> list[str]:
+    """The analysed blocks that normalise queries and keys (q/k norm) measured without their gains folded in: their
+    W_Q W_Kᵀ is the raw stored form, not the one attention computes."""
+    if result.processing.fold_qk_norm:
+        return []
+    present = set(blocks_of(result))
+    return [b.key for b in result.model.blocks if b.qk_norm and b.key in present]
+
+
+def qk_norm_notice(result: AnalysisResult, block: str | None = None) -> str:
+    """In plain words, for a model with q/k norms measured raw: what the numbers are not, and how to get the form
+    attention computes; "" when there is nothing to say (no q/k norm, or the gains were folded)."""
+    blocks = raw_qk_norm_blocks(result)
+    if not blocks or (block is not None and block not in blocks):
+        return ""
+    which = f"The {block} block" if block is not None else f"The {_and(blocks)} block{'s' if len(blocks) > 1 else ''}"
+    return (f"Not what attention computes. {which} normalises queries and keys (q/k norm) with learned per-dimension "
+            "gains, and these numbers were measured without them: they describe the raw W_Q W_Kᵀ as stored, not the "
+            "form the model's attention scores use. To measure that form, W_Q diag(γ_q γ_k) W_Kᵀ (up to each "
+            "token's normalisation scale), run again with --fold-qk-norm (qkinspect report MODEL --fold-qk-norm; "
+            "library: analyze(..., fold_qk_norm=True)).")
+
+
 def _block_paragraphs(result: AnalysisResult, block: str) -> list[str]:
-    parts = [_symmetry_sentence(result, block), _extremes_sentence(result, block), _sharing_sentence(result, block),
+    parts = [qk_norm_notice(result, block), _symmetry_sentence(result, block), _extremes_sentence(result, block),
+             _sharing_sentence(result, block),
              _rank_sentence(result, block), _overlap_sentence(result, block), _layer_form_sentence(result, block)]
     return [p for p in parts if p]
 
@@ -195,8 +219,10 @@ def _caveats(result: AnalysisResult) -> list[str]:
             out.append(f"The {b.key} block uses rotary position embeddings: W_Q W_Kᵀ describes the score between "
                        "tokens at the same position (offset 0); other offsets rotate it.")
     p = result.processing
+    raw = raw_qk_norm_blocks(result)
     out.append(f"Weights were measured {'with' if p.fold_ln else 'without'} LayerNorm folding"
-               f"{', with q/k-norm gains folded' if p.fold_qk_norm else ''}, in {p.precision}.")
+               f"{', with q/k-norm gains folded' if p.fold_qk_norm else ''}"
+               f"{', without the q/k-norm gains (--fold-qk-norm folds them)' if raw else ''}, in {p.precision}.")
     if result.warnings:
         shown = result.warnings[:5]
         more = len(result.warnings) - len(shown)

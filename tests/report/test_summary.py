@@ -79,3 +79,34 @@ def test_whole_counts_in_the_tables():
     cells = [c for t in layer_tables(r) for i, h in enumerate(t.header) if h == "qk_k90" for c in
              (row[i] for row in t.rows)]
     assert cells == ["65–66"]
+
+
+def _qk_norm(result, folded: bool):
+    blocks = tuple(replace(b, qk_norm=True) for b in result.model.blocks)
+    return replace(result, model=replace(result.model, blocks=blocks),
+                   processing=replace(result.processing, fold_qk_norm=folded))
+
+
+def test_raw_q_k_norm_forms_are_said_not_to_be_what_attention_computes():
+    from qkinspect.report.summary import qk_norm_notice
+
+    plain = synthetic.result(synthetic.block(n_layers=1, n_heads=2))
+    assert qk_norm_notice(plain) == "" and "Not what attention computes" not in _text(plain)
+    raw = _qk_norm(plain, folded=False)
+    text = _text(raw)
+    assert "Not what attention computes. The encoder block normalises queries and keys" in text
+    assert "--fold-qk-norm" in text and "without the q/k-norm gains" in text
+    folded = _qk_norm(plain, folded=True)
+    assert qk_norm_notice(folded) == "" and "with q/k-norm gains folded" in _text(folded)
+
+
+def test_the_report_cover_and_summary_carry_the_q_k_norm_notice(tmp_path):
+    from pypdf import PdfReader
+
+    from qkinspect.report.pdf import write_pdf
+
+    out = tmp_path / "r.pdf"
+    write_pdf(_qk_norm(synthetic.result(synthetic.block(n_layers=1, n_heads=2)), folded=False), out)
+    pages = [" ".join(p.extract_text().split()) for p in PdfReader(out).pages]
+    assert "Not what attention computes" in pages[0] and "Not what attention computes" in pages[1]
+    assert "--fold-qk-norm" in pages[0]
