@@ -59,6 +59,9 @@ def register(app: typer.Typer) -> None:
         sweep/ -o sweep.pdf
 
         Example (with an experiment's runs.json): qkinspect report ./my-bert --experiment runs.json -o report.pdf
+
+        Example (from a saved analysis, without the model): qkinspect analyze ./my-bert --metrics
+        default,shared_qk_distance,head_overlap -o run.json; qkinspect report run.json -o report.pdf
         """
         output = check_report_path(output, html=html)
         is_sweep = model is not None and (Path(model) / "sweep.json").is_file()
@@ -67,6 +70,11 @@ def register(app: typer.Typer) -> None:
             n = write_sweep_report(Path(model), output, html=html)
             note(f"wrote an HTML sweep report to {output}" if html else f"wrote {pages(n)} sweep report to {output}")
             return
+        from qkinspect.cli.commands.plot import refuse_analysis_options
+
+        refuse_analysis_options(model, layers=layers, block=block, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
+                                layer_form=layer_form, precision=precision is not Precision.float32,
+                                device=device is not Device.cpu, revision=revision)
         sel = Selection.parse(layers=layers, blocks=block, metrics=list(REPORT_METRICS), precision=precision,
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         if html:
@@ -104,16 +112,17 @@ def read_runs(path: Path | None, *, html: bool = False, sweep: bool = False) -> 
 def write_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
                  revision: str | None = None, experiment: tuple[dict, Path] | None = None,
                  title: str | None = None) -> int:
-    """Analyse `model` and write the PDF report atomically to `output`; returns the number of pages. `experiment`
-    (read_runs) adds the experiment section; InputError when it was run on another model.
+    """Analyse `model` (or read a saved analysis) and write the PDF report atomically to `output`; returns the
+    number of pages. `experiment` (read_runs) adds the experiment section; InputError when it was run on another
+    model.
 
     Example:
         >>> write_report(None, Path("report.pdf"), Selection.parse(metrics=["default", "head_overlap"]))
         12
     """
-    from qkinspect.cli.run import run_analysis
+    from qkinspect.cli.commands.plot import result_of
 
-    result = run_analysis(model, selection, revision=revision, layer_form=layer_form)
+    result = result_of(model, selection, revision=revision, layer_form=layer_form)
     from qkinspect.report.pdf import write_pdf  # matplotlib: after the checks, so that errors come fast
 
     if experiment is not None:
@@ -148,11 +157,11 @@ def write_sweep_report(folder: Path, output: Path, *, html: bool = False) -> int
 
 def write_html_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
                       revision: str | None = None, title: str | None = None) -> None:
-    """Analyse `model` and write the HTML report atomically to `output`."""
-    from qkinspect.cli.run import run_analysis
+    """Analyse `model` (or read a saved analysis) and write the HTML report atomically to `output`."""
+    from qkinspect.cli.commands.plot import result_of
     from qkinspect.report.html import render_html
 
-    result = run_analysis(model, selection, revision=revision, layer_form=layer_form)
+    result = result_of(model, selection, revision=revision, layer_form=layer_form)
     page = render_html(result, title=title)
     atomic_write(output, lambda f: f.write(page))
 
