@@ -25,6 +25,9 @@ from qkinspect.records import SCHEMA, AnalysisResult, Baseline, HeadRecord, Laye
 
 MAX_BYTES = 256 << 20  # a 70B model's every head and head-by-head overlap is a few MB; more is not a saved analysis
 MAX_DEPTH = 16  # nesting the document has (head_overlap: 5 levels)
+# Layers × heads a block may declare: figures hold one value per (layer, head), so a file declaring 10⁶ × 10⁶
+# with a record on the diagonal would ask for terabytes; the largest models have ~10⁴ (128 layers × 128 heads).
+MAX_GRID = 1 << 20
 KIND = "analyze"
 NEEDS_MODEL = {"spectra": "singular values, which analyze's JSON does not keep"}
 
@@ -168,6 +171,8 @@ def _model(m: dict[str, Any]):
             _count(b, key, where, lo=1)
         for key in ("rotary_dims", "d_model_kv", "d_head_v"):
             _count(b, key, where, lo=1, optional=True)
+        if b["n_layers"] * b["n_heads"] > MAX_GRID:
+            raise _Bad(f"{where}: {b['n_layers']} layers × {b['n_heads']} heads is more than {MAX_GRID:,}")
         if b["n_heads"] % b["n_kv_heads"]:
             raise _Bad(f"{where}.n_kv_heads = {b['n_kv_heads']} does not divide n_heads = {b['n_heads']}")
     try:

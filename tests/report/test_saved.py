@@ -114,6 +114,8 @@ def _tamper(path, tmp_path, change) -> str:
     (lambda d: d["layers"][0].update(head_overlap=[[1.0]]), "layers[0].head_overlap is not a 4 × 4 array"),
     (lambda d: d["model"]["blocks"][0].update(n_kv_heads=3), "n_kv_heads = 3 does not divide n_heads = 4"),
     (lambda d: d["model"].pop("blocks"), "model.blocks is missing"),
+    (lambda d: d["model"]["blocks"][0].update(n_layers=1 << 19, n_heads=1 << 10, n_kv_heads=1 << 10),
+     "layers × 1024 heads is more than 1,048,576"),
     (lambda d: d.update(heads={"a": 1}), "heads is not an array"),
 ])
 def test_a_tampered_file_is_one_line(saved, cli, tmp_path, change, message):
