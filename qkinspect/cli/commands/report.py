@@ -32,8 +32,8 @@ ReportOut = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE"
 HtmlOpt = Annotated[bool, typer.Option("--html", help="Write one self-contained HTML page (figures as inline SVG) "
                                                       "instead of a PDF.")]
 TitleOpt = Annotated[str | None, typer.Option(
-    "--title", metavar="TEXT", help="What the report calls the model: its title, footer and figure titles (the "
-    "cover still gives the model's identity).")]
+    "--title", metavar="TEXT", help="What the report calls the model (or, for a sweep folder, what was swept): its "
+    "title, footer and figure titles (the cover still gives the model's identity).")]
 LayerFormOpt = Annotated[bool, typer.Option(
     "--layer-form", help="Also measure each layer's summed form Σ_h W_Q W_Kᵀ (costs O(d_model³) per layer).")]
 ExperimentOpt = Annotated[Path | None, typer.Option(
@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
         is_sweep = model is not None and (Path(model) / "sweep.json").is_file()
         runs = read_runs(experiment, html=html, sweep=is_sweep)
         if is_sweep:  # a sweep's folder (qkinspect sweep --out)
-            n = write_sweep_report(Path(model), output, html=html)
+            n = write_sweep_report(Path(model), output, html=html, title=title)
             note(f"wrote an HTML sweep report to {output}" if html else f"wrote {pages(n)} sweep report to {output}")
             return
         from qkinspect.cli.commands.plot import refuse_analysis_options
@@ -135,7 +135,7 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
     return pages[0]
 
 
-def write_sweep_report(folder: Path, output: Path, *, html: bool = False) -> int:
+def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
     """The report of a sweep folder, written atomically as a PDF (returns the number of pages) or, with `html`,
     as one HTML page (returns 1)."""
     from qkinspect.report.sweep_pdf import write_sweep_pdf
@@ -147,11 +147,11 @@ def write_sweep_report(folder: Path, output: Path, *, html: bool = False) -> int
     if html:
         from qkinspect.report.html import render_sweep_html
 
-        page = render_sweep_html(sweep)
+        page = render_sweep_html(sweep, name=title)
         atomic_write(output, lambda f: f.write(page))
         return 1
     pages: list[int] = []
-    atomic_write_file(output, lambda tmp: pages.append(write_sweep_pdf(sweep, tmp)))
+    atomic_write_file(output, lambda tmp: pages.append(write_sweep_pdf(sweep, tmp, title=title)))
     return pages[0]
 
 
