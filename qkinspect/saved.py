@@ -190,10 +190,12 @@ def _processing(p: dict[str, Any]) -> Processing:
     for key, value in p.items():
         if key not in known:
             continue  # a field a newer qkinspect records: nothing here reads it
-        if key in ("blocks", "layers", "heads", "metrics"):
+        if key in ("blocks", "layers", "heads", "metrics", "qk_norm_not_folded"):
             if value is not None and not (isinstance(value, list) and all(isinstance(x, (str, int)) for x in value)):
                 raise _Bad(f"processing.{key} is not an array of names or indexes")
             kw[key] = None if value is None else tuple(value)
+            if key == "qk_norm_not_folded":
+                kw[key] = kw[key] or ()  # a list of block names; null reads as none
         else:
             kw[key] = value
     for key in ("fold_ln", "fold_qk_norm", "layer_form"):
@@ -202,6 +204,9 @@ def _processing(p: dict[str, Any]) -> Processing:
     for key in ("precision", "device", "products"):
         if key in kw and not isinstance(kw[key], str):
             raise _Bad(f"processing.{key} is not a string")
+    count = kw.get("recomputed_float64", 0)
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 2**40:
+        raise _Bad("processing.recomputed_float64 is not a count of heads")
     return Processing(**kw)
 
 
