@@ -56,13 +56,15 @@ class Status:
 
 @dataclass
 class Outcome:
-    """What a sweep did: checkpoints computed now, skipped (already in the folder), and failed."""
+    """What a sweep did: checkpoints computed now, skipped (already in the folder), and failed; and the result
+    files found in the folder but refused (sweep.verify), whose checkpoints were computed again."""
 
     folder: Path
     checkpoints: list[Checkpoint]
     computed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # result files found but not trusted (computed again): why
 
     def read(self) -> store.SweepFolder:
         return store.read_sweep(self.folder)
@@ -95,9 +97,10 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
     options = store.normalized_options(options)
     plan = [(ck, key, store.result_path(folder, ck, key)) for ck in checkpoints
             for key in [store.result_key(ck, options)]]
-    stored = {ck.identity: doc for ck, key, path in plan if (doc := store.read_result(path, key)) is not None}
+    stored, refused = _stored(folder, plan, options)
     todo = [p for p in plan if p[0].identity not in stored]
-    outcome = Outcome(folder, checkpoints, skipped=[ck.name for ck, _, _ in plan if ck.identity in stored])
+    outcome = Outcome(folder, checkpoints, skipped=[ck.name for ck, _, _ in plan if ck.identity in stored],
+                      refused=refused)
     infos = {identity: model_info(doc["result"]["model"]) for identity, doc in stored.items()}
     if not todo:
         _check_before_work(checkpoints, infos, check)
@@ -111,6 +114,21 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
             _analyze(client, runnable, options, device, task_threads, outcome, progress)
     store.write_manifest(folder, checkpoints, options, outcome.failures)
     return outcome
+
+
+def _stored(folder: Path, plan, options) -> tuple[dict[str, dict], list[str]]:
+    """The results already in the folder that can be trusted (store.load_result), by checkpoint identity, and why
+    each file there that cannot was refused (those checkpoints are computed again)."""
+    stored, refused = {}, []
+    for ck, key, _ in plan:
+        try:
+            doc = store.load_result(folder, ck, key, options)
+        except InputError as e:
+            refused.append(str(e))
+            continue
+        if doc is not None:
+            stored[ck.identity] = doc
+    return stored, refused
 
 
 @contextlib.contextmanager

@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
         """Analyse many checkpoints (training steps, hub revisions, a model zoo) on Dask distributed: a local cluster
         by default, or a running one with --scheduler. Each checkpoint's result is written to --out DIR as it
         finishes; running the same command again skips what is done. The table has a row per checkpoint, step,
-        block, layer and head; failed checkpoints are listed at the end (exit 1).
+        block, layer and head; failed checkpoints are listed at the end (exit 3).
 
         Example: qkinspect sweep 'runs/*/checkpoint-*' --metrics symmetry --out sweep/ -o symmetry.parquet
 
@@ -104,6 +104,8 @@ def register(app: typer.Typer) -> None:
         except KeyboardInterrupt:
             note(f"stopped; the checkpoints done are kept in {out}: run the same command to resume")
             raise
+        for why in outcome.refused:
+            note(f"{why}; computed again")
         folder = outcome.read()
         note(f"{len(outcome.computed)} computed, {len(outcome.skipped)} already in {out}, "
              f"{len(outcome.failures)} failed; {steps_line(checkpoints)}")
