@@ -93,6 +93,10 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
     folder = Path(folder)
     check_threads(threads)
     check_workers(workers)
+    if scheduler is not None:
+        from qkinspect.sweep.scheduler import check_address
+
+        check_address(scheduler)
     store.check_folder(folder)  # created once the checkpoints pass the checks
     options = store.normalized_options(options)
     plan = [(ck, key, store.result_path(folder, ck, key)) for ck in checkpoints
@@ -143,10 +147,15 @@ def connect(scheduler: str | None, workers: int | None, threads: int | None,
     if scheduler is not None:
         if workers is not None:
             raise InputError("--workers sizes the local cluster; with --scheduler the cluster's own workers run")
+        from qkinspect.sweep.scheduler import check_address, probe, security
+
+        address = check_address(scheduler)
+        probe(address)  # a Dask scheduler answers, in bounded time; anything else is refused here
+        extra = {"security": security(address)} if address.startswith("tls://") else {}
         try:
-            client = Client(scheduler, timeout=CONNECT_TIMEOUT)
-        except (OSError, TimeoutError, ValueError) as e:
-            raise InputError(f"--scheduler {scheduler}: cannot connect ({e})") from None
+            client = Client(address, timeout=CONNECT_TIMEOUT, **extra)
+        except Exception as e:  # noqa: BLE001 - whatever the peer provokes in Dask's client is one line
+            raise InputError(f"--scheduler {address}: cannot connect ({type(e).__name__}: {e})") from None
         with contextlib.closing(client):
             yield client, threads
         return

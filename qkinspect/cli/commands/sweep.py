@@ -93,6 +93,10 @@ def register(app: typer.Typer) -> None:
         name = check_sweep_output(fmt, output)
         check_threads(threads)
         check_workers(workers)
+        if scheduler is not None:
+            from qkinspect.sweep.scheduler import check_address
+
+            check_address(scheduler)
         sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         checkpoints = discover(specs, [r.strip() for r in revisions.split(",")] if revisions else None)
