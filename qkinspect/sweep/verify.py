@@ -28,6 +28,7 @@ from qkinspect.errors import InputError
 from qkinspect.sweep.checkpoints import Checkpoint
 
 MAX_CHECKPOINTS = 1 << 20
+MAX_RECORDS = 1 << 16  # head (or layer) records in one result: the largest models have ~16 000 heads
 MAX_METRIC = 1e30  # a metric's value (norms of float32 weights stay far below)
 STEP_SOURCES = ("trainer_state", "name", "order")
 IDENTITY_FIELDS = ("spec", "revision", "name", "identity")
@@ -188,8 +189,10 @@ def _check_source(c: Checker, model: dict, ck: Checkpoint) -> None:
 def _records(c: Checker, records: Any, key: str, most: int) -> list[dict]:
     if not isinstance(records, list):
         raise c.fail(key, f"is {show(records)}, not a list of records")
-    if len(records) > most:
-        raise c.fail(key, f"has {len(records)} records, more than the model's shape allows ({most})")
+    limit = min(most, MAX_RECORDS)
+    if len(records) > limit:
+        why = f"the model's shape allows ({most})" if limit == most else f"a result may hold ({MAX_RECORDS})"
+        raise c.fail(key, f"has {len(records)} records, more than {why}")
     return [c.obj(r, f"{key}[{i}]") for i, r in enumerate(records)]
 
 

@@ -94,6 +94,8 @@ def set_in(path: str, value):
 RESULT_CASES = {
     "model {}": (set_in("result.model", {}), r"result.model.name is None, not a string"),
     "model blocks empty": (set_in("result.model.blocks", []), r"result.model.blocks is an array, not a list"),
+    "too many heads": (lambda doc: doc["result"]["heads"].extend(doc["result"]["heads"] * 2),
+                       r"result.heads has 24 records, more than the model's shape allows \(8\)"),
     "heads not a list": (set_in("result.heads", {}), r"result.heads is an object, not a list of records"),
     "head layer past the model": (set_in("result.heads.0.layer", 2), r"result.heads\[0\].layer is 2, outside 0 .. 1"),
     "head block unknown": (set_in("result.heads.0.block", "x"), r"result.heads\[0\].block is \"x\", not a block"),
