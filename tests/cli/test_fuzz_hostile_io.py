@@ -110,6 +110,19 @@ def apply_mutations(doc, changes) -> object:
     return doc
 
 
+# Valid but odd values (what passes the checks must not fail later): numbers at the edges of their range, nulls.
+odd_numbers = (st.none() | st.sampled_from([0, 0.0, -0.0, 1, -1, 1e-300, 5e-324]) | st.integers(-10**9, 10**9)
+               | st.floats(-1e9, 1e9, allow_nan=False, allow_infinity=False))
+odd_metrics = odd_numbers | st.floats(-1e30, 1e30, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def value_mutations(draw, doc, leaves: tuple[str, ...], values) -> list[tuple[tuple, object]]:
+    """Changes of the numeric leaves named `leaves` (at any depth of `doc`) to `values`."""
+    where = [p for p in paths(doc) if isinstance(p[-1], str) and p[-1] in leaves]
+    return [(where[draw(st.integers(0, len(where) - 1))], draw(values)) for _ in range(draw(st.integers(1, 12)))]
+
+
 def write_doc(path: Path, doc, ops=None) -> None:
     path.write_text(json.dumps(doc, allow_nan=True))
     if ops is not None:
@@ -122,8 +135,12 @@ def write_doc(path: Path, doc, ops=None) -> None:
 BASE_RUNS = document()
 
 
+RUN_NUMBERS = ("baseline", "loss", "dloss", "dloss_ratio_ablate", "predicted")
+
+
 @FUZZ
-@given(changes=json_mutations(BASE_RUNS), ops=st.none() | byte_edits(3000))
+@given(changes=json_mutations(BASE_RUNS) | value_mutations(BASE_RUNS, RUN_NUMBERS, odd_numbers),
+       ops=st.none() | byte_edits(3000))
 def test_fuzz_runs_json(changes, ops):
     from qkinspect.report.experiment import experiment_figure, read_experiment
     from qkinspect.report.pages import TextPages
@@ -201,7 +218,11 @@ def test_fuzz_sweep_folder(sweep_base, target, data, ops):
         doc = json.loads(path.read_text())
         if target != "manifest":  # the analysis payload is large: mutate mostly where the checks are
             doc["result"]["layers"] = doc["result"]["layers"][:1]
-        changes = data.draw(json_mutations(doc))
+        if target == "manifest":
+            changes = data.draw(json_mutations(doc))
+        else:
+            metrics = ("symmetry", "head_overlap", "mean", "std", "symmetry_median")
+            changes = data.draw(json_mutations(doc) | value_mutations(doc, metrics, odd_metrics))
         write_doc(path, apply_mutations(doc, changes), ops)
         check_sweep_folder(folder, work, sweep_base)
 
