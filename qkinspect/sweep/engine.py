@@ -73,7 +73,8 @@ class Outcome:
 def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: str | Path, *,
               scheduler: str | None = None, workers: int | None = None, threads: int | None = None,
               device: str = "cpu", progress: Callable[[Status], None] | None = None,
-              check: Callable[[ModelInfo], None] | None = None) -> Outcome:
+              check: Callable[[ModelInfo], None] | None = None,
+              notice: Callable[[str], None] | None = None) -> Outcome:
     """Analyse every checkpoint with `options` (as `qkinspect.analyze` takes them), one result file each in `folder`.
 
     Args:
@@ -85,6 +86,8 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
         threads: torch threads per task (default: the cores shared among the tasks that run at once).
         progress: called with a Status after each checkpoint.
         check: called with the first checkpoint's ModelInfo before any analysis (e.g. to refuse a selection).
+        notice: called, before any work, with why each result file found in the folder was refused (it is
+            computed again); the reasons are also in `Outcome.refused`.
 
     Raises:
         InputError: the checkpoints' attention shapes differ (before any analysis), the scheduler cannot be
@@ -102,6 +105,8 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
     plan = [(ck, key, store.result_path(folder, ck, key)) for ck in checkpoints
             for key in [store.result_key(ck, options)]]
     stored, refused = _stored(folder, plan, options)
+    for why in refused if notice is not None else ():
+        notice(why)
     todo = [p for p in plan if p[0].identity not in stored]
     outcome = Outcome(folder, checkpoints, skipped=[ck.name for ck, _, _ in plan if ck.identity in stored],
                       refused=refused)

@@ -232,8 +232,10 @@ def test_resume_computes_refused_results_again(tiny_run, tmp_path):
     r = CliRunner().invoke(app, ["sweep", *specs, "--out", str(folder), "--metrics", "symmetry,head_overlap",
                                  "--workers", "1", "-f", "json"])
     assert r.exit_code == 0, r.stderr
-    notes = [line for line in r.stderr.splitlines() if line.endswith("; computed again")]
+    lines = r.stderr.splitlines()
+    notes = [i for i, line in enumerate(lines) if line.endswith("; computing it again")]
     assert len(notes) == 4, r.stderr
+    assert max(notes) < min(i for i, line in enumerate(lines) if line.startswith("sweep: "))  # said before the work
     assert "4 computed, 0 already in" in r.stderr
     assert outside.read_text() == "keep me"  # the link was replaced, not written through
     for f in files:

@@ -104,12 +104,11 @@ def register(app: typer.Typer) -> None:
         try:
             outcome = run_sweep(checkpoints, options, out, scheduler=scheduler, workers=workers, threads=threads,
                                 device=sel.device, progress=ProgressLine(),
-                                check=lambda info: check_checkpoint(info, sel))
+                                check=lambda info: check_checkpoint(info, sel),
+                                notice=lambda why: note(f"{why}; computing it again"))
         except KeyboardInterrupt:
             note(f"stopped; the checkpoints done are kept in {out}: run the same command to resume")
             raise
-        for why in outcome.refused:
-            note(f"{why}; computed again")
         folder = outcome.read()
         note(f"{len(outcome.computed)} computed, {len(outcome.skipped)} already in {out}, "
              f"{len(outcome.failures)} failed; {steps_line(checkpoints)}")
