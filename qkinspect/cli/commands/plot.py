@@ -24,7 +24,7 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import note
 from qkinspect.errors import InputError
-from qkinspect.files import atomic_write_file, check_writable
+from qkinspect.files import check_writable, write_rendered
 from qkinspect.metrics.registry import head_metric
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -216,4 +216,4 @@ def save_figure(fig, output: Path) -> None:
 
     fmt = output.suffix.lower().lstrip(".")
     with style():
-        atomic_write_file(output, lambda tmp: fig.savefig(tmp, format=fmt))
+        write_rendered(output, lambda buffer: fig.savefig(buffer, format=fmt))  # in memory: a full disk is OSError

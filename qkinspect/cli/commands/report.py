@@ -22,7 +22,7 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import note
 from qkinspect.errors import InputError
-from qkinspect.files import atomic_write, atomic_write_file, check_writable
+from qkinspect.files import atomic_write, check_writable, write_rendered
 
 # The report shows every default metric and the head-by-head overlap figure.
 REPORT_METRICS = ("default", "shared_qk_distance", "head_overlap")
@@ -130,9 +130,8 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
         from qkinspect.report.experiment_summary import check_same_model
 
         check_same_model(experiment[0], model_dict(result.model), experiment[1])
-    pages: list[int] = []
-    atomic_write_file(output, lambda tmp: pages.append(write_pdf(result, tmp, experiment=experiment, title=title)))
-    return pages[0]
+    # rendered in memory, then written: a full disk is an OSError of that write, not an error inside matplotlib
+    return write_rendered(output, lambda buffer: write_pdf(result, buffer, experiment=experiment, title=title))
 
 
 def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
@@ -150,9 +149,7 @@ def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title:
         page = render_sweep_html(sweep, name=title)
         atomic_write(output, lambda f: f.write(page))
         return 1
-    pages: list[int] = []
-    atomic_write_file(output, lambda tmp: pages.append(write_sweep_pdf(sweep, tmp, title=title)))
-    return pages[0]
+    return write_rendered(output, lambda buffer: write_sweep_pdf(sweep, buffer, title=title))
 
 
 def write_html_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,

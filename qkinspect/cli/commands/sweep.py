@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         distributed: a local cluster by default, or a running one with --scheduler. Each checkpoint's result is
         written to --out DIR as it finishes; running the same command again skips what is done. The table has a
         row per checkpoint, step, block, layer and head (per layer with --by layer), as analyze's; failed
-        checkpoints are listed at the end (exit 1).
+        checkpoints are listed at the end (exit 3).
 
         Example: qkinspect sweep 'runs/*/checkpoint-*' --metrics symmetry --out sweep/ -o symmetry.parquet
 
@@ -92,6 +92,10 @@ def register(app: typer.Typer) -> None:
         name = check_sweep_output(fmt, output)
         check_threads(threads)
         check_workers(workers)
+        if scheduler is not None:
+            from qkinspect.sweep.scheduler import check_address
+
+            check_address(scheduler)
         sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         checkpoints = discover(specs, [r.strip() for r in revisions.split(",")] if revisions else None)
@@ -99,7 +103,8 @@ def register(app: typer.Typer) -> None:
         try:
             outcome = run_sweep(checkpoints, options, out, scheduler=scheduler, workers=workers, threads=threads,
                                 device=sel.device, progress=ProgressLine(),
-                                check=lambda info: check_checkpoint(info, sel))
+                                check=lambda info: check_checkpoint(info, sel),
+                                notice=lambda why: note(f"{why}; computing it again"))
         except KeyboardInterrupt:
             note(f"stopped; the checkpoints done are kept in {out}: run the same command to resume")
             raise
