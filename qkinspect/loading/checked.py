@@ -35,7 +35,7 @@ NULLABLE = frozenset({"num_key_value_heads", "head_dim", "q_lora_rank", "num_kv_
                       "num_decoder_layers", "attention_head_size", "embedding_size", "multi_query_group_num"})
 # (query heads, key/value heads): the second must divide the first (grouped-query attention).
 _GROUPS = (("num_attention_heads", "num_key_value_heads"), ("n_head", "num_kv_heads"),
-           ("num_attention_heads", "multi_query_group_num"))
+           ("num_attention_heads", "num_kv_heads"), ("num_attention_heads", "multi_query_group_num"))
 MAX_DEPTH = 64  # nesting a config or index may have (real ones have 3 or 4 levels)
 # The largest count a description may give. Config classes build per-layer lists from the layer count (layer_types:
 # 8 bytes a layer), so a count of 2**40 would exhaust memory before any tensor is looked at; real models have at most

@@ -1,5 +1,6 @@
-"""Bias and norm shapes are checked where they enter, like every weight (issue 25 class 9): a tensor the config
-does not imply is one `error:` line naming the checkpoint and the tensor, exit 2, in `analyze` and `extract`."""
+"""Bias and norm shapes are checked where they enter, like every weight (issue 25 classes 9 and 10): a tensor
+the config does not imply is one `error:` line naming the checkpoint and the tensor, exit 2, in `analyze` and
+`extract`, for folders and GGUF files alike; Falcon's key/value heads must divide its heads."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from qkinspect.cli.app import app
-from tests.loading import tiny
+from tests.loading import gguf_convert, tiny
 
 
 def one_error_line(r, *says: str) -> str:
@@ -59,3 +60,39 @@ def test_llama_bias_of_the_wrong_length(tmp_path):
     folder = tiny.write(tmp_path / "m", config, state)
     for r in commands(folder, tmp_path):
         one_error_line(r, str(folder), "self_attn.k_proj.bias", "has shape (5,)")
+
+
+def gguf_with(tmp_path, monkeypatch, case: str, role: str, cut: int = 1):
+    """`case`'s tiny model converted to GGUF, the first layer's `role` tensor (a Hugging Face name suffix) cut short
+    by `cut` values after conversion."""
+    real = gguf_convert.converted
+
+    def shortened(case_, name, t, config):
+        out = real(case_, name, t, config)
+        return [(n, v[:-cut] if ".0." in n and n.endswith(role) else v) for n, v in out]
+
+    monkeypatch.setattr(gguf_convert, "converted", shortened)
+    config, model = gguf_convert.tiny_model(case)
+    return gguf_convert.write_gguf(tmp_path / f"{case}.gguf", case, config, model)
+
+
+@pytest.mark.parametrize("case, role", [("qwen2moe", "q_proj.bias"), ("qwen2", "k_proj.bias"),
+                                        ("bloom", "query_key_value.bias"), ("bloom", "query_key_value.weight"),
+                                        ("falcon", "query_key_value.weight"), ("stablelm", "v_proj.bias")])
+def test_gguf_bias_and_fused_shapes_name_the_file(tmp_path, monkeypatch, case, role):
+    path = gguf_with(tmp_path, monkeypatch, case, role)
+    for r in commands(path, tmp_path):
+        one_error_line(r, str(path))
+
+
+def test_falcon_kv_heads_must_divide_the_heads(tmp_path, monkeypatch):
+    import gguf
+
+    config, model = gguf_convert.tiny_model("falcon")
+    path = gguf_convert.write_gguf(tmp_path / "f.gguf", "falcon", config, model)
+    reader = gguf.GGUFReader(str(path), "r+")
+    field = reader.fields["falcon.attention.head_count_kv"]
+    field.parts[field.data[0]][0] = 3  # 4 heads in 3 groups
+    del reader
+    for r in commands(path, tmp_path):
+        one_error_line(r, str(path), "num_attention_heads (4) is not a multiple of num_kv_heads (3)")
