@@ -150,6 +150,14 @@ def check_counts(data: dict[str, Any], path: Path, where: str = "") -> None:
             raise CheckpointError(f"{path}: {where}{heads} ({h}) is not a multiple of {where}{groups} ({g})")
 
 
+def check_names(data: dict[str, Any], path: Path) -> None:
+    """Refuse an ``architectures`` that is not a list of class names (or null): the model's identity reads it."""
+    archs = data.get("architectures")
+    if archs is not None and (type(archs) is not list or not all(type(a) is str for a in archs)):
+        shown = repr(archs) if len(repr(archs)) <= 60 else repr(archs)[:57] + "..."
+        raise CheckpointError(f"{path}: architectures is {shown}, not a list of class names")
+
+
 def positive_int(value: Any, path: Path, key: str, limit: int = MAX_COUNT) -> int:
     """A count from file metadata (GGUF): an integer from 1 to `limit`, else CheckpointError naming the file and
     key."""
@@ -174,5 +182,5 @@ def _in_range(value: int, path: Path, key: str, limit: int) -> int:
     return value
 
 
-__all__ = ["read_json", "read_text", "inside", "allowed_roots", "check_counts", "positive_int", "os_reason",
-           "MAX_COUNT"]
+__all__ = ["read_json", "read_text", "inside", "allowed_roots", "check_counts", "check_names", "positive_int",
+           "os_reason", "MAX_COUNT"]
