@@ -85,8 +85,7 @@ def load_hf(resolved, tokenizer: Any = None) -> HFModel:
     with _quiet_transformers(), guard.staged(resolved) as st, guard.no_gguf_bar(st.gguf):
         config = _config(st)
         with guard.boundary(st.shown, "transformers cannot build the model from it"):
-            model, kind = _load_model(family, st.where, {**st.kw, "config": config,
-                                                         "attn_implementation": guard.ATTENTION}, st.shown)
+            model, kind = _load_model(family, st.where, {**st.kw, "config": config}, st.shown)
         tok, tok_shown = _tokenizer(tokenizer, st)
     if len(tok) <= len(set(tok.all_special_ids)):  # transformers builds an empty one from a bare config
         raise CheckpointError(f"{tok_shown}: no tokenizer vocabulary found; "

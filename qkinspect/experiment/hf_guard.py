@@ -8,8 +8,9 @@ runs its own parsers and raises whatever they raise. So, before transformers see
   checked (`qkinspect.loading.checked.inside`: a relative name that resolves, after links, inside the model's
   folder; a regular file; of bounded size): links to the weights and the tokenizer's files, and copies of the small
   JSON files written from their checked contents, with ``auto_map`` left out (it names remote code, which is never
-  run: the model_type alone chooses transformers' own classes). transformers is pointed at that folder, so no
-  other file of the model's folder, and nothing outside it, is opened.
+  run: the model_type alone chooses transformers' own classes) and the switches that say how to run the model
+  rather than what it is (`RUNTIME_KEYS`: attn_implementation, return_dict ...). transformers is pointed at that
+  folder, so no other file of the model's folder, and nothing outside it, is opened.
 - `check_tokenizer_files`: tokenizer.json parsed by the tokenizers library itself, vocab.txt UTF-8 text with its
   unknown token, JSON files objects, where they enter, with the file named.
 - `check_config`: the config values the runner uses and transformers checks only while it builds the model
@@ -43,7 +44,12 @@ COPIED = ("config.json", "tokenizer_config.json", "special_tokens_map.json", "ad
 WEIGHT_INDEXES = (("model.safetensors.index.json", "model.safetensors"),
                   ("pytorch_model.bin.index.json", "pytorch_model.bin"))
 MAX_TOKENIZER_BYTES = 1 << 30  # the largest tokenizer files (multilingual vocabularies) are tens of MB
-ATTENTION = "sdpa"  # the attention kernel every family the runner writes back has; config.json's choice is ignored
+# Switches in config.json that say how a model is to be run, not what it is: the runner decides them (transformers'
+# default attention kernel for the family, dict outputs), so a kernel that is not installed (flash_attention_2) or
+# tuple outputs cannot break it. Left out of the copied config.json (top level and sub-configs).
+RUNTIME_KEYS = ("attn_implementation", "_attn_implementation", "_attn_implementation_internal",
+                "experts_implementation", "_experts_implementation", "_experts_implementation_internal",
+                "output_attentions", "output_hidden_states", "return_dict", "torchscript", "use_cache")
 
 
 @dataclass
@@ -236,6 +242,10 @@ def _copy_json(folder: Path, name: str, tmp: Path) -> None:
     regular(path, folder / name)
     data = read_json(path)
     data.pop("auto_map", None)  # remote code is never run; without it transformers' own classes are chosen
+    if name == "config.json":
+        for d in [data, *(v for v in data.values() if isinstance(v, dict))]:
+            for key in RUNTIME_KEYS:
+                d.pop(key, None)
     (tmp / name).write_text(json.dumps(data), encoding="utf-8")
 
 
@@ -305,6 +315,6 @@ def check_token_ids(ids: Any, n: int, shown: Any, what: str = "the tokenizer giv
                               f"(0-{n - 1})")
 
 
-__all__ = ["ATTENTION", "Staged", "TOKENIZER_FILES", "boundary", "check_config", "check_token_ids",
+__all__ = ["RUNTIME_KEYS", "Staged", "TOKENIZER_FILES", "boundary", "check_config", "check_token_ids",
            "check_tokenizer_files", "check_vocab", "no_gguf_bar", "one_line", "regular", "stage_tokenizer", "staged",
            "staged_tokenizer"]

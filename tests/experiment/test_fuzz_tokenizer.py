@@ -153,3 +153,29 @@ def test_fuzz_runner_config_values(base, edits):
             set_path(data, (key,), value)
         (m / "config.json").write_text(json.dumps(data, allow_nan=True))
         check_experiment(m, Path(d))
+
+
+short_text = st.text(st.characters(codec="utf-8"), max_size=6)
+gguf_tokenizer_meta = st.fixed_dictionaries({}, optional={
+    "model": st.sampled_from(["gpt2", "llama", "bert", "t5", "nope", ""]),
+    "tokens": st.lists(st.sampled_from(["<unk>", "<s>", "</s>", "t", "h", "Ġ", "th"]) | short_text, max_size=12),
+    "merges": st.lists(st.sampled_from(["t h", "Ġ t", "h e", "q zz", "", " ", "a b c"]) | short_text, max_size=6),
+    "token_type": st.lists(st.integers(-5, 9), min_size=1, max_size=12),
+    "scores": st.lists(st.floats(width=32, allow_nan=True), min_size=1, max_size=12),
+    "bos_token_id": st.integers(0, 2**64 - 1) | st.integers(0, 300),
+    "eos_token_id": st.integers(0, 2**64 - 1) | st.integers(0, 300),
+    "unknown_token_id": st.integers(0, 300),
+    "padding_token_id": st.integers(0, 300),
+    "pre": st.sampled_from(["llama3", "qwen2", "gpt-4o", "nope", ""]),
+})
+
+
+@FUZZ
+@given(meta=gguf_tokenizer_meta)
+def test_fuzz_gguf_tokenizer_metadata(tmp_path_factory, meta):
+    """A tiny Llama GGUF whose tokenizer.ggml.* metadata is replaced (transformers builds the tokenizer from it)."""
+    from tests.experiment import tiny_gguf
+
+    with tempfile.TemporaryDirectory() as d:
+        path = tiny_gguf.llama_gguf(Path(d) / "m.gguf", **meta)
+        check_experiment(path, Path(d))

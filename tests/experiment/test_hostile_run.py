@@ -112,10 +112,15 @@ def test_config_values_the_runner_uses_are_checked(models, tmp_path, case):
     assert says in one_error_line(experiment(m), str(m / "config.json"))
 
 
-def test_attn_implementation_in_the_config_is_not_used(models, tmp_path):
-    """flash_attention_2 (not installed) in config.json: the runner loads with its own kernel choice."""
+@pytest.mark.parametrize("values", [{"attn_implementation": "flash_attention_2"},
+                                    {"_attn_implementation": "flex_attention", "output_attentions": True},
+                                    {"experts_implementation": "grouped_mm"}, {"return_dict": False},
+                                    {"torchscript": True, "use_cache": True, "output_hidden_states": True}])
+def test_how_to_run_switches_in_the_config_are_not_used(models, tmp_path, values):
+    """flash_attention_2 (not installed), tuple outputs ...: the runner decides how the model runs (transformers'
+    default kernel for the family), so the loss is the unchanged checkpoint's."""
     m = copy(models, "llama", tmp_path)
-    edit_json(m / "config.json", attn_implementation="flash_attention_2")
+    edit_json(m / "config.json", **values)
     r = experiment(m)
     assert r.exit_code == 0 and r.stderr == "", r.stderr
     base = json.loads(experiment(models["llama"]).stdout)["baseline"]
