@@ -145,14 +145,15 @@ def _tokenizer(tokenizer: Any, st) -> tuple[Any, Any]:
             raise CheckpointError(f"{st.shown}: no tokenizer files ({', '.join(guard.TOKENIZER_FILES[:5])} …)"
                                   f"{hint}")
         shown = st.shown if st.gguf else _named(st.tokenizer_files)
-        with guard.boundary(shown, "transformers cannot build a tokenizer from it"):
+        with guard.boundary(shown, "transformers cannot build a tokenizer from it", native=True):
             return AutoTokenizer.from_pretrained(st.where, **st.kw), shown
     from pathlib import Path
 
     t = Path(tokenizer)
     if t.is_file():  # a WordPiece vocab.txt, one token a line (AntiBERTy ships one beside its model)
         guard.check_vocab(t)
-        with guard.boundary(t, "transformers cannot build a WordPiece tokenizer from it"):
+        with guard.boundary(t, "transformers cannot build a WordPiece tokenizer from it",
+                            native=True):
             return wordpiece(t, lower_case=False), t
     if not t.is_dir():
         raise CheckpointError(f"{t}: no such file or folder (--tokenizer)")
@@ -160,7 +161,7 @@ def _tokenizer(tokenizer: Any, st) -> tuple[Any, Any]:
         if not files:
             raise CheckpointError(f"{t}: no tokenizer files ({', '.join(guard.TOKENIZER_FILES[:5])} …){hint}")
         shown = _named(files)
-        with guard.boundary(shown, "transformers cannot build a tokenizer from it"):
+        with guard.boundary(shown, "transformers cannot build a tokenizer from it", native=True):
             return AutoTokenizer.from_pretrained(where, local_files_only=True, trust_remote_code=False), shown
 
 

@@ -43,7 +43,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 COPIED = ("config.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 WEIGHT_INDEXES = (("model.safetensors.index.json", "model.safetensors"),
                   ("pytorch_model.bin.index.json", "pytorch_model.bin"))
-MAX_TOKENIZER_BYTES = 1 << 30  # the largest tokenizer files (multilingual vocabularies) are tens of MB
+MAX_TOKENIZER_BYTES = 128 << 20  # the largest real ones (multilingual vocabularies, Gemma 3: 33 MB) are tens of MB
 # Switches in config.json that say how a model is to be run, not what it is: the runner decides them (transformers'
 # default attention kernel for the family, dict outputs), so a kernel that is not installed (flash_attention_2) or
 # tuple outputs cannot break it. Left out of the copied config.json (top level and sub-configs).
@@ -74,16 +74,55 @@ def one_line(e: BaseException) -> str:
     return text if plain else f"{type(e).__name__}: {text}"
 
 
+def is_panic(e: BaseException) -> bool:
+    """A Rust panic in a native extension (the tokenizers and safetensors libraries, through pyo3): raised as
+    ``pyo3_runtime.PanicException``, a BaseException, so ``except Exception`` does not see it."""
+    return type(e).__name__ == "PanicException"
+
+
 @contextlib.contextmanager
-def boundary(shown: Any, what: str) -> Iterator[None]:
+def boundary(shown: Any, what: str, native: bool = False) -> Iterator[None]:
     """Any exception a third-party library raises in the block becomes one CheckpointError line naming `shown`:
-    ``{shown}: {what} ({the exception})``. qkinspect's own errors and interrupts pass through."""
+    ``{shown}: {what} ({the exception})``; a Rust panic too. qkinspect's own errors and interrupts pass through.
+
+    `native`: the block runs the tokenizers library, whose panics print their own message (and, with
+    RUST_BACKTRACE, a backtrace) on file descriptor 2 before Python sees them: those lines are kept out of stderr.
+    """
     try:
-        yield
+        with quiet_native_stderr() if native else contextlib.nullcontext():
+            yield
     except (QkinspectError, KeyboardInterrupt, SystemExit, GeneratorExit):
         raise
-    except Exception as e:
+    except BaseException as e:
+        if not isinstance(e, Exception) and not is_panic(e):
+            raise
         raise CheckpointError(f"{shown}: {what} ({one_line(e)})") from None
+
+
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """File descriptor 2 pointed at a temporary file for the block (what native code writes there is dropped);
+    Python's own sys.stderr is untouched unless it is that descriptor, and it is flushed first."""
+    import sys
+
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no descriptor 2 to protect
+        yield
+        return
+    try:
+        with tempfile.TemporaryFile() as sink:
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stderr.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
 
 
 def regular(path: Path, shown: Any = None, limit: int = MAX_TOKENIZER_BYTES) -> int:
@@ -178,11 +217,8 @@ def check_tokenizer_files(folder: Path, names: list[str]) -> None:
 
         path = folder / "tokenizer.json"
         text = _text(path)
-        try:
-            Tokenizer.from_str(text)
-        except Exception as e:  # the tokenizers library's own parser: the one transformers uses
-            raise CheckpointError(f"{path}: not a tokenizer the tokenizers library can read ({one_line(e)})") \
-                from None
+        with boundary(path, "not a tokenizer the tokenizers library can read", native=True):
+            Tokenizer.from_str(text)  # the tokenizers library's own parser: the one transformers uses
     if "vocab.txt" in names:
         config = read_json(folder / "tokenizer_config.json") if "tokenizer_config.json" in names else {}
         check_vocab(folder / "vocab.txt", config.get("unk_token"))
@@ -315,6 +351,6 @@ def check_token_ids(ids: Any, n: int, shown: Any, what: str = "the tokenizer giv
                               f"(0-{n - 1})")
 
 
-__all__ = ["RUNTIME_KEYS", "Staged", "TOKENIZER_FILES", "boundary", "check_config", "check_token_ids",
-           "check_tokenizer_files", "check_vocab", "no_gguf_bar", "one_line", "regular", "stage_tokenizer", "staged",
-           "staged_tokenizer"]
+__all__ = ["RUNTIME_KEYS", "Staged", "TOKENIZER_FILES", "boundary", "check_config", "check_gguf_tokenizer",
+           "check_token_ids", "check_tokenizer_files", "check_vocab", "is_panic", "no_gguf_bar", "one_line",
+           "quiet_native_stderr", "regular", "stage_tokenizer", "staged", "staged_tokenizer"]

@@ -36,7 +36,11 @@ def base(tmp_path_factory) -> Path:
     return folder
 
 
-def check_experiment(model: Path, work: Path) -> None:
+def check_experiment(model: Path, work: Path, capfd=None) -> None:
+    """Run experiment in-process; `capfd` (pytest's descriptor capture) also sees what native code writes on
+    descriptor 2, which must stay empty."""
+    if capfd is not None:
+        capfd.readouterr()
     before = snapshot(work)
     t0 = time.perf_counter()
     r = CliRunner().invoke(app, ["experiment", str(model), *ARGS])
@@ -51,6 +55,9 @@ def check_experiment(model: Path, work: Path) -> None:
         assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
         assert r.stdout == ""
     assert snapshot(work) == before  # the model folder is never written
+    if capfd is not None:
+        err = capfd.readouterr().err
+        assert "panicked" not in err and "Traceback" not in err, err
     assert elapsed < SECONDS, f"took {elapsed:.1f} s"
 
 
@@ -84,25 +91,41 @@ token_values = (json_values | tokens | st.dictionaries(st.sampled_from(["content
                 | st.dictionaries(tokens, st.integers(-3, 10**6), max_size=4) | st.just("<delete>"))
 
 
+pieces = st.sampled_from(["a", "b", "ab", "##", "##b", "", "Ġ", "q"]) | st.text(max_size=3)
+models_ = st.fixed_dictionaries(
+    {"type": st.sampled_from(["BPE", "WordPiece", "WordLevel", "Unigram"])},
+    optional={"vocab": st.dictionaries(pieces, st.integers(-1, 40), max_size=6)
+              | st.lists(st.tuples(pieces, st.floats(-5, 0)), max_size=4),
+              "merges": st.lists(st.lists(pieces, min_size=0, max_size=3) | pieces, max_size=4),
+              "continuing_subword_prefix": st.none() | pieces, "end_of_word_suffix": st.none() | pieces,
+              "unk_token": st.none() | pieces, "unk_id": st.none() | st.integers(-1, 10),
+              "dropout": st.none() | st.floats(-1, 2), "byte_fallback": st.booleans(), "fuse_unk": st.booleans()})
+
+
 @FUZZ
-@given(edits=st.lists(st.tuples(st.sampled_from(TOKENIZER_JSON_PATHS), token_values), min_size=1, max_size=3))
-def test_fuzz_tokenizer_json(base, edits):
+@given(edits=st.lists(st.tuples(st.sampled_from(TOKENIZER_JSON_PATHS), token_values), min_size=1, max_size=3),
+       model=st.none() | models_)
+def test_fuzz_tokenizer_json(base, capfd, edits, model):
+    """Values of tokenizer.json's fields, and whole tokenizer models of each kind (a BPE merge shorter than its
+    continuing_subword_prefix made the Rust library panic: a BaseException, printed on descriptor 2)."""
+    if model is not None:
+        edits = [*edits, (("model",), model)]
     with tempfile.TemporaryDirectory() as d:
         m = mutated(base, Path(d))
         data = json.loads((m / "tokenizer.json").read_text())
         for path, value in edits:
             set_path(data, path, value)
         (m / "tokenizer.json").write_text(json.dumps(data, allow_nan=True))
-        check_experiment(m, Path(d))
+        check_experiment(m, Path(d), capfd)
 
 
 @FUZZ
 @given(ops=byte_edits(4000, 4000))
-def test_fuzz_tokenizer_json_bytes(base, ops):
+def test_fuzz_tokenizer_json_bytes(base, capfd, ops):
     with tempfile.TemporaryDirectory() as d:
         m = mutated(base, Path(d))
         apply_bytes(m / "tokenizer.json", ops)
-        check_experiment(m, Path(d))
+        check_experiment(m, Path(d), capfd)
 
 
 @FUZZ
@@ -172,10 +195,10 @@ gguf_tokenizer_meta = st.fixed_dictionaries({}, optional={
 
 @FUZZ
 @given(meta=gguf_tokenizer_meta)
-def test_fuzz_gguf_tokenizer_metadata(tmp_path_factory, meta):
+def test_fuzz_gguf_tokenizer_metadata(capfd, meta):
     """A tiny Llama GGUF whose tokenizer.ggml.* metadata is replaced (transformers builds the tokenizer from it)."""
     from tests.experiment import tiny_gguf
 
     with tempfile.TemporaryDirectory() as d:
         path = tiny_gguf.llama_gguf(Path(d) / "m.gguf", **meta)
-        check_experiment(path, Path(d))
+        check_experiment(path, Path(d), capfd)

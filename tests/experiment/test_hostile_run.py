@@ -159,6 +159,38 @@ def test_a_tokenizer_giving_ids_past_the_embeddings_is_refused(models, tmp_path)
     assert "but the model has 141 token embeddings" in one_error_line(experiment(m, "--text", path), "vocab.txt")
 
 
+
+def bpe_panicking_tokenizer_json() -> str:
+    """A BPE tokenizer.json whose merge is shorter than its continuing_subword_prefix: the tokenizers library
+    panics (Rust) while it builds the model, printing on descriptor 2 and raising a BaseException."""
+    return json.dumps({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+                       "normalizer": None, "pre_tokenizer": None, "post_processor": None, "decoder": None,
+                       "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "##",
+                                 "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                                 "ignore_merges": False, "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]}})
+
+
+def test_a_rust_panic_in_the_tokenizers_library_is_one_line(models, tmp_path, capfd):
+    """pyo3's PanicException is a BaseException (not an Exception) and the panic message is written on
+    descriptor 2 by Rust itself: both kept to the one error line."""
+    m = copy(models, "bert", tmp_path)
+    (m / "tokenizer.json").write_text(bpe_panicking_tokenizer_json())
+    r = experiment(m)
+    line = one_error_line(r, str(m / "tokenizer.json"))
+    assert "not a tokenizer the tokenizers library can read (PanicException" in line
+    out, err = capfd.readouterr()
+    assert "panicked" not in err and "backtrace" not in err, err
+    g = copy(models, "llama", tmp_path)
+    for f in ("tokenizer.json", "vocab.txt"):
+        (g / f).unlink()
+    edit_json(g / "tokenizer_config.json", tokenizer_class="GPT2Tokenizer")
+    (g / "vocab.json").write_text(json.dumps({"a": 0, "b": 1}))
+    (g / "merges.txt").write_text("a b\nzz q\n")
+    r = experiment(g)
+    assert "transformers cannot build a tokenizer from it (PanicException" in one_error_line(r, str(g / "vocab.json"))
+    assert "panicked" not in capfd.readouterr().err
+
+
 # -- class 3: nothing but the one line on stderr, through the real executable --------------------------------
 
 
