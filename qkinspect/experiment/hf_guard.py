@@ -43,7 +43,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 COPIED = ("config.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 WEIGHT_INDEXES = (("model.safetensors.index.json", "model.safetensors"),
                   ("pytorch_model.bin.index.json", "pytorch_model.bin"))
-MAX_TOKENIZER_BYTES = 128 << 20  # the largest real ones (multilingual vocabularies, Gemma 3: 33 MB) are tens of MB
+MAX_TOKENIZER_BYTES = 64 << 20  # the largest real ones (multilingual vocabularies, Gemma 3: 33 MB) are tens of MB
+MAX_VOCAB = 1 << 21  # tokens of a vocab.txt (real vocabularies: up to ~262k); the tokenizer holds each in a dict
 # Switches in config.json that say how a model is to be run, not what it is: the runner decides them (transformers'
 # default attention kernel for the family, dict outputs), so a kernel that is not installed (flash_attention_2) or
 # tuple outputs cannot break it. Left out of the copied config.json (top level and sub-configs).
@@ -229,6 +230,8 @@ def check_vocab(path: Path, unk: Any = None) -> None:
     tokenizer's config names another)."""
     regular(path)
     tokens = _text(path).splitlines()
+    if len(tokens) > MAX_VOCAB:
+        raise CheckpointError(f"{path}: {len(tokens):,} tokens, more than a vocabulary has (at most {MAX_VOCAB:,})")
     unk = unk.get("content") if isinstance(unk, dict) else unk
     unk = unk if isinstance(unk, str) and unk else "[UNK]"
     if not any(t.strip() for t in tokens):

@@ -191,6 +191,23 @@ def test_a_rust_panic_in_the_tokenizers_library_is_one_line(models, tmp_path, ca
     assert "panicked" not in capfd.readouterr().err
 
 
+
+def test_oversized_tokenizer_files_are_refused_before_they_are_read(models, tmp_path):
+    import time
+
+    from qkinspect.experiment.hf_guard import MAX_TOKENIZER_BYTES, MAX_VOCAB
+
+    m = copy(models, "bert", tmp_path)
+    with open(m / "tokenizer.json", "r+b") as f:  # sparse: its size, without the bytes
+        f.truncate(MAX_TOKENIZER_BYTES + 1)
+    t0 = time.perf_counter()
+    one_error_line(experiment(m), f"{m / 'tokenizer.json'}: {MAX_TOKENIZER_BYTES + 1:,} bytes, more than")
+    assert time.perf_counter() - t0 < 10
+    (m / "tokenizer.json").unlink()
+    (m / "vocab.txt").write_text("[UNK]\n" + "a\n" * MAX_VOCAB)
+    one_error_line(experiment(m), f"{m / 'vocab.txt'}: {MAX_VOCAB + 1:,} tokens, more than a vocabulary has")
+
+
 # -- class 3: nothing but the one line on stderr, through the real executable --------------------------------
 
 
