@@ -303,3 +303,13 @@ def test_a_tokenizer_folder_follows_the_same_link_rules(models, tmp_path):
     (tok / "vocab.txt").write_text("\n".join(tiny.VOCAB) + "\n")
     r = experiment(models["llama"], "--tokenizer", tok)
     assert r.exit_code == 0, r.stderr
+
+
+def test_a_weight_file_named_beside_its_config_is_what_transformers_reads(models, tmp_path):
+    """`experiment weights.safetensors`: the private folder holds that file as model.safetensors (transformers
+    looked for model.safetensors in the folder, which may not exist or may be another file)."""
+    m = copy(models, "llama", tmp_path)
+    (m / "model.safetensors").rename(m / "weights.safetensors")
+    r = experiment(m / "weights.safetensors")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["baseline"] == json.loads(experiment(models["llama"]).stdout)["baseline"]
