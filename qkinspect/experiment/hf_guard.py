@@ -222,22 +222,35 @@ def check_tokenizer_files(folder: Path, names: list[str]) -> None:
             Tokenizer.from_str(text)  # the tokenizers library's own parser: the one transformers uses
     if "vocab.txt" in names:
         config = read_json(folder / "tokenizer_config.json") if "tokenizer_config.json" in names else {}
-        check_vocab(folder / "vocab.txt", config.get("unk_token"))
+        special = read_json(folder / "special_tokens_map.json") if "special_tokens_map.json" in names else {}
+        cls = config.get("tokenizer_class")
+        # With tokenizer.json, vocab.txt is not what the tokenizer is built from; a class other than WordPiece's
+        # may need no unknown token.
+        wordpiece = "tokenizer.json" not in names and (cls is None or cls in WORDPIECE_CLASSES)
+        check_vocab(folder / "vocab.txt", config.get("unk_token") or special.get("unk_token"), unk=wordpiece)
 
 
-def check_vocab(path: Path, unk: Any = None) -> None:
-    """A WordPiece vocab.txt: UTF-8 text, one token a line, holding its unknown token (``[UNK]`` unless the
-    tokenizer's config names another)."""
+# transformers' tokenizer classes built from a WordPiece vocab.txt (the fast ones too)
+WORDPIECE_CLASSES = frozenset(f"{n}Tokenizer{fast}" for fast in ("", "Fast") for n in (
+    "Bert", "DistilBert", "Electra", "MobileBert", "SqueezeBert", "LayoutLM", "Funnel", "Lxmert", "RetriBert",
+    "MPNet", "ConvBert"))
+
+
+def check_vocab(path: Path, unk_token: Any = None, unk: bool = True) -> None:
+    """A vocab.txt: UTF-8 text, one token a line, of at most MAX_VOCAB tokens; for WordPiece (`unk`), holding its
+    unknown token (``[UNK]`` unless the tokenizer's config names another)."""
     regular(path)
     tokens = _text(path).splitlines()
     if len(tokens) > MAX_VOCAB:
         raise CheckpointError(f"{path}: {len(tokens):,} tokens, more than a vocabulary has (at most {MAX_VOCAB:,})")
-    unk = unk.get("content") if isinstance(unk, dict) else unk
-    unk = unk if isinstance(unk, str) and unk else "[UNK]"
+    if not unk:
+        return
+    name = unk_token.get("content") if isinstance(unk_token, dict) else unk_token
+    name = name if isinstance(name, str) and name else "[UNK]"
     if not any(t.strip() for t in tokens):
         raise CheckpointError(f"{path}: no tokens in this vocabulary")
-    if unk not in (t.rstrip("\n") for t in tokens) and unk not in (t.strip() for t in tokens):
-        raise CheckpointError(f"{path}: the vocabulary has no unknown token {unk!r}, which WordPiece needs")
+    if name not in tokens and name not in (t.strip() for t in tokens):
+        raise CheckpointError(f"{path}: the vocabulary has no unknown token {name!r}, which WordPiece needs")
 
 
 def _text(path: Path) -> str:

@@ -208,6 +208,22 @@ def test_oversized_tokenizer_files_are_refused_before_they_are_read(models, tmp_
     one_error_line(experiment(m), f"{m / 'vocab.txt'}: {MAX_VOCAB + 1:,} tokens, more than a vocabulary has")
 
 
+
+def test_vocab_txt_unknown_token_is_required_only_where_wordpiece_reads_it(models, tmp_path):
+    """vocab.txt beside a tokenizer.json is not what the tokenizer is built from; special_tokens_map.json may name
+    the unknown token."""
+    m = copy(models, "bert", tmp_path)
+    (m / "vocab.txt").write_text((m / "vocab.txt").read_text().replace("[UNK]", "<unk>"))
+    r = experiment(m)  # tokenizer.json is there: vocab.txt is not read
+    assert r.exit_code == 0, r.stderr
+    (m / "tokenizer.json").unlink()
+    one_error_line(experiment(m), "the vocabulary has no unknown token '[UNK]'")
+    edit_json(m / "tokenizer_config.json", unk_token=None)
+    (m / "special_tokens_map.json").write_text(json.dumps({"unk_token": "<unk>"}))
+    r = experiment(m)
+    assert r.exit_code == 0, r.stderr
+
+
 # -- class 3: nothing but the one line on stderr, through the real executable --------------------------------
 
 
