@@ -141,7 +141,9 @@ def _tokenizer(tokenizer: Any, st) -> tuple[Any, Any]:
         return tokenizer, "the tokenizer given"
     hint = "; name one with --tokenizer (a folder or a vocab.txt)"
     if tokenizer is None:
-        if not st.gguf and not st.tokenizer_files:
+        if st.gguf and not st.tokenizer_files:
+            raise CheckpointError(f"{st.shown}: no tokenizer in its metadata (tokenizer.ggml.tokens){hint}")
+        if not st.tokenizer_files:
             raise CheckpointError(f"{st.shown}: no tokenizer files ({', '.join(guard.TOKENIZER_FILES[:5])} …)"
                                   f"{hint}")
         shown = st.shown if st.gguf else _named(st.tokenizer_files)

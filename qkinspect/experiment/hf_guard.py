@@ -62,7 +62,7 @@ class Staged:
     kw: dict[str, Any]
     shown: Path
     config_file: Path
-    tokenizer_files: list[Path] = field(default_factory=list)
+    tokenizer_files: list[Path] = field(default_factory=list)  # a GGUF: itself, when it has tokenizer metadata
     gguf: bool = False
 
 
@@ -156,9 +156,10 @@ def _stage(resolved: Any, tmp: Path) -> Staged:
     common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
     if resolved.format == "gguf":  # config, weights and tokenizer all come from the file the user named
         regular(path, limit=1 << 62)
-        check_gguf_tokenizer(path)
+        has_tokenizer = check_gguf_tokenizer(path)
         _link(tmp, path.name, Path(os.path.realpath(path)))
-        return Staged(str(tmp), {**common, "gguf_file": path.name}, path, path, gguf=True)
+        return Staged(str(tmp), {**common, "gguf_file": path.name}, path, path, [path] if has_tokenizer else [],
+                      gguf=True)
     folder = path if path.is_dir() else path.parent
     _copy_json(folder, "config.json", tmp)
     for name in _weight_files(resolved, folder, path):
@@ -267,16 +268,16 @@ GGUF_TOKEN_IDS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_t
                   "mask_token_id", "cls_token_id", "eot_token_id", "eom_token_id")
 
 
-def check_gguf_tokenizer(path: Path) -> None:
+def check_gguf_tokenizer(path: Path) -> bool:
     """A GGUF file's tokenizer metadata as transformers reads it: a token list that is not empty, and special
-    token ids that index it; refused with the key named."""
+    token ids that index it; refused with the key named. False when the file has no tokenizer."""
     from qkinspect.loading.gguf import _field, _reader
     from qkinspect.loading.gguf_reader import array_length
 
     reader = _reader(path)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if tokens is None:
-        return  # no tokenizer: said once transformers finds none (--tokenizer names one)
+        return False
     n = array_length(tokens)
     if n < 1:
         raise CheckpointError(f"{path}: GGUF metadata 'tokenizer.ggml.tokens' is empty")
@@ -287,6 +288,7 @@ def check_gguf_tokenizer(path: Path) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
             raise CheckpointError(f"{path}: GGUF metadata 'tokenizer.ggml.{key}' is {value!r}, not one of the "
                                   f"{n} tokens' ids (0-{n - 1})")
+    return True
 
 
 def _copy_json(folder: Path, name: str, tmp: Path) -> None:

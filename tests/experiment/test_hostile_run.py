@@ -139,6 +139,9 @@ GGUF_CASES = {
     "empty token list": ({"tokens": []}, "'tokenizer.ggml.tokens' is empty"),
     "a merge naming a missing token": ({"merges": ["t h", "q zz"]}, "transformers cannot build a tokenizer"),
     "unknown tokenizer model": ({"model": "nope"}, "transformers cannot build a tokenizer"),
+    "no tokenizer at all": ({"tokens": None, "merges": None, "token_type": None, "bos_token_id": None,
+                             "eos_token_id": None, "unknown_token_id": None, "model": None},
+                            "no tokenizer in its metadata (tokenizer.ggml.tokens); name one with --tokenizer"),
 }
 
 
