@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import CheckpointError, ModelNotFoundError, UnsupportedModelError
-from qkinspect.loading.checked import check_counts, inside, read_json
+from qkinspect.loading.checked import check_counts, check_names, inside, read_json
 from qkinspect.loading.source import SafetensorsSource, TensorSource
 
 # What a snapshot download fetches: the config and the weights, nothing else.
@@ -161,6 +161,7 @@ def load_config(folder: Path) -> Any:
     if type(model_type) is not str:
         raise CheckpointError(f"{cfg_file}: model_type is {model_type!r}, not a string")
     check_counts(raw, cfg_file)
+    check_names(raw, cfg_file)
     from qkinspect.loading.adapters.registry import adapter_for
 
     try:
