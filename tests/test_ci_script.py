@@ -63,3 +63,15 @@ def test_versions_come_first_and_a_failing_test_fails_the_run(tmp_path, pytest_r
     assert calls.index("python .ci/versions.py") < calls.index("pytest ")
     assert calls[calls.index("pytest ") - 1] == "pip install -e .[test]"
     assert ("ruff check" in calls) == (pytest_rc == 0)
+
+
+def test_the_readme_says_cpu_torch_before_any_install_that_pulls_torch():
+    """A reader following the Quick start in order installs the CPU torch before the command that would fetch the
+    CUDA build; and the README says why .ci/run's pin gets a CPU wheel (not that pinning never helps)."""
+    quick = (ROOT / "README.md").read_text(encoding="utf-8").split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    cpu = quick.index("--index-url https://download.pytorch.org/whl/cpu")
+    assert cpu < quick.index('pip install -e ".[demo]"') and cpu < quick.index('pip install -e ".[test]"')
+    ci = (ROOT / ".ci/run").read_text(encoding="utf-8")
+    if "torch==" in ci:
+        assert "local wheel folder" in " ".join(quick.split()) and "local wheel folder" in ci
+    assert "does not change that" not in quick

@@ -29,8 +29,6 @@ FAMILIES = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "
             "olmo2": "llama", "phi3": "phi3", "gpt_neox": "gpt_neox", "bert": "bert", "roberta": "bert",
             "gpt2": "gpt2"}
 CAUSAL, MASKED, DRIFT = "causal", "masked", "drift"
-# model_types transformers runs only with its eager attention (no SDPA path for Gemma 2's soft-capped scores)
-EAGER_ONLY = {"gemma2"}
 
 
 @dataclass
@@ -92,8 +90,7 @@ def load_hf(resolved, tokenizer: Any = None, device: str = "cpu") -> HFModel:
     with _quiet_transformers(), guard.staged(resolved) as st, guard.no_gguf_bar(st.gguf):
         config = _config(st)
         with guard.boundary(st.shown, "transformers cannot build the model from it"):
-            model, kind = _load_model(family, st.where, {**st.kw, "config": config,
-                                                         "attn_implementation": _attention(config)}, st.shown)
+            model, kind = _load_model(family, st.where, {**st.kw, "config": config}, st.shown)
         tok, tok_shown = _tokenizer(tokenizer, st)
     if len(tok) <= len(set(tok.all_special_ids)):  # transformers builds an empty one from a bare config
         raise CheckpointError(f"{tok_shown}: no tokenizer vocabulary found; "
@@ -102,13 +99,6 @@ def load_hf(resolved, tokenizer: Any = None, device: str = "cpu") -> HFModel:
     if device != "cpu":
         model.to(device)
     return HFModel(model, family, kind, tok, tok_shown)
-
-
-def _attention(config) -> str:
-    """The attention kernel to build the model with: SDPA, or eager where transformers has no SDPA path."""
-    from qkinspect.experiment import hf_guard as guard
-
-    return "eager" if config.model_type in EAGER_ONLY else guard.ATTENTION
 
 
 def _config(st) -> Any:
@@ -158,18 +148,21 @@ def _tokenizer(tokenizer: Any, st) -> tuple[Any, Any]:
         return tokenizer, "the tokenizer given"
     hint = "; name one with --tokenizer (a folder or a vocab.txt)"
     if tokenizer is None:
-        if not st.gguf and not st.tokenizer_files:
+        if st.gguf and not st.tokenizer_files:
+            raise CheckpointError(f"{st.shown}: no tokenizer in its metadata (tokenizer.ggml.tokens){hint}")
+        if not st.tokenizer_files:
             raise CheckpointError(f"{st.shown}: no tokenizer files ({', '.join(guard.TOKENIZER_FILES[:5])} …)"
                                   f"{hint}")
         shown = st.shown if st.gguf else _named(st.tokenizer_files)
-        with guard.boundary(shown, "transformers cannot build a tokenizer from it"):
+        with guard.boundary(shown, "transformers cannot build a tokenizer from it", native=True):
             return AutoTokenizer.from_pretrained(st.where, **st.kw), shown
     from pathlib import Path
 
     t = Path(tokenizer)
     if t.is_file():  # a WordPiece vocab.txt, one token a line (AntiBERTy ships one beside its model)
         guard.check_vocab(t)
-        with guard.boundary(t, "transformers cannot build a WordPiece tokenizer from it"):
+        with guard.boundary(t, "transformers cannot build a WordPiece tokenizer from it",
+                            native=True):
             return wordpiece(t, lower_case=False), t
     if not t.is_dir():
         raise CheckpointError(f"{t}: no such file or folder (--tokenizer)")
@@ -177,7 +170,7 @@ def _tokenizer(tokenizer: Any, st) -> tuple[Any, Any]:
         if not files:
             raise CheckpointError(f"{t}: no tokenizer files ({', '.join(guard.TOKENIZER_FILES[:5])} …){hint}")
         shown = _named(files)
-        with guard.boundary(shown, "transformers cannot build a tokenizer from it"):
+        with guard.boundary(shown, "transformers cannot build a tokenizer from it", native=True):
             return AutoTokenizer.from_pretrained(where, local_files_only=True, trust_remote_code=False), shown
 
 

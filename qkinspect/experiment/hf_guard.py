@@ -8,8 +8,9 @@ runs its own parsers and raises whatever they raise. So, before transformers see
   checked (`qkinspect.loading.checked.inside`: a relative name that resolves, after links, inside the model's
   folder; a regular file; of bounded size): links to the weights and the tokenizer's files, and copies of the small
   JSON files written from their checked contents, with ``auto_map`` left out (it names remote code, which is never
-  run: the model_type alone chooses transformers' own classes). transformers is pointed at that folder, so no
-  other file of the model's folder, and nothing outside it, is opened.
+  run: the model_type alone chooses transformers' own classes) and the switches that say how to run the model
+  rather than what it is (`RUNTIME_KEYS`: attn_implementation, return_dict ...). transformers is pointed at that
+  folder, so no other file of the model's folder, and nothing outside it, is opened.
 - `check_tokenizer_files`: tokenizer.json parsed by the tokenizers library itself, vocab.txt UTF-8 text with its
   unknown token, JSON files objects, where they enter, with the file named.
 - `check_config`: the config values the runner uses and transformers checks only while it builds the model
@@ -42,8 +43,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 COPIED = ("config.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 WEIGHT_INDEXES = (("model.safetensors.index.json", "model.safetensors"),
                   ("pytorch_model.bin.index.json", "pytorch_model.bin"))
-MAX_TOKENIZER_BYTES = 1 << 30  # the largest tokenizer files (multilingual vocabularies) are tens of MB
-ATTENTION = "sdpa"  # the attention kernel (eager where hf.EAGER_ONLY says); config.json's choice is ignored
+MAX_TOKENIZER_BYTES = 64 << 20  # the largest real ones (multilingual vocabularies, Gemma 3: 33 MB) are tens of MB
+MAX_VOCAB = 1 << 21  # tokens of a vocab.txt (real vocabularies: up to ~262k); the tokenizer holds each in a dict
+# Switches in config.json that say how a model is to be run, not what it is: the runner decides them (transformers'
+# default attention kernel for the family, dict outputs), so a kernel that is not installed (flash_attention_2) or
+# tuple outputs cannot break it. Left out of the copied config.json (top level and sub-configs).
+RUNTIME_KEYS = ("attn_implementation", "_attn_implementation", "_attn_implementation_internal",
+                "experts_implementation", "_experts_implementation", "_experts_implementation_internal",
+                "output_attentions", "output_hidden_states", "return_dict", "torchscript", "use_cache")
 
 
 @dataclass
@@ -55,7 +62,7 @@ class Staged:
     kw: dict[str, Any]
     shown: Path
     config_file: Path
-    tokenizer_files: list[Path] = field(default_factory=list)
+    tokenizer_files: list[Path] = field(default_factory=list)  # a GGUF: itself, when it has tokenizer metadata
     gguf: bool = False
 
 
@@ -68,16 +75,55 @@ def one_line(e: BaseException) -> str:
     return text if plain else f"{type(e).__name__}: {text}"
 
 
+def is_panic(e: BaseException) -> bool:
+    """A Rust panic in a native extension (the tokenizers and safetensors libraries, through pyo3): raised as
+    ``pyo3_runtime.PanicException``, a BaseException, so ``except Exception`` does not see it."""
+    return type(e).__name__ == "PanicException"
+
+
 @contextlib.contextmanager
-def boundary(shown: Any, what: str) -> Iterator[None]:
+def boundary(shown: Any, what: str, native: bool = False) -> Iterator[None]:
     """Any exception a third-party library raises in the block becomes one CheckpointError line naming `shown`:
-    ``{shown}: {what} ({the exception})``. qkinspect's own errors and interrupts pass through."""
+    ``{shown}: {what} ({the exception})``; a Rust panic too. qkinspect's own errors and interrupts pass through.
+
+    `native`: the block runs the tokenizers library, whose panics print their own message (and, with
+    RUST_BACKTRACE, a backtrace) on file descriptor 2 before Python sees them: those lines are kept out of stderr.
+    """
     try:
-        yield
+        with quiet_native_stderr() if native else contextlib.nullcontext():
+            yield
     except (QkinspectError, KeyboardInterrupt, SystemExit, GeneratorExit):
         raise
-    except Exception as e:
+    except BaseException as e:
+        if not isinstance(e, Exception) and not is_panic(e):
+            raise
         raise CheckpointError(f"{shown}: {what} ({one_line(e)})") from None
+
+
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """File descriptor 2 pointed at a temporary file for the block (what native code writes there is dropped);
+    Python's own sys.stderr is untouched unless it is that descriptor, and it is flushed first."""
+    import sys
+
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no descriptor 2 to protect
+        yield
+        return
+    try:
+        with tempfile.TemporaryFile() as sink:
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stderr.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
 
 
 def regular(path: Path, shown: Any = None, limit: int = MAX_TOKENIZER_BYTES) -> int:
@@ -110,9 +156,10 @@ def _stage(resolved: Any, tmp: Path) -> Staged:
     common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
     if resolved.format == "gguf":  # config, weights and tokenizer all come from the file the user named
         regular(path, limit=1 << 62)
-        check_gguf_tokenizer(path)
+        has_tokenizer = check_gguf_tokenizer(path)
         _link(tmp, path.name, Path(os.path.realpath(path)))
-        return Staged(str(tmp), {**common, "gguf_file": path.name}, path, path, gguf=True)
+        return Staged(str(tmp), {**common, "gguf_file": path.name}, path, path, [path] if has_tokenizer else [],
+                      gguf=True)
     folder = path if path.is_dir() else path.parent
     _copy_json(folder, "config.json", tmp)
     for name in _weight_files(resolved, folder, path):
@@ -172,27 +219,39 @@ def check_tokenizer_files(folder: Path, names: list[str]) -> None:
 
         path = folder / "tokenizer.json"
         text = _text(path)
-        try:
-            Tokenizer.from_str(text)
-        except Exception as e:  # the tokenizers library's own parser: the one transformers uses
-            raise CheckpointError(f"{path}: not a tokenizer the tokenizers library can read ({one_line(e)})") \
-                from None
+        with boundary(path, "not a tokenizer the tokenizers library can read", native=True):
+            Tokenizer.from_str(text)  # the tokenizers library's own parser: the one transformers uses
     if "vocab.txt" in names:
         config = read_json(folder / "tokenizer_config.json") if "tokenizer_config.json" in names else {}
-        check_vocab(folder / "vocab.txt", config.get("unk_token"))
+        special = read_json(folder / "special_tokens_map.json") if "special_tokens_map.json" in names else {}
+        cls = config.get("tokenizer_class")
+        # With tokenizer.json, vocab.txt is not what the tokenizer is built from; a class other than WordPiece's
+        # may need no unknown token.
+        wordpiece = "tokenizer.json" not in names and (cls is None or cls in WORDPIECE_CLASSES)
+        check_vocab(folder / "vocab.txt", config.get("unk_token") or special.get("unk_token"), unk=wordpiece)
 
 
-def check_vocab(path: Path, unk: Any = None) -> None:
-    """A WordPiece vocab.txt: UTF-8 text, one token a line, holding its unknown token (``[UNK]`` unless the
-    tokenizer's config names another)."""
+# transformers' tokenizer classes built from a WordPiece vocab.txt (the fast ones too)
+WORDPIECE_CLASSES = frozenset(f"{n}Tokenizer{fast}" for fast in ("", "Fast") for n in (
+    "Bert", "DistilBert", "Electra", "MobileBert", "SqueezeBert", "LayoutLM", "Funnel", "Lxmert", "RetriBert",
+    "MPNet", "ConvBert"))
+
+
+def check_vocab(path: Path, unk_token: Any = None, unk: bool = True) -> None:
+    """A vocab.txt: UTF-8 text, one token a line, of at most MAX_VOCAB tokens; for WordPiece (`unk`), holding its
+    unknown token (``[UNK]`` unless the tokenizer's config names another)."""
     regular(path)
     tokens = _text(path).splitlines()
-    unk = unk.get("content") if isinstance(unk, dict) else unk
-    unk = unk if isinstance(unk, str) and unk else "[UNK]"
+    if len(tokens) > MAX_VOCAB:
+        raise CheckpointError(f"{path}: {len(tokens):,} tokens, more than a vocabulary has (at most {MAX_VOCAB:,})")
+    if not unk:
+        return
+    name = unk_token.get("content") if isinstance(unk_token, dict) else unk_token
+    name = name if isinstance(name, str) and name else "[UNK]"
     if not any(t.strip() for t in tokens):
         raise CheckpointError(f"{path}: no tokens in this vocabulary")
-    if unk not in (t.rstrip("\n") for t in tokens) and unk not in (t.strip() for t in tokens):
-        raise CheckpointError(f"{path}: the vocabulary has no unknown token {unk!r}, which WordPiece needs")
+    if name not in tokens and name not in (t.strip() for t in tokens):
+        raise CheckpointError(f"{path}: the vocabulary has no unknown token {name!r}, which WordPiece needs")
 
 
 def _text(path: Path) -> str:
@@ -209,16 +268,16 @@ GGUF_TOKEN_IDS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_t
                   "mask_token_id", "cls_token_id", "eot_token_id", "eom_token_id")
 
 
-def check_gguf_tokenizer(path: Path) -> None:
+def check_gguf_tokenizer(path: Path) -> bool:
     """A GGUF file's tokenizer metadata as transformers reads it: a token list that is not empty, and special
-    token ids that index it; refused with the key named."""
+    token ids that index it; refused with the key named. False when the file has no tokenizer."""
     from qkinspect.loading.gguf import _field, _reader
     from qkinspect.loading.gguf_reader import array_length
 
     reader = _reader(path)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if tokens is None:
-        return  # no tokenizer: said once transformers finds none (--tokenizer names one)
+        return False
     n = array_length(tokens)
     if n < 1:
         raise CheckpointError(f"{path}: GGUF metadata 'tokenizer.ggml.tokens' is empty")
@@ -229,6 +288,7 @@ def check_gguf_tokenizer(path: Path) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
             raise CheckpointError(f"{path}: GGUF metadata 'tokenizer.ggml.{key}' is {value!r}, not one of the "
                                   f"{n} tokens' ids (0-{n - 1})")
+    return True
 
 
 def _copy_json(folder: Path, name: str, tmp: Path) -> None:
@@ -236,6 +296,10 @@ def _copy_json(folder: Path, name: str, tmp: Path) -> None:
     regular(path, folder / name)
     data = read_json(path)
     data.pop("auto_map", None)  # remote code is never run; without it transformers' own classes are chosen
+    if name == "config.json":
+        for d in [data, *(v for v in data.values() if isinstance(v, dict))]:
+            for key in RUNTIME_KEYS:
+                d.pop(key, None)
     (tmp / name).write_text(json.dumps(data), encoding="utf-8")
 
 
@@ -305,6 +369,6 @@ def check_token_ids(ids: Any, n: int, shown: Any, what: str = "the tokenizer giv
                               f"(0-{n - 1})")
 
 
-__all__ = ["ATTENTION", "Staged", "TOKENIZER_FILES", "boundary", "check_config", "check_token_ids",
-           "check_tokenizer_files", "check_vocab", "no_gguf_bar", "one_line", "regular", "stage_tokenizer", "staged",
-           "staged_tokenizer"]
+__all__ = ["RUNTIME_KEYS", "Staged", "TOKENIZER_FILES", "boundary", "check_config", "check_gguf_tokenizer",
+           "check_token_ids", "check_tokenizer_files", "check_vocab", "is_panic", "no_gguf_bar", "one_line",
+           "quiet_native_stderr", "regular", "stage_tokenizer", "staged", "staged_tokenizer"]

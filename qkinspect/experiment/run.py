@@ -146,7 +146,7 @@ def run_experiment(
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device)
     spec = info.blocks[0]
     head_list = list(heads) if heads is not None else list(range(spec.n_heads))
-    with boundary(hf.tokenizer_source, f"the tokenizer cannot read {source.name}"):
+    with boundary(hf.tokenizer_source, f"the tokenizer cannot read {source.name}", native=True):
         ids = windows(hf, source, tokens, window)
     fed = ids.unique().tolist()  # the ids the model will embed (the text's, and [CLS]/[SEP] around encoders')
     if hf.kind == "masked":

@@ -36,7 +36,7 @@ NULLABLE = frozenset({"num_key_value_heads", "head_dim", "q_lora_rank", "num_kv_
                       "num_decoder_layers", "attention_head_size", "embedding_size", "multi_query_group_num"})
 # (query heads, key/value heads): the second must divide the first (grouped-query attention).
 _GROUPS = (("num_attention_heads", "num_key_value_heads"), ("n_head", "num_kv_heads"),
-           ("num_attention_heads", "multi_query_group_num"))
+           ("num_attention_heads", "num_kv_heads"), ("num_attention_heads", "multi_query_group_num"))
 MAX_DEPTH = 64  # nesting a config or index may have (real ones have 3 or 4 levels)
 # The largest count a description may give. Config classes build per-layer lists from the layer count (layer_types:
 # 8 bytes a layer), so a count of 2**40 would exhaust memory before any tensor is looked at; real models have at most
@@ -149,6 +149,14 @@ def check_counts(data: dict[str, Any], path: Path, where: str = "") -> None:
             raise CheckpointError(f"{path}: {where}{heads} ({h}) is not a multiple of {where}{groups} ({g})")
 
 
+def check_names(data: dict[str, Any], path: Path) -> None:
+    """Refuse an ``architectures`` that is not a list of class names (or null): the model's identity reads it."""
+    archs = data.get("architectures")
+    if archs is not None and (type(archs) is not list or not all(type(a) is str for a in archs)):
+        shown = repr(archs) if len(repr(archs)) <= 60 else repr(archs)[:57] + "..."
+        raise CheckpointError(f"{path}: architectures is {shown}, not a list of class names")
+
+
 def positive_int(value: Any, path: Path, key: str, limit: int = MAX_COUNT) -> int:
     """A count from file metadata (GGUF): an integer from 1 to `limit`, else CheckpointError naming the file and
     key."""
@@ -173,5 +181,5 @@ def _in_range(value: int, path: Path, key: str, limit: int) -> int:
     return value
 
 
-__all__ = ["read_json", "read_text", "inside", "allowed_roots", "check_counts", "positive_int", "os_reason",
-           "MAX_COUNT"]
+__all__ = ["read_json", "read_text", "inside", "allowed_roots", "check_counts", "check_names", "positive_int",
+           "os_reason", "MAX_COUNT"]

@@ -126,7 +126,13 @@ class GGUFSource(TensorSource):
             k_b, v_b = (self._dequantized(t) for t in self._split[stored_name])
             kv = torch.cat([k_b.reshape(H, r, dn).transpose(1, 2), v_b.reshape(H, dv, r)], dim=1)  # (H, dn+dv, r)
             return kv.reshape(H * (dn + dv), r)  # per head [k_nope (dn) | v (dv)] rows, as kv_b_proj stores them
-        return self._as_hf(stored_name, self._dequantized(self._tensors[stored_name]))
+        t = self._tensors[stored_name]
+        try:
+            return self._as_hf(stored_name, self._dequantized(t))
+        except CheckpointError as e:  # the converter's layout cannot be undone: said with the file and tensor
+            if str(e).startswith(str(self.path)):
+                raise
+            raise CheckpointError(f"{self.path}: tensor {t.name!r} {_ne(t)}: {e}") from None
 
     def _dequantized(self, t: Any) -> Tensor:
         import numpy as np

@@ -137,7 +137,8 @@ class LoadedModel:
             out[name] = cast(self._floating(name, t))
         for name in a.optional_names(block, layer):
             t = self._placeholder(name) if name in skip else self.source.get(name)
-            if t is not None:
+            if t is not None:  # biases and norms: checked like the weights, where they enter
+                self._check_shape(name, tuple(t.shape), shapes.get(name))
                 out[name] = cast(self._floating(name, t))
         return out
 
@@ -182,9 +183,14 @@ class LoadedModel:
     def _build(self, block: str, layer: int, tensors: dict[str, Tensor]) -> AttentionLayer:
         try:
             return self.adapter.build(block, layer, tensors)
+        except CheckpointError as e:  # an adapter's own check: said with the file, once
+            if str(e).startswith(str(self.info.source)):
+                raise
+            raise CheckpointError(f"{self.info.source}: {block} layer {layer}: {e}") from None
         except QkinspectError:
             raise
-        except (ValueError, AssertionError) as e:  # shape checks inside the adapter or AttentionLayer
+        except (ValueError, AssertionError, RuntimeError, IndexError) as e:  # shapes inside the adapter (a
+            # reshape torch refuses) or AttentionLayer's own checks: the checkpoint disagrees with itself
             raise CheckpointError(f"{self.info.source}: {block} layer {layer}: {_one_line(e)}") from None
 
     def layers(

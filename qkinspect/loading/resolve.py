@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import CheckpointError, ModelNotFoundError, UnsupportedModelError
-from qkinspect.loading.checked import check_counts, inside, read_json
+from qkinspect.loading.checked import check_counts, check_names, inside, read_json
 from qkinspect.loading.source import SafetensorsSource, TensorSource
 
 # What a snapshot download fetches: the config and the weights, nothing else.
@@ -110,17 +110,33 @@ _HUB_CACHE_DIR = re.compile(r"models--(.+)")
 def folder_name(folder: Path) -> str:
     """A model folder's name for titles: the folder's own name (its parent's when it is a generic `model`,
     `weights` …), or `org/name` for a snapshot in the Hugging Face cache (…/models--org--name/snapshots/<commit>).
-    The path itself stays in ModelInfo.source.
+    The path itself stays in ModelInfo.source. The demo model's folder is named as the demo (all-MiniLM-L6-v2),
+    whether it is given by path or not at all.
 
     config.json's `_name_or_path` is not used: it names the checkpoint a model was loaded from before it was
     saved, which for a fine-tune is its base (all-MiniLM-L6-v2's says nreimers/MiniLM-L6-H384-uncased).
     """
     folder = folder.resolve()
+    if _is_demo(folder):  # the demo by path has the name it has without a model argument
+        from qkinspect.demo import DEMO_NAME
+
+        return DEMO_NAME
     if folder.parent.name == "snapshots" and (m := _HUB_CACHE_DIR.fullmatch(folder.parent.parent.name)):
         return m.group(1).replace("--", "/")
     if folder.name.lower() in _GENERIC_FOLDERS and folder.parent.name:
         return folder.parent.name
     return folder.name or str(folder)
+
+
+def _is_demo(folder: Path) -> bool:
+    """Whether `folder` (resolved) is the bundled demo model's folder (qkinspect.demo), when that is installed."""
+    from qkinspect.demo import demo_path
+    from qkinspect.errors import DemoNotInstalledError
+
+    try:
+        return folder == demo_path().resolve()
+    except DemoNotInstalledError:
+        return False
 
 
 def file_name(path: Path) -> str:
@@ -145,6 +161,7 @@ def load_config(folder: Path) -> Any:
     if type(model_type) is not str:
         raise CheckpointError(f"{cfg_file}: model_type is {model_type!r}, not a string")
     check_counts(raw, cfg_file)
+    check_names(raw, cfg_file)
     from qkinspect.loading.adapters.registry import adapter_for
 
     try:

@@ -29,7 +29,9 @@ def spectra(result: AnalysisResult, canvas: Canvas = new_figure) -> Figure:
     """
     pairs = spectra_layers(result)
     if not pairs:
-        raise InputError("the spectra figure needs singular values: analyze with spectra=('qk',) (the default)")
+        raise InputError("the spectra figure needs singular values, which this analysis does not hold (analyze keeps "
+                         "them with spectra=('qk',), the default; a saved analysis' JSON does not: draw the spectra "
+                         "from the model)")
     blocks = list(dict.fromkeys(b for b, _ in pairs))
     shapes = {b: _panel_grid(sum(1 for x, _ in pairs if x == b)) for b in blocks}
     rows = [shapes[b][0] for b in blocks]

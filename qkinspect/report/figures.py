@@ -153,7 +153,8 @@ def _first_block_with_overlap(result: AnalysisResult) -> str:
     for b in blocks_of(result):
         if any(r.block == b and r.head_overlap is not None for r in result.layers):
             return b
-    raise InputError("the heads figure needs head-by-head overlap matrices, and this analysis holds none")
+    raise InputError("the heads figure needs head-by-head overlap matrices, and this analysis holds none "
+                     "(analyze --metrics default,head_overlap measures them)")
 
 
 def _head_overlap(result: AnalysisResult, block: str, layer: int) -> np.ndarray:

@@ -52,9 +52,15 @@ def cover(pages: TextPages, result: AnalysisResult, date: dt.datetime, title: st
                  ("architecture", m.architecture or "n/a"), ("format", m.format), ("revision", m.revision or "n/a"),
                  ("storage dtype", m.dtype or "n/a"),
                  ("attention weights", f"{m.attention_bytes:,} bytes" if m.attention_bytes else "n/a")])
-    pages.table(blocks_table(result), min_column=0.7)
+    t = blocks_table(result)  # the flags (several words) below the table: a column of theirs overprints its neighbours
+    pages.table(Table(t.title, t.header[:-1], [r[:-1] for r in t.rows]), min_column=0.7)
+    pages.pairs([(f"{r[0]} flags", r[-1]) for r in t.rows])
     pages.heading("Processing", size=11)
     pages.pairs([(k, _value(v)) for k, v in asdict(result.processing).items() if k != "metrics"])
+    from qkinspect.report.summary import qk_norm_notice
+
+    if notice := qk_norm_notice(result):
+        pages.paragraph(notice, color="#a00000")
     pages.heading("This report", size=11)
     n_heads = len(result.heads)
     pages.pairs([("tool", f"qkinspect {__version__}"), ("date", date.strftime("%Y-%m-%d %H:%M %Z").strip()),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import typer
-from typer._click import Context
 
 from qkinspect.cli.app import app
 from qkinspect.cli.help_render import reflow
@@ -19,7 +18,7 @@ BORDER = "│╭╮╰╯─"
 def texts(name: str | None) -> list[str]:
     """Every text the help of `name` (None: the root) prints: prose paragraphs and help records."""
     cmd = GROUP if name is None else GROUP.commands[name]
-    ctx = Context(cmd, info_name=name or "qkinspect")
+    ctx = cmd.make_context(name or "qkinspect", [], resilient_parsing=True)
     out = reflow(cmd.help).split("\n\n")
     for p in cmd.get_params(ctx):
         rec = p.get_help_record(ctx)

@@ -205,15 +205,23 @@ def test_report_experiment_refuses_a_huge_runs_file(cli, tiny_bert, tmp_path):
 
 @pytest.mark.parametrize("name", ["fifo", "/dev/zero", "link to /dev/zero", "link to a FIFO"])
 def test_sweep_files_that_are_not_regular(tmp_path, name):
-    from qkinspect.sweep.store import MANIFEST, read_result, read_sweep
+    from qkinspect.sweep import Checkpoint
+    from qkinspect.sweep.store import MANIFEST, load_result, read_sweep, result_key, result_path
 
-    path = hostile_files(tmp_path)[name]
-    with bounded():
-        assert read_result(path, "0123456789abcdef") is None  # a resumed sweep computes it again
+    target = hostile_files(tmp_path)[name]
     folder = tmp_path / "sweep"
-    folder.mkdir()
-    (folder / MANIFEST).symlink_to(path)
-    with bounded(), pytest.raises(InputError, match="not a sweep folder|not a regular file"):
+    ck = Checkpoint("x", None, "x", "x#0")
+    key = result_key(ck, {})
+    path = result_path(folder, ck, key)
+    path.parent.mkdir(parents=True)
+    if name == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(target)
+    with bounded(), pytest.raises(InputError, match=f"^{path}: is a (FIFO|link)"):
+        load_result(folder, ck, key, {})  # a resumed sweep computes it again; plot and report refuse it
+    (folder / MANIFEST).symlink_to(target)
+    with bounded(), pytest.raises(InputError, match="not a regular file"):
         read_sweep(folder)
 
 

@@ -112,10 +112,15 @@ def test_config_values_the_runner_uses_are_checked(models, tmp_path, case):
     assert says in one_error_line(experiment(m), str(m / "config.json"))
 
 
-def test_attn_implementation_in_the_config_is_not_used(models, tmp_path):
-    """flash_attention_2 (not installed) in config.json: the runner loads with its own kernel choice."""
+@pytest.mark.parametrize("values", [{"attn_implementation": "flash_attention_2"},
+                                    {"_attn_implementation": "flex_attention", "output_attentions": True},
+                                    {"experts_implementation": "grouped_mm"}, {"return_dict": False},
+                                    {"torchscript": True, "use_cache": True, "output_hidden_states": True}])
+def test_how_to_run_switches_in_the_config_are_not_used(models, tmp_path, values):
+    """flash_attention_2 (not installed), tuple outputs ...: the runner decides how the model runs (transformers'
+    default kernel for the family), so the loss is the unchanged checkpoint's."""
     m = copy(models, "llama", tmp_path)
-    edit_json(m / "config.json", attn_implementation="flash_attention_2")
+    edit_json(m / "config.json", **values)
     r = experiment(m)
     assert r.exit_code == 0 and r.stderr == "", r.stderr
     base = json.loads(experiment(models["llama"]).stdout)["baseline"]
@@ -134,6 +139,9 @@ GGUF_CASES = {
     "empty token list": ({"tokens": []}, "'tokenizer.ggml.tokens' is empty"),
     "a merge naming a missing token": ({"merges": ["t h", "q zz"]}, "transformers cannot build a tokenizer"),
     "unknown tokenizer model": ({"model": "nope"}, "transformers cannot build a tokenizer"),
+    "no tokenizer at all": ({"tokens": None, "merges": None, "token_type": None, "bos_token_id": None,
+                             "eos_token_id": None, "unknown_token_id": None, "model": None},
+                            "no tokenizer in its metadata (tokenizer.ggml.tokens); name one with --tokenizer"),
 }
 
 
@@ -152,6 +160,71 @@ def test_a_tokenizer_giving_ids_past_the_embeddings_is_refused(models, tmp_path)
     path = tmp_path / "t.txt"
     path.write_text("hello " * 200)
     assert "but the model has 141 token embeddings" in one_error_line(experiment(m, "--text", path), "vocab.txt")
+
+
+
+def bpe_panicking_tokenizer_json() -> str:
+    """A BPE tokenizer.json whose merge is shorter than its continuing_subword_prefix: the tokenizers library
+    panics (Rust) while it builds the model, printing on descriptor 2 and raising a BaseException."""
+    return json.dumps({"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+                       "normalizer": None, "pre_tokenizer": None, "post_processor": None, "decoder": None,
+                       "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "##",
+                                 "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                                 "ignore_merges": False, "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]}})
+
+
+def test_a_rust_panic_in_the_tokenizers_library_is_one_line(models, tmp_path, capfd):
+    """pyo3's PanicException is a BaseException (not an Exception) and the panic message is written on
+    descriptor 2 by Rust itself: both kept to the one error line."""
+    m = copy(models, "bert", tmp_path)
+    (m / "tokenizer.json").write_text(bpe_panicking_tokenizer_json())
+    r = experiment(m)
+    line = one_error_line(r, str(m / "tokenizer.json"))
+    assert "not a tokenizer the tokenizers library can read (PanicException" in line
+    out, err = capfd.readouterr()
+    assert "panicked" not in err and "backtrace" not in err, err
+    g = copy(models, "llama", tmp_path)
+    for f in ("tokenizer.json", "vocab.txt"):
+        (g / f).unlink()
+    edit_json(g / "tokenizer_config.json", tokenizer_class="GPT2Tokenizer")
+    (g / "vocab.json").write_text(json.dumps({"a": 0, "b": 1}))
+    (g / "merges.txt").write_text("a b\nzz q\n")
+    r = experiment(g)
+    assert "transformers cannot build a tokenizer from it (PanicException" in one_error_line(r, str(g / "vocab.json"))
+    assert "panicked" not in capfd.readouterr().err
+
+
+
+def test_oversized_tokenizer_files_are_refused_before_they_are_read(models, tmp_path):
+    import time
+
+    from qkinspect.experiment.hf_guard import MAX_TOKENIZER_BYTES, MAX_VOCAB
+
+    m = copy(models, "bert", tmp_path)
+    with open(m / "tokenizer.json", "r+b") as f:  # sparse: its size, without the bytes
+        f.truncate(MAX_TOKENIZER_BYTES + 1)
+    t0 = time.perf_counter()
+    one_error_line(experiment(m), f"{m / 'tokenizer.json'}: {MAX_TOKENIZER_BYTES + 1:,} bytes, more than")
+    assert time.perf_counter() - t0 < 10
+    (m / "tokenizer.json").unlink()
+    (m / "vocab.txt").write_text("[UNK]\n" + "a\n" * MAX_VOCAB)
+    one_error_line(experiment(m), f"{m / 'vocab.txt'}: {MAX_VOCAB + 1:,} tokens, more than a vocabulary has")
+
+
+
+def test_vocab_txt_unknown_token_is_required_only_where_wordpiece_reads_it(models, tmp_path):
+    """vocab.txt beside a tokenizer.json is not what the tokenizer is built from; special_tokens_map.json may name
+    the unknown token."""
+    m = copy(models, "bert", tmp_path)
+    (m / "vocab.txt").write_text((m / "vocab.txt").read_text().replace("[UNK]", "<unk>"))
+    r = experiment(m)  # tokenizer.json is there: vocab.txt is not read
+    assert r.exit_code == 0, r.stderr
+    (m / "tokenizer.json").unlink()
+    one_error_line(experiment(m), "the vocabulary has no unknown token '[UNK]'")
+    edit_json(m / "tokenizer_config.json", unk_token=None)
+    (m / "special_tokens_map.json").write_text(json.dumps({"unk_token": "<unk>"}))
+    r = experiment(m)
+    assert r.exit_code == 0, r.stderr
 
 
 # -- class 3: nothing but the one line on stderr, through the real executable --------------------------------
@@ -249,3 +322,13 @@ def test_a_tokenizer_folder_follows_the_same_link_rules(models, tmp_path):
     (tok / "vocab.txt").write_text("\n".join(tiny.VOCAB) + "\n")
     r = experiment(models["llama"], "--tokenizer", tok)
     assert r.exit_code == 0, r.stderr
+
+
+def test_a_weight_file_named_beside_its_config_is_what_transformers_reads(models, tmp_path):
+    """`experiment weights.safetensors`: the private folder holds that file as model.safetensors (transformers
+    looked for model.safetensors in the folder, which may not exist or may be another file)."""
+    m = copy(models, "llama", tmp_path)
+    (m / "model.safetensors").rename(m / "weights.safetensors")
+    r = experiment(m / "weights.safetensors")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["baseline"] == json.loads(experiment(models["llama"]).stdout)["baseline"]

@@ -217,3 +217,18 @@ def test_hub_snapshot_that_links_out_of_the_repo_is_refused(tmp_path, monkeypatc
     (snaps.parent / "refs" / "main").write_text(SHA)
     with pytest.raises(InputError, match="outside the cache folder"):
         resolve("org/name")
+
+
+@pytest.mark.parametrize("value", [1, "BertModel", [1], {"a": "b"}, [None]])
+def test_architectures_must_be_class_names(tmp_path, value):
+    """Found by tests/experiment/test_fuzz_tokenizer.py: architectures 1 reached the model's identity (exit 1)."""
+    import json
+
+    from qkinspect.errors import CheckpointError
+
+    config, state = tiny.bert()
+    folder = tiny.write(tmp_path / "m", config, state)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "architectures": value}))
+    with pytest.raises(CheckpointError, match="config.json: architectures is .*, not a list of class names"):
+        open_model(folder)

@@ -119,3 +119,38 @@ def test_plot_and_report_take_a_title(cli, llama_path, tmp_path):
     assert "Tiny Llama" in pages[0] and str(llama_path) in pages[0].replace("\n", "")  # identity kept
     assert all("report: Tiny Llama" in p for p in pages)  # the footer
     assert any("Tiny Llama: symmetry of W" in p for p in pages)  # a figure's title
+
+
+def _sweep(long: str):
+    """A sweep folder's contents, built in memory: three checkpoints with long names of a synthetic model."""
+    from qkinspect.sweep.checkpoints import Checkpoint
+    from qkinspect.sweep.store import SweepFolder
+
+    cks = [Checkpoint(f"{long}/checkpoint-{s}", None, f"{long}/checkpoint-{s}", f"id{s}", s, "name")
+           for s in (100, 200, 300)]
+    results = {}
+    for k, ck in enumerate(cks):
+        r = synthetic.result(synthetic.block(n_layers=2, n_heads=3), seed=k)
+        results[ck.identity] = {"result": {"heads": r.head_rows(), "layers": r.layer_rows(),
+                                           "baselines": [{"block": b.block, "metric": b.metric, "mean": b.mean,
+                                                          "std": b.std} for b in r.baselines]}}
+    return SweepFolder(__import__("pathlib").Path(long), {"metrics": "default"}, cks, results)
+
+
+def test_every_sweep_report_page_keeps_its_text_inside(monkeypatch):
+    import qkinspect.report.sweep_pdf as sweep_mod
+
+    real = sweep_mod.__dict__.get("PdfPages")
+    from matplotlib.backends import backend_pdf
+
+    bad: list[list[str]] = []
+
+    class Checked(backend_pdf.PdfPages):
+        def savefig(self, figure=None, **kw):
+            bad.append(texts_outside(figure))
+            return super().savefig(figure, **kw)
+
+    assert real is None  # imported inside write_sweep_pdf: patch the backend module
+    monkeypatch.setattr(backend_pdf, "PdfPages", Checked)
+    n = sweep_mod.write_sweep_pdf(_sweep(LONG_NAMES[0]), io.BytesIO(), title="Pythia 160M: " + LONG_NAMES[1])
+    assert len(bad) == n >= 2 and all(b == [] for b in bad), bad

@@ -24,7 +24,7 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import note
 from qkinspect.errors import InputError
-from qkinspect.files import atomic_write_file, check_writable
+from qkinspect.files import check_writable, write_rendered
 from qkinspect.metrics.registry import head_metric
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -86,6 +86,9 @@ def register(app: typer.Typer) -> None:
         --metric symmetry -o symmetry-by-step.png
 
         Example: qkinspect plot --kind experiment --experiment runs.json -o experiment.png
+
+        Example (from a saved analysis, without the model): qkinspect analyze ./my-bert -o run.json; qkinspect plot
+        run.json --kind rank -o rank.png
         """
         output = check_figure_path(output)
         if kind is Kind.trajectory:
@@ -104,6 +107,9 @@ def register(app: typer.Typer) -> None:
                 save_figure(experiment_figure(read_experiment(experiment), title=title), output)
             note(f"wrote the experiment figure to {output}")
             return
+        refuse_analysis_options(model, layers=layers, block=block, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
+                                precision=precision is not Precision.float32, device=device is not Device.cpu,
+                                revision=revision)
         if kind is Kind.compare and compare is None:
             raise InputError("--kind compare needs a second model: --compare MODEL_B")
         if compare is not None and kind is not Kind.compare:
@@ -123,6 +129,36 @@ def register(app: typer.Typer) -> None:
         note(f"wrote the {metric or kind.value} figure to {output}")
 
 
+def refuse_analysis_options(model: str | None, **given: object) -> None:
+    """InputError when `model` is a saved analysis (qkinspect.saved) and an option that shapes an analysis was
+    given (`given`: option name -> its value, or whether it differs from its default): the file is drawn as it was
+    saved."""
+    from qkinspect.saved import is_saved
+
+    if not is_saved(model):
+        return
+    named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v not in (None, False, [], ())]
+    if named:
+        raise InputError(f"{', '.join(named)}: {model} is a saved analysis, drawn as it was saved; "
+                         f"{'these options apply' if len(named) > 1 else 'the option applies'} when analysing a "
+                         "model (give them to qkinspect analyze)")
+
+
+def result_of(model: str | None, selection: Selection, *, kind: str | None = None, revision: str | None = None,
+              **options):
+    """The analysis to draw: read from a saved analysis (`qkinspect analyze -o FILE.json`), or run on the model.
+    `kind`: the figure (InputError when a saved analysis cannot give it)."""
+    from qkinspect.saved import is_saved, needs_model, read_saved
+
+    if is_saved(model):
+        if kind is not None:
+            needs_model(kind, model)
+        return read_saved(model)
+    from qkinspect.cli.run import run_analysis
+
+    return run_analysis(model, selection, revision=revision, **options)
+
+
 def check_figure_path(output: Path | None) -> Path:
     """The -o path, refused (InputError) when missing or not .png/.svg/.pdf, or when it cannot be written."""
     if output is None:
@@ -136,8 +172,8 @@ def check_figure_path(output: Path | None) -> Path:
 def draw_figure(model: str | None, kind: str, output: Path, selection: Selection, *, layer: int | None = None,
                 other: str | None = None, metric: str | None = None, revision: str | None = None,
                 title: str | None = None) -> None:
-    """Analyse `model` (and `other` for compare), draw the figure `kind` (titled `title`, default: the model's
-    name and what is shown) and save it atomically to `output`.
+    """Analyse `model` (and `other` for compare), or read either from a saved analysis, draw the figure `kind`
+    (titled `title`, default: the model's name and what is shown) and save it atomically to `output`.
 
     Example:
         >>> draw_figure(None, "symmetry", Path("symmetry.png"), Selection.parse())
@@ -145,12 +181,16 @@ def draw_figure(model: str | None, kind: str, output: Path, selection: Selection
     from qkinspect.cli.options import check_selection
     from qkinspect.cli.run import run_analysis
     from qkinspect.loading import open_model
+    from qkinspect.saved import is_saved
 
-    with open_model(model, revision=revision) as m:
-        if layer is not None:  # answered with the option the user typed, before any work
-            check_selection(m.info, selection.blocks, (layer,), options=("--layer", "--heads"))
-        result = run_analysis(m, selection)
-    result_b = run_analysis(other, selection) if other is not None else None
+    if is_saved(model):
+        result = result_of(model, selection, kind=kind)
+    else:
+        with open_model(model, revision=revision) as m:
+            if layer is not None:  # answered with the option the user typed, before any work
+                check_selection(m.info, selection.blocks, (layer,), options=("--layer", "--heads"))
+            result = run_analysis(m, selection)
+    result_b = result_of(other, selection, kind=kind) if other is not None else None
     from qkinspect.report.figures import figure  # matplotlib: after the checks, so that errors come fast
     # the heads figure takes the first selected block
     fig = figure(result, kind, layer=layer, other=result_b, metric_name=metric, title=title)
@@ -176,4 +216,4 @@ def save_figure(fig, output: Path) -> None:
 
     fmt = output.suffix.lower().lstrip(".")
     with style():
-        atomic_write_file(output, lambda tmp: fig.savefig(tmp, format=fmt))
+        write_rendered(output, lambda buffer: fig.savefig(buffer, format=fmt))  # in memory: a full disk is OSError

@@ -86,12 +86,20 @@ class ProjectionAdapter(Adapter):
     def expected_shapes(self, block: str, layer: int) -> dict[str, tuple[int, ...]]:
         s, p = self.layer_spec(block, layer), self.projections(block, layer)
         H, G, d, dv = s.n_heads, s.n_kv_heads, s.d_head, s.v_head
-        return {
+        shapes = {
             f"{p.q}.weight": (H * d, s.d_model),
             f"{p.k}.weight": (G * d, s.kv_width),
             f"{p.v}.weight": (G * dv, s.kv_width),
             f"{p.o}.weight": (s.d_model, H * dv),
+            f"{p.q}.bias": (H * d,),  # optional tensors: checked when present
+            f"{p.k}.bias": (G * d,),
+            f"{p.v}.bias": (G * dv,),
+            f"{p.o}.bias": (s.d_model,),
         }
+        for prefix, width in ((p.norm_q, s.d_model), (p.norm_kv if p.cross else None, s.kv_width)):
+            if prefix is not None:  # the norm whose output the projection reads: one gain per input channel
+                shapes.update({f"{prefix}.weight": (width,), f"{prefix}.bias": (width,)})
+        return shapes
 
     def _make_norm(self, tensors: Mapping[str, Tensor], prefix: str | None) -> Norm | None:
         w = None if prefix is None else tensors.get(f"{prefix}.weight")
