@@ -113,7 +113,9 @@ class QkGroup(TyperGroup):
             signal.signal(e.signum, signal.SIG_DFL)
             os.kill(os.getpid(), e.signum)
             raise
-        except Exception as e:
+        except BaseException as e:  # noqa: BLE001 - pyo3's PanicException (a Rust panic) is a BaseException too
+            if isinstance(e, (SystemExit, GeneratorExit)):
+                raise
             if _state["debug"]:
                 traceback.print_exc()
             else:

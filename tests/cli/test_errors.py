@@ -92,3 +92,20 @@ def test_analyze_refuses_before_any_work(cli, tiny_bert, tmp_path, monkeypatch, 
     monkeypatch.chdir(tmp_path)
     _one_line_exit_2(cli("analyze", tiny_bert, *args))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rust_panic_is_one_line_exit_1(cli, tiny_bert, monkeypatch):
+    """pyo3's PanicException (a panic inside tokenizers or safetensors) derives from BaseException, not Exception."""
+    import qkinspect.cli.commands.info as info
+
+    class PanicException(BaseException):
+        pass
+
+    def boom(*a, **k):
+        raise PanicException("called `Option::unwrap()` on a `None` value")
+
+    monkeypatch.setattr(info, "info_document", boom)
+    r = cli("info", tiny_bert)
+    assert r.exit_code == 1 and r.stdout == ""
+    assert "internal error: PanicException" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
