@@ -33,8 +33,7 @@ from qkinspect.experiment.hf import CAUSAL, MASKED, HFModel, write_layer
 from qkinspect.experiment.measure import Scorer, Text, windows
 
 TRAIN = ("attention", "all")
-TRAINED = {"attention": "the q/k/v/o projections of every layer (the edit's form in the edited layers)",
-           "all": "every parameter"}
+TRAINED = {"attention": "the attention projections (q, k, v, o) of every layer", "all": "every parameter"}
 
 
 @dataclass(frozen=True)
@@ -121,7 +120,7 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
     if rotary != "gauge":
         raise InputError("--heal keeps edits in the rotary gauge; use --rotary gauge")
     t0 = time.perf_counter()
-    batches, n_train, per = _train_batches(hf, source, tokens, window, opts)
+    batches, n_train, per, train_text = _train_batches(hf, source, tokens, window, opts)
     notes: list[str] = []
     tracks: dict[str, str] = {}
     total = 1 + len(units) * len(edits)
@@ -156,7 +155,7 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
                 progress(done, total)
     return Healing(
         steps=opts.steps, train=opts.train, trained=TRAINED[opts.train], trained_parameters=control.n_trained,
-        parameters=control.n_params, lr=float(opts.lr), text=(opts.text or source).name, train_tokens=n_train,
+        parameters=control.n_params, lr=float(opts.lr), text=train_text, train_tokens=n_train,
         batch_windows=per, epochs=opts.steps * per * window / max(n_train, 1), control_loss=control_loss,
         control_gain=control_loss - baseline, control_train_loss=tuple(control.losses), runs=tuple(runs),
         seconds=time.perf_counter() - t0, tracks=tracks, notes=tuple(dict.fromkeys(notes)))
@@ -173,10 +172,10 @@ def _run_name(edit: Edit, unit: Unit, scope: str) -> str:
 
 
 def _train_batches(hf: HFModel, source: Text, tokens: int, window: int, opts: HealOptions
-                   ) -> tuple[list[dict[str, Tensor]], int, int]:
-    """The training batches (model inputs, masked-LM labels drawn once), the distinct training tokens, and the
-    windows per batch. Windows are shuffled once with the seed and gone through in that order, again if the
-    steps need more."""
+                   ) -> tuple[list[dict[str, Tensor]], int, int, str]:
+    """The training batches (model inputs, masked-LM labels drawn once), the distinct training tokens, the
+    windows per batch, and what the text is. Windows are shuffled once with the seed and gone through in that
+    order, again if the steps need more."""
     per = max(1, opts.batch_tokens // window)
     need = opts.steps * per
     text = opts.text if opts.text is not None and opts.text.text != source.text else None
@@ -194,7 +193,7 @@ def _train_batches(hf: HFModel, source: Text, tokens: int, window: int, opts: He
     g = torch.Generator().manual_seed(opts.seed)
     rows = rows[torch.randperm(rows.shape[0], generator=g)]
     trainer = Scorer(hf, rows, batch_tokens=per * window, seed=opts.seed + 1)  # its batches, masks drawn once
-    return trainer.inputs, int(rows.numel()), per
+    return trainer.inputs, int(rows.numel()), per, what
 
 
 # -- one healed model ------------------------------------------------------------------------------------------

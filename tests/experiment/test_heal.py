@@ -184,3 +184,28 @@ def test_paired_difference_against_a_dense_reference(rows):
     neg, se2 = paired_difference(b, a, n)
     assert neg == pytest.approx(-mean, abs=1e-12) and se2 == pytest.approx(se, rel=1e-12, abs=1e-15)
     assert paired_difference(a[:1], b[:1], n[:1])[1] is None
+
+
+def test_cli_heal(folders, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from qkinspect.cli.app import app
+
+    (tmp_path / "words.txt").write_text(_text().text)
+    args = ["experiment", str(folders["gpt2"]), "--edit", "share_qk", "--scope", "layer", "--layers", "1",
+            "--tokens", "64", "--window", "32", "--text", str(tmp_path / "words.txt"), "--heal", "2",
+            "--heal-lr", "0.01", "--heal-batch-tokens", "64", "--heal-track", str(tmp_path / "tracks")]
+    r = CliRunner().invoke(app, [*args, "--format", "json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    h = doc["healing"]
+    assert h["steps"] == 2 and h["train"] == "attention" and len(h["runs"]) == 2
+    assert h["runs"][0]["violation"] < 1e-6 and len(h["runs"][0]["train_loss"]) == 2
+    assert set(h["tracks"]) == {"control", "share_qk-L1", "ablate-L1"}
+    r = CliRunner().invoke(app, ["plot", h["tracks"]["share_qk-L1"], "--kind", "trajectory", "-o",
+                                 str(tmp_path / "t.png")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, [*args[:-2], "--heal-train", "mlp"])
+    assert r.exit_code == 2
