@@ -114,11 +114,7 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
               opts: HealOptions, progress: Callable[[int, int], None] | None = None) -> Healing:
     """Heal every (unit, edit) and the control; `exact` maps (edit, layer, head) to the unhealed Δloss."""
     opts.check()
-    if hf.kind not in (CAUSAL, MASKED):
-        raise InputError("--heal trains on the model's own loss: it needs a causal or masked LM head (this model is "
-                         "measured by drift)")
-    if rotary != "gauge":
-        raise InputError("--heal keeps edits in the rotary gauge; use --rotary gauge")
+    check_healable(hf, rotary)
     t0 = time.perf_counter()
     batches, n_train, per, train_text = _train_batches(hf, source, tokens, window, opts)
     notes: list[str] = []
@@ -159,6 +155,15 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
         batch_windows=per, epochs=opts.steps * per * window / max(n_train, 1), control_loss=control_loss,
         control_gain=control_loss - baseline, control_train_loss=tuple(control.losses), runs=tuple(runs),
         seconds=time.perf_counter() - t0, tracks=tracks, notes=tuple(dict.fromkeys(notes)))
+
+
+def check_healable(hf: HFModel, rotary: str) -> None:
+    """InputError (before any run) where healing cannot train: no LM head, or edits outside the rotary gauge."""
+    if hf.kind not in (CAUSAL, MASKED):
+        raise InputError("--heal trains on the model's own loss: it needs a causal or masked LM head (this model is "
+                         "measured by drift)")
+    if rotary != "gauge":
+        raise InputError("--heal keeps edits in the rotary gauge; use --rotary gauge")
 
 
 def _run_name(edit: Edit, unit: Unit, scope: str) -> str:
@@ -207,7 +212,7 @@ class _Healer:
         from qkinspect.loading import open_model
 
         self.opts, self.batches, self.kind = opts, batches, hf.kind
-        self.model = copy.deepcopy(hf.model).float()
+        self.model = _float32(copy.deepcopy(hf.model))
         self.hf = HFModel(self.model, hf.family, hf.kind, hf.tokenizer)
         with open_model(self.model) as m:
             key = m.info.blocks[0].key
@@ -265,6 +270,16 @@ class _Healer:
                 if on_step is not None:
                     on_step(self.model, k + 1)
         self.model.eval()
+
+
+def _float32(model: nn.Module) -> nn.Module:
+    """The copy's floating parameters and buffers in float32, in place (`Module.float()` is refused for a model
+    transformers dequantized from GGUF, though its tensors are float32 already)."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.is_floating_point() and t.dtype != torch.float32:
+                t.data = t.data.to(torch.float32)
+    return model
 
 
 def _with_labels(inputs: dict[str, Tensor], kind: str) -> dict[str, Tensor]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from qkinspect.errors import InputError, UnsupportedModelError
 from qkinspect.experiment.edits import PREDICTORS, Edit, apply_edit, parse_edit
-from qkinspect.experiment.heal import Healing, HealOptions, heal_runs
+from qkinspect.experiment.heal import Healing, HealOptions, check_healable, heal_runs
 from qkinspect.experiment.hf import load_hf, written
 from qkinspect.experiment.in_memory import hf_in_memory, keeps_mode
 from qkinspect.experiment.measure import Scorer, Text, default_text, read_text, windows
@@ -123,6 +123,8 @@ def run_experiment(
     if opts:
         opts.check()  # before any work
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer)
+    if opts:
+        check_healable(hf, rotary)
     spec = info.blocks[0]
     head_list = list(heads) if heads is not None else list(range(spec.n_heads))
     ids = windows(hf, source, tokens, window)

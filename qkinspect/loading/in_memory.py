@@ -62,7 +62,7 @@ def _pretrained(model: Any) -> nn.Module:
     if not isinstance(model, PreTrainedModel):
         raise InputError(f"model must be a path, a hub id, None (the demo), an opened model, a transformers "
                          f"PreTrainedModel or a (config, state_dict) pair, not {type(model).__name__}")
-    if getattr(model, "hf_quantizer", None) is not None or getattr(model, "is_quantized", False):
+    if any(not p.is_floating_point() for p in model.parameters()):  # bitsandbytes, torchao ... (GGUF dequantizes)
         raise InputError(f"model: this {type(model).__name__} is quantized in memory; its stored integers are not "
                          "its weights (analyze the checkpoint it was loaded from instead)")
     _check_tensors(list(model.parameters()), f"this {type(model).__name__}")
