@@ -214,9 +214,10 @@ class _Healer:
         self.opts, self.batches, self.kind = opts, batches, hf.kind
         self.model = _float32(copy.deepcopy(hf.model))
         self.hf = HFModel(self.model, hf.family, hf.kind, hf.tokenizer)
+        self.device = next(self.model.parameters()).device
         with open_model(self.model) as m:
             key = m.info.blocks[0].key
-            layers = [m.layer(key, i) for i in range(m.info.blocks[0].n_layers)]
+            layers = [_on_cpu(m.layer(key, i)) for i in range(m.info.blocks[0].n_layers)]  # the edits run on CPU
         trained: list[nn.Parameter] = []
         self.forms: dict[int, tuple[EditForm, dict[str, Tensor]]] = {}
         for i, layer in enumerate(layers):
@@ -226,7 +227,7 @@ class _Healer:
                 edited = apply_edit(layer, edit, heads, rotary=rotary).layer
                 maps = module_maps(self.hf, edited)
                 write_layer(self.hf, edited)
-                form = EditForm(edited, edit, heads)
+                form = EditForm(edited, edit, heads).to(self.device)
                 trained += parametrise(block, maps, form)
                 self.forms[i] = (form, maps)
             else:
@@ -260,7 +261,7 @@ class _Healer:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.opts.seed)  # dropout draws the same masks in the control and the edited run
             for k in range(self.opts.steps):
-                inputs = self.batches[k % len(self.batches)]
+                inputs = _to(self.batches[k % len(self.batches)], self.device)
                 out = self.model(**_with_labels(inputs, self.kind))
                 out.loss.backward()
                 opt.step()
@@ -270,6 +271,19 @@ class _Healer:
                 if on_step is not None:
                     on_step(self.model, k + 1)
         self.model.eval()
+
+
+def _on_cpu(layer):
+    """An AttentionLayer with its tensors on the CPU (a copy only where they are elsewhere)."""
+    from dataclasses import fields, replace
+
+    moved = {f.name: getattr(layer, f.name).cpu() for f in fields(layer)
+             if isinstance(getattr(layer, f.name), Tensor) and not getattr(layer, f.name).is_cpu}
+    return replace(layer, **moved) if moved else layer
+
+
+def _to(inputs: dict, device: torch.device) -> dict:
+    return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
 
 
 def _float32(model: nn.Module) -> nn.Module:
@@ -317,8 +331,10 @@ def window_losses(model: nn.Module, kind: str, batches: list[dict[str, Tensor]])
     inputs): next-token cross-entropy (causal) or masked-LM cross-entropy (masked)."""
     sums, counts = [], []
     model.eval()
+    device = next(model.parameters()).device
     with torch.inference_mode():
         for inputs in batches:
+            inputs = _to(inputs, device)
             out = model(**{k: v for k, v in inputs.items() if k != "labels"})
             logits = out.logits.float()
             if kind == CAUSAL:
@@ -326,8 +342,8 @@ def window_losses(model: nn.Module, kind: str, batches: list[dict[str, Tensor]])
             else:
                 pred, target = logits, inputs["labels"]
             ce = F.cross_entropy(pred.transpose(1, 2), target, reduction="none", ignore_index=-100)  # (B, T)
-            sums.append(ce.double().sum(-1))
-            counts.append((target != -100).sum(-1).double())
+            sums.append(ce.double().sum(-1).cpu())
+            counts.append((target != -100).sum(-1).double().cpu())
     return torch.cat(sums), torch.cat(counts)
 
 
