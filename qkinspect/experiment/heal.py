@@ -227,7 +227,8 @@ class _Healer:
                 edited = apply_edit(layer, edit, heads, rotary=rotary).layer
                 maps = module_maps(self.hf, edited)
                 write_layer(self.hf, edited)
-                form = EditForm(edited, edit, heads).to(self.device)
+                expanded = edited.spec.n_kv_heads != layer.spec.n_kv_heads
+                form = EditForm(edited, edit, heads, layer.kv_index() if expanded else None).to(self.device)
                 trained += parametrise(block, maps, form)
                 self.forms[i] = (form, maps)
             else:

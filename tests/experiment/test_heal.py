@@ -209,3 +209,27 @@ def test_cli_heal(folders, tmp_path):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, [*args[:-2], "--heal-train", "mlp"])
     assert r.exit_code == 2
+
+
+def test_expanded_groups_keep_their_shared_keys_and_values(folders, monkeypatch):
+    """share_qk on one head of a grouped-query layer gives that head its own key; healing must not give the other
+    heads of its group keys (or any head values) of their own."""
+    final = {}
+    original_train = heal_mod._Healer.train
+
+    def train(self, on_step=None):
+        original_train(self, on_step)
+        if self.forms:
+            a = self.model.model.layers[2].self_attn
+            final["k"] = a.k_proj.weight.detach().view(4, 16, -1)
+            final["v"] = a.v_proj.weight.detach().view(4, 16, -1)
+            final["q"] = a.q_proj.weight.detach().view(4, 16, -1)
+
+    monkeypatch.setattr(heal_mod._Healer, "train", train)
+    run_experiment(str(folders["llama"]), "share_qk", layers=[2], heads=[1], tokens=64, window=32, text=_text(),
+                   reference=False, heal=HealOptions(steps=3, lr=3e-2, batch_tokens=64))
+    k, v, q = final["k"], final["v"], final["q"]  # 4 query heads, groups {0, 1} and {2, 3}
+    assert torch.equal(q[1], k[1])  # the edited head: one matrix
+    assert not torch.equal(k[0], k[1])
+    assert torch.equal(k[2], k[3])  # the untouched group still shares one key
+    assert torch.equal(v[0], v[1]) and torch.equal(v[2], v[3])  # and every group one value
