@@ -124,6 +124,7 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
     control.train(_tracker(opts, "control", control, tracks, notes))
     c_sums, c_counts = window_losses(control.model, hf.kind, scorer.inputs)
     control_loss = float(c_sums.sum() / c_counts.sum())
+    control.release()
     done = 1
     if progress is not None:
         progress(done, total)
@@ -135,7 +136,7 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
             name = _run_name(edit, unit, scope)
             healer.train(_tracker(opts, name, healer, tracks, notes))
             sums, counts = window_losses(healer.model, hf.kind, scorer.inputs)
-            del healer.model
+            healer.release()  # one copy of the model at a time
             loss = float(sums.sum() / counts.sum())
             diff, se = paired_difference(sums, c_sums, counts)
             layer = unit[0][0] if scope != "model" else None
@@ -246,6 +247,10 @@ class _Healer:
         self.n_params = sum(p.numel() for p in hf.model.parameters())
         self.losses: list[float] = []
         self.violation = self._violation()
+
+    def release(self) -> None:
+        """Drop the trained copy (its numbers stay)."""
+        self.model = self.hf = self.forms = self.params = None  # type: ignore[assignment]
 
     def _violation(self) -> float:
         v = 0.0
