@@ -17,12 +17,12 @@ class HealTrain(str, Enum):
 
 HealOpt = Annotated[int, typer.Option(
     "--heal", metavar="STEPS", help="After each edit, fine-tune STEPS steps with the edit kept, beside an unedited "
-                                    "control trained the same way (docs/training.md). 0: no healing.")]
+                                    "control trained the same way. 0: no healing.")]
 HealTrainOpt = Annotated[HealTrain, typer.Option(
     "--heal-train", help="What healing trains: the attention projections of every layer, or all parameters.")]
 HealLrOpt = Annotated[float, typer.Option("--heal-lr", metavar="LR", help="Healing learning rate (AdamW, constant).")]
 HealTokensOpt = Annotated[int, typer.Option(
-    "--heal-batch-tokens", metavar="N", help="Tokens per healing step (whole windows).")]
+    "--heal-batch", metavar="N", help="Tokens per healing step (in whole windows).")]
 HealTextOpt = Annotated[Path | None, typer.Option(
     "--heal-text", metavar="FILE", help="UTF-8 text to heal on (default: the --text after its scored tokens).")]
 HealTrackOpt = Annotated[Path | None, typer.Option(

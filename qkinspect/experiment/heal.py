@@ -60,7 +60,7 @@ class HealOptions:
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise InputError(f"--heal-lr {self.lr!r}: the learning rate must be a positive number")
         if self.batch_tokens < 2 or self.track_every < 1:
-            raise InputError("--heal-batch-tokens must be at least 2 and the tracking interval at least 1")
+            raise InputError("--heal-batch must be at least 2 and the tracking interval at least 1")
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,7 @@ def test_cli_heal(folders, tmp_path):
     (tmp_path / "words.txt").write_text(_text().text)
     args = ["experiment", str(folders["gpt2"]), "--edit", "share_qk", "--scope", "layer", "--layers", "1",
             "--tokens", "64", "--window", "32", "--text", str(tmp_path / "words.txt"), "--heal", "2",
-            "--heal-lr", "0.01", "--heal-batch-tokens", "64", "--heal-track", str(tmp_path / "tracks")]
+            "--heal-lr", "0.01", "--heal-batch", "64", "--heal-track", str(tmp_path / "tracks")]
     r = CliRunner().invoke(app, [*args, "--format", "json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
