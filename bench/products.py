@@ -1,7 +1,7 @@
 """Time the product routes on the 7B shape, in memory, and print their ratios in one run.
 
 Per Gram (32 heads, d_model 4096, d_head 128: W_Qᵀ W_Q) and per 7B layer (the eight products of the default
-metrics, `qkinspect.metrics.backend.layer_products`), best of several:
+metrics, `qkinspect.metrics.products.layer_products`), best of several:
   float32        torch on weights already cast to float32 (the cast done elsewhere, e.g. in the loader's thread)
   float32 + cast the same with the bf16 -> float32 cast of the weights it reads
   bf16           MKL's bf16-in, float32-out GEMM reading the bf16 weights directly (forced, whatever the CPU)
@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from qkinspect.metrics import backend
+from qkinspect.metrics.products import layer_products
 
 
 def cpu_name() -> str:
@@ -70,9 +71,9 @@ def main() -> None:
     gram = {"float32": best_of(lambda: Qf.mT @ Qf, a.repeats),
             "float32 + cast": best_of(lambda: (lambda X: X.mT @ X)(Q.float()), a.repeats),
             "bf16": best_of(lambda: backend.matmul(Q.mT, Q), a.repeats)}
-    layer = {"float32": best_of(lambda: backend.layer_products(Qf, Kf, Vf, Rq, Rk, "float32"), a.repeats),
-             "float32 + cast": best_of(lambda: backend.layer_products(Q, K, V, Rq, Rk, "float32"), a.repeats),
-             "bf16": best_of(lambda: backend.layer_products(Q, K, V, Rq, Rk, "bf16"), a.repeats)}
+    layer = {"float32": best_of(lambda: layer_products(Qf, Kf, Vf, Rq, Rk, "float32"), a.repeats),
+             "float32 + cast": best_of(lambda: layer_products(Q, K, V, Rq, Rk, "float32"), a.repeats),
+             "bf16": best_of(lambda: layer_products(Q, K, V, Rq, Rk, "bf16"), a.repeats)}
     for label, t in (("per Gram", gram), (f"per layer (8 products, {H} heads, {G} KV heads)", layer)):
         cells = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in t.items())
         print(f"{label} (D={D}, d={d}): {cells}; float32/bf16 = {t['float32'] / t['bf16']:.2f}, "

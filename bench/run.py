@@ -190,7 +190,8 @@ def gemm_floor(folder: Path, route: str = "float32", dtype: torch.dtype = torch.
     (the cost of a product does not depend on its values)."""
     from safetensors import safe_open
 
-    from qkinspect.metrics import backend, factored
+    from qkinspect.metrics import factored
+    from qkinspect.metrics.products import layer_products
 
     cfg = json.loads((folder / "config.json").read_text())
     H, G, D, n_layers = (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"],
@@ -207,7 +208,7 @@ def gemm_floor(folder: Path, route: str = "float32", dtype: torch.dtype = torch.
     pool = factored.worker_pool(at_once, max(1, torch.get_num_threads() // at_once)) if at_once > 1 else None
 
     def products(layer: tuple[torch.Tensor, ...]) -> None:
-        backend.layer_products(*layer, R, R, route)  # the eight products, as `analyze` forms them
+        layer_products(*layer, R, R, route)  # the eight products, as `analyze` forms them
 
     total = 0.0
     for i in range(0, n_layers, at_once):

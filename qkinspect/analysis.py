@@ -20,6 +20,7 @@ import torch
 
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
+from qkinspect.limits import check_threads
 from qkinspect.metrics import backend
 from qkinspect.metrics.baseline import gaussian_baselines
 from qkinspect.metrics.factored import worker_pool
@@ -65,7 +66,7 @@ def analyze(
     Args:
         model: a path, hub id or GGUF file; None for the bundled demo model; an opened LoadedModel; or a model in
             memory: a transformers PreTrainedModel (any device; its tensors are read in place, a layer at a time)
-            or a (config, state_dict) pair. Its records name it "memory:<config._name_or_path or class name>".
+            or a (config, state_dict) pair. Its records name it "memory:<config.name_or_path or class name>".
         layers, heads: indexes as the CLI takes them ("0-3,7") or as Python values (3, [0, 1]); None for all.
         blocks: block kinds or labels ("encoder", ["text", "vision"]); None for all.
         metrics: metric or group names (qkinspect.metrics.registry); None for the defaults.
@@ -204,8 +205,7 @@ def _threads(threads: int | None = None) -> Iterator[None]:
     before = torch.get_num_threads()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if threads is not None:
-        if threads < 1:
-            raise InputError(f"threads: {threads} must be at least 1")
+        check_threads(threads, "threads")
         torch.set_num_threads(threads)
     elif cores > before:
         torch.set_num_threads(cores)
@@ -337,7 +337,8 @@ class _Run:
         return str(self.dtype).removeprefix("torch.")
 
     def _numerics_warning(self) -> list[str]:
-        line = numerics_warning(self.recomputed, self.cut, len(self.head_records), self.precision)
+        # heads recomputed in float64 ask nothing of the user: recorded in `processing`, not warned about
+        line = numerics_warning(0, self.cut, len(self.head_records), self.precision)
         return [line] if line else []
 
     def result(self, info: ModelInfo, blocks, layers) -> AnalysisResult:
@@ -349,11 +350,18 @@ class _Run:
             device=self.device, layer_form=any(n in self.names for n in LAYER_FORM),
             blocks=None if blocks is None else tuple([blocks] if isinstance(blocks, str) else blocks),
             layers=layers, heads=self.heads, metrics=self.names, dequantized=info.quantization,
-            products="+".join(sorted(self.routes)) or self.precision)
+            products="+".join(sorted(self.routes)) or self.precision, recomputed_float64=self.recomputed,
+            qk_norm_not_folded=() if self.fold_qk_norm else _qk_norm_blocks(info, self.head_records))
         return AnalysisResult(model=info, processing=processing, heads=self.head_records, layers=self.layer_records,
                               baselines=self.baselines, spectra=self.spectra_out,
                               warnings=list(dict.fromkeys(self.warnings + self._numerics_warning())),
                               metric_names=[n for n in self.names if n in present])
+
+
+def _qk_norm_blocks(info: ModelInfo, heads: list[HeadRecord]) -> tuple[str, ...]:
+    """The measured blocks that have q/k norms (their gains not folded in, when the caller asks)."""
+    measured = {h.block for h in heads}
+    return tuple(b.key for b in info.blocks if b.qk_norm and b.key in measured)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 
 class QkinspectError(Exception):
-    """Base class. `exit_code` 2 means bad input or usage, 1 an internal error."""
+    """Base class. `exit_code` 2 means bad input or usage, 3 a sweep with failed checkpoints, 1 an internal error."""
 
     exit_code = 1
 
@@ -34,6 +34,7 @@ class OutputError(InputError):
 
 
 class SweepFailed(QkinspectError):
-    """A sweep finished with checkpoints that could not be analysed (they are listed); exit code 1."""
+    """A sweep finished with checkpoints that could not be analysed (they are listed); exit code 3, told apart
+    from bad input (2) and an internal error (1): the other checkpoints' results are written and output."""
 
-    exit_code = 1
+    exit_code = 3

@@ -6,8 +6,11 @@ What `-o PATH` names decides how it is written:
   reader never sees a partial file and a failed or interrupted run leaves the old file as it was;
 - a symbolic link: the same, beside the link's final target, which is replaced; the link stays a link;
 - a FIFO, a character device (``/dev/stdout``, ``/dev/null``) or a socket, and ``-`` (stdout): written straight to,
-  since renaming over them would replace the node. Writers that need a file name (PDF, figures, safetensors) write
+  since renaming over them would replace the node. Writers that need a file name (safetensors, Parquet) write
   a temporary file in the system's temporary folder first and copy it through.
+
+Figures and PDF reports are rendered into memory first (`write_rendered`), so that a full disk is an OSError of
+the write here (one line, exit 2), not an error inside matplotlib's writers.
 
 SIGTERM and SIGHUP during a write remove the temporary file before the process ends (SIGINT already raises
 KeyboardInterrupt); the process then ends as the signal would have ended it.
@@ -16,6 +19,7 @@ KeyboardInterrupt); the process then ends as the signal would have ended it.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import signal
@@ -25,11 +29,12 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from qkinspect.errors import OutputError
 
 STDOUT = "-"
+T = TypeVar("T")
 
 
 class Terminated(SystemExit):
@@ -138,6 +143,22 @@ def atomic_write_file(path: Path, produce: Callable[[Path], None]) -> None:
             raise
 
 
+def write_rendered(path: Path, render: Callable[[IO[bytes]], T]) -> T:
+    """`render(buffer)` into memory, then its bytes written to `path` as `atomic_write` writes; returns what
+    `render` returned.
+
+    For writers that are not ours (matplotlib's PDF, PNG and SVG writers): they never touch the file system, so a
+    full disk or an I/O error is an OSError of this module's own write (OutputError, one line naming the file, no
+    partial or temporary file left), never an error inside the writer (matplotlib's PDF backend, writing to a full
+    disk, raises AttributeError or a zlib error, not OSError). A figure or report fits in memory many times over.
+    """
+    buffer = io.BytesIO()
+    value = render(buffer)
+    data = buffer.getvalue()
+    atomic_write(Path(path), lambda f: f.write(data), binary=True)
+    return value
+
+
 def _copy_to_stream(tmp: Path, path: Path) -> None:
     with open(tmp, "rb") as src:
         if str(path) == STDOUT:
@@ -196,4 +217,5 @@ def _remove(tmp: str) -> None:
         os.unlink(tmp)
 
 
-__all__ = ["atomic_write", "atomic_write_file", "check_writable", "is_stream", "target_of", "Terminated", "STDOUT"]
+__all__ = ["atomic_write", "atomic_write_file", "check_writable", "is_stream", "target_of", "write_rendered",
+           "Terminated", "STDOUT"]

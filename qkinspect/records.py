@@ -84,6 +84,10 @@ class Processing:
     dequantized: str | None = None  # the quantization the weights were dequantized from (ModelInfo.quantization)
     products: str = "float32"  # how the large products were computed: "float32", "float64", "bf16" (bf16 read,
     # float32 accumulated: qkinspect.metrics.backend), or several joined by "+" when layers differed
+    recomputed_float64: int = 0  # heads measured again in float64: their Grams were unresolved in `precision`
+    # (information only: the numbers are the float64 ones, nothing to do)
+    qk_norm_not_folded: tuple[str, ...] = ()  # measured blocks with q/k norms whose gains were not folded in: their
+    # W_Q W_Kᵀ is the raw stored form, not what attention computes (fold_qk_norm=True / --fold-qk-norm measures that)
 
 
 @dataclass

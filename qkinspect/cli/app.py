@@ -11,7 +11,7 @@ import sys
 import traceback
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from qkinspect import __version__
 from qkinspect.cli.help_format import clean_usage_error, install
@@ -43,9 +43,23 @@ class _PipeClosed(Exception):
     """The reader of stdout went away (`| head`); typer would exit 1."""
 
 
+class QkCommand(TyperCommand):
+    """A command whose --help qkinspect draws (qkinspect.cli.help_render)."""
+
+    def format_help(self, ctx, formatter):
+        from qkinspect.cli.help_render import render
+
+        render(self, ctx)
+
+
 class QkGroup(TyperGroup):
     """Runs commands with click's standalone mode off so that every failure ends here:
     usage errors and QkinspectError exit 2 (or the error's code) with one line; anything else exits 1."""
+
+    def format_help(self, ctx, formatter):
+        from qkinspect.cli.help_render import render
+
+        render(self, ctx)
 
     def invoke(self, ctx):
         try:
@@ -177,6 +191,9 @@ def _register_commands() -> None:
         register = getattr(module, "register", None)
         if register is not None:
             register(app)
+    for info in app.registered_commands:
+        if info.cls in (None, TyperCommand):  # typer's default: give it qkinspect's --help
+            info.cls = QkCommand
 
 
 _register_commands()

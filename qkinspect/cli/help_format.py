@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from qkinspect.suggest import did_you_mean
+
 CHOICES_WIDTH = 24  # longer choice lists are given in the option's help text instead of the type column
 
 _INVALID = re.compile(r"Invalid value for '(-[-\w]+)'(?: / '-\w+')?: (?:Value error, )?(.*)", re.S)
@@ -61,5 +63,10 @@ def clean_usage_error(message: str) -> str:
     if not m:
         return message
     option, rest = m.groups()
-    rest = _ONE_OF.sub(lambda k: "is not one of " + ", ".join(re.findall(r"'([^']*)'", k.group(1))), rest)
-    return f"{option}: {rest.rstrip('.')}"
+    bad = re.match(r"'([^']*)' is not one of", rest)
+
+    def listed(k: re.Match) -> str:
+        names = re.findall(r"'([^']*)'", k.group(1))
+        return "is not one of " + ", ".join(names) + (did_you_mean(bad.group(1), names) if bad else "")
+
+    return f"{option}: {_ONE_OF.sub(listed, rest).rstrip('.')}"

@@ -21,6 +21,7 @@ import typer
 
 from qkinspect.errors import InputError
 from qkinspect.selection import MAX_INDEX, parse_indices  # noqa: F401 (re-exported)
+from qkinspect.suggest import did_you_mean
 
 
 class Format(str, Enum):
@@ -178,7 +179,8 @@ def check_selection(info, blocks: tuple[str, ...] | None, layers: tuple[int, ...
         missing = [b for b in blocks if b not in known]
         if missing:
             have = ", ".join(dict.fromkeys(b.key for b in info.blocks))
-            raise InputError(f"--block {','.join(missing)}: this model's blocks are {have}")
+            hint = did_you_mean(missing[0], known)
+            raise InputError(f"--block {','.join(missing)}{hint}: this model's blocks are {have}")
     _check_range(options[0], layers, {b.key: b.n_layers for b in chosen}, "layers")
     _check_range(options[1], heads, {b.key: b.n_heads for b in chosen}, "heads")
     return tuple(b.key for b in chosen) if blocks else None

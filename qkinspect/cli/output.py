@@ -36,6 +36,7 @@ from typing import IO, Any
 
 from qkinspect.errors import InputError, OutputError
 from qkinspect.files import STDOUT, atomic_write, check_writable
+from qkinspect.suggest import did_you_mean
 
 FORMATS = ("table", "json", "ndjson", "csv")
 EXTENSIONS = {".json": "json", ".ndjson": "ndjson", ".jsonl": "ndjson", ".csv": "csv", ".txt": "table"}
@@ -57,7 +58,7 @@ def choose_format(fmt: str | Enum | None, output: Path | None, *, isatty: bool |
     if fmt is not None:
         name = fmt.value if isinstance(fmt, Enum) else str(fmt)
         if name not in FORMATS:
-            raise InputError(f"--format: {name!r} is not one of {', '.join(FORMATS)}")
+            raise InputError(f"--format: {name!r} is not one of {', '.join(FORMATS)}{did_you_mean(name, FORMATS)}")
         return name
     if output is not None and str(output) != STDOUT:
         ext = output.suffix.lower()

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from qkinspect.cli.options import Selection, check_selection
-from qkinspect.cli.output import progress, warn
+from qkinspect.cli.output import note, progress, warn
 from qkinspect.errors import InputError
 
 
@@ -43,6 +43,15 @@ def _analyze_opened(m, selection: Selection, options: dict[str, Any]):
         result = qkinspect.analyze(m, progress=p, **kwargs, **options)
     for w in result.warnings:
         warn(w)
+    if result.processing.recomputed_float64:  # information, asking nothing: one note (JSON: processing)
+        from qkinspect.metrics.heads import recompute_note
+
+        p = result.processing
+        note(recompute_note(p.recomputed_float64, len(result.heads), p.precision))
+    if result.processing.qk_norm_not_folded:
+        from qkinspect.cli.tables import qk_norm_line
+
+        note(qk_norm_line(result.processing.qk_norm_not_folded))
     if not result.heads:
         raise InputError(f"{m.info.name}: the selection ({selection.describe()}) matched no heads of this model")
     return result

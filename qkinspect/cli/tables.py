@@ -59,13 +59,13 @@ def short_name(metric: str) -> str:
 def default_columns(result, requested: Sequence[str] | None = None, sort: str | None = None) -> list[str]:
     """The metric columns to show: the requested ones, else the defaults that were computed; plus the sort key."""
     have = list(result.metric_names) or sorted({k for h in result.heads for k in h.values})
-    cols = [m for m in (_head_metrics(requested) if requested else DEFAULT_COLUMNS) if m in have] or have[:8]
+    cols = [m for m in (requested_head_metrics(requested) if requested else DEFAULT_COLUMNS) if m in have] or have[:8]
     if sort and sort in have and sort not in cols:
         cols.append(sort)
     return cols
 
 
-def _head_metrics(requested: Sequence[str]) -> list[str]:
+def requested_head_metrics(requested: Sequence[str]) -> list[str]:
     """Requested metric and group names ("symmetry,eigen") as the per-head metrics they stand for, in the order
     given; a name the registry does not know is kept as it is (it simply matches no column)."""
     from qkinspect.errors import InputError
@@ -269,6 +269,13 @@ def model_line(info, processing=None) -> str:
     return line
 
 
+def qk_norm_line(blocks: Sequence[str]) -> str:
+    """What a raw measurement of blocks with q/k norms is not, and how to get what attention computes."""
+    which = f"{', '.join(blocks)} block{'s' if len(blocks) > 1 else ''}"
+    return (f"q/k norm not folded ({which}): this is the raw W_Q W_Kᵀ as stored, not what attention computes; "
+            "--fold-qk-norm measures W_Q diag(γ_q γ_k) W_Kᵀ")
+
+
 def gauge_note(console, columns: Iterable[str]) -> None:
     """The footnote for columns marked '*' by `head_table`."""
     marked = basis_dependent(c.removeprefix("delta_") for c in columns)
@@ -290,6 +297,9 @@ def render_analysis(console, result, *, columns: Sequence[str], by: str = "head"
     console.print(model_line(result.model, result.processing), markup=False, highlight=False)
     if any(b.positional == "rope" for b in result.model.blocks):
         console.print("rotary positions: the metrics describe the form at offset 0", style="dim")
+    unfolded = getattr(result.processing, "qk_norm_not_folded", ())
+    if unfolded:
+        console.print(qk_norm_line(unfolded), style="bold yellow", markup=False, highlight=False)
     width = console.width
     shown: list[str] = []
     notes = list(notes)
@@ -312,4 +322,49 @@ def render_analysis(console, result, *, columns: Sequence[str], by: str = "head"
     print_lines(console, [*baselines, legend(shown, marked)])
     if by == "head":
         gauge_note(console, shown)
-    print_lines(console, notes)
+    counted = [*shown, *(empty_columns(result.heads, columns) if by == "head" else [])]  # empty: noted above
+    scalar = {k for r in [*result.heads, *result.layers] for k, v in r.values.items() if not isinstance(v, list)}
+    tabular = [m for m in result.metric_names if m in scalar]  # not head_overlap's (H, H) matrices: JSON only
+    print_lines(console, [*notes, hidden_hint(tabular, counted, by)])
+
+
+def hidden_hint(computed: Sequence[str], shown: Iterable[str], by: str = "head") -> str:
+    """'11 of 30 computed metrics shown; …' where the table leaves computed metrics out, else ""."""
+    shown = set(shown)
+    hidden = [m for m in computed if m not in shown]
+    if not hidden:
+        return ""
+    where = "--by head --metrics all shows" if by != "head" else "--metrics all shows"
+    n = len(computed)
+    return f"{n - len(hidden)} of {n} computed metrics shown; {where} every one, JSON and CSV keep them all"
+
+
+def sweep_tables(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, by: str = "head",
+                 width: int = 80) -> tuple[list, list[str]]:
+    """A sweep's tidy rows (a dict per checkpoint, step, block, layer and head, or per layer with by="layer") as
+    tables like `analyze`'s: the same label and value columns, a rule between checkpoints, metric columns that do not
+    fit in further tables. Checkpoint names wider than a quarter of `width` are numbered, the numbers spelt out in
+    the returned lines (with the legend of short headers)."""
+    names = list(dict.fromkeys(r["checkpoint"] for r in rows))
+    numbered = max(map(len, names), default=0) > width // 4
+    ids = {n: str(i + 1) for i, n in enumerate(names)}
+    labels = [Column("ckpt" if numbered else "checkpoint", [ids[r["checkpoint"]] if numbered else r["checkpoint"]
+                                                           for r in rows], left=not numbered),
+              Column("step", [str(r["step"]) for r in rows])]
+    if len({r.get("block") for r in rows}) > 1:
+        labels.append(Column("block", [r["block"] for r in rows], left=True))
+    labels.append(Column("layer", [str(r["layer"]) for r in rows]))
+    if by == "head":
+        labels.append(Column("head", [str(r["head"]) for r in rows]))
+        if any(r.get("kv_head") != r["head"] for r in rows):
+            labels.append(Column("kv", [str(r.get("kv_head")) for r in rows]))
+    else:
+        labels.append(Column("heads", [str(r.get("n_heads")) for r in rows]))
+    shown = [c for c in columns if any(fmt_value(r.get(c)) != "-" for r in rows)]
+    marked = set(basis_dependent(shown)) if by == "head" else set()
+    values = [Column(short_name(c) + ("*" if c in marked else ""), [_cell(c, r.get(c)) for r in rows]) for c in shown]
+    sections = [i for i in range(1, len(rows)) if rows[i]["checkpoint"] != rows[i - 1]["checkpoint"]]
+    lines = [legend(shown, marked)]
+    if numbered:
+        lines.append("checkpoints: " + ", ".join(f"{ids[n]}={n}" for n in names))
+    return fit_tables(labels, values, width=width, sections=sections), lines

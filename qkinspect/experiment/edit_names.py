@@ -3,10 +3,13 @@ heavy is imported (docs/experiments.md, "Edits")."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from qkinspect.errors import InputError
+from qkinspect.suggest import did_you_mean
 
+_DIGITS = re.compile(r"[0-9]{1,9}")
 EDITS = ("share_qk", "tie_q", "tie_k", "symmetric", "rank", "share_qkv", "ablate")
 
 
@@ -29,9 +32,10 @@ def parse_edit(text: str) -> Edit:
     """`"rank:8"` -> Edit("rank", 8); raises EditError on anything else than the names in EDITS."""
     name, sep, arg = text.strip().partition(":")
     if name not in EDITS:
-        raise EditError(f"unknown edit {text!r}; expected one of {', '.join(EDITS)} (rank as rank:K)")
+        hint = did_you_mean(name, EDITS)
+        raise EditError(f"unknown edit {text!r}{hint}; expected one of {', '.join(EDITS)} (rank as rank:K)")
     if name == "rank":
-        if not sep or not arg.isdigit():
+        if not sep or _DIGITS.fullmatch(arg) is None:  # ASCII digits: str.isdigit also takes "³" and "٣"
             raise EditError(f"edit {text!r}: rank takes a whole number of dimensions, e.g. rank:8")
         return Edit(name, int(arg))
     if sep:

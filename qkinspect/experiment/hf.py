@@ -1,10 +1,12 @@
 """The one place where model code runs: a checkpoint loaded with transformers' own classes (never remote code),
 and canonical `AttentionLayer`s written back into its modules (the inverse of qkinspect's adapters).
 
-Families whose write-back is proven (tests/experiment/test_run.py): Llama-type decoders (separate q/k/v/o_proj,
-grouped-query attention included: Llama, Mistral, Mixtral, Qwen2 and Qwen2-MoE with their q/k/v biases), BERT-type
-encoders (self.query/key/value, output.dense) and GPT-2 (fused
-Conv1D c_attn). A write-back never changes a module in place: it swaps in new projection modules and returns a
+Families whose write-back is proven (tests/experiment/test_run.py, test_writeback.py): Llama-type decoders
+(separate q/k/v/o_proj, grouped-query attention included: Llama, Mistral, Mixtral, Qwen2 and Qwen2-MoE with their
+q/k/v biases, Qwen3 and Qwen3-MoE, Gemma, Gemma 2 and Gemma 3 with their q/k norms, OLMo2 with its norm over the
+whole projection), Phi-3 (fused sectioned qkv_proj), GPT-NeoX (fused query_key_value interleaved per head), BERT-type
+encoders (self.query/key/value, output.dense) and GPT-2 (fused Conv1D c_attn); the newer families' writers are in
+`writeback`. A write-back never changes a module in place: it swaps in new projection modules and returns a
 function that swaps the originals back, so restoring is exact.
 """
 
@@ -23,7 +25,9 @@ from qkinspect.layer import AttentionLayer
 
 # model_type -> family of modules the write-back knows
 FAMILIES = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "llama", "qwen2_moe": "llama",
-            "bert": "bert", "roberta": "bert", "gpt2": "gpt2"}
+            "qwen3": "llama", "qwen3_moe": "llama", "gemma": "llama", "gemma2": "llama", "gemma3_text": "llama",
+            "olmo2": "llama", "phi3": "phi3", "gpt_neox": "gpt_neox", "bert": "bert", "roberta": "bert",
+            "gpt2": "gpt2"}
 CAUSAL, MASKED, DRIFT = "causal", "masked", "drift"
 
 
@@ -32,14 +36,15 @@ class HFModel:
     """A transformers model in eval mode, what it is measured by, and where its layers are."""
 
     model: nn.Module
-    family: str  # "llama", "bert" or "gpt2"
+    family: str  # a value of FAMILIES
     kind: str  # CAUSAL, MASKED or DRIFT
     tokenizer: Any
+    tokenizer_source: Any = None  # what names the tokenizer in messages (a file, or the GGUF)
 
     @property
     def layers(self) -> nn.ModuleList:
         base = self.model.base_model
-        return {"llama": lambda: base.layers, "bert": lambda: base.encoder.layer, "gpt2": lambda: base.h}[self.family]()
+        return base.encoder.layer if self.family == "bert" else base.h if self.family == "gpt2" else base.layers
 
 
 def family_of(model_type: str) -> str:
@@ -47,7 +52,7 @@ def family_of(model_type: str) -> str:
     if model_type not in FAMILIES:
         known = ", ".join(sorted(FAMILIES))
         raise UnsupportedModelError(f"experiment: model_type {model_type!r} cannot be run and edited yet "
-                                    f"(supported: {known})")
+                                    f"(supported: {known}; docs/experiments.md, The model)")
     return FAMILIES[model_type]
 
 
@@ -71,75 +76,109 @@ def load_hf(resolved, tokenizer: Any = None) -> HFModel:
 
     Decoders are causal LMs. Encoders are masked LMs when the checkpoint has the head (every head tensor present),
     else bare encoders measured by drift. `tokenizer`: a tokenizer object, or a folder/vocab file to read one
-    from; None reads the model's own (its folder, or the GGUF's metadata).
+    from; None reads the model's own (its folder, or the GGUF's metadata). transformers reads only checked files,
+    from a private folder, and what it raises is translated (`qkinspect.experiment.hf_guard`).
 
     Raises:
         UnsupportedModelError: a family the write-back does not know.
-        CheckpointError: no tokenizer, or transformers cannot build the model from the files.
+        CheckpointError: no tokenizer, or transformers cannot build the model or the tokenizer from the files.
     """
+    from qkinspect.experiment import hf_guard as guard
+
     family = family_of(resolved.config.model_type)
-    where, kw = _location(resolved)
-    with _quiet_transformers():
-        try:
-            model, kind = _load_model(family, where, kw)
-        except (OSError, ValueError, KeyError, RuntimeError) as e:
-            raise CheckpointError(f"{resolved.path}: transformers cannot load it: {_one_line(e)}") from None
-        tok = _tokenizer(tokenizer, where, kw, resolved.path)
+    with _quiet_transformers(), guard.staged(resolved) as st, guard.no_gguf_bar(st.gguf):
+        config = _config(st)
+        with guard.boundary(st.shown, "transformers cannot build the model from it"):
+            model, kind = _load_model(family, st.where, {**st.kw, "config": config,
+                                                         "attn_implementation": guard.ATTENTION}, st.shown)
+        tok, tok_shown = _tokenizer(tokenizer, st)
     if len(tok) <= len(set(tok.all_special_ids)):  # transformers builds an empty one from a bare config
-        raise CheckpointError(f"{tokenizer or resolved.path}: no tokenizer vocabulary found; "
+        raise CheckpointError(f"{tok_shown}: no tokenizer vocabulary found; "
                               "name one with --tokenizer (a folder or a vocab.txt)")
     model.eval()
-    return HFModel(model, family, kind, tok)
+    return HFModel(model, family, kind, tok, tok_shown)
 
 
-def _location(resolved) -> tuple[str, dict[str, Any]]:
-    path = resolved.path
-    common: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
-    if resolved.format == "gguf":
-        return str(path.parent), {**common, "gguf_file": path.name}
-    return str(path if path.is_dir() else path.parent), common
+def _config(st) -> Any:
+    """The model's config as transformers builds it from the private folder, with the values the runner uses
+    checked (`hf_guard.check_config`)."""
+    from transformers import AutoConfig
+
+    from qkinspect.experiment import hf_guard as guard
+
+    with guard.boundary(st.config_file, "transformers cannot read this config"):
+        config = AutoConfig.from_pretrained(st.where, **st.kw)
+    guard.check_config(config, st.config_file)
+    return config
 
 
-def _load_model(family: str, where: str, kw: dict[str, Any]) -> tuple[nn.Module, str]:
+def _load_model(family: str, where: str, kw: dict[str, Any], shown: Any) -> tuple[nn.Module, str]:
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
-    if family in ("llama", "gpt2"):
-        return _complete(AutoModelForCausalLM, where, kw), CAUSAL
+    if family != "bert":
+        return _complete(AutoModelForCausalLM, where, kw, shown), CAUSAL
     model, info = AutoModelForMaskedLM.from_pretrained(where, dtype=torch.float32, output_loading_info=True, **kw)
     if not info["missing_keys"]:
         return model, MASKED
     del model  # no masked-LM head in the checkpoint: its head would be random
-    return _complete(AutoModel, where, kw), DRIFT
+    return _complete(AutoModel, where, kw, shown), DRIFT
 
 
-def _complete(auto, where: str, kw: dict[str, Any]) -> nn.Module:
+def _complete(auto, where: str, kw: dict[str, Any], shown: Any) -> nn.Module:
     """The model, refused when transformers had to fill any of its weights with random values."""
     model, info = auto.from_pretrained(where, dtype=torch.float32, output_loading_info=True, **kw)
     missing = sorted(info["missing_keys"])
     if missing:
-        raise CheckpointError(f"{where}: the checkpoint has no {', '.join(missing[:3])}"
+        raise CheckpointError(f"{shown}: the checkpoint has no {', '.join(missing[:3])}"
                               f"{' …' if len(missing) > 3 else ''} (a model without its head cannot be measured "
                               "by its loss)")
     return model
 
 
-def _tokenizer(tokenizer: Any, where: str, kw: dict[str, Any], path) -> Any:
+def _tokenizer(tokenizer: Any, st) -> tuple[Any, Any]:
+    """(the tokenizer, what names it in messages): the object given, a --tokenizer folder or vocab.txt (checked
+    as the model's own files are), or the model's own (its folder's files, or the GGUF's metadata)."""
     from transformers import AutoTokenizer
 
-    if tokenizer is not None and not isinstance(tokenizer, (str, bytes)) and not hasattr(tokenizer, "__fspath__"):
-        return tokenizer
-    try:
-        if tokenizer is None:
-            return AutoTokenizer.from_pretrained(where, **kw)
-        from pathlib import Path
+    from qkinspect.experiment import hf_guard as guard
 
-        t = Path(tokenizer)
-        if t.is_file():  # a WordPiece vocab.txt, one token a line (AntiBERTy ships one beside its model)
-            return wordpiece(t, lower_case=False)
-        return AutoTokenizer.from_pretrained(str(t), local_files_only=True, trust_remote_code=False)
-    except (OSError, ValueError, TypeError) as e:
-        raise CheckpointError(f"{tokenizer or path}: no tokenizer could be read ({_one_line(e)}); "
-                              "name one with --tokenizer (a folder or a vocab.txt)") from None
+    if tokenizer is not None and not isinstance(tokenizer, (str, bytes)) and not hasattr(tokenizer, "__fspath__"):
+        return tokenizer, "the tokenizer given"
+    hint = "; name one with --tokenizer (a folder or a vocab.txt)"
+    if tokenizer is None:
+        if not st.gguf and not st.tokenizer_files:
+            raise CheckpointError(f"{st.shown}: no tokenizer files ({', '.join(guard.TOKENIZER_FILES[:5])} …)"
+                                  f"{hint}")
+        shown = st.shown if st.gguf else _named(st.tokenizer_files)
+        with guard.boundary(shown, "transformers cannot build a tokenizer from it"):
+            return AutoTokenizer.from_pretrained(st.where, **st.kw), shown
+    from pathlib import Path
+
+    t = Path(tokenizer)
+    if t.is_file():  # a WordPiece vocab.txt, one token a line (AntiBERTy ships one beside its model)
+        guard.check_vocab(t)
+        with guard.boundary(t, "transformers cannot build a WordPiece tokenizer from it"):
+            return wordpiece(t, lower_case=False), t
+    if not t.is_dir():
+        raise CheckpointError(f"{t}: no such file or folder (--tokenizer)")
+    with guard.staged_tokenizer(t) as (where, files):
+        if not files:
+            raise CheckpointError(f"{t}: no tokenizer files ({', '.join(guard.TOKENIZER_FILES[:5])} …){hint}")
+        shown = _named(files)
+        with guard.boundary(shown, "transformers cannot build a tokenizer from it"):
+            return AutoTokenizer.from_pretrained(where, local_files_only=True, trust_remote_code=False), shown
+
+
+def _named(files) -> Any:
+    """How messages name a tokenizer read from several files: the main one (tokenizer.json, else vocab.txt ...)
+    with the others in parentheses."""
+    main = files[0]
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer.model", "spiece.model", "vocab.json"):
+        if any(f.name == name for f in files):
+            main = next(f for f in files if f.name == name)
+            break
+    others = ", ".join(f.name for f in files if f != main)
+    return f"{main} (with {others})" if others else main
 
 
 def wordpiece(vocab, lower_case: bool = True):
@@ -150,10 +189,6 @@ def wordpiece(vocab, lower_case: bool = True):
 
     arg = "vocab" if "vocab" in inspect.signature(BertTokenizer.__init__).parameters else "vocab_file"
     return BertTokenizer(**{arg: str(vocab)}, do_lower_case=lower_case)
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:300] or type(e).__name__
 
 
 # -- write-back: canonical tensors -> the family's modules ---------------------------------------------------
@@ -225,13 +260,19 @@ def write_layer(hf: HFModel, layer: AttentionLayer) -> Callable[[], None]:
     i = layer.layer
     if not 0 <= i < len(hf.layers):
         raise ValueError(f"layer {i} is not in the model (0..{len(hf.layers) - 1})")
-    return {"llama": _write_llama, "bert": _write_bert, "gpt2": _write_gpt2}[hf.family](hf.layers[i], layer)
+    from qkinspect.experiment.writeback import WRITERS
+
+    writers = {"llama": _write_llama, "bert": _write_bert, "gpt2": _write_gpt2, **WRITERS}
+    return writers[hf.family](hf.layers[i], layer)
 
 
 def _write_llama(block: nn.Module, L: AttentionLayer) -> Callable[[], None]:
+    from qkinspect.experiment.writeback import qk_norm_swaps
+
     a = block.self_attn
     s = L.spec
     return _swap(a, {
+        **qk_norm_swaps(a, L),
         "q_proj": _linear(_rows(L.W_Q), _flat(L.b_Q), a.q_proj),
         "k_proj": _linear(_rows(L.W_K), _flat(L.b_K), a.k_proj),
         "v_proj": _linear(_rows(L.W_V), _flat(L.b_V), a.v_proj),

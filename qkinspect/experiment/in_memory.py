@@ -26,7 +26,7 @@ def hf_in_memory(resolved, tokenizer: Any = None) -> HFModel:
 
     Its measure follows its class: *ForCausalLM / *LMHeadModel: next-token loss; *ForMaskedLM: masked-LM loss;
     a bare encoder or decoder: drift. `tokenizer`: a tokenizer object, or a folder / vocab.txt; None reads the one
-    in the folder `config._name_or_path` names, where that is a local folder.
+    in the folder `config.name_or_path` names, where that is a local folder.
 
     Raises:
         InputError: no tokenizer can be found; UnsupportedModelError: a family the write-back does not know.
@@ -50,13 +50,13 @@ def _kind(model: nn.Module) -> str:
 
 def _memory_tokenizer(tokenizer: Any, resolved) -> Any:
     if tokenizer is None:
-        named = str(getattr(resolved.config, "_name_or_path", "") or "")
+        named = str(getattr(resolved.config, "name_or_path", "") or "")
         if not (named and Path(named).is_dir()):
             raise InputError(f"{resolved.origin}: a model in memory needs tokenizer= (a tokenizer, or a folder or "
                              "vocab.txt to read one from)")
         tokenizer = Path(named)
     with _quiet_transformers():
-        return _tokenizer(tokenizer, "", {}, resolved.origin)
+        return _tokenizer(tokenizer, None)[0]  # never None here: the model's own files are not read
 
 
 def _built(resolved, family: str) -> nn.Module:
@@ -65,7 +65,7 @@ def _built(resolved, family: str) -> nn.Module:
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
     state = resolved.source.tensors
-    head = AutoModelForCausalLM if family in ("llama", "gpt2") else AutoModelForMaskedLM
+    head = AutoModelForMaskedLM if family == "bert" else AutoModelForCausalLM
     for auto in (head, AutoModel):
         with _quiet_transformers():
             try:

@@ -6,6 +6,9 @@
   the positions drawn once with a fixed seed;
 - encoders without a head: drift, 1 - mean cosine of the final hidden states to the unedited model's.
 
+Every pass keeps the loss of each scored token, so that a run's Δloss carries its standard error, paired with the
+baseline on the same tokens and computed over blocks of BLOCK consecutive positions (`paired_se`).
+
 `Scorer.baseline` runs the unedited model once over every batch of windows and keeps the hidden states entering
 the layers that will be edited; `Scorer.score(start)` then runs only layers start.. (and the head): the layers
 before `start` are swapped for a module that hands back the cached states, so the model's own forward still builds
@@ -25,9 +28,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkinspect.errors import InputError
+from qkinspect.experiment.amounts import BYTES_PER_TOKEN, check_amounts
 from qkinspect.experiment.hf import CAUSAL, DRIFT, MASKED, HFModel
+from qkinspect.reading import MAX_TEXT_BYTES
 
 MASK_FRACTION = 0.15
+# The standard error of a Δloss treats blocks of this many consecutive positions of one window as the independent
+# units (a batch-means / cluster standard error): the loss changes of neighbouring tokens are correlated, so the
+# per-token standard error would be too small (docs/experiments.md, "Error bars").
+BLOCK = 64
 MEASURES = {CAUSAL: "next-token cross-entropy", MASKED: "masked-LM cross-entropy", DRIFT: "drift"}
 
 
@@ -46,21 +55,26 @@ def default_text() -> Text:
                 "\n\n".join(topics[k] for k in sorted(topics)))
 
 
-def read_text(path: str | Path) -> Text:
+def text_bytes(tokens: int) -> int:
+    """How much of a --text file is read for `tokens` tokens: BYTES_PER_TOKEN a token, at least 1 MiB, at most
+    MAX_TEXT_BYTES."""
+    return min(MAX_TEXT_BYTES, max(1 << 20, BYTES_PER_TOKEN * tokens))
+
+
+def read_text(path: str | Path, tokens: int | None = None) -> Text:
+    """The text of a --text file: only its first `text_bytes(tokens)` bytes (all of MAX_TEXT_BYTES without
+    `tokens`); a FIFO, a device or anything else but a regular file is refused (InputError naming the file)."""
+    from qkinspect.reading import read_text as bounded
+
     p = Path(path)
-    try:
-        return Text(str(p), p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise InputError(f"{p}: --text must be UTF-8 text") from None
-    except OSError as e:
-        raise InputError(f"{p}: cannot read --text ({e.strerror or e})") from None
+    limit = MAX_TEXT_BYTES if tokens is None else text_bytes(tokens)
+    return Text(str(p), bounded(p, limit=limit, what="--text", prefix=True))
 
 
 def windows(hf: HFModel, text: Text, tokens: int, window: int) -> Tensor:
     """Token windows (n, W) from the first `tokens` tokens of `text`. Encoders get [CLS] … [SEP] around W-2
     text tokens. With fewer tokens than one window, one window of what there is."""
-    if tokens < 2 or window < 2:
-        raise InputError(f"--tokens {tokens} / --window {window}: both must be at least 2")
+    check_amounts(tokens, window)
     limit = getattr(hf.model.config, "max_position_embeddings", None)
     if limit and window > limit:
         raise InputError(f"--window {window}: this model takes at most {limit} positions")
@@ -126,6 +140,9 @@ class Scorer:
         self.reference: list[Tensor] = []  # drift: the unedited final hidden states, per batch
         self.as_tuple = False
         self.counted = 0  # predictions (or masked tokens, or tokens) scored per pass
+        self.token_losses: Tensor = torch.zeros(0, dtype=torch.float64)  # the last pass, one per scored token
+        self.base_tokens: Tensor = torch.zeros(0, dtype=torch.float64)  # the baseline pass's, same order
+        self.blocks: Tensor = torch.zeros(0, dtype=torch.long)  # each scored token's block (BLOCK positions)
 
     def _inputs(self, ids: Tensor, seed: int) -> dict[str, Tensor]:
         if self.hf.kind == CAUSAL:
@@ -157,10 +174,12 @@ class Scorer:
         hooks.append(layers[0].register_forward_hook(self._shape_probe))
         try:
             with torch.inference_mode():
-                return self._pass(start=0, keep_reference=True)
+                loss = self._pass(start=0, keep_reference=True)
         finally:
             for h in hooks:
                 h.remove()
+        self.base_tokens = self.token_losses
+        return loss
 
     def _keeper(self, i: int):
         def keep(module, args, kwargs):
@@ -178,15 +197,25 @@ class Scorer:
         with torch.inference_mode():
             return self._pass(start)
 
+    def paired_se(self) -> float | None:
+        """The standard error of the last pass's mean loss minus the baseline's, paired token by token and
+        clustered in blocks (BLOCK): sqrt(J/(J-1) · Σ_j (S_j − Δ n_j)²) / Σ_j n_j over the J blocks that hold
+        scored tokens (S_j: the block's summed loss differences, n_j its tokens). None with fewer than 2 blocks."""
+        return block_se(self.token_losses - self.base_tokens, self.blocks)
+
     def _pass(self, start: int, keep_reference: bool = False) -> float:
-        total, count = 0.0, 0
+        per_token, blocks, offset = [], [], 0
         for b, inputs in enumerate(self.inputs):
             with self._skipping(start, b):
                 out = self.hf.model(**{k: v for k, v in inputs.items() if k != "labels"})
-            s, c = self._loss(out, b, inputs, keep_reference)
-            total, count = total + s, count + c
-        self.counted = count
-        return total / count
+            values, block = self._loss(out, b, inputs, keep_reference)
+            per_token.append(values)
+            blocks.append(block + offset)
+            offset += self.batches[b].shape[0] * -(-self.batches[b].shape[1] // BLOCK)
+        self.token_losses = torch.cat(per_token)
+        self.blocks = torch.cat(blocks)
+        self.counted = int(self.token_losses.numel())
+        return float(self.token_losses.sum()) / self.counted
 
     @contextlib.contextmanager
     def _skipping(self, start: int, b: int) -> Iterator[None]:
@@ -200,20 +229,49 @@ class Scorer:
             for k, m in enumerate(saved):
                 layers[k] = m
 
-    def _loss(self, out, b: int, inputs: dict[str, Tensor], keep_reference: bool) -> tuple[float, int]:
+    def _loss(self, out, b: int, inputs: dict[str, Tensor], keep_reference: bool) -> tuple[Tensor, Tensor]:
+        """Each scored token's loss (float64, in row-major order of the batch) and its block within the batch."""
         kind = self.hf.kind
         if kind == DRIFT:
             h = out.last_hidden_state
             if keep_reference:
                 self.reference.append(h)
             cos = F.cosine_similarity(h.float(), self.reference[b].float(), dim=-1)  # (B, W)
-            return float((1 - cos).sum()), cos.numel()
-        logits = out.logits.float()
-        if kind == CAUSAL:
-            ids = inputs["input_ids"]
-            pred, target = logits[:, :-1], ids[:, 1:]  # position t predicts token t+1
-        else:
-            pred, target = logits, inputs["labels"]
-        loss = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), reduction="sum",
-                               ignore_index=-100)
-        return float(loss), int((target != -100).sum())
+            return (1 - cos).double().reshape(-1), token_blocks(torch.ones_like(cos, dtype=torch.bool))
+        pred, target = logits_and_targets(out.logits, inputs, kind)
+        loss = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), reduction="none",
+                               ignore_index=-100)  # (B*T,)
+        scored = target.reshape(-1) != -100
+        return loss[scored].double(), token_blocks(target != -100)
+
+
+def logits_and_targets(logits: Tensor, inputs: dict[str, Tensor], kind: str) -> tuple[Tensor, Tensor]:
+    """The logits that are scored and their targets (-100: not scored): causal, position t predicts token t+1."""
+    logits = logits.float()
+    if kind == CAUSAL:
+        return logits[:, :-1], inputs["input_ids"][:, 1:]  # (B, W-1, V), (B, W-1)
+    return logits, inputs["labels"]
+
+
+def token_blocks(scored: Tensor) -> Tensor:
+    """The block of each scored token of a (B, T) batch, in row-major order: window b, positions BLOCK·j.."""
+    B, T = scored.shape
+    per_row = -(-T // BLOCK)
+    ids = torch.arange(B)[:, None] * per_row + torch.arange(T)[None, :] // BLOCK  # (B, T)
+    return ids[scored]
+
+
+def block_se(diff: Tensor, blocks: Tensor) -> float | None:
+    """The standard error of diff.mean() with the tokens of one block as one unit (a cluster / batch-means
+    standard error of a ratio estimator); None with fewer than two blocks holding tokens."""
+    if diff.numel() == 0:
+        return None
+    _, b = torch.unique(blocks, return_inverse=True)
+    J = int(b.max()) + 1
+    if J < 2:
+        return None
+    d = diff.double()
+    S = torch.zeros(J, dtype=torch.float64).index_add_(0, b, d)  # (J,) summed differences per block
+    n = torch.zeros(J, dtype=torch.float64).index_add_(0, b, torch.ones_like(d))  # (J,) tokens per block
+    mean = S.sum() / n.sum()
+    return float(torch.sqrt(J / (J - 1) * ((S - mean * n) ** 2).sum()) / n.sum())

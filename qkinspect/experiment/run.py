@@ -12,16 +12,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qkinspect.errors import InputError, UnsupportedModelError
+from qkinspect.errors import CheckpointError, InputError, UnsupportedModelError
+from qkinspect.experiment.amounts import check_amounts
 from qkinspect.experiment.edits import PREDICTORS, Edit, apply_edit, parse_edit
 from qkinspect.experiment.heal import Healing, HealOptions, check_healable, heal_runs
 from qkinspect.experiment.hf import load_hf, written
+from qkinspect.experiment.hf_guard import boundary, check_token_ids
 from qkinspect.experiment.in_memory import hf_in_memory, keeps_mode
 from qkinspect.experiment.measure import Scorer, Text, default_text, read_text, windows
 from qkinspect.layer import AttentionLayer, ModelInfo
 
 SCOPES = ("head", "layer", "model")
 REFERENCE = Edit("ablate")
+# A difference is "beyond its error" when it is at least this many standard errors from 0 (about 95 %, two-sided).
+SIGNIFICANT = 2.0
+# Per-head claims need at least this many scored tokens (docs/experiments.md, "Error bars").
+MIN_SCORED = 1024
 
 
 @dataclass(frozen=True)
@@ -33,13 +39,22 @@ class Run:
     layer: int | None
     head: int | None
     heads: int  # how many heads the run edited
-    loss: float
-    dloss: float  # loss - baseline
-    ratio: float | None  # dloss / dloss of `ablate` on the same heads; None without that run (or when it is 0)
+    loss: float | None  # None: not run exactly (an estimated head that was not verified)
+    dloss: float | None  # loss - baseline
+    # dloss / dloss of `ablate` on the same heads; None without that run, or when ablating does not cost loss
+    # beyond its error (dloss(ablate) <= SIGNIFICANT standard errors)
+    ratio: float | None
     predicted: float | None  # the weight-space figure PREDICTORS[edit] (mean over the edited heads)
     offset0: bool  # a rotary edit that is exact at offset 0 only
     seconds: float  # the whole run: edit, write-back, forward from the first edited layer
     forward_seconds: float  # the forward alone
+    dloss_se: float | None = None  # the standard error of dloss (paired with the baseline, block-clustered)
+    # --estimate (qkinspect.experiment.estimate): the estimated dloss, its Monte-Carlo standard error, how far the
+    # edit moves the head's output (|Δo_h| / |o_h|) and whether that makes the estimate unreliable
+    dloss_estimate: float | None = None
+    dloss_estimate_se: float | None = None
+    moved: float | None = None
+    unreliable: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -116,9 +131,8 @@ def run_experiment(
         raise InputError(f"--scope {scope!r}: expected one of {', '.join(SCOPES)}")
     if rotary not in ("gauge", "offset0"):
         raise InputError(f"--rotary {rotary!r}: expected gauge or offset0")
-    if tokens < 2 or window < 2:
-        raise InputError(f"--tokens {tokens} / --window {window}: both must be at least 2")
-    source = text if isinstance(text, Text) else default_text() if text is None else read_text(text)
+    check_amounts(tokens, window)
+    source = text if isinstance(text, Text) else default_text() if text is None else read_text(text, tokens)
     opts = heal if isinstance(heal, HealOptions) or not heal else HealOptions(steps=heal, seed=seed)
     if opts:
         opts.check()  # before any work
@@ -127,13 +141,22 @@ def run_experiment(
         check_healable(hf, rotary)
     spec = info.blocks[0]
     head_list = list(heads) if heads is not None else list(range(spec.n_heads))
-    ids = windows(hf, source, tokens, window)
-    scorer = Scorer(hf, ids, batch_tokens=batch_tokens, seed=seed)
+    with boundary(hf.tokenizer_source, f"the tokenizer cannot read {source.name}"):
+        ids = windows(hf, source, tokens, window)
+    fed = ids.unique().tolist()  # the ids the model will embed (the text's, and [CLS]/[SEP] around encoders')
+    if hf.kind == "masked":
+        if hf.tokenizer.mask_token_id is None:
+            raise CheckpointError(f"{hf.tokenizer_source}: the tokenizer has no mask token, which a masked LM is "
+                                  "measured with")
+        fed.append(hf.tokenizer.mask_token_id)
+    check_token_ids(fed, hf.model.get_input_embeddings().num_embeddings, hf.tokenizer_source)
     units = make_units(scope, sorted(originals), head_list)
     runs_edits = chosen + ([REFERENCE] if reference and REFERENCE not in chosen else [])
-    t0 = time.perf_counter()
-    base = scorer.baseline(cache={_start(unit) for unit in units})
-    t_base = time.perf_counter() - t0
+    with boundary(info.source, "transformers cannot run the model"):  # the unedited pass: the checkpoint's own
+        scorer = Scorer(hf, ids, batch_tokens=batch_tokens, seed=seed)
+        t0 = time.perf_counter()
+        base = scorer.baseline(cache={_start(unit) for unit in units})
+        t_base = time.perf_counter() - t0
     runs: list[Run] = []
     total = len(units) * len(runs_edits)
     for unit in units:
@@ -221,15 +244,23 @@ def run_unit(scorer: Scorer, hf, originals: dict[int, AttentionLayer], unit: Uni
         heads=len(figures), loss=loss, dloss=loss - base, ratio=None,
         predicted=sum(figures) / len(figures) if figures else None,
         offset0=any(r.offset0_only for r in results), seconds=time.perf_counter() - t0,
-        forward_seconds=t_forward)
+        forward_seconds=t_forward, dloss_se=scorer.paired_se())
+
+
+def beyond_error(dloss: float | None, se: float | None) -> bool:
+    """Whether `dloss` is further than SIGNIFICANT standard errors from 0 (False without a standard error)."""
+    return dloss is not None and se is not None and abs(dloss) > SIGNIFICANT * se
 
 
 def _with_ratios(runs: list[Run]) -> list[Run]:
+    """Each run's dloss / dloss(ablate) of the same unit, where ablating costs loss beyond its error (a ratio to a
+    cost that is <= 0, or within its noise, is not a number)."""
     from dataclasses import replace
 
-    ablate = {(r.layer, r.head): r.dloss for r in runs if r.edit == REFERENCE.name}
+    ablate = {(r.layer, r.head): r for r in runs if r.edit == REFERENCE.name and r.dloss is not None}
     out = []
     for r in runs:
         a = ablate.get((r.layer, r.head))
-        out.append(replace(r, ratio=r.dloss / a if a else None))
+        ok = a is not None and r.dloss is not None and a.dloss > 0 and beyond_error(a.dloss, a.dloss_se)
+        out.append(replace(r, ratio=r.dloss / a.dloss if ok else None))
     return out

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import CheckpointError
+from qkinspect.reading import MAX_JSON_BYTES, read_bytes
 
 # Counts a config may hold (any family, any nesting level): integers >= 1. Those in NULLABLE may also be null,
 # which the config classes read as "use the default" (e.g. num_key_value_heads = num_attention_heads).
@@ -51,13 +52,11 @@ def os_reason(e: OSError) -> str:
 
 
 def read_text(path: Path) -> str:
-    """A checkpoint file's text, or CheckpointError saying why it cannot be read (missing, permission ...)."""
+    """A checkpoint file's text (a regular file of at most MAX_JSON_BYTES: a FIFO or a device is refused, never
+    read), or CheckpointError saying why it cannot be read (missing, permission ...)."""
+    data = read_bytes(path, limit=MAX_JSON_BYTES, error=CheckpointError)
     try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: file is missing") from None
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read it ({os_reason(e)})") from None
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{path}: not valid JSON (not UTF-8 text at byte {e.start})") from None
 

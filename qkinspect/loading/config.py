@@ -14,8 +14,9 @@ as before; a field qkinspect never reads is not checked.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,9 +154,24 @@ def transformers_config(folder: Path) -> Any:
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+        with quiet_transformers():
+            return AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
     except Exception as e:
         raise CheckpointError(f"{folder / 'config.json'}: transformers cannot read this config ({e})") from None
 
 
-__all__ = ["LightConfig", "read_config", "transformers_config"]
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' log lines (``[transformers] Missing validation function ... rope_type``) while a config is
+    built: what matters is said by qkinspect, once, or the config is refused with one line."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+__all__ = ["LightConfig", "quiet_transformers", "read_config", "transformers_config"]

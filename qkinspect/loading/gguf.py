@@ -277,8 +277,11 @@ def light_config(data: dict[str, Any], path: Path) -> Any:
     def real() -> Any:
         from transformers import AutoConfig
 
+        from qkinspect.loading.config import quiet_transformers
+
         try:
-            return AutoConfig.for_model(data["model_type"], **{k: v for k, v in data.items() if k != "model_type"})
+            with quiet_transformers():
+                return AutoConfig.for_model(data["model_type"], **{k: v for k, v in data.items() if k != "model_type"})
         except Exception as e:
             raise CheckpointError(f"{path}: transformers cannot build a config from this GGUF metadata "
                                   f"({_one_line(e)})") from None

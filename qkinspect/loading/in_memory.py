@@ -3,7 +3,7 @@ would be (docs/loading.md, "Models in memory").
 
 Nothing is copied: the tensor source hands the adapter the model's own parameters (detached views) one layer at a
 time, and the config is the object's own. A parametrised weight (`torch.nn.utils.parametrize`, as healing uses) is
-read as the module computes it. Records name the model by `config._name_or_path` (else its class) and say where it
+read as the module computes it. Records name the model by `config.name_or_path` (else its class) and say where it
 came from: ModelInfo.source "memory:<name>", format "memory".
 """
 
@@ -108,7 +108,7 @@ def _check_type(model_type: str) -> None:
 
 
 def _name(config: Any, fallback: str) -> str:
-    name = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
+    name = getattr(config, "name_or_path", None)
     return str(name) if name else fallback
 
 

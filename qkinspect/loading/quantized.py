@@ -55,6 +55,7 @@ def check_quantization(raw: dict, cfg_file: Path) -> dict | None:
     key, qc = found
     method = qc.get("quant_method") if isinstance(qc, dict) else None
     if key == "quantization_config" and type(method) is str and method in UNDERSTOOD:
+        check_understood(qc, cfg_file)
         return qc
     what = f"quant_method {method!r}" if type(method) is str else "a quantization without a quant_method"
     supported = ", ".join(sorted(UNDERSTOOD)) or "none"
@@ -62,6 +63,59 @@ def check_quantization(raw: dict, cfg_file: Path) -> dict | None:
         f"{cfg_file}: {key} declares {what}, which qkinspect cannot dequantize (supported: {supported}); "
         f"its raw values are not the model's weights, so it is refused"
     )
+
+
+def check_understood(qc: dict, cfg_file: Path) -> None:
+    """The fields of an understood quantization_config that qkinspect reads, checked where they enter: the FP8 block
+    size two whole numbers from 1; compressed-tensors' config_groups an object of objects, its ignore list and
+    every group's targets strings, their ``re:`` patterns valid regular expressions. CheckpointError naming the file
+    and the key otherwise."""
+    from qkinspect.loading.checked import MAX_COUNT
+
+    def bad(key: str, value: Any, want: str) -> CheckpointError:
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        return CheckpointError(f"{cfg_file}: quantization_config.{key} is {shown}; {want}")
+
+    if qc["quant_method"] == "fp8":
+        block = qc.get("weight_block_size")
+        if block is not None and not (type(block) is list and len(block) == 2
+                                      and all(type(n) is int and 1 <= n <= MAX_COUNT for n in block)):
+            raise bad("weight_block_size", block, f"expected two whole numbers from 1 to {MAX_COUNT:,} "
+                                                  "(rows, columns) or null")
+        return
+    fmt = qc.get("format")
+    if fmt is not None and type(fmt) is not str:
+        raise bad("format", fmt, "expected a format name")
+    _check_targets(qc.get("ignore"), "ignore", bad)
+    groups = qc.get("config_groups")
+    if groups is None:
+        return
+    if type(groups) is not dict:
+        raise bad("config_groups", groups, "expected an object of named groups")
+    for name, group in groups.items():
+        key = f"config_groups.{name}"
+        if type(group) is not dict:
+            raise bad(key, group, "expected an object (targets, weights ...)")
+        for field in ("weights", "input_activations", "output_activations"):
+            if group.get(field) is not None and type(group[field]) is not dict:
+                raise bad(f"{key}.{field}", group[field], "expected an object or null")
+        if group.get("format") is not None and type(group["format"]) is not str:
+            raise bad(f"{key}.format", group["format"], "expected a format name")
+        _check_targets(group.get("targets"), f"{key}.targets", bad)
+
+
+def _check_targets(targets: Any, key: str, bad: Any) -> None:
+    """A list of target strings (class names, module names, or ``re:`` and a regular expression), or null."""
+    if targets is None:
+        return
+    if type(targets) is not list or not all(type(t) is str for t in targets):
+        raise bad(key, targets, "expected a list of names")
+    for t in targets:
+        if t.startswith("re:"):
+            try:
+                re.compile(t[3:])
+            except (re.error, RecursionError, OverflowError) as e:
+                raise bad(key, t, f"not a regular expression ({e})") from None
 
 
 # -- dequantizing on read -----------------------------------------------------------------------------------------
@@ -189,10 +243,16 @@ def fp8_dequantize(w: Tensor, scale_inv: Tensor, block: list[int] | None, where:
     partial), per output row, or per tensor, as the scale's shape says."""
     import torch
 
-    O, I = w.shape  # noqa: E741
     s = scale_inv.to(torch.float32)
+    if w.dim() not in (1, 2):
+        raise CheckpointError(f"{where}: an FP8 tensor of shape {tuple(w.shape)}; expected a weight or a bias")
     if s.numel() == 1:
         return w.to(torch.float32) * s.reshape(())
+    if w.dim() == 1:  # a bias: one scale per element, or one for the tensor
+        if s.shape not in (w.shape, (w.shape[0], 1)):
+            raise CheckpointError(f"{where}: scale of shape {tuple(s.shape)} for a bias of shape {tuple(w.shape)}")
+        return w.to(torch.float32) * s.reshape(w.shape)
+    O, I = w.shape  # noqa: E741
     if s.shape in ((O,), (O, 1)):
         return w.to(torch.float32) * s.reshape(O, 1)
     if s.dim() != 2:

@@ -110,17 +110,33 @@ _HUB_CACHE_DIR = re.compile(r"models--(.+)")
 def folder_name(folder: Path) -> str:
     """A model folder's name for titles: the folder's own name (its parent's when it is a generic `model`,
     `weights` …), or `org/name` for a snapshot in the Hugging Face cache (…/models--org--name/snapshots/<commit>).
-    The path itself stays in ModelInfo.source.
+    The path itself stays in ModelInfo.source. The demo model's folder is named as the demo (all-MiniLM-L6-v2),
+    whether it is given by path or not at all.
 
     config.json's `_name_or_path` is not used: it names the checkpoint a model was loaded from before it was
     saved, which for a fine-tune is its base (all-MiniLM-L6-v2's says nreimers/MiniLM-L6-H384-uncased).
     """
     folder = folder.resolve()
+    if _is_demo(folder):  # the demo by path has the name it has without a model argument
+        from qkinspect.demo import DEMO_NAME
+
+        return DEMO_NAME
     if folder.parent.name == "snapshots" and (m := _HUB_CACHE_DIR.fullmatch(folder.parent.parent.name)):
         return m.group(1).replace("--", "/")
     if folder.name.lower() in _GENERIC_FOLDERS and folder.parent.name:
         return folder.parent.name
     return folder.name or str(folder)
+
+
+def _is_demo(folder: Path) -> bool:
+    """Whether `folder` (resolved) is the bundled demo model's folder (qkinspect.demo), when that is installed."""
+    from qkinspect.demo import demo_path
+    from qkinspect.errors import DemoNotInstalledError
+
+    try:
+        return folder == demo_path().resolve()
+    except DemoNotInstalledError:
+        return False
 
 
 def file_name(path: Path) -> str:
@@ -217,7 +233,7 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
               endpoint=os.environ.get("HF_ENDPOINT") or None)
     if not hub_offline():
         try:
-            return Path(snapshot_download(**kw))
+            return checked_snapshot(cache, repo_id, Path(snapshot_download(**kw)), revision)
         except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError) as e:
             what = "gated (accept its licence and log in)" if isinstance(e, GatedRepoError) else "not found"
             raise ModelNotFoundError(f"{repo_id}: {what} on the Hugging Face hub (revision {revision or 'main'})") \
@@ -225,10 +241,31 @@ def hub_snapshot(repo_id: str, revision: str | None = None) -> Path:
         except Exception:
             pass  # no network, or the hub failed: fall back to the local cache below
     try:
-        return Path(snapshot_download(**kw, local_files_only=True))
+        folder = Path(snapshot_download(**kw, local_files_only=True))
     except Exception:
         how = "offline (HF_HUB_OFFLINE)" if hub_offline() else "the hub could not be reached"
         raise ModelNotFoundError(
             f"{repo_id}: no such file or folder, and not in the Hugging Face cache at {cache} "
             f"(revision {revision or 'main'}; {how})"
         ) from None
+    return checked_snapshot(cache, repo_id, folder, revision)
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def checked_snapshot(cache: Path, repo_id: str, folder: Path, revision: str | None = None) -> Path:
+    """The snapshot folder huggingface_hub names for `repo_id`, refused unless it is the repo's
+    ``snapshots/<commit>`` (a 40-hex commit hash), inside the repo's cache folder after links. huggingface_hub
+    joins the text of ``refs/<revision>`` to ``snapshots/`` as it is: a refs file holding ``../../../elsewhere``
+    would point the model at any folder on the machine."""
+    repo = Path(cache) / f"models--{repo_id.replace('/', '--')}"
+    ref = repo / "refs" / (revision or "main")
+    if _COMMIT.fullmatch(folder.name) is None or os.path.normpath(folder.parent) != os.path.normpath(
+            repo / "snapshots"):
+        raise CheckpointError(f"{ref}: leads to {str(folder)!r}, which is not a snapshot of {repo_id} in the cache; "
+                              f"refused (only the repo's own snapshots/<commit> folders are read)")
+    real, root = os.path.realpath(folder), os.path.realpath(repo)
+    if not real.startswith(root.rstrip(os.sep) + os.sep):
+        raise CheckpointError(f"{folder}: is a link to {real}, outside the cache folder {repo}; refused")
+    return folder

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from qkinspect.errors import InputError
+from qkinspect.metrics.torchlib import torch_symbol
 
 ENV = "QKINSPECT_PRODUCTS"
 _SYMBOL = "cblas_gemm_bf16bf16f32"
@@ -93,17 +94,6 @@ def _cpu_flags() -> set[str]:
 def _has_amx_bf16() -> bool:
     """AMX-BF16 tiles (Sapphire Rapids and later): the only hardware measured where the bf16 route wins."""
     return "amx_bf16" in _cpu_flags()
-
-
-def torch_symbol(symbol: str):
-    """A function exported by torch's CPU library (which links MKL's BLAS and LAPACK in), or None where absent."""
-    lib = Path(torch.__file__).parent / "lib"
-    for name in ("libtorch_cpu.so", "libtorch_cpu.dylib", "torch_cpu.dll"):
-        try:
-            return getattr(ctypes.CDLL(str(lib / name)), symbol)
-        except (OSError, AttributeError):
-            continue
-    return None
 
 
 def _find_gemm():
@@ -239,20 +229,3 @@ def row_norms(X: Tensor, R: Tensor, idx: Tensor | None = None) -> Tensor:
         _split_matmul(X[i: i + 1], (hi[h: h + 1], mid[h: h + 1], lo[h: h + 1]), out=buf)
         torch.linalg.vector_norm(buf[0], dim=-1, out=out[h])
     return out
-
-
-def layer_products(Q: Tensor, K: Tensor, V: Tensor, Rq: Tensor, Rk: Tensor, route: str | None = None) -> list[Tensor]:
-    """The eight products of one layer that the default metrics cannot do without, on `route` (default: the
-    machine's best, `best_route()`), by `HeadProducts` itself: the Grams of W_Q, W_K, W_V; W_Kᵀ W_Q,
-    W_Vᵀ W_Q, W_Vᵀ W_K per query head; the row norms of W_Q R_Kᵀ and W_K R_Qᵀ (directionality). For benchmarks.
-
-    Q (H, D, d), K and V (G, D, d): bf16 on the bf16 route, else cast to float32 here (pass float32 to leave the
-    cast out of a timing); Rq, Rk (H, d, d) float32 roots. Query head h reads KV head h // (H // G).
-    """
-    from qkinspect.layer import AttentionLayer, BlockSpec
-    from qkinspect.metrics.products import HeadProducts
-
-    (H, D, d), G = Q.shape, K.shape[0]
-    layer = AttentionLayer(BlockSpec("decoder", 1, H, G, D, d), 0, W_Q=Q, W_K=K, W_V=V)
-    p = HeadProducts(layer, bf16=(route or best_route()) == "bf16")
-    return [p.fq.gram, p.fk_all.gram, p.fv_all.gram, p.c_qk, p.c_qv, p.c_kv, *p.norms_against(Rq, Rk)]

@@ -234,14 +234,17 @@ def numerics_warning(recomputed: int, cut: int, n: int, precision: str) -> str |
 directions of W_Q, W_K or W_V below the rank cut σ <= 1e-05 σ_max, dropped (rank_q, rank_k, rank_v say how many \
 were kept)'
     """
-    parts = []
-    if recomputed:
-        parts.append(f"{recomputed} of {n} heads recomputed in float64 ({precision} Grams cannot resolve their "
-                     "smallest directions)")
+    parts = [recompute_note(recomputed, n, precision)] if recomputed else []
     if cut:
         parts.append(f"{cut} head{' has' if cut == 1 else 's have'} directions of W_Q, W_K or W_V below the rank cut "
                      f"σ <= {RANK_RTOL:g} σ_max, dropped (rank_q, rank_k, rank_v say how many were kept)")
     return "; ".join(parts) or None
+
+
+def recompute_note(recomputed: int, n: int, precision: str) -> str:
+    """'3 of 144 heads recomputed in float64 (float32 Grams cannot resolve their smallest directions)'."""
+    return (f"{recomputed} of {n} heads recomputed in float64 ({precision} Grams cannot resolve their smallest "
+            "directions)")
 
 
 def head_warnings(p: HeadProducts, where: str) -> list[str]:

@@ -4,8 +4,9 @@ torch's batched wrappers cost as much again as the work for the d_head x d_head 
 128 x 128 (a 7B layer), `torch.linalg.cholesky_ex` took 5.7-6.4 ms and 32 calls of `spotrf` 3.3-4.5 ms; the
 triangular inverses, `torch.linalg.solve_triangular` against the identity 9.5-9.8 ms and 32 calls of `strsm`
 5.1 ms (one thread, AMD EPYC). The routines are MKL's own, which torch's CPU library carries and exports (as it
-does `cblas_gemm_bf16bf16f32`, see `backend`); each is checked once against torch on a small batch, and where a
-symbol is missing, the check fails, or the input is not a float32/float64 CPU tensor, torch's function runs instead.
+does `cblas_gemm_bf16bf16f32`, see `backend`; both are found by `torchlib`); each is checked once against torch on
+a small batch, and where a symbol is missing, the check fails, or the input is not a float32/float64 CPU tensor,
+torch's function runs instead.
 
 Example:
     >>> X = torch.randn(3, 40, 8, dtype=torch.float64)
@@ -24,7 +25,7 @@ from functools import cache
 import torch
 from torch import Tensor
 
-from qkinspect.metrics.backend import torch_symbol
+from qkinspect.metrics.torchlib import torch_symbol
 
 _PREFIX = {torch.float32: "s", torch.float64: "d"}
 

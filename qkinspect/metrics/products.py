@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from qkinspect.layer import AttentionLayer
+from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.metrics import backend
 from qkinspect.metrics.factored import (
     GramFactor,
@@ -318,6 +318,20 @@ class HeadProducts:
     @cached
     def eig_ov(self) -> Tensor:
         return eigvals(self.c_ov)
+
+
+def layer_products(Q: Tensor, K: Tensor, V: Tensor, Rq: Tensor, Rk: Tensor, route: str | None = None) -> list[Tensor]:
+    """The eight products of one layer that the default metrics cannot do without, on `route` (default: the
+    machine's best, `backend.best_route()`), by `HeadProducts` itself: the Grams of W_Q, W_K, W_V; W_Kᵀ W_Q,
+    W_Vᵀ W_Q, W_Vᵀ W_K per query head; the row norms of W_Q R_Kᵀ and W_K R_Qᵀ (directionality). For benchmarks.
+
+    Q (H, D, d), K and V (G, D, d): bf16 on the bf16 route, else cast to float32 here (pass float32 to leave the
+    cast out of a timing); Rq, Rk (H, d, d) float32 roots. Query head h reads KV head h // (H // G).
+    """
+    (H, D, d), G = Q.shape, K.shape[0]
+    layer = AttentionLayer(BlockSpec("decoder", 1, H, G, D, d), 0, W_Q=Q, W_K=K, W_V=V)
+    p = HeadProducts(layer, bf16=(route or backend.best_route()) == "bf16")
+    return [p.fq.gram, p.fk_all.gram, p.fv_all.gram, p.c_qk, p.c_qv, p.c_kv, *p.norms_against(Rq, Rk)]
 
 
 def _all_bf16(layer: AttentionLayer) -> bool:

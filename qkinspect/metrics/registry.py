@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from qkinspect.errors import InputError
+from qkinspect.suggest import did_you_mean
 
 Gauge = Literal["yes", "no", "orthogonal"]
 SAPONATI = "Saponati et al. 2025, arXiv:2502.10927"
@@ -169,7 +170,8 @@ def resolve_metrics(names: Iterable[str] | str | None = None, *, layer_form: boo
         elif n in gs:
             wanted.update(gs[n])
         else:
-            raise InputError(f"unknown metric {n!r}; metrics: {', '.join(METRICS)}; groups: {', '.join(gs)}")
+            hint = did_you_mean(n, [*METRICS, *gs])
+            raise InputError(f"unknown metric {n!r}{hint}; metrics: {', '.join(METRICS)}; groups: {', '.join(gs)}")
     if layer_form:
         wanted.update(LAYER_FORM)
     for m in METRICS.values():
@@ -193,7 +195,9 @@ def head_metric(name: str, option: str = "--metric") -> MetricSpec:
     """
     spec = METRICS.get(name)
     if spec is None or spec.per != "head":
-        raise InputError(f"{option} {name!r} is not a per-head metric; choose one of: {', '.join(HEAD_METRIC_NAMES)}")
+        hint = did_you_mean(name, HEAD_METRIC_NAMES)
+        raise InputError(f"{option} {name!r} is not a per-head metric{hint}; choose one of: "
+                         f"{', '.join(HEAD_METRIC_NAMES)}")
     return spec
 
 

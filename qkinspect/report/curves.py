@@ -14,6 +14,7 @@ from qkinspect.errors import InputError
 from qkinspect.records import AnalysisResult
 from qkinspect.report.grid import block_values, blocks_of, d_head, head_grid, require, spectra_layers, spectra_of, title
 from qkinspect.report.style import HEADS_CMAP, Canvas, fmt, integer_ticks, new_figure, panel_grid, style, tick_step
+from qkinspect.report.titles import suptitle
 
 SPECTRUM_FLOOR = 1e-6  # σ_i/σ_1 below this is numerical zero: drawn at the floor so log axes stay finite
 RANKS = (("qk_effective_rank", "effective rank"), ("qk_stable_rank", "stable rank"), ("qk_k90", "k90 (90% energy)"))
@@ -28,7 +29,9 @@ def spectra(result: AnalysisResult, canvas: Canvas = new_figure) -> Figure:
     """
     pairs = spectra_layers(result)
     if not pairs:
-        raise InputError("the spectra figure needs singular values: analyze with spectra=('qk',) (the default)")
+        raise InputError("the spectra figure needs singular values, which this analysis does not hold (analyze keeps "
+                         "them with spectra=('qk',), the default; a saved analysis' JSON does not: draw the spectra "
+                         "from the model)")
     blocks = list(dict.fromkeys(b for b, _ in pairs))
     shapes = {b: _panel_grid(sum(1 for x, _ in pairs if x == b)) for b in blocks}
     rows = [shapes[b][0] for b in blocks]
@@ -41,7 +44,7 @@ def spectra(result: AnalysisResult, canvas: Canvas = new_figure) -> Figure:
             _spectra_block(sub, result, blk, layers, shapes[blk], floor)
         fig.supxlabel("singular value index i (dotted line: d_head)")
         fig.supylabel("σᵢ / σ₁ (log scale)")
-        fig.suptitle(title(result, "singular-value spectra of W_Q W_Kᵀ"))
+        suptitle(fig, title(result, "singular-value spectra of W_Q W_Kᵀ"))
     return fig
 
 
@@ -64,7 +67,7 @@ def _spectra_block(sub, result: AnalysisResult, blk: str, layers: list[int], sha
     cb = sub.colorbar(ScalarMappable(norm=norm, cmap=HEADS_CMAP), ax=list(axes[: len(layers)]), shrink=0.95,
                       aspect=25, pad=0.02, label="head index")
     cb.set_ticks(range(0, b.n_heads, tick_step(b.n_heads, 12)))  # one colour per head: the bar is in steps
-    sub.suptitle(f"{blk}: {len(layers)} layers × {b.n_heads} heads, d_head = {b.d_head}; black line: median over "
+    suptitle(sub, f"{blk}: {len(layers)} layers × {b.n_heads} heads, d_head = {b.d_head}; black line: median over "
                  "heads", x=0.02, ha="left", fontsize=9)
 
 
@@ -118,7 +121,7 @@ def rank(result: AnalysisResult, canvas: Canvas = new_figure) -> Figure:
                 axes[i, j].set_xlabel("layer index")
             axes[i, 0].set_ylabel("rank (dimensions)")
         fig.legend(handles=_rank_legend(), loc="outside lower center", ncols=2, frameon=False)
-        fig.suptitle(title(result, "how low-rank W_Q W_Kᵀ is, by layer"))
+        suptitle(fig, title(result, "how low-rank W_Q W_Kᵀ is, by layer"))
     return fig
 
 
@@ -162,7 +165,7 @@ def distribution(result: AnalysisResult, canvas: Canvas = new_figure) -> Figure:
         for ax, blk in zip(axes, blocks, strict=False):
             _histogram(ax, result, blk)
         axes[-1].set_xlabel("symmetry score s (−1 antisymmetric … +1 symmetric)")
-        fig.suptitle(title(result, "symmetry scores of all heads against chance"))
+        suptitle(fig, title(result, "symmetry scores of all heads against chance"))
     return fig
 
 

@@ -18,7 +18,9 @@ LISTED = 8  # heads named in the text, and rows of each table half
 CAPTION = ("Top: Δloss (the edited model's loss minus the unedited one's) of every head edited alone, one panel per "
            "edit, layers × heads, on one diverging colour scale centred at 0 (red: the edit costs loss). Bottom "
            "left: each head's weight-space prediction against its Δloss, with Spearman's rank correlation ρ; bottom "
-           "right (when several rank:K edits were run): the mean Δloss against K.")
+           "right (when several rank:K edits were run): the mean Δloss against K. Runs that edit a whole layer or "
+           "every chosen head at once are bars of Δloss per edit (with ± one standard error where the runs carry "
+           "one); a number is written in a heatmap's cells only where every number fits its cell.")
 
 
 def dfmt(x: float | None) -> str:

@@ -15,6 +15,7 @@ from qkinspect.records import AnalysisResult
 from qkinspect.report import curves, heatmap
 from qkinspect.report.grid import Grid, blocks_of, head_grid, layer_record, require, title
 from qkinspect.report.style import DIVERGING, SEQUENTIAL, Canvas, fmt, human_name, new_figure, panel_grid, style
+from qkinspect.report.titles import retitle, suptitle
 
 SYMMETRY_LABEL = "symmetry score s (−1 … +1)"
 OVERLAP_LABEL = "subspace overlap\n(mean cos² of principal angles)"
@@ -46,7 +47,7 @@ def symmetry(result: AnalysisResult, canvas: Canvas = new_figure) -> Figure:
             base = _baseline_text(result, g.block, "symmetry")
             ax.set_title(f"{g.block}: {len(g.layers)} layers × {len(g.heads)} heads; {base}", loc="left")
         heatmap.colorbar(fig, im, list(axes), SYMMETRY_LABEL)
-        fig.suptitle(title(result, "symmetry of W_Q W_Kᵀ per head"))
+        suptitle(fig, title(result, "symmetry of W_Q W_Kᵀ per head"))
     return fig
 
 
@@ -68,7 +69,7 @@ def overlap(result: AnalysisResult, canvas: Canvas = new_figure) -> Figure:
                 if j:
                     ax.set_ylabel("")
         heatmap.colorbar(fig, im, axes.ravel().tolist(), OVERLAP_LABEL, _shared_baseline(result, blocks))
-        fig.suptitle(title(result, "overlap of the Q, K and V column spaces per head"))
+        suptitle(fig, title(result, "overlap of the Q, K and V column spaces per head"))
     return fig
 
 
@@ -100,7 +101,7 @@ def metric(result: AnalysisResult, name: str, canvas: Canvas = new_figure) -> Fi
         heatmap.colorbar(fig, im, list(axes), f"{human_name(name)}\n({name}, range {spec.range})", mark)
         gauge = {"yes": "", "orthogonal": " (invariant under orthogonal re-basings only)",
                  "no": " (basis-dependent: not gauge-invariant)"}[spec.gauge_invariant]
-        fig.suptitle(title(result, f"{human_name(name)} per head{gauge}"))
+        suptitle(fig, title(result, f"{human_name(name)} per head{gauge}"))
     return fig
 
 
@@ -144,7 +145,7 @@ def heads(result: AnalysisResult, layer: int | None = None, block: str | None = 
             fig.supylabel("head index")
         heatmap.colorbar(fig, im, axes[:n].tolist(), "query-space overlap\n(mean cos²; diagonal = 1)")
         what = f"{block} layer {layers[0]}" if n == 1 else f"every {block} layer"
-        fig.suptitle(title(result, f"head-by-head overlap of query spaces, {what}"))
+        suptitle(fig, title(result, f"head-by-head overlap of query spaces, {what}"))
     return fig
 
 
@@ -152,7 +153,8 @@ def _first_block_with_overlap(result: AnalysisResult) -> str:
     for b in blocks_of(result):
         if any(r.block == b and r.head_overlap is not None for r in result.layers):
             return b
-    raise InputError("the heads figure needs head-by-head overlap matrices, and this analysis holds none")
+    raise InputError("the heads figure needs head-by-head overlap matrices, and this analysis holds none "
+                     "(analyze --metrics default,head_overlap measures them)")
 
 
 def _head_overlap(result: AnalysisResult, block: str, layer: int) -> np.ndarray:
@@ -189,7 +191,7 @@ def compare(a: AnalysisResult, b: AnalysisResult, canvas: Canvas = new_figure) -
             axes[i, 1].set_title(f"{g_rank.block}: Δ effective rank", loc="left")
             heatmap.colorbar(fig, im_rank, [axes[i, 1]], labels[1] if i == len(pairs) // 2 else "")
         heatmap.colorbar(fig, im, axes[:, 0].tolist(), labels[0])
-        fig.suptitle(f"A = {a.model.name}  →  B = {b.model.name}: per-head change")
+        suptitle(fig, f"A = {a.model.name}  →  B = {b.model.name}: per-head change")
     return fig
 
 
@@ -227,10 +229,10 @@ _SINGLE = {"symmetry": symmetry, "overlap": overlap, "spectra": spectra, "rank":
 
 def figure(result: AnalysisResult, kind: str, *, layer: int | None = None, block: str | None = None,
            other: AnalysisResult | None = None, metric_name: str | None = None,
-           canvas: Canvas = new_figure) -> Figure:
+           canvas: Canvas = new_figure, title: str | None = None) -> Figure:
     """Build the figure `kind` (one of KINDS). `layer`/`block` choose the layer for `heads`; `other` is model B
     for `compare`; `metric_name` the per-head metric of `metric`; `canvas(height, width)` makes the Figure (or
-    SubFigure) to draw on.
+    SubFigure) to draw on; `title` replaces the figure's title (wrapped to fit, like every title).
 
     Raises:
         InputError: unknown kind, or the analysis lacks what the figure needs.
@@ -241,13 +243,13 @@ def figure(result: AnalysisResult, kind: str, *, layer: int | None = None, block
     if kind not in KINDS:
         raise InputError(f"unknown figure kind {kind!r}; choose one of: {', '.join(KINDS)}")
     if kind == "heads":
-        return heads(result, layer, block, canvas)
+        return retitle(heads(result, layer, block, canvas), title)
     if kind == "compare":
         if other is None:
             raise InputError("the compare figure needs a second model (--compare MODEL_B)")
-        return compare(result, other, canvas)
+        return retitle(compare(result, other, canvas), title)
     if kind == "metric":
         if metric_name is None:
             raise InputError("the metric figure needs a metric name (--metric NAME)")
-        return metric(result, metric_name, canvas)
-    return _SINGLE[kind](result, canvas)
+        return retitle(metric(result, metric_name, canvas), title)
+    return retitle(_SINGLE[kind](result, canvas), title)

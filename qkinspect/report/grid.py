@@ -90,6 +90,15 @@ def d_head(result: AnalysisResult, block: str) -> int:
     return result.model.block(block).d_head
 
 
+def renamed(result: AnalysisResult, name: str | None) -> AnalysisResult:
+    """The same records under another name (a report's --title), for the titles that name the model."""
+    if not name:
+        return result
+    from dataclasses import replace
+
+    return replace(result, model=replace(result.model, name=name))
+
+
 def title(result: AnalysisResult, what: str) -> str:
     """Figure title: the model's name, then what is shown."""
     return f"{result.model.name}: {what}"

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import matplotlib
 import numpy as np
+from matplotlib.artist import Artist
 from matplotlib.colors import Normalize, TwoSlopeNorm
+from matplotlib.text import Text
 
 from qkinspect.report.grid import Grid
 from qkinspect.report.style import DIVERGING, MISSING, SEQUENTIAL, fmt, set_index_ticks, symmetric_limit
 
-# Write each cell's value only while cells stay large enough to read at paper width.
-ANNOTATE_MAX_CELLS = 16 * 16
-ANNOTATE_MAX_HEADS = 12
+# Cell numbers are drawn only where they fit their cells (CellNumbers); past this many cells none could.
+ANNOTATE_MAX_CELLS = 32 * 32
+CELL_FILL = 0.9  # a number may take this fraction of its cell's width and height
 
 
 def cmap(name: str):
@@ -56,8 +58,10 @@ def height_for(n_layers: list[int], per_layer: float = 0.2, per_block: float = 1
     return float(np.clip(sum(max(n, 3) for n in n_layers) * per_layer + per_block * len(n_layers) + 0.6, 3.2, 9.5))
 
 
-def draw(ax, grid: Grid, norm, cmap_name: str = DIVERGING, annotate: bool = True, max_ticks: int = 16):
-    """Draw one layer x head grid on `ax`; returns the image for a colour bar."""
+def draw(ax, grid: Grid, norm, cmap_name: str = DIVERGING, annotate: bool = True, max_ticks: int = 16,
+         number=fmt):
+    """Draw one layer x head grid on `ax`; returns the image for a colour bar. With `annotate`, each cell's value
+    (formatted by `number`) is written in it when every number fits its cell as drawn (CellNumbers)."""
     im = ax.imshow(np.ma.masked_invalid(grid.values), cmap=cmap(cmap_name), norm=norm, aspect="auto",
                    interpolation="nearest")
     set_index_ticks(ax, len(grid.heads), "x", grid.heads, max_ticks)
@@ -67,7 +71,7 @@ def draw(ax, grid: Grid, norm, cmap_name: str = DIVERGING, annotate: bool = True
     for side in ("top", "right"):
         ax.spines[side].set_visible(True)
     if annotate and grid.values.size <= ANNOTATE_MAX_CELLS:
-        _annotate(ax, grid.values, norm, cmap_name)
+        ax.add_artist(CellNumbers(grid.values, norm, cmap_name, number))
     return im
 
 
@@ -84,15 +88,44 @@ def draw_square(ax, matrix: np.ndarray, norm, cmap_name: str = SEQUENTIAL, label
     return im
 
 
-def _annotate(ax, values: np.ndarray, norm, cmap_name: str) -> None:
-    n_rows, n_cols = values.shape  # (n_layers, n_heads)
-    if n_cols > ANNOTATE_MAX_HEADS:
-        return  # at paper width the numbers would overlap; the colour bar carries the scale
-    for i in range(n_rows):
-        for j in range(n_cols):
-            v = values[i, j]
+class CellNumbers(Artist):
+    """The values of a layer x head image written in its cells, decided at each drawing: the numbers are drawn only
+    when the widest and tallest of them fit CELL_FILL of a cell at the size the figure is drawn (a paper's column,
+    an A4 page), else none is and the colour bar carries the scale. Numbers never overprint one another."""
+
+    def __init__(self, values: np.ndarray, norm, cmap_name: str, number=fmt, fontsize: float = 6):
+        super().__init__()
+        self.values, self.norm, self.cmap_name, self.number, self.fontsize = values, norm, cmap_name, number, fontsize
+        self.set_in_layout(False)  # inside the axes: constrained layout has nothing to make room for
+        self.set_zorder(3)
+        self.drawn: list[Text] = []  # the texts of the last drawing (none when they did not fit)
+
+    def _texts(self) -> list[Text]:
+        ax = self.axes
+        out = []
+        for (i, j), v in np.ndenumerate(self.values):  # (n_layers, n_heads): row i, column j
             if np.isfinite(v):
-                ax.text(j, i, fmt(v), ha="center", va="center", fontsize=6, color=_ink(norm(v), cmap_name))
+                t = Text(j, i, self.number(v), ha="center", va="center", fontsize=self.fontsize,
+                         color=_ink(self.norm(v), self.cmap_name), transform=ax.transData, clip_on=True)
+                t.set_figure(ax.figure)
+                t.set_clip_path(ax.patch)
+                out.append(t)
+        return out
+
+    def draw(self, renderer) -> None:
+        self.drawn = []
+        if not self.get_visible() or self.axes is None:
+            return
+        (x0, y0), (x1, y1) = self.axes.transData.transform([(0, 0), (1, 1)])
+        cell_w, cell_h = abs(x1 - x0), abs(y1 - y0)  # one cell, in the renderer's pixels
+        texts = self._texts()
+        boxes = [t.get_window_extent(renderer) for t in texts]
+        if not boxes or max(b.width for b in boxes) > CELL_FILL * cell_w or \
+                max(b.height for b in boxes) > CELL_FILL * cell_h:
+            return
+        for t in texts:
+            t.draw(renderer)
+        self.drawn = texts
 
 
 def _ink(level: float, cmap_name: str) -> str:

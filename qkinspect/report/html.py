@@ -17,6 +17,7 @@ from qkinspect import __version__
 from qkinspect.errors import InputError
 from qkinspect.records import AnalysisResult
 from qkinspect.report.figures import figure
+from qkinspect.report.grid import renamed
 from qkinspect.report.pdf import plan_figures
 from qkinspect.report.style import NUMBER_NOTE, style
 from qkinspect.report.summary import summary
@@ -29,30 +30,33 @@ th:first-child,td:first-child{text-align:left}th{border-bottom:1px solid #888}td
 figure{margin:2em 0}figcaption{font-size:.9em;color:#333}.meta{color:#555}svg{max-width:100%;height:auto}"""
 
 
-def render_html(result: AnalysisResult, *, date: dt.datetime | None = None) -> str:
-    """The whole report as an HTML string (figures embedded as SVG, so the file stands alone)."""
+def render_html(result: AnalysisResult, *, date: dt.datetime | None = None, title: str | None = None) -> str:
+    """The whole report as an HTML string (figures embedded as SVG, so the file stands alone); `title` names the
+    model in the page's title and the figures' titles."""
     if not result.heads:
         raise InputError("the report needs at least one analysed head")
     date = date or dt.datetime.now(dt.timezone.utc)
-    name = escape(result.model.name)
+    name = escape(title or result.model.name)
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>qkinspect report: {name}</title>"
              f"<style>{CSS}</style></head><body>", f"<h1>qkinspect report: {name}</h1>",
-             _cover(result, date), _summary(result), _definitions(result), _figures(result),
+             _cover(result, date), _summary(result), _definitions(result), _figures(renamed(result, title)),
              "<h2>Per-layer tables</h2>", f"<p class='meta'>{escape(NUMBER_NOTE)}</p>",
              *(_table(t) for t in layer_tables(result)), "</body></html>"]
     return "\n".join(parts)
 
 
-def render_sweep_html(sweep, *, date: dt.datetime | None = None) -> str:
+def render_sweep_html(sweep, *, date: dt.datetime | None = None, name: str | None = None) -> str:
     """A sweep's report (qkinspect.sweep.read_sweep) as one HTML string: the cover's facts, every checkpoint and
-    failure in a table, and one trajectory figure per metric (inline SVG), as in the PDF."""
+    failure in a table, and one trajectory figure per metric (inline SVG), as in the PDF; `name` (a --title) names
+    what was swept."""
     from qkinspect.report.sweep_pdf import cover_lines, sweep_metrics
     from qkinspect.report.trajectory import sweep_trajectory
 
     metrics = sweep_metrics(sweep)
     (title, _), *facts = cover_lines(sweep, metrics, __version__, date or dt.datetime.now(dt.timezone.utc))
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}: "
-             f"{escape(str(sweep.folder))}</title><style>{CSS}</style></head><body>", f"<h1>{escape(title)}</h1>",
+             f"{escape(name or str(sweep.folder))}</title><style>{CSS}</style></head><body>",
+             f"<h1>{escape(title + (': ' + name if name else ''))}</h1>",
              *(f"<p class='meta'>{escape(text)}</p>" for text, _ in facts)]
     rows = [[str(c.step), c.name, "yes" if c.identity in sweep.results else "no"] for c in sweep.checkpoints]
     parts.append(_table(Table("Checkpoints", ["step", "checkpoint", "result"], rows)))
@@ -60,7 +64,7 @@ def render_sweep_html(sweep, *, date: dt.datetime | None = None) -> str:
         parts.append(_table(Table("Failures", ["checkpoint", "error"], [[f.name, f.error] for f in sweep.failures])))
     parts.append("<h2>Figures</h2>")
     for metric in metrics:
-        fig = sweep_trajectory(sweep, metric)
+        fig = sweep_trajectory(sweep, metric, name=name)
         parts.append(f"<figure>{_svg(fig)}<figcaption>{escape(metric)} against training step: per layer, the "
                      "median over its heads; each head a faint line.</figcaption></figure>")
     return "\n".join([*parts, "</body></html>"])

@@ -37,20 +37,44 @@ def wrap(s: str, width: float, size: float, bold: bool = False) -> list[str]:
             line = word
         else:
             line = trial
-        while text_width(line, size, bold) > width and "/" in line.rstrip("/"):
-            cut = _fit_at_slash(line, width, size, bold)
-            if cut is None:
-                break
+        while text_width(line, size, bold) > width and len(line) > 1:
+            cut = _fit_at_slash(line, width, size, bold) or _fit_chars(line, width, size, bold)
             lines.append(line[:cut])
             line = line[cut:]
     return [*lines, line] if line else lines
+
+
+def shorten(text: str, width: float, size: float, bold: bool = False) -> str:
+    """`text` cut to fit one line of `width` inches, ending in "…" when cut."""
+    if text_width(text, size, bold) <= width:
+        return text
+    lo, hi = 0, len(text)
+    while lo < hi:  # the longest prefix that fits with the ellipsis
+        mid = (lo + hi + 1) // 2
+        if text_width(text[:mid].rstrip() + "…", size, bold) <= width:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo].rstrip() + "…"
+
+
+def _fit_chars(text: str, width: float, size: float, bold: bool) -> int:
+    """How many leading characters of `text` fit `width` (at least one): a word with no slash to break at."""
+    lo, hi = 1, len(text)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if text_width(text[:mid], size, bold) <= width:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _fit_at_slash(text: str, width: float, size: float, bold: bool) -> int | None:
     """The longest prefix of `text` ending in '/' that fits `width`; None when none does."""
     cuts = [i + 1 for i, c in enumerate(text) if c == "/" and 0 < i + 1 < len(text)]
     fitting = [i for i in cuts if text_width(text[:i], size, bold) <= width]
-    return max(fitting) if fitting else (cuts[0] if cuts else None)
+    return max(fitting) if fitting else None
 
 
 class TextPages:
@@ -92,7 +116,8 @@ class TextPages:
     def add_page(self, fig: Figure) -> None:
         """Send a finished page (text or figure) on, with the footer and page number."""
         self.count += 1
-        fig.text(MARGIN, MARGIN / 2, self.footer, transform=fig.dpi_scale_trans, fontsize=7, color="0.4")
+        footer = shorten(self.footer, self.width - 0.5, 7)  # the page number keeps its place on the right
+        fig.text(MARGIN, MARGIN / 2, footer, transform=fig.dpi_scale_trans, fontsize=7, color="0.4")
         fig.text(PAGE[0] - MARGIN, MARGIN / 2, str(self.count), transform=fig.dpi_scale_trans, fontsize=7,
                  color="0.4", ha="right")
         self.sink(fig)

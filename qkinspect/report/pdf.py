@@ -22,7 +22,7 @@ from qkinspect.errors import InputError
 from qkinspect.records import AnalysisResult
 from qkinspect.report import text
 from qkinspect.report.figures import figure
-from qkinspect.report.grid import blocks_of
+from qkinspect.report.grid import blocks_of, renamed
 from qkinspect.report.pages import MARGIN, TextPages, wrap
 from qkinspect.report.style import PAGE, style
 from qkinspect.report.summary import summary
@@ -51,11 +51,12 @@ def plan_figures(result: AnalysisResult) -> list[FigurePlan]:
 
 
 def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
-              experiment: tuple[dict, Path] | None = None) -> int:
+              experiment: tuple[dict, Path] | None = None, title: str | None = None) -> int:
     """Write the report to `target` (a path or a binary file); returns the number of pages.
     The caller makes the write atomic (the CLI writes a temporary file and renames it). `experiment`, the
     document `qkinspect experiment` wrote (report.experiment.read_experiment) and its path, adds the experiment
-    section after the summary: its words, its figure and the cheapest and costliest heads.
+    section after the summary: its words, its figure and the cheapest and costliest heads. `title` names the
+    model in the report's title, footer and figure titles (the cover still gives its identity).
 
     Raises:
         InputError: the analysis holds no head records.
@@ -63,18 +64,19 @@ def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: d
     if not result.heads:
         raise InputError("the report needs at least one analysed head")
     date = date or dt.datetime.now(dt.timezone.utc)
-    meta = {"Title": f"qkinspect report: {result.model.name}", "Author": f"qkinspect {__version__}",
+    shown = renamed(result, title)
+    meta = {"Title": f"qkinspect report: {shown.model.name}", "Author": f"qkinspect {__version__}",
             "Subject": "query-key geometry of attention heads", "CreationDate": date}
     with style(), PdfPages(target, metadata=meta) as pdf:
-        pages = TextPages(pdf.savefig, footer=f"qkinspect {__version__} report: {result.model.name}")
-        text.cover(pages, result, date)
+        pages = TextPages(pdf.savefig, footer=f"qkinspect {__version__} report: {shown.model.name}")
+        text.cover(pages, result, date, title=title)
         pages.new_page()
-        text.summary_page(pages, result, summary(result))
+        text.summary_page(pages, shown, summary(result))
         if experiment is not None:
             _experiment(pages, *experiment)
         pages.new_page()
         text.definitions(pages, result)
-        skipped = _figures(pages, result)
+        skipped = _figures(pages, shown)
         pages.new_page()
         text.tables_intro(pages, skipped)
         for t in layer_tables(result):

@@ -84,6 +84,24 @@ def fmt(x: float | None) -> str:
     return f"{x:.{DECIMALS}f}" if abs(x) < 1000 else f"{x:.4g}"
 
 
+def count_text(x: float | None) -> str:
+    """A median of whole counts (dimensions, heads): whole, or the two counts it lies between ("65–66" for the
+    median 65.5 of an even number of heads); any other value as `fmt` writes it.
+
+    Example:
+        >>> count_text(65.0), count_text(65.5), count_text(float("nan"))
+        ('65', '65–66', 'n/a')
+    """
+    if x is None or not math.isfinite(float(x)):
+        return "n/a"
+    x = float(x)
+    if x.is_integer():
+        return str(int(x))
+    if (2 * x).is_integer():
+        return f"{math.floor(x)}–{math.ceil(x)}"
+    return fmt(x)
+
+
 def tick_step(n: int, max_ticks: int = 16) -> int:
     """Label every k-th of n categories so at most `max_ticks` labels show (1, 2, 4, 8 ... for regular grids)."""
     step = 1

@@ -9,7 +9,7 @@ import numpy as np
 
 from qkinspect.records import AnalysisResult, HeadRecord
 from qkinspect.report.grid import block_values, blocks_of
-from qkinspect.report.style import NUMBER_NOTE, fmt
+from qkinspect.report.style import NUMBER_NOTE, count_text, fmt
 
 N_EXTREMES = 3  # how many most / least symmetric heads the summary names
 CHANCE_SDS = 3.0  # a median within this many baseline standard deviations of the baseline mean is "chance level"
@@ -43,8 +43,32 @@ def _block_title(result: AnalysisResult, block: str) -> str:
     return f"{block}: {n} heads in {b.n_layers} layers (d_model = {b.d_model}, d_head = {b.d_head})"
 
 
+def raw_qk_norm_blocks(result: AnalysisResult) -> list[str]:
+    """The analysed blocks that normalise queries and keys (q/k norm) measured without their gains folded in: their
+    W_Q W_Kᵀ is the raw stored form, not the one attention computes."""
+    if result.processing.fold_qk_norm:
+        return []
+    present = set(blocks_of(result))
+    return [b.key for b in result.model.blocks if b.qk_norm and b.key in present]
+
+
+def qk_norm_notice(result: AnalysisResult, block: str | None = None) -> str:
+    """In plain words, for a model with q/k norms measured raw: what the numbers are not, and how to get the form
+    attention computes; "" when there is nothing to say (no q/k norm, or the gains were folded)."""
+    blocks = raw_qk_norm_blocks(result)
+    if not blocks or (block is not None and block not in blocks):
+        return ""
+    which = f"The {block} block" if block is not None else f"The {_and(blocks)} block{'s' if len(blocks) > 1 else ''}"
+    return (f"Not what attention computes. {which} normalises queries and keys (q/k norm) with learned per-dimension "
+            "gains, and these numbers were measured without them: they describe the raw W_Q W_Kᵀ as stored, not the "
+            "form the model's attention scores use. To measure that form, W_Q diag(γ_q γ_k) W_Kᵀ (up to each "
+            "token's normalisation scale), run again with --fold-qk-norm (qkinspect report MODEL --fold-qk-norm; "
+            "library: analyze(..., fold_qk_norm=True)).")
+
+
 def _block_paragraphs(result: AnalysisResult, block: str) -> list[str]:
-    parts = [_symmetry_sentence(result, block), _extremes_sentence(result, block), _sharing_sentence(result, block),
+    parts = [qk_norm_notice(result, block), _symmetry_sentence(result, block), _extremes_sentence(result, block),
+             _sharing_sentence(result, block),
              _rank_sentence(result, block), _overlap_sentence(result, block), _layer_form_sentence(result, block)]
     return [p for p in parts if p]
 
@@ -104,22 +128,67 @@ def _sharing_sentence(result: AnalysisResult, block: str) -> str:
             f"form). The closest is layer {best.layer} head {best.head} ({fmt(best.values['shared_qk_distance'])}).")
 
 
+# (metric, words) of the rank measures the summary reads, each stated against d_head
+RANK_MEASURES = (("qk_effective_rank", "effective rank"), ("qk_stable_rank", "stable rank"),
+                 ("qk_k90", "90% of its squared singular-value energy lies in"))
+LOW_FRACTION, HIGH_FRACTION = 0.25, 0.5  # of d_head: below a quarter is low, from a half up is high
+
+
 def _rank_sentence(result: AnalysisResult, block: str) -> str:
+    """The median head's effective rank, stable rank and k90, each as a share of d_head, and a verdict that reads
+    all three (rank_verdict): a head whose few directions carry its energy is never called close to full rank."""
     d = result.model.block(block).d_head
-    eff = block_values(result, block, "qk_effective_rank")
-    if not eff.size:
+    medians = {m: float(np.median(v)) for m, _ in RANK_MEASURES if (v := block_values(result, block, m)).size}
+    if not medians:
         return ""
-    med = float(np.median(eff))
-    text = (f"How low-rank. W_Q W_Kᵀ has rank at most d_head = {d}. The median head's effective rank is "
-            f"{fmt(med)} ({fmt(med / d)} of d_head)")
-    stable = block_values(result, block, "qk_stable_rank")
-    if stable.size:
-        text += f"; its stable rank is {fmt(float(np.median(stable)))}"
-    k90 = block_values(result, block, "qk_k90")
-    if k90.size:
-        text += f"; 90% of its squared singular-value energy lies in {fmt(float(np.median(k90)))} dimensions"
-    shape = "strongly low-rank" if med < d / 4 else "moderately low-rank" if med < d / 2 else "close to full rank"
-    return f"{text}. So W_Q W_Kᵀ is {shape} within its d_head dimensions."
+    parts = []
+    for m, words in RANK_MEASURES:
+        if m in medians:
+            x = medians[m]
+            value = f"{count_text(x)} dimensions" if m == "qk_k90" else fmt(x)
+            parts.append(f"{words} {value} ({_share(x, d)} of d_head)")
+    text = f"How low-rank. W_Q W_Kᵀ has rank at most d_head = {d}. Medians over the heads: " + "; ".join(parts)
+    return f"{text}. {rank_verdict(medians, d)}"
+
+
+def _share(x: float, d: int) -> str:
+    p = 100 * x / d
+    return "<1%" if 0 < p < 0.5 else f"{p:.0f}%"
+
+
+def rank_verdict(medians: dict[str, float], d: int) -> str:
+    """What the rank measures shown say together, relative to d_head: "close to full rank" only when every one is
+    at least half of d_head, "strongly low-rank" when every one is below a quarter; otherwise which measures are
+    low and which are not.
+
+    Example:
+        >>> rank_verdict({"qk_effective_rank": 150.0, "qk_stable_rank": 6.5, "qk_k90": 65.5}, 256)
+        'So a few directions dominate W_Q W_Kᵀ, beside a long tail of small singular values: its stable rank is ...'
+    """
+    names = dict(RANK_MEASURES) | {"qk_k90": "k90 (the dimensions holding 90% of the energy)"}
+    level = {m: "low" if x < LOW_FRACTION * d else "high" if x >= HIGH_FRACTION * d else "moderate"
+             for m, x in medians.items()}
+    low = [names[m] for m in medians if level[m] == "low"]
+    rest = [names[m] for m in medians if level[m] != "low"]
+    moderate = [names[m] for m in medians if level[m] == "moderate"]
+    if all(v == "high" for v in level.values()):
+        return "So W_Q W_Kᵀ is close to full rank: every measure shown is at least half of d_head."
+    if not rest:
+        return "So W_Q W_Kᵀ is strongly low-rank: every measure shown is below a quarter of d_head."
+    if low:
+        return (f"So a few directions dominate W_Q W_Kᵀ, beside a long tail of small singular values: its "
+                f"{_and(low)} {_is(low)} below a quarter of d_head, while its {_and(rest)} {_is(rest)} not. It is "
+                "not close to full rank.")
+    return (f"So W_Q W_Kᵀ is moderately low-rank: its {_and(moderate)} {_is(moderate)} below half of d_head, and no "
+            "measure shown is below a quarter of it.")
+
+
+def _is(words: list[str]) -> str:
+    return "is" if len(words) == 1 else "are"
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def _overlap_sentence(result: AnalysisResult, block: str) -> str:
@@ -150,8 +219,10 @@ def _caveats(result: AnalysisResult) -> list[str]:
             out.append(f"The {b.key} block uses rotary position embeddings: W_Q W_Kᵀ describes the score between "
                        "tokens at the same position (offset 0); other offsets rotate it.")
     p = result.processing
+    raw = raw_qk_norm_blocks(result)
     out.append(f"Weights were measured {'with' if p.fold_ln else 'without'} LayerNorm folding"
-               f"{', with q/k-norm gains folded' if p.fold_qk_norm else ''}, in {p.precision}.")
+               f"{', with q/k-norm gains folded' if p.fold_qk_norm else ''}"
+               f"{', without the q/k-norm gains (--fold-qk-norm folds them)' if raw else ''}, in {p.precision}.")
     if result.warnings:
         shown = result.warnings[:5]
         more = len(result.warnings) - len(shown)

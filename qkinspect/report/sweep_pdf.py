@@ -9,6 +9,7 @@ from typing import IO
 from matplotlib.figure import Figure
 
 from qkinspect.report.style import PAGE, style
+from qkinspect.report.titles import fit
 from qkinspect.report.trajectory import sweep_trajectory
 
 # Drawn when the sweep computed them, in this order; otherwise its first per-head metrics.
@@ -22,17 +23,19 @@ def sweep_metrics(sweep) -> list[str]:
     return [m for m in METRICS if m in have] or have[:4]
 
 
-def write_sweep_pdf(sweep, target: str | Path | IO[bytes], *, date: dt.datetime | None = None) -> int:
-    """Write the report of a sweep folder (qkinspect.sweep.read_sweep) as a PDF; returns the number of pages."""
+def write_sweep_pdf(sweep, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
+                    title: str | None = None) -> int:
+    """Write the report of a sweep folder (qkinspect.sweep.read_sweep) as a PDF; returns the number of pages.
+    `title` names what was swept in the cover and figure titles (default: the folder and its checkpoints)."""
     from matplotlib.backends.backend_pdf import PdfPages
 
     from qkinspect import __version__
 
     metrics = sweep_metrics(sweep)
-    with style(), PdfPages(target, metadata={"Title": f"qkinspect sweep report: {sweep.folder}"}) as pdf:
-        pdf.savefig(_cover(sweep, metrics, __version__, date or dt.datetime.now(dt.timezone.utc)))
-        for metric in metrics:
-            pdf.savefig(sweep_trajectory(sweep, metric))  # its own figure (style.new_figure), a page of its own
+    with style(), PdfPages(target, metadata={"Title": f"qkinspect sweep report: {title or sweep.folder}"}) as pdf:
+        pdf.savefig(_cover(sweep, metrics, __version__, date or dt.datetime.now(dt.timezone.utc), title))
+        for metric in metrics:  # each its own figure (style.new_figure), a page of its own
+            pdf.savefig(sweep_trajectory(sweep, metric, name=title))
         return 1 + len(metrics)
 
 
@@ -51,9 +54,10 @@ def cover_lines(sweep, metrics: list[str], version: str, date: dt.datetime) -> l
     ]
 
 
-def _cover(sweep, metrics: list[str], version: str, date: dt.datetime) -> Figure:
+def _cover(sweep, metrics: list[str], version: str, date: dt.datetime, title: str | None = None) -> Figure:
     lines = [
         *cover_lines(sweep, metrics, version, date),
+        *([(title, 12)] if title else []),
         ("", 9),
         ("checkpoints:", 10),
         *[(f"  step {c.step}: {c.name}" + ("" if c.identity in sweep.results else "  (no result)"), 8)
@@ -64,6 +68,7 @@ def _cover(sweep, metrics: list[str], version: str, date: dt.datetime) -> Figure
     fig = Figure(figsize=PAGE)
     y = 0.95
     for text, size in lines:
-        fig.text(0.08, y, text, fontsize=size, va="top")
-        y -= size / 72 / PAGE[1] * 1.5
+        for line in fit(text, PAGE[0] * 0.84, size).split("\n"):  # long paths wrap inside the page
+            fig.text(0.08, y, line, fontsize=size, va="top")
+            y -= size / 72 / PAGE[1] * 1.5
     return fig

@@ -9,7 +9,7 @@ import numpy as np
 
 from qkinspect.records import AnalysisResult
 from qkinspect.report.grid import blocks_of, has_metric, head_grid
-from qkinspect.report.style import fmt
+from qkinspect.report.style import count_text, fmt
 
 # Head metrics drawn by the report's figures (its Definitions pages define these and the tables' columns only).
 FIGURE_METRICS = ("symmetry", "overlap_qk", "overlap_qv", "overlap_kv", "qk_effective_rank", "qk_stable_rank",
@@ -76,7 +76,7 @@ def _median_table(result: AnalysisResult, block: str, metrics: list[str]) -> Tab
 
 
 def _cell(metric: str, v: float) -> str:
-    return str(int(v)) if metric in INTEGER_METRICS and np.isfinite(v) and float(v).is_integer() else fmt(v)
+    return count_text(v) if metric in INTEGER_METRICS else fmt(v)
 
 
 def shown_metrics(result: AnalysisResult) -> list[str]:

@@ -40,20 +40,27 @@ CAPTIONS = {
 }
 
 
-def cover(pages: TextPages, result: AnalysisResult, date: dt.datetime) -> None:
-    """Model identity, shapes of each block, processing flags, tool version and date."""
+def cover(pages: TextPages, result: AnalysisResult, date: dt.datetime, title: str | None = None) -> None:
+    """Model identity, shapes of each block, processing flags, tool version and date; `title` (a report's --title)
+    heads the page in place of the model's name."""
     m = result.model
     pages.new_page()
     pages.heading("qkinspect report", size=20)
-    pages.heading(m.name, size=14)
+    pages.heading(title or m.name, size=14)
     pages.paragraph("The query-key geometry of the model's attention heads, measured from its weights alone.")
     pages.pairs([("model", m.name), ("source", m.source), ("model type", m.model_type),
                  ("architecture", m.architecture or "n/a"), ("format", m.format), ("revision", m.revision or "n/a"),
                  ("storage dtype", m.dtype or "n/a"),
                  ("attention weights", f"{m.attention_bytes:,} bytes" if m.attention_bytes else "n/a")])
-    pages.table(blocks_table(result), min_column=0.7)
+    t = blocks_table(result)  # the flags (several words) below the table: a column of theirs overprints its neighbours
+    pages.table(Table(t.title, t.header[:-1], [r[:-1] for r in t.rows]), min_column=0.7)
+    pages.pairs([(f"{r[0]} flags", r[-1]) for r in t.rows])
     pages.heading("Processing", size=11)
     pages.pairs([(k, _value(v)) for k, v in asdict(result.processing).items() if k != "metrics"])
+    from qkinspect.report.summary import qk_norm_notice
+
+    if notice := qk_norm_notice(result):
+        pages.paragraph(notice, color="#a00000")
     pages.heading("This report", size=11)
     n_heads = len(result.heads)
     pages.pairs([("tool", f"qkinspect {__version__}"), ("date", date.strftime("%Y-%m-%d %H:%M %Z").strip()),

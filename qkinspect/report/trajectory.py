@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 
 from qkinspect.errors import InputError
 from qkinspect.report.style import HEADS_CMAP, Canvas, new_figure, style
+from qkinspect.report.titles import suptitle
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -55,21 +56,24 @@ def trajectory(rows: Rows, metric: str, *, name: str, x_label: str = "training s
         axes[-1].set_xlabel(x_label)
         bar = fig.colorbar(_mappable(cmap, norm), ax=list(axes), label="layer", aspect=30)
         bar.set_ticks(range(0, n_layers, max(1, math.ceil(n_layers / 12))))
-        fig.suptitle(f"{name}\n{metric}: median over each layer's heads (lines), each head (faint)")
+        suptitle(fig, f"{name}\n{metric}: median over each layer's heads (lines), each head (faint)")
     return fig
 
 
 def sweep_trajectory(sweep, metric: str, *, layers: Sequence[int] | None = None,
-                     blocks: Sequence[str] | None = None, canvas: Canvas = new_figure) -> Figure:
+                     blocks: Sequence[str] | None = None, canvas: Canvas = new_figure,
+                     name: str | None = None) -> Figure:
     """`trajectory` of a sweep folder (qkinspect.sweep.read_sweep), restricted to `layers` and `blocks`, with the
-    random baseline its results carry and the step axis named for where the steps came from."""
+    random baseline its results carry and the step axis named for where the steps came from; `name` (default: the
+    folder and its number of checkpoints) heads the title."""
     rows = [r for r in sweep.rows() if (layers is None or r["layer"] in layers)
             and (blocks is None or r["block"] in blocks)]
     last = next((sweep.results[c.identity] for c in reversed(sweep.checkpoints) if c.identity in sweep.results), {})
     baselines = {b["block"]: (b["mean"], b["std"]) for b in last.get("result", {}).get("baselines", [])
                  if b["metric"] == metric and b["mean"] is not None and b["std"] is not None}
     ordered = {c.step_source for c in sweep.checkpoints} == {"order"}
-    return trajectory(rows, metric, name=f"{sweep.folder} ({len(sweep.results)} checkpoints)", baselines=baselines,
+    name = name or f"{sweep.folder} ({len(sweep.results)} checkpoints)"
+    return trajectory(rows, metric, name=name, baselines=baselines,
                       x_label="checkpoint (in the order given)" if ordered else "training step", canvas=canvas)
 
 

@@ -1,5 +1,5 @@
-"""`qkinspect sweep`: the same analysis over many checkpoints (a training run's steps, hub revisions, a model
-zoo), run by Dask distributed on this machine or a cluster, written one result file per checkpoint, resumable.
+"""`qkinspect sweep`: the same analysis over many checkpoints (a training run's steps, hub revisions, models of
+one shape), run by Dask distributed on this machine or a cluster, written one result file per checkpoint, resumable.
 
     discover(specs, revisions)  -> [Checkpoint]      which checkpoints, and their steps   (checkpoints.py)
     run_sweep(checkpoints, options, folder, ...)     analyse, write, resume               (engine.py)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qkinspect.errors import CheckpointError, InputError, ModelNotFoundError
+from qkinspect.reading import read_json
 
 _STEP_NAME = re.compile(r"(?:checkpoint|global_step|step)[-_]?(\d+)$", re.IGNORECASE)
 _GLOB = re.compile(r"[*?\[]")
@@ -137,12 +138,7 @@ def _trainer_step(path: Path) -> int | None:
     there but unreadable, not JSON, or its global_step is not a non-negative integer."""
     if not path.is_file():
         return None
-    if path.stat().st_size > MAX_TRAINER_STATE:
-        raise CheckpointError(f"{path}: larger than {MAX_TRAINER_STATE >> 20} MiB; not a trainer state")
-    try:
-        state = json.loads(path.read_bytes())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: not readable JSON ({e})") from None
+    state = read_json(path, what="a trainer state", limit=MAX_TRAINER_STATE, error=CheckpointError)
     step = state.get("global_step") if isinstance(state, dict) else None
     if step is None:
         return None

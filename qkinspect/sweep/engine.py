@@ -31,6 +31,7 @@ from typing import Any
 
 from qkinspect.errors import InputError, QkinspectError
 from qkinspect.layer import ModelInfo, shape_differences
+from qkinspect.limits import check_threads, check_workers
 from qkinspect.records import model_info
 from qkinspect.sweep import store, task
 from qkinspect.sweep.checkpoints import Checkpoint
@@ -55,13 +56,15 @@ class Status:
 
 @dataclass
 class Outcome:
-    """What a sweep did: checkpoints computed now, skipped (already in the folder), and failed."""
+    """What a sweep did: checkpoints computed now, skipped (already in the folder), and failed; and the result
+    files found in the folder but refused (sweep.verify), whose checkpoints were computed again."""
 
     folder: Path
     checkpoints: list[Checkpoint]
     computed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # result files found but not trusted (computed again): why
 
     def read(self) -> store.SweepFolder:
         return store.read_sweep(self.folder)
@@ -70,7 +73,8 @@ class Outcome:
 def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: str | Path, *,
               scheduler: str | None = None, workers: int | None = None, threads: int | None = None,
               device: str = "cpu", progress: Callable[[Status], None] | None = None,
-              check: Callable[[ModelInfo], None] | None = None) -> Outcome:
+              check: Callable[[ModelInfo], None] | None = None,
+              notice: Callable[[str], None] | None = None) -> Outcome:
     """Analyse every checkpoint with `options` (as `qkinspect.analyze` takes them), one result file each in `folder`.
 
     Args:
@@ -82,19 +86,30 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
         threads: torch threads per task (default: the cores shared among the tasks that run at once).
         progress: called with a Status after each checkpoint.
         check: called with the first checkpoint's ModelInfo before any analysis (e.g. to refuse a selection).
+        notice: called, before any work, with why each result file found in the folder was refused (it is
+            computed again); the reasons are also in `Outcome.refused`.
 
     Raises:
         InputError: the checkpoints' attention shapes differ (before any analysis), the scheduler cannot be
             reached, or `check` refuses. KeyboardInterrupt after cancelling the pending tasks.
     """
     folder = Path(folder)
+    check_threads(threads)
+    check_workers(workers)
+    if scheduler is not None:
+        from qkinspect.sweep.scheduler import check_address
+
+        check_address(scheduler)
     store.check_folder(folder)  # created once the checkpoints pass the checks
     options = store.normalized_options(options)
     plan = [(ck, key, store.result_path(folder, ck, key)) for ck in checkpoints
             for key in [store.result_key(ck, options)]]
-    stored = {ck.identity: doc for ck, key, path in plan if (doc := store.read_result(path, key)) is not None}
+    stored, refused = _stored(folder, plan, options)
+    for why in refused if notice is not None else ():
+        notice(why)
     todo = [p for p in plan if p[0].identity not in stored]
-    outcome = Outcome(folder, checkpoints, skipped=[ck.name for ck, _, _ in plan if ck.identity in stored])
+    outcome = Outcome(folder, checkpoints, skipped=[ck.name for ck, _, _ in plan if ck.identity in stored],
+                      refused=refused)
     infos = {identity: model_info(doc["result"]["model"]) for identity, doc in stored.items()}
     if not todo:
         _check_before_work(checkpoints, infos, check)
@@ -110,24 +125,42 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
     return outcome
 
 
+def _stored(folder: Path, plan, options) -> tuple[dict[str, dict], list[str]]:
+    """The results already in the folder that can be trusted (store.load_result), by checkpoint identity, and why
+    each file there that cannot was refused (those checkpoints are computed again)."""
+    stored, refused = {}, []
+    for ck, key, _ in plan:
+        try:
+            doc = store.load_result(folder, ck, key, options)
+        except InputError as e:
+            refused.append(str(e))
+            continue
+        if doc is not None:
+            stored[ck.identity] = doc
+    return stored, refused
+
+
 @contextlib.contextmanager
 def connect(scheduler: str | None, workers: int | None, threads: int | None,
             n_tasks: int) -> Iterator[tuple[Any, int | None]]:
     """A Dask client (to `scheduler`, or to a new LocalCluster) and the torch threads each task should use."""
     from distributed import Client, LocalCluster
 
-    if workers is not None and workers < 1:
-        raise InputError(f"--workers: {workers} must be at least 1")
-    if threads is not None and threads < 1:
-        raise InputError(f"--threads: {threads} must be at least 1")
+    check_threads(threads)
+    check_workers(workers)
     logging.getLogger("distributed").setLevel(logging.ERROR)  # the CLI reports failures itself, once
     if scheduler is not None:
         if workers is not None:
             raise InputError("--workers sizes the local cluster; with --scheduler the cluster's own workers run")
+        from qkinspect.sweep.scheduler import check_address, probe, security
+
+        address = check_address(scheduler)
+        probe(address)  # a Dask scheduler answers, in bounded time; anything else is refused here
+        extra = {"security": security(address)} if address.startswith("tls://") else {}
         try:
-            client = Client(scheduler, timeout=CONNECT_TIMEOUT)
-        except (OSError, TimeoutError, ValueError) as e:
-            raise InputError(f"--scheduler {scheduler}: cannot connect ({e})") from None
+            client = Client(address, timeout=CONNECT_TIMEOUT, **extra)
+        except Exception as e:  # noqa: BLE001 - whatever the peer provokes in Dask's client is one line
+            raise InputError(f"--scheduler {address}: cannot connect ({type(e).__name__}: {e})") from None
         with contextlib.closing(client):
             yield client, threads
         return

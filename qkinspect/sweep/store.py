@@ -25,6 +25,7 @@ from typing import Any
 
 from qkinspect.errors import InputError, OutputError
 from qkinspect.files import atomic_write
+from qkinspect.reading import read_json
 from qkinspect.sweep.checkpoints import Checkpoint
 
 MANIFEST = "sweep.json"
@@ -87,14 +88,23 @@ def result_path(folder: Path, ck: Checkpoint, key: str) -> Path:
     return folder / RESULTS / f"{slug}.{key}.json"
 
 
-def read_result(path: Path, key: str) -> dict[str, Any] | None:
-    """A stored result with this key, or None when the file is absent or not one (it is then computed again)."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+def load_result(folder: Path, ck: Checkpoint, key: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    """The stored result of `ck` with `options` (its file under `key`), checked whole and against the checkpoint
+    and options it claims (sweep.verify); None when there is no file.
+
+    Raises:
+        InputError (verify.ResultRefused): the file is there but is not that result: a link, a FIFO or a device,
+            unreadable or invalid JSON, a schema error, or the result of another checkpoint or other options.
+    """
+    from qkinspect.sweep.verify import ResultRefused, check_result
+
+    path = result_path(folder, ck, key)
+    if not os.path.lexists(path):
         return None
-    ok = isinstance(doc, dict) and doc.get("kind") == RESULT_KIND and doc.get("key") == key
-    return doc if ok and isinstance(doc.get("result"), dict) and isinstance(doc["result"].get("model"), dict) else None
+    if os.path.islink(path):
+        raise ResultRefused(f"{path}: is a link; a sweep's results are regular files")
+    return check_result(read_json(path, what="a sweep result", error=ResultRefused), path, ck, key,
+                        normalized_options(options))
 
 
 def result_document(ck: Checkpoint, key: str, options: dict[str, Any], payload: dict[str, Any],
@@ -128,7 +138,15 @@ def prepare(folder: Path) -> None:
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
     """Write `doc` atomically (a temporary file beside `path`, then a rename, as the CLI writes -o): a reader, or a
-    resumed sweep, sees the whole file or none."""
+    resumed sweep, sees the whole file or none. Whatever else is at `path` (a link, a FIFO, a device node: not
+    something qkinspect wrote) is removed first, never written through: the sweep's files are its own."""
+    if os.path.lexists(path) and (os.path.islink(path) or not path.is_file()):
+        try:
+            if path.is_dir() and not path.is_symlink():
+                raise OutputError(f"{path}: is a folder; the sweep writes a file there")
+            os.unlink(path)
+        except OSError as e:
+            raise OutputError(f"{path}: cannot replace it ({e.strerror or e})") from None
     atomic_write(path, lambda f: f.write(json.dumps(doc, allow_nan=False) + "\n"))
 
 
@@ -149,23 +167,19 @@ def read_sweep(folder: Path) -> SweepFolder:
     """The last sweep recorded in `folder` with the results found there.
 
     Raises:
-        InputError: no sweep.json (not a sweep folder), or one that is not a sweep manifest.
+        InputError: no sweep.json (not a sweep folder), one that is not a sweep manifest (checked whole:
+            sweep.verify), or a result file there that is not the result it is filed as.
     """
     folder = Path(folder)
     path = folder / MANIFEST
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise InputError(f"{folder}: not a sweep folder (no {MANIFEST}; run `qkinspect sweep ... --out {folder}`)")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        cks = [(Checkpoint(**{k: c[k] for k in Checkpoint.__dataclass_fields__}), c["key"])
-               for c in doc["checkpoints"]]
-        options = doc["options"]
-        failures = [Failure(f["checkpoint"], f["error"]) for f in doc.get("failures", [])]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise InputError(f"{path}: not a qkinspect sweep manifest ({type(e).__name__}: {e})") from None
+    from qkinspect.sweep.verify import check_manifest
+
+    cks, options, failures = check_manifest(read_json(path, what="a sweep manifest"), path)
     results = {}
     for ck, key in cks:
-        stored = read_result(result_path(folder, ck, key), key)
+        stored = load_result(folder, ck, key, options)
         if stored is not None:
             results[ck.identity] = stored
     return SweepFolder(folder, options, [ck for ck, _ in cks], results, failures)

@@ -54,11 +54,24 @@ def neox_split(attn, y):
 
 
 def bloom_split(attn, y):
-    return (t.transpose(1, 2) for t in attn._reshape(y))  # BloomAttention._reshape gives (B, H, T, d)
+    # BloomAttention: per head, its query, key and value rows side by side: (B, T, H*3*d) -> (B, T, H, 3, d)
+    qkv = y.view(*y.shape[:-1], attn.num_heads, 3, attn.head_dim)
+    return qkv.unbind(-2)
 
 
 def falcon_split(attn, y):
-    return attn._split_heads(y)  # (B, T, n, d); new architecture: keys/values broadcast to every query head
+    """FalconAttention's three fused layouts, as its forward splits them; (B, T, n, d) each."""
+    H, d = attn.num_heads, attn.head_dim
+    if attn.new_decoder_architecture:  # per KV group: its query heads, then its key, then its value
+        qkv = y.view(*y.shape[:-1], -1, H // attn.num_kv_heads + 2, d)  # (B, T, G, H/G + 2, d)
+        q, k, v = qkv[..., :-2, :], qkv[..., -2:-1, :], qkv[..., -1:, :]
+        k, v = k.expand(q.shape), v.expand(q.shape)  # keys/values broadcast to every query head of the group
+        return (t.flatten(2, 3) for t in (q, k, v))  # (B, T, G, H/G, d) -> (B, T, H, d)
+    if attn.multi_query:  # every query head, then the one key and the one value
+        qkv = y.view(*y.shape[:-1], H + 2, d)  # (B, T, H + 2, d)
+        return qkv[..., :-2, :], qkv[..., -2:-1, :], qkv[..., -1:, :]
+    qkv = y.view(*y.shape[:-1], H, 3, d)  # per head, like BLOOM: (B, T, H, 3, d)
+    return qkv.unbind(-2)
 
 
 def mpt_split(attn, y):

@@ -64,8 +64,9 @@ MODELS = {"deepseek_v3": tf.DeepseekV3ForCausalLM, "deepseek_v2": tf.DeepseekV2F
 
 def build(name: str, tmp_path):
     config = tf.AutoConfig.for_model(**CONFIGS[name].to_dict())  # a copy: the model must not change the shared one
-    config._attn_implementation = "eager"  # attention probabilities are returned
-    model = randomise_(MODELS[config.model_type](config), seed=3)
+    model = MODELS[config.model_type](config)
+    model.set_attn_implementation("eager")  # attention probabilities are returned
+    model = randomise_(model, seed=3)
     return model, save_tiny(model, tmp_path / name)
 
 

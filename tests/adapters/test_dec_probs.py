@@ -1,7 +1,9 @@
 """Attention probabilities: from qkinspect's matrices, the spec's scale and the layer input captured in a real
 forward pass, rebuild the model's own attention weights (eager attention, output_attentions=True). Positions
 enter only through the model's own terms: its rotary function applied to its captured cos/sin, or the ALiBi
-tensor it passed to the layer. One model per fused layout (GPT-2 sectioned Conv1D, GPT-NeoX and BLOOM interleaved
+tensor it passed to the layer; GPT-J's rotation, whose table transformers keeps private, is written out from its
+definition (only public transformers APIs are used: private ones change between releases).
+One model per fused layout (GPT-2 sectioned Conv1D, GPT-NeoX and BLOOM interleaved
 per head, Falcon interleaved per KV group, multi-query and multi-head, MPT and Phi-3 sectioned), plus Llama
 (grouped query), GPT-Neo (scale 1, local window), Mistral and Phi-3 (sliding windows), Gemma2
 (query_pre_attn_scalar, soft-capping), GPT-J (interleaved partial rotary) and GPT-2 with
@@ -61,19 +63,18 @@ def get_attr(obj, path: str):
     return obj
 
 
-def gptj_rotary(attn, attn_kwargs: dict, q, k, rot: int):
-    """GPT-J's own rotation (interleaved pairs) on the first `rot` dims, from its own sin/cos table."""
-    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb
-
-    pos = attn_kwargs["position_ids"]  # (B, T)
-    table = attn._get_embed_positions(pos)  # (B, max_positions, rot)
-    sincos = torch.gather(table, 1, pos.unsqueeze(-1).repeat(1, 1, table.shape[-1])).double()  # (B, T, rot)
-    sin, cos = torch.split(sincos, sincos.shape[-1] // 2, dim=-1)  # (B, T, rot/2) each
+def gptj_rotary(q, k, rot: int):
+    """GPT-J's rotation written out from its definition, since transformers keeps its sin/cos table private: on the
+    first `rot` dims each adjacent pair (2i, 2i+1) of a query or key (B, n, T, d) at position t turns by the angle
+    t / 10000^(2i/rot); the other dims pass through. Positions are 0..T-1 (the forward pass is given none)."""
+    inv = 10000.0 ** (-torch.arange(0, rot, 2, dtype=torch.float64) / rot)  # (rot/2,)
+    angle = torch.arange(q.shape[2], dtype=torch.float64)[:, None] * inv  # (T, rot/2)
+    cos, sin = angle.cos(), angle.sin()
     out = []
     for t in (q, k):
-        t = t.transpose(1, 2)  # (B, n, T, d) -> (B, T, n, d): the layout GPT-J rotates in
-        t = torch.cat([apply_rotary_pos_emb(t[..., :rot], sin, cos), t[..., rot:]], dim=-1)
-        out.append(t.transpose(1, 2))  # (B, T, n, d) -> (B, n, T, d)
+        x1, x2 = t[..., 0:rot:2], t[..., 1:rot:2]  # (B, n, T, rot/2) each: the pairs' two coordinates
+        turned = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (B, n, T, rot/2, 2)
+        out.append(torch.cat([turned.flatten(-2), t[..., rot:]], dim=-1))  # (B, n, T, rot/2, 2) -> (B, n, T, d)
     return out
 
 
@@ -81,7 +82,7 @@ def positional_terms(case: Case, attn, attn_kwargs: dict, q, k, spec):
     """Apply the model's own rotary function, or return the model's own ALiBi bias (B, H, 1, T)."""
     H = spec.n_heads
     if case.rotary == "gptj":
-        return (*gptj_rotary(attn, attn_kwargs, q, k, spec.rotary_dims), None)
+        return (*gptj_rotary(q, k, spec.rotary_dims), None)
     if case.rotary:
         mod = importlib.import_module(f"transformers.models.{case.rotary}.modeling_{case.rotary}")
         cos, sin = (t.double() for t in attn_kwargs["position_embeddings"])

@@ -10,7 +10,17 @@ import transformers as tf
 from transformers.models.modernbert import modeling_modernbert as mb
 
 from qkinspect.loading import open_model
-from tests.adapters.harness import ATOL, Sites, capture, check_layers, load_layers, per_head, randomise_, save_tiny
+from tests.adapters.harness import (
+    RTOL,
+    Sites,
+    capture,
+    check_layers,
+    load_layers,
+    per_head,
+    randomise_,
+    relative_error,
+    save_tiny,
+)
 
 H, D = 4, 64
 d = D // H
@@ -70,8 +80,8 @@ def test_reproduces_attention_probabilities(loaded):
         k = per_head(x, lay.W_K, lay.b_K).transpose(1, 2)
         q, k = mb.apply_rotary_pos_emb(q, k, cos, sin)
         probs = (q @ k.transpose(-1, -2) * lay.spec.score_scale).softmax(-1)  # (B, H, T, T)
-        err = (probs - out.attentions[lay.layer]).abs().max().item()
-        assert err <= ATOL, f"layer {lay.layer}: probabilities error {err:.3g}"
+        err = relative_error(probs, out.attentions[lay.layer])
+        assert err <= RTOL, f"layer {lay.layer}: probabilities relative error {err:.3g}"
         # The recorded rotary base is the one the model used on this layer.
         theta = lay.extra["rope_theta"]
         inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)

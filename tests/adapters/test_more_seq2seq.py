@@ -11,7 +11,7 @@ import torch
 import transformers as tf
 
 from qkinspect.metrics.fold import fold_ln
-from tests.adapters.harness import assert_probs, per_head
+from tests.adapters.harness import RTOL, assert_probs, per_head, relative_error
 from tests.adapters.test_enc_seq2seq import (
     BART_SMALL,
     Case,
@@ -95,4 +95,4 @@ def test_fold_ln_reproduces_projections_from_the_normalised_stream(name, tmp_pat
             n = (x - norm.bias.double()) / norm.weight.double()  # the model's normalised stream
             got = per_head(n, fW.double(), fb.double())
             want = per_head(x, W.double(), b.double())
-            assert (got - want).abs().max().item() < 1e-5, (name, lay.block, lay.layer, side)
+            assert relative_error(got, want) <= RTOL, (name, lay.block, lay.layer, side)

@@ -50,6 +50,6 @@ def test_pair_and_tokenizer_needed(tmp_path):
     r = run_experiment((model.config, state), tokenizer=AutoTokenizer.from_pretrained(folder), **kw)
     ref = run_experiment(str(folder), **kw)
     assert r.runs[0].loss == pytest.approx(ref.runs[0].loss, rel=1e-5)
-    model.config._name_or_path = ""
+    model.config.name_or_path = ""
     with pytest.raises(InputError, match="tokenizer="):
         run_experiment(model, **kw)

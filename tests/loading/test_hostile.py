@@ -299,8 +299,16 @@ def _deny(monkeypatch, victim: str):
             raise PermissionError(13, "Permission denied", str(self))
         return real_read(self, *a, **kw)
 
+    real_os_open = os.open
+
+    def guarded_os_open(file, *a, **kw):  # qkinspect.reading opens JSON files with os.open
+        if str(file).endswith(victim):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_os_open(file, *a, **kw)
+
     monkeypatch.setattr(builtins, "open", guarded_open)
     monkeypatch.setattr(Path, "read_text", guarded_read)
+    monkeypatch.setattr(os, "open", guarded_os_open)
 
 
 def test_unreadable_config_says_permission_denied(tmp_path, bert_state, monkeypatch):

@@ -95,7 +95,7 @@ def test_tensors_are_read_in_place():
 def test_name_from_config_and_pair_dict():
     torch.manual_seed(0)
     model = _bert()
-    model.config._name_or_path = "my-org/my-bert"
+    model.config.name_or_path = "my-org/my-bert"
     assert qkinspect.analyze(model, layers=[0], metrics=["symmetry"]).model.source == "memory:my-org/my-bert"
     raw = model.config.to_dict()
     r = qkinspect.analyze((raw, model.state_dict()), layers=[0], metrics=["symmetry"])

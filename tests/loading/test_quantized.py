@@ -127,14 +127,16 @@ def test_fp8_block_scaled_bert_is_dequantized(tmp_path, block):
 
 
 def test_fp8_block_equals_transformers_dequantization(tmp_path):
-    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+    """The same weights as transformers' own FP8 loader with dequantize=True (its public route, not its internals)."""
+    import transformers as tf
 
     folder, _, stored = quantized_bert(tmp_path, {"quant_method": "fp8", "weight_block_size": [16, 16]},
                                        lambda m, w: fp8_blocks(w, 16, 16))
     _, layers = layer_weights(folder)
-    p = "encoder.layer.1.attention.self.key"
-    theirs = Fp8Dequantize(None)._dequantize_one(stored[f"{p}.weight"], stored[f"{p}.weight_scale_inv"],
-                                                 torch.float32)
+    qc = tf.FineGrainedFP8Config(weight_block_size=(16, 16), dequantize=True)
+    model = tf.AutoModel.from_pretrained(folder, quantization_config=qc, dtype=torch.float32)
+    theirs = model.encoder.layer[1].attention.self.key.weight.detach()  # (H*d, D)
+    assert theirs.dtype == torch.float32
     assert torch.equal(layers[1].W_K, theirs.reshape(4, 8, 32).transpose(1, 2))
 
 

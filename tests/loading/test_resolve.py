@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qkinspect.errors import ModelNotFoundError
+from qkinspect.errors import InputError, ModelNotFoundError
 from qkinspect.loading import open_model
 from qkinspect.loading.resolve import HUB_PATTERNS, hub_cache_dir, is_hub_id, resolve
 from tests.loading import tiny
@@ -189,3 +189,31 @@ def test_a_gguf_file_is_named_by_its_metadata(tmp_path):
     tiny.write_gguf(named, config, state, name="  Tiny   Llama 1B ")
     with open_model(str(named)) as m:
         assert (m.info.name, m.info.source) == ("Tiny Llama 1B", str(named))
+
+
+@pytest.mark.parametrize("ref", ["../../../elsewhere", "../../models--org--other/snapshots/" + "b" * 40,
+                                 "/etc", "a" * 39, "main"])
+def test_hub_refs_leading_out_of_the_repo_are_refused(tmp_path, monkeypatch, ref):
+    """refs/main is read by huggingface_hub and joined to snapshots/ as it is: a path out of the repo's cache
+    folder (or anything but a commit hash) is refused before any file in it is read."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    fake_hub_model(tmp_path / "cache")
+    fake_hub_model(tmp_path / "cache", repo="org/other", sha="b" * 40)
+    (tmp_path / "elsewhere").mkdir()
+    if "/" not in ref:  # a name that is no commit hash, as a folder in snapshots/
+        (tmp_path / "cache" / "models--org--name" / "snapshots" / ref).mkdir()
+    (tmp_path / "cache" / "models--org--name" / "refs" / "main").write_text(ref)
+    with pytest.raises(InputError, match=r"refs/main: leads to .* not a snapshot of org/name"):
+        resolve("org/name")
+
+
+def test_hub_snapshot_that_links_out_of_the_repo_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    fake_hub_model(tmp_path / "cache", repo="org/other", sha="b" * 40)
+    snaps = tmp_path / "cache" / "models--org--name" / "snapshots"
+    snaps.mkdir(parents=True)
+    (snaps / SHA).symlink_to(tmp_path / "cache" / "models--org--other" / "snapshots" / ("b" * 40))
+    (snaps.parent / "refs").mkdir()
+    (snaps.parent / "refs" / "main").write_text(SHA)
+    with pytest.raises(InputError, match="outside the cache folder"):
+        resolve("org/name")

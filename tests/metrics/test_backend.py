@@ -16,7 +16,7 @@ from qkinspect.errors import InputError
 from qkinspect.loading.cast import Caster
 from qkinspect.metrics import backend
 from qkinspect.metrics.heads import HEAD_METRICS, measure_products
-from qkinspect.metrics.products import HeadProducts
+from qkinspect.metrics.products import HeadProducts, layer_products
 from tests.metrics.helpers import make_layer
 
 needs_mkl = pytest.mark.skipif(not backend.available(),
@@ -82,8 +82,8 @@ def test_layer_products_agree_on_both_routes():
     g = torch.Generator().manual_seed(2)
     Q, K, V = (torch.randn(n, 200, 8, generator=g).bfloat16() for n in (6, 2, 2))
     Rq, Rk = torch.randn(6, 8, 8, generator=g), torch.randn(6, 8, 8, generator=g)
-    f32 = backend.layer_products(Q, K, V, Rq, Rk, "float32")
-    bf16 = backend.layer_products(Q, K, V, Rq, Rk, "bf16")
+    f32 = layer_products(Q, K, V, Rq, Rk, "float32")
+    bf16 = layer_products(Q, K, V, Rq, Rk, "bf16")
     assert [tuple(t.shape) for t in f32] == [(6, 8, 8), (2, 8, 8), (2, 8, 8)] + [(6, 8, 8)] * 3 + [(6, 200)] * 2
     for a, b in zip(f32, bf16, strict=True):
         assert b.dtype == torch.float32 and rel(b, a) < 1e-6

@@ -27,7 +27,8 @@ def test_gemma3_float32_equals_float64(gemma3):  # noqa: F811
         for name, v in y.values.items():
             assert x.values[name] == pytest.approx(v, rel=1e-3, abs=1e-5, nan_ok=True), (x.layer, name)
         np.testing.assert_allclose(x.head_overlap, y.head_overlap, rtol=1e-3, atol=1e-5)
-    # Every W_Q has σ_min/σ_max below 5 %: float32's Grams resolve none of the heads, and the result says so.
-    assert [w for w in a.warnings if "recomputed" in w] == [
-        "72 of 72 heads recomputed in float64 (float32 Grams cannot resolve their smallest directions)"]
+    # Every W_Q has σ_min/σ_max below 5 %: float32's Grams resolve none of the heads, and the result records it
+    # (information that asks nothing of the user: not a warning).
+    assert a.processing.recomputed_float64 == 72 and b.processing.recomputed_float64 == 0
+    assert not [w for w in a.warnings if "recomputed" in w]
     assert not [w for w in b.warnings if "recomputed" in w or "rank cut" in w]

@@ -42,8 +42,10 @@ ScopeOpt = Annotated[Scope, typer.Option(
     "--scope", help="One run per head, per layer (its chosen heads together), or one for the whole model.")]
 TextOpt = Annotated[Path | None, typer.Option(
     "--text", metavar="FILE", help="UTF-8 text to measure on (default: Python's own pydoc_data.topics).")]
-TokensOpt = Annotated[int, typer.Option("--tokens", metavar="N", help="Use the first N tokens of the text.")]
-WindowOpt = Annotated[int, typer.Option("--window", metavar="W", help="Tokens per window (non-overlapping).")]
+TokensOpt = Annotated[int, typer.Option("--tokens", metavar="N",
+                                        help="Use the first N tokens of the text (at most 2**24).")]
+WindowOpt = Annotated[int, typer.Option("--window", metavar="W",
+                                        help="Tokens per window (non-overlapping; at most 2**24).")]
 ReferenceOpt = Annotated[bool, typer.Option(
     "--reference/--no-reference", help="Also ablate the same heads, for Δloss / Δloss(ablate).")]
 RotaryOpt = Annotated[Rotary, typer.Option(
@@ -82,6 +84,9 @@ def register(app: typer.Typer) -> None:
         for e in edit.split(","):  # refuse a misspelt edit before loading anything (torch, transformers)
             if e.strip():
                 parse_edit(e)
+        from qkinspect.experiment.amounts import check_amounts
+
+        check_amounts(tokens, window)
         layer_list, head_list = parse_indices(layers, "--layers"), parse_indices(heads, "--heads")
         from qkinspect.experiment import run_experiment
 

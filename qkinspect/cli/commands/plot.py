@@ -24,7 +24,7 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import note
 from qkinspect.errors import InputError
-from qkinspect.files import atomic_write_file, check_writable
+from qkinspect.files import check_writable, write_rendered
 from qkinspect.metrics.registry import head_metric
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -56,6 +56,9 @@ LayerOpt = Annotated[int | None, typer.Option(
     "--layer", metavar="N", help="--kind heads: the layer to show (default: every layer as small multiples).")]
 ExperimentOpt = Annotated[Path | None, typer.Option(
     "--experiment", metavar="FILE.json", help="--kind experiment: the JSON `qkinspect experiment -o FILE.json` wrote.")]
+TitleOpt = Annotated[str | None, typer.Option(
+    "--title", metavar="TEXT", help="The figure's title instead of the model's name and what is shown (wrapped to "
+    "fit the figure, like every title).")]
 CompareOpt = Annotated[str | None, typer.Option(
     "--compare", metavar="MODEL_B", help="--kind compare: the second model; the figure shows B − A per head.")]
 
@@ -67,6 +70,7 @@ def register(app: typer.Typer) -> None:
         compare: CompareOpt = None, metric: MetricOpt = None, layers: LayersOpt = None, block: BlockOpt = None,
         fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False, precision: PrecisionOpt = Precision.float32,
         device: DeviceOpt = Device.cpu, revision: RevisionOpt = None, experiment: ExperimentOpt = None,
+        title: TitleOpt = None,
     ) -> None:
         """Draw one figure of the attention geometry (heatmaps of symmetry or Q/K/V overlap, singular-value spectra,
         ranks by layer, the symmetry histogram against chance, head-by-head overlap, a two-model comparison, or a
@@ -76,14 +80,20 @@ def register(app: typer.Typer) -> None:
 
         Example: qkinspect plot ./my-bert --kind metric --metric shared_qk_distance -o shared.pdf
 
+        Example (a title of your own): qkinspect plot ./my-bert --title "BERT-base: symmetry per head" -o s.pdf
+
         Example (a sweep's folder, metric against training step): qkinspect plot sweep/ --kind trajectory
         --metric symmetry -o symmetry-by-step.png
 
         Example: qkinspect plot --kind experiment --experiment runs.json -o experiment.png
+
+        Example (from a saved analysis, without the model): qkinspect analyze ./my-bert -o run.json; qkinspect plot
+        run.json --kind rank -o rank.png
         """
         output = check_figure_path(output)
         if kind is Kind.trajectory:
-            draw_trajectory(Path(model or "."), metric or "symmetry", output, layers=layers, blocks=block)
+            draw_trajectory(Path(model or "."), metric or "symmetry", output, layers=layers, blocks=block,
+                            title=title)
             note(f"wrote the {metric or 'symmetry'} trajectory to {output}")
             return
         if (kind is Kind.experiment) != (experiment is not None):
@@ -94,9 +104,12 @@ def register(app: typer.Typer) -> None:
             from qkinspect.report.style import style
 
             with style():
-                save_figure(experiment_figure(read_experiment(experiment)), output)
+                save_figure(experiment_figure(read_experiment(experiment), title=title), output)
             note(f"wrote the experiment figure to {output}")
             return
+        refuse_analysis_options(model, layers=layers, block=block, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
+                                precision=precision is not Precision.float32, device=device is not Device.cpu,
+                                revision=revision)
         if kind is Kind.compare and compare is None:
             raise InputError("--kind compare needs a second model: --compare MODEL_B")
         if compare is not None and kind is not Kind.compare:
@@ -111,8 +124,39 @@ def register(app: typer.Typer) -> None:
                               fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         if layer is not None and sel.layers is not None and layer not in sel.layers:
             raise InputError(f"--layer {layer} is not among --layers {layers}")
-        draw_figure(model, kind.value, output, sel, layer=layer, other=compare, metric=metric, revision=revision)
+        draw_figure(model, kind.value, output, sel, layer=layer, other=compare, metric=metric, revision=revision,
+                    title=title)
         note(f"wrote the {metric or kind.value} figure to {output}")
+
+
+def refuse_analysis_options(model: str | None, **given: object) -> None:
+    """InputError when `model` is a saved analysis (qkinspect.saved) and an option that shapes an analysis was
+    given (`given`: option name -> its value, or whether it differs from its default): the file is drawn as it was
+    saved."""
+    from qkinspect.saved import is_saved
+
+    if not is_saved(model):
+        return
+    named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v not in (None, False, [], ())]
+    if named:
+        raise InputError(f"{', '.join(named)}: {model} is a saved analysis, drawn as it was saved; "
+                         f"{'these options apply' if len(named) > 1 else 'the option applies'} when analysing a "
+                         "model (give them to qkinspect analyze)")
+
+
+def result_of(model: str | None, selection: Selection, *, kind: str | None = None, revision: str | None = None,
+              **options):
+    """The analysis to draw: read from a saved analysis (`qkinspect analyze -o FILE.json`), or run on the model.
+    `kind`: the figure (InputError when a saved analysis cannot give it)."""
+    from qkinspect.saved import is_saved, needs_model, read_saved
+
+    if is_saved(model):
+        if kind is not None:
+            needs_model(kind, model)
+        return read_saved(model)
+    from qkinspect.cli.run import run_analysis
+
+    return run_analysis(model, selection, revision=revision, **options)
 
 
 def check_figure_path(output: Path | None) -> Path:
@@ -126,8 +170,10 @@ def check_figure_path(output: Path | None) -> Path:
 
 
 def draw_figure(model: str | None, kind: str, output: Path, selection: Selection, *, layer: int | None = None,
-                other: str | None = None, metric: str | None = None, revision: str | None = None) -> None:
-    """Analyse `model` (and `other` for compare), draw the figure `kind` and save it atomically to `output`.
+                other: str | None = None, metric: str | None = None, revision: str | None = None,
+                title: str | None = None) -> None:
+    """Analyse `model` (and `other` for compare), or read either from a saved analysis, draw the figure `kind`
+    (titled `title`, default: the model's name and what is shown) and save it atomically to `output`.
 
     Example:
         >>> draw_figure(None, "symmetry", Path("symmetry.png"), Selection.parse())
@@ -135,28 +181,33 @@ def draw_figure(model: str | None, kind: str, output: Path, selection: Selection
     from qkinspect.cli.options import check_selection
     from qkinspect.cli.run import run_analysis
     from qkinspect.loading import open_model
+    from qkinspect.saved import is_saved
 
-    with open_model(model, revision=revision) as m:
-        if layer is not None:  # answered with the option the user typed, before any work
-            check_selection(m.info, selection.blocks, (layer,), options=("--layer", "--heads"))
-        result = run_analysis(m, selection)
-    result_b = run_analysis(other, selection) if other is not None else None
+    if is_saved(model):
+        result = result_of(model, selection, kind=kind)
+    else:
+        with open_model(model, revision=revision) as m:
+            if layer is not None:  # answered with the option the user typed, before any work
+                check_selection(m.info, selection.blocks, (layer,), options=("--layer", "--heads"))
+            result = run_analysis(m, selection)
+    result_b = result_of(other, selection, kind=kind) if other is not None else None
     from qkinspect.report.figures import figure  # matplotlib: after the checks, so that errors come fast
     # the heads figure takes the first selected block
-    fig = figure(result, kind, layer=layer, other=result_b, metric_name=metric)
+    fig = figure(result, kind, layer=layer, other=result_b, metric_name=metric, title=title)
     save_figure(fig, output)
 
 
 def draw_trajectory(folder: Path, metric: str, output: Path, *, layers: str | None = None,
-                    blocks: list[str] | None = None) -> None:
+                    blocks: list[str] | None = None, title: str | None = None) -> None:
     """The trajectory figure of a sweep folder's results (`qkinspect sweep --out FOLDER`), saved to `output`."""
     from qkinspect.cli.options import parse_blocks, parse_indices
+    from qkinspect.report.titles import retitle
     from qkinspect.report.trajectory import sweep_trajectory
     from qkinspect.sweep import read_sweep
 
     fig = sweep_trajectory(read_sweep(folder), metric, layers=parse_indices(layers, "--layers"),
                            blocks=parse_blocks(blocks))
-    save_figure(fig, output)
+    save_figure(retitle(fig, title), output)
 
 
 def save_figure(fig, output: Path) -> None:
@@ -165,4 +216,4 @@ def save_figure(fig, output: Path) -> None:
 
     fmt = output.suffix.lower().lstrip(".")
     with style():
-        atomic_write_file(output, lambda tmp: fig.savefig(tmp, format=fmt))
+        write_rendered(output, lambda buffer: fig.savefig(buffer, format=fmt))  # in memory: a full disk is OSError

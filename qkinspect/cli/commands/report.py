@@ -22,7 +22,7 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import note
 from qkinspect.errors import InputError
-from qkinspect.files import atomic_write, atomic_write_file, check_writable
+from qkinspect.files import atomic_write, check_writable, write_rendered
 
 # The report shows every default metric and the head-by-head overlap figure.
 REPORT_METRICS = ("default", "shared_qk_distance", "head_overlap")
@@ -31,6 +31,9 @@ ReportOut = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE"
                                                 help="The report file, .pdf (.html with --html; written atomically).")]
 HtmlOpt = Annotated[bool, typer.Option("--html", help="Write one self-contained HTML page (figures as inline SVG) "
                                                       "instead of a PDF.")]
+TitleOpt = Annotated[str | None, typer.Option(
+    "--title", metavar="TEXT", help="What the report calls the model (or, for a sweep folder, what was swept): its "
+    "title, footer and figure titles (the cover still gives the model's identity).")]
 LayerFormOpt = Annotated[bool, typer.Option(
     "--layer-form", help="Also measure each layer's summed form Σ_h W_Q W_Kᵀ (costs O(d_model³) per layer).")]
 ExperimentOpt = Annotated[Path | None, typer.Option(
@@ -45,7 +48,7 @@ def register(app: typer.Typer) -> None:
         model: ModelArg = None, output: ReportOut = None, layers: LayersOpt = None, block: BlockOpt = None,
         fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False, layer_form: LayerFormOpt = False,
         precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
-        html: HtmlOpt = False, experiment: ExperimentOpt = None,
+        html: HtmlOpt = False, experiment: ExperimentOpt = None, title: TitleOpt = None,
     ) -> None:
         """Write a PDF report: the model's identity, a one-page summary in plain words, the definitions, every
         figure with a caption and per-layer tables; its text is searchable. --html writes the same as one web page.
@@ -56,21 +59,29 @@ def register(app: typer.Typer) -> None:
         sweep/ -o sweep.pdf
 
         Example (with an experiment's runs.json): qkinspect report ./my-bert --experiment runs.json -o report.pdf
+
+        Example (from a saved analysis, without the model): qkinspect analyze ./my-bert --metrics
+        default,shared_qk_distance,head_overlap -o run.json; qkinspect report run.json -o report.pdf
         """
         output = check_report_path(output, html=html)
         is_sweep = model is not None and (Path(model) / "sweep.json").is_file()
         runs = read_runs(experiment, html=html, sweep=is_sweep)
         if is_sweep:  # a sweep's folder (qkinspect sweep --out)
-            n = write_sweep_report(Path(model), output, html=html)
+            n = write_sweep_report(Path(model), output, html=html, title=title)
             note(f"wrote an HTML sweep report to {output}" if html else f"wrote {pages(n)} sweep report to {output}")
             return
+        from qkinspect.cli.commands.plot import refuse_analysis_options
+
+        refuse_analysis_options(model, layers=layers, block=block, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
+                                layer_form=layer_form, precision=precision is not Precision.float32,
+                                device=device is not Device.cpu, revision=revision)
         sel = Selection.parse(layers=layers, blocks=block, metrics=list(REPORT_METRICS), precision=precision,
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         if html:
-            write_html_report(model, output, sel, layer_form=layer_form, revision=revision)
+            write_html_report(model, output, sel, layer_form=layer_form, revision=revision, title=title)
             note(f"wrote an HTML report to {output}")
             return
-        n = write_report(model, output, sel, layer_form=layer_form, revision=revision, experiment=runs)
+        n = write_report(model, output, sel, layer_form=layer_form, revision=revision, experiment=runs, title=title)
         note(f"wrote {pages(n)} report to {output}")
 
 
@@ -99,17 +110,19 @@ def read_runs(path: Path | None, *, html: bool = False, sweep: bool = False) -> 
 
 
 def write_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
-                 revision: str | None = None, experiment: tuple[dict, Path] | None = None) -> int:
-    """Analyse `model` and write the PDF report atomically to `output`; returns the number of pages. `experiment`
-    (read_runs) adds the experiment section; InputError when it was run on another model.
+                 revision: str | None = None, experiment: tuple[dict, Path] | None = None,
+                 title: str | None = None) -> int:
+    """Analyse `model` (or read a saved analysis) and write the PDF report atomically to `output`; returns the
+    number of pages. `experiment` (read_runs) adds the experiment section; InputError when it was run on another
+    model.
 
     Example:
         >>> write_report(None, Path("report.pdf"), Selection.parse(metrics=["default", "head_overlap"]))
         12
     """
-    from qkinspect.cli.run import run_analysis
+    from qkinspect.cli.commands.plot import result_of
 
-    result = run_analysis(model, selection, revision=revision, layer_form=layer_form)
+    result = result_of(model, selection, revision=revision, layer_form=layer_form)
     from qkinspect.report.pdf import write_pdf  # matplotlib: after the checks, so that errors come fast
 
     if experiment is not None:
@@ -117,12 +130,11 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
         from qkinspect.report.experiment_summary import check_same_model
 
         check_same_model(experiment[0], model_dict(result.model), experiment[1])
-    pages: list[int] = []
-    atomic_write_file(output, lambda tmp: pages.append(write_pdf(result, tmp, experiment=experiment)))
-    return pages[0]
+    # rendered in memory, then written: a full disk is an OSError of that write, not an error inside matplotlib
+    return write_rendered(output, lambda buffer: write_pdf(result, buffer, experiment=experiment, title=title))
 
 
-def write_sweep_report(folder: Path, output: Path, *, html: bool = False) -> int:
+def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
     """The report of a sweep folder, written atomically as a PDF (returns the number of pages) or, with `html`,
     as one HTML page (returns 1)."""
     from qkinspect.report.sweep_pdf import write_sweep_pdf
@@ -134,22 +146,20 @@ def write_sweep_report(folder: Path, output: Path, *, html: bool = False) -> int
     if html:
         from qkinspect.report.html import render_sweep_html
 
-        page = render_sweep_html(sweep)
+        page = render_sweep_html(sweep, name=title)
         atomic_write(output, lambda f: f.write(page))
         return 1
-    pages: list[int] = []
-    atomic_write_file(output, lambda tmp: pages.append(write_sweep_pdf(sweep, tmp)))
-    return pages[0]
+    return write_rendered(output, lambda buffer: write_sweep_pdf(sweep, buffer, title=title))
 
 
 def write_html_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
-                      revision: str | None = None) -> None:
-    """Analyse `model` and write the HTML report atomically to `output`."""
-    from qkinspect.cli.run import run_analysis
+                      revision: str | None = None, title: str | None = None) -> None:
+    """Analyse `model` (or read a saved analysis) and write the HTML report atomically to `output`."""
+    from qkinspect.cli.commands.plot import result_of
     from qkinspect.report.html import render_html
 
-    result = run_analysis(model, selection, revision=revision, layer_form=layer_form)
-    page = render_html(result)
+    result = result_of(model, selection, revision=revision, layer_form=layer_form)
+    page = render_html(result, title=title)
     atomic_write(output, lambda f: f.write(page))
 
 

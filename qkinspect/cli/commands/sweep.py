@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import math
-import statistics
 import sys
 import time
 from enum import Enum
@@ -32,6 +30,7 @@ from qkinspect.cli.options import (
 from qkinspect.cli.output import Document, check_output, emit, envelope, note, warn
 from qkinspect.errors import InputError, SweepFailed
 from qkinspect.files import atomic_write_file, check_writable
+from qkinspect.limits import check_threads, check_workers
 
 
 class SweepFormat(str, Enum):
@@ -56,9 +55,10 @@ SchedulerOpt = Annotated[str | None, typer.Option(
          "cluster on this machine.")]
 WorkersOpt = Annotated[int | None, typer.Option(
     "--workers", metavar="N", help="Local cluster: worker processes (default: one per core, at most one per "
-                                   "checkpoint to do).")]
+                                   "checkpoint to do; at most 4 per core).")]
 ThreadsOpt = Annotated[int | None, typer.Option(
-    "--threads", metavar="N", help="torch threads per checkpoint (default: the cores shared among the workers).")]
+    "--threads", metavar="N",
+    help="torch threads per checkpoint (default: the cores shared among the workers; at most 1024).")]
 SweepFormatOpt = Annotated[SweepFormat | None, typer.Option(
     "--format", "-f", show_default=False,
     help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
@@ -74,10 +74,11 @@ def register(app: typer.Typer) -> None:
         precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, fmt: SweepFormatOpt = None,
         output: OutputOpt = None,
     ) -> None:
-        """Analyse many checkpoints (training steps, hub revisions, a model zoo) on Dask distributed: a local cluster
-        by default, or a running one with --scheduler. Each checkpoint's result is written to --out DIR as it
-        finishes; running the same command again skips what is done. The table has a row per checkpoint, step,
-        block, layer and head; failed checkpoints are listed at the end (exit 1).
+        """Analyse many checkpoints of one shape (training steps, hub revisions, fine-tunes of one base) on Dask
+        distributed: a local cluster by default, or a running one with --scheduler. Each checkpoint's result is
+        written to --out DIR as it finishes; running the same command again skips what is done. The table has a
+        row per checkpoint, step, block, layer and head (per layer with --by layer), as analyze's; failed
+        checkpoints are listed at the end (exit 3).
 
         Example: qkinspect sweep 'runs/*/checkpoint-*' --metrics symmetry --out sweep/ -o symmetry.parquet
 
@@ -89,6 +90,12 @@ def register(app: typer.Typer) -> None:
         if importlib.util.find_spec("distributed") is None:
             raise InputError("sweep needs Dask distributed: pip install 'qkinspect[sweep]'")
         name = check_sweep_output(fmt, output)
+        check_threads(threads)
+        check_workers(workers)
+        if scheduler is not None:
+            from qkinspect.sweep.scheduler import check_address
+
+            check_address(scheduler)
         sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         checkpoints = discover(specs, [r.strip() for r in revisions.split(",")] if revisions else None)
@@ -96,7 +103,8 @@ def register(app: typer.Typer) -> None:
         try:
             outcome = run_sweep(checkpoints, options, out, scheduler=scheduler, workers=workers, threads=threads,
                                 device=sel.device, progress=ProgressLine(),
-                                check=lambda info: check_checkpoint(info, sel))
+                                check=lambda info: check_checkpoint(info, sel),
+                                notice=lambda why: note(f"{why}; computing it again"))
         except KeyboardInterrupt:
             note(f"stopped; the checkpoints done are kept in {out}: run the same command to resume")
             raise
@@ -167,7 +175,8 @@ def sweep_document(folder, *, by: str = "head", requested=None) -> Document:
             "checkpoints": [c.as_dict() for c in folder.checkpoints],
             "failures": [{"checkpoint": f.name, "error": f.error} for f in folder.failures],
             "heads" if by == "head" else "layers": rows}
-    return Document(json=envelope("sweep", **body), rows=rows, render=lambda console: _render(console, rows, requested))
+    return Document(json=envelope("sweep", **body), rows=rows,
+                    render=lambda console: _render(console, rows, requested, by))
 
 
 def write_table(doc: Document, name: str, output: Path | None) -> None:
@@ -182,26 +191,23 @@ def write_table(doc: Document, name: str, output: Path | None) -> None:
     note(f"wrote parquet to {output}")
 
 
-def _render(console, rows: list[dict[str, Any]], requested) -> None:
-    """Per checkpoint: its step, rows, and the median of each metric over them."""
-    from rich.table import Table
+def _render(console, rows: list[dict[str, Any]], requested, by: str = "head") -> None:
+    """A row per checkpoint, step, block, layer and head (or per layer with --by layer), in `analyze`'s tables."""
+    from qkinspect.cli.tables import (
+        DEFAULT_COLUMNS,
+        LAYER_COLUMNS,
+        hidden_hint,
+        print_lines,
+        requested_head_metrics,
+        sweep_tables,
+    )
 
-    from qkinspect.cli.tables import DEFAULT_COLUMNS, fmt_value
-
-    skip = {"checkpoint", "step", "block", "layer", "head", "kv_head", "n_heads"}
-    have = list(dict.fromkeys(k for r in rows for k in r if k not in skip))
-    cols = [c for c in (requested or DEFAULT_COLUMNS) if c in have] or have[:6]
-    table = Table(title="median over the rows of each checkpoint", title_justify="left")
-    for c in ("checkpoint", "step", "rows", *cols):
-        table.add_column(c, justify="left" if c == "checkpoint" else "right")
-    groups: dict[tuple[str, int], list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["checkpoint"], r["step"]), []).append(r)
-    for (name, step), group in groups.items():
-        table.add_row(name, str(step), str(len(group)), *(fmt_value(_median(group, c)) for c in cols))
-    console.print(table)
-
-
-def _median(rows: list[dict], column: str) -> float:
-    vals = [float(r[column]) for r in rows if isinstance(r.get(column), (int, float)) and math.isfinite(r[column])]
-    return statistics.median(vals) if vals else math.nan
+    labels = {"checkpoint", "step", "block", "layer", "head", "kv_head", "n_heads", "rank_q", "rank_k", "rank_v"}
+    have = list(dict.fromkeys(k for r in rows for k in r if k not in labels))
+    wanted = (requested_head_metrics(requested) if by == "head" else list(requested)) if requested else \
+        (DEFAULT_COLUMNS if by == "head" else LAYER_COLUMNS)
+    cols = [c for c in wanted if c in have] or have[:8]
+    tables, lines = sweep_tables(rows, cols, by=by, width=console.width)
+    for t in tables:
+        console.print(t)
+    print_lines(console, [*lines, hidden_hint(have, cols, by)])

@@ -1,0 +1,326 @@
+"""`--estimate`: what every edit would cost every head, from one clean forward pass and a few backward passes
+(docs/experiments.md, "Estimates"), instead of one forward pass per head and edit.
+
+For head h of layer l, o_h = z_h W_O[h] is its contribution to the output of the layer's output projection
+(z_h: the head's attention-weighted values, the projection's input). An edit changes it by Δo_h (at every token of
+every window), computed exactly: the layer's own attention module is run again on the inputs it had in the clean
+pass, with the edited weights written back (every selected head of the layer edited at once: a head's z_h depends
+on its own weights only, so one run gives every head's Δo_h), so the softmax is recomputed, not linearised. Then
+
+    Δ̂_h = ⟨g, Δo_h⟩ + (1/2N) · mean_k ⟨G_k, Δo_h⟩²
+
+with g = ∂L/∂o (L the mean loss over the N scored tokens; one backward pass of the clean model) and G_k the gradient
+of the summed loss on labels sampled from the model's own predictive distribution (K backward passes): since the
+expected gradient of a sampled label's loss is zero, E⟨G_k, Δo⟩² = N · Δoᵀ H_GN Δo, with H_GN the Gauss-Newton
+(Fisher) matrix of L, so the second term is the Gauss-Newton curvature ½ Δoᵀ H_GN Δo. The first term is exact given
+the text; the standard error `se` is that of the Monte-Carlo curvature term over the K probes.
+
+Drift (encoders without a head) is 0 with zero gradient at the clean model; its second-order term is
+(1/2N) Σ_t |P_t J_t Δo|² / |h_t|² (P_t: the projection orthogonal to the final hidden state h_t), estimated with
+Gaussian probes: G_k = ∂/∂o Σ_t ξ_tk · h_t / |h_t|, ξ ~ N(0, I).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from qkinspect.errors import UnsupportedModelError
+from qkinspect.experiment.edits import Edit, apply_edit
+from qkinspect.experiment.hf import DRIFT, HFModel, written
+from qkinspect.experiment.measure import Scorer, _Cached, logits_and_targets
+from qkinspect.layer import AttentionLayer
+
+PROBES = 16  # default K (docs/experiments.md, "Estimates": measured on SmolLM2)
+# A head whose edit changes its output by more than this fraction of the output itself (|Δo_h| / |o_h|) is flagged:
+# there the quadratic model of the loss undershoots (docs/experiments.md). `ablate` (|Δo_h| = |o_h| by definition)
+# is not judged by it.
+MOVED_LIMIT = 1.0
+# Rows (windows) per backward pass: the estimate keeps a forward graph of this many tokens.
+GRAD_TOKENS = 1024
+
+ATTENTION = ("self_attn", "attn", "attention")  # the attention module of a transformer block, by attribute name
+OUTPUT = ("o_proj", "c_proj", "dense", "output.dense", "out_proj")  # its output projection, under it
+
+
+@dataclass(frozen=True)
+class HeadEstimate:
+    """One head's estimated Δloss for one edit."""
+
+    layer: int
+    head: int
+    edit: str
+    first: float  # ⟨g, Δo_h⟩: exact given the text
+    curvature: float  # (1/2N) mean_k ⟨G_k, Δo_h⟩²
+    se: float  # the Monte-Carlo standard error of `curvature` (and so of the estimate)
+    moved: float  # |Δo_h| / |o_h| over every token
+    unreliable: bool  # moved > MOVED_LIMIT (never for ablate)
+    predicted: float | None  # the edit's weight-space figure
+    offset0: bool
+
+    @property
+    def estimate(self) -> float:
+        return self.first + self.curvature
+
+
+@dataclass(frozen=True)
+class Sites:
+    """Where a block's attention lives: the module re-run on cached inputs and its output projection's path."""
+
+    attention: str
+    output: str
+
+
+def sites(block: nn.Module) -> Sites:
+    """The attention module of `block` and its output projection (the first names of ATTENTION / OUTPUT found)."""
+    for a in ATTENTION:
+        att = getattr(block, a, None)
+        if isinstance(att, nn.Module):
+            for o in OUTPUT:
+                if _get(att, o) is not None:
+                    return Sites(a, f"{a}.{o}")
+    raise UnsupportedModelError(f"--estimate: cannot find the attention module and its output projection in "
+                                f"{type(block).__name__}")
+
+
+def _get(module: nn.Module, path: str) -> nn.Module | None:
+    for part in path.split("."):
+        module = getattr(module, part, None)
+        if not isinstance(module, nn.Module):
+            return None
+    return module
+
+
+@contextlib.contextmanager
+def _frozen(model: nn.Module) -> Iterator[None]:
+    """No parameter requires a gradient for the duration (only the inserted leaves do)."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, f in flags:
+            p.requires_grad_(f)
+
+
+@contextlib.contextmanager
+def _from_layer(hf: HFModel, states: Tensor | None, start: int, as_tuple: bool) -> Iterator[None]:
+    """Layers before `start` stand in by the cached states entering `start` (as Scorer.score does)."""
+    layers = hf.layers
+    saved = [layers[k] for k in range(start)]
+    try:
+        for k in range(start):
+            layers[k] = _Cached(states, as_tuple)
+        yield
+    finally:
+        for k, m in enumerate(saved):
+            layers[k] = m
+
+
+def _detach(x: Any) -> Any:
+    if isinstance(x, Tensor):
+        return x.detach()
+    if isinstance(x, tuple):
+        return tuple(_detach(v) for v in x)
+    if isinstance(x, list):
+        return [_detach(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _detach(v) for k, v in x.items()}
+    return x
+
+
+class _Capture:
+    """Forward hooks on the chosen layers: each attention module's inputs, each output projection's input z, and a
+    zero leaf added to the projection's output, whose gradient is ∂(objective)/∂o."""
+
+    def __init__(self, hf: HFModel, layers: list[int], leaves: bool):
+        self.inputs: dict[int, tuple[tuple, dict]] = {}
+        self.z: dict[int, Tensor] = {}
+        self.leaf: dict[int, Tensor] = {}
+        self.hooks = []
+        for i in layers:
+            block = hf.layers[i]
+            s = sites(block)
+            self.hooks.append(_get(block, s.attention).register_forward_pre_hook(self._inputs(i), with_kwargs=True))
+            self.hooks.append(_get(block, s.output).register_forward_hook(self._output(i, leaves)))
+
+    def _inputs(self, i: int):
+        def hook(module, args, kwargs):
+            self.inputs[i] = (_detach(args), _detach(kwargs))
+
+        return hook
+
+    def _output(self, i: int, leaves: bool):
+        def hook(module, args, out):
+            self.z[i] = args[0].detach()
+            if leaves:
+                self.leaf[i] = torch.zeros_like(out, requires_grad=True)
+                return out + self.leaf[i]
+            return None
+
+        return hook
+
+    def remove(self) -> None:
+        for h in self.hooks:
+            h.remove()
+
+
+def rerun_z(hf: HFModel, layer: int, inputs: tuple[tuple, dict]) -> Tensor:
+    """The output projection's input z of `layer`'s attention module, run again (as the model now is) on `inputs`."""
+    block = hf.layers[layer]
+    s = sites(block)
+    got: dict[str, Tensor] = {}
+    hook = _get(block, s.output).register_forward_hook(lambda m, a, o: got.setdefault("z", a[0].detach()))
+    try:
+        with torch.no_grad():
+            args, kwargs = inputs
+            _get(block, s.attention)(*args, **kwargs)
+    finally:
+        hook.remove()
+    return got["z"]
+
+
+def head_outputs(z: Tensor, W_O: Tensor) -> Tensor:
+    """Each head's contribution z_h W_O[h] to the output projection: (M, H, D) from z (..., H*d), W_O (H, d, D)."""
+    H, d, D = W_O.shape
+    return torch.einsum("mhd,hdD->mhD", z.reshape(-1, H, d).to(W_O.dtype), W_O)  # (M, H*d) -> (M, H, d) -> (M, H, D)
+
+
+def projected(G: Tensor, W_O: Tensor) -> Tensor:
+    """G (..., D) carried back through each head's output map: (M, H, d) = G W_O[h]ᵀ for every head."""
+    H, d, D = W_O.shape
+    return torch.einsum("mD,hdD->mhd", G.reshape(-1, D).to(W_O.dtype), W_O)
+
+
+def head_dots(G: Tensor, W_O: Tensor, z: Tensor, W_O_new: Tensor, z_new: Tensor,
+              clean: Tensor | None = None) -> Tensor:
+    """⟨G, Δo_h⟩ per head (H,), with Δo_h = z_new_h W_O_new[h] − z_h W_O[h] (z: (M, H*d)), without forming Δo:
+    Σ (G W_O_new[h]ᵀ) · z_new_h − (G W_O[h]ᵀ) · z_h. `clean`: projected(G, W_O), when already computed."""
+    H, d, _ = W_O.shape
+    A = projected(G, W_O) if clean is None else clean  # (M, H, d)
+    z0, z1 = z.reshape(-1, H, d).to(A.dtype), z_new.reshape(-1, H, d).to(A.dtype)
+    if W_O_new is W_O or torch.equal(W_O_new, W_O):
+        return (A * (z1 - z0)).sum((0, 2)).double()
+    return ((projected(G, W_O_new) * z1).sum((0, 2)) - (A * z0).sum((0, 2))).double()
+
+
+def combine(first: Tensor, dots: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(first-order term, curvature term, its standard error) per head from the summed dot products: curvature
+    = (1/2N) mean_k dots², se = (1/2N) sd_k(dots²) / √K."""
+    sq = dots**2  # (K, H)
+    K = sq.shape[0]
+    curvature = sq.mean(0) / (2 * n)
+    se = (sq.std(0, unbiased=True) / math.sqrt(K) / (2 * n)) if K > 1 else torch.full_like(curvature, math.nan)
+    return first, curvature, se
+
+
+def _objectives(hf: HFModel, out, inputs: dict[str, Tensor], n: int, probes: int,
+                gen: torch.Generator) -> tuple[Tensor | None, list[Tensor]]:
+    """The clean mean loss (None for drift: its gradient is 0) and the K probe objectives."""
+    if hf.kind == DRIFT:
+        h = out.last_hidden_state  # (B, T, D)
+        unit = h / h.norm(dim=-1, keepdim=True)
+        xi = [torch.randn(h.shape, generator=gen, dtype=h.dtype, device="cpu").to(h.device) for _ in range(probes)]
+        return None, [(x * unit).sum() for x in xi]
+    pred, target = logits_and_targets(out.logits, inputs, hf.kind)
+    scored = target != -100
+    p, t = pred[scored], target[scored]  # (n_b, V), (n_b,)
+    loss = F.cross_entropy(p, t, reduction="sum") / n
+    with torch.no_grad():
+        probs = torch.softmax(p.detach().double(), dim=-1).cpu()
+    sampled = [torch.multinomial(probs, 1, generator=gen).view(-1).to(p.device) for _ in range(probes)]
+    return loss, [F.cross_entropy(p, y, reduction="sum") for y in sampled]
+
+
+def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: list[int], edits: list[Edit],
+                   *, rotary: str = "gauge", probes: int = PROBES, seed: int = 0,
+                   progress: Callable[[int, int], None] | None = None) -> list[HeadEstimate]:
+    """Estimate Δloss of every edit on every head of `heads` in every layer of `originals`.
+
+    `scorer` must have run its baseline with the states entering min(originals) cached (`baseline(cache=...)`).
+    Returns one HeadEstimate per (layer, head, edit), layer by layer, head by head, edit by edit.
+    """
+    hf = scorer.hf
+    layers = sorted(originals)
+    start = layers[0]
+    if start and start not in scorer.cache:
+        raise ValueError(f"no cached states entering layer {start}; baseline(cache=...) must include it")
+    results = {(i, str(e)): apply_edit(originals[i], e, heads, rotary=rotary) for i in layers for e in edits}
+    n = scorer.counted
+    H = originals[start].spec.n_heads
+    first = {key: torch.zeros(H, dtype=torch.float64) for key in results}
+    dots = {key: torch.zeros(probes, H, dtype=torch.float64) for key in results}
+    moved2 = {key: torch.zeros(H, dtype=torch.float64) for key in results}
+    out2 = {i: torch.zeros(H, dtype=torch.float64) for i in layers}
+    gen = torch.Generator().manual_seed(seed)
+    W_O = {i: originals[i].W_O.float() for i in layers}
+    W_O_new = {key: (W_O[key[0]] if r.layer.W_O is originals[key[0]].W_O else r.layer.W_O.float())
+               for key, r in results.items()}
+    chunks = [(b, rows) for b, batch in enumerate(scorer.batches)
+              for rows in _row_chunks(batch.shape[0], max(1, GRAD_TOKENS // batch.shape[1]))]
+    for done, (b, rows) in enumerate(chunks):
+        inputs = {k: (v[rows] if isinstance(v, Tensor) else v) for k, v in scorer.inputs[b].items()}
+        states = scorer.cache[start][b][rows] if start else None
+        cap = _Capture(hf, layers, leaves=True)
+        try:
+            with _frozen(hf.model), torch.enable_grad(), _from_layer(hf, states, start, scorer.as_tuple):
+                res = hf.model(**{k: v for k, v in inputs.items() if k != "labels"})
+        finally:
+            cap.remove()
+        # Every head's edited z, from the layer's attention module run again with each edit written back.
+        z_new: dict[tuple[int, str], Tensor] = {}
+        for i in layers:
+            clean = head_outputs(cap.z[i], W_O[i])  # (M, H, D)
+            out2[i] += clean.double().pow(2).sum((0, 2))
+            for e in edits:
+                key = (i, str(e))
+                with written(hf, [results[key].layer]):
+                    z_new[key] = rerun_z(hf, i, cap.inputs[i])
+                delta = head_outputs(z_new[key], W_O_new[key]) - clean  # (M, H, D)
+                moved2[key] += delta.double().pow(2).sum((0, 2))
+            del clean
+        loss, objectives = _objectives(hf, res, inputs, n, probes, gen)
+        leaves = [cap.leaf[i] for i in layers]
+        targets = ([] if loss is None else [(None, loss)]) + list(enumerate(objectives))
+        for t, (k, objective) in enumerate(targets):
+            grads = torch.autograd.grad(objective, leaves, retain_graph=t + 1 < len(targets))
+            for j, i in enumerate(layers):
+                A = projected(grads[j], W_O[i])  # (M, H, d)
+                for e in edits:
+                    key = (i, str(e))
+                    d = head_dots(grads[j], W_O[i], cap.z[i], W_O_new[key], z_new[key], clean=A)
+                    if k is None:
+                        first[key] += d
+                    else:
+                        dots[key][k] += d
+            del grads
+        del res, objectives, loss, leaves, targets, cap, z_new
+        if progress is not None:
+            progress(done + 1, len(chunks))
+    found: list[HeadEstimate] = []
+    for i in layers:
+        for h in heads:
+            for e in edits:
+                key = (i, str(e))
+                f, c, se = combine(first[key], dots[key], n)
+                moved = float(torch.sqrt(moved2[key][h] / out2[i][h])) if out2[i][h] > 0 else math.inf
+                r = results[key]
+                found.append(HeadEstimate(
+                    layer=i, head=h, edit=str(e), first=float(f[h]), curvature=float(c[h]), se=float(se[h]),
+                    moved=moved, unreliable=e.name != "ablate" and moved > MOVED_LIMIT,
+                    predicted=r.predicted.get(h), offset0=r.offset0_only))
+    return found
+
+
+def _row_chunks(n: int, per: int) -> list[slice]:
+    return [slice(i, min(n, i + per)) for i in range(0, n, per)]
+
+

@@ -1,0 +1,39 @@
+"""Bounds on the amounts a user or a file can ask for (threads, worker processes), checked before anything is
+started: a value past them is refused with one line (exit 2) instead of exhausting the machine (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+from qkinspect.errors import InputError
+
+MAX_THREADS = 1024  # torch threads per task (--threads; `analyze(threads=)`)
+WORKERS_PER_CORE = 4  # a local sweep cluster: at most this many worker processes per core (--workers)
+
+
+def cores() -> int:
+    """The CPUs this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def check_threads(threads: int | None, option: str = "--threads") -> None:
+    """InputError unless `threads` is None or 1 .. MAX_THREADS."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise InputError(f"{option}: {threads} must be at least 1")
+    if threads > MAX_THREADS:
+        raise InputError(f"{option}: {threads} is more than the {MAX_THREADS} torch threads a task may use")
+
+
+def check_workers(workers: int | None) -> None:
+    """InputError unless `workers` is None or 1 .. WORKERS_PER_CORE × the cores (local worker processes)."""
+    if workers is None:
+        return
+    if workers < 1:
+        raise InputError(f"--workers: {workers} must be at least 1")
+    most = WORKERS_PER_CORE * cores()
+    if workers > most:
+        raise InputError(f"--workers: {workers} is more than the {most} local worker processes this machine may "
+                         f"run ({WORKERS_PER_CORE} per core, {cores()} cores)")
