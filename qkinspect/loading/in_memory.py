@@ -124,15 +124,18 @@ class ModuleSource(TensorSource):
     """
 
     def __init__(self, module: nn.Module):
+        from torch.nn.utils import parametrize
+
         self.module = module
         self._where: dict[str, tuple[nn.Module, str]] = {}
         for path, m in module.named_modules(remove_duplicate=False):
             if ".parametrizations." in f".{path}." or type(m).__name__ == "ParametrizationList":
                 continue  # the originals behind a parametrised weight: read the weight itself instead
             prefix = f"{path}." if path else ""
-            names = [n for n, p in m._parameters.items() if p is not None]
-            names += [n for n, b in m._buffers.items() if b is not None and n not in m._non_persistent_buffers_set]
-            names += list(getattr(m, "parametrizations", {}) or {})
+            names = [n for n, _ in m.named_parameters(recurse=False)]  # public API only: no torch internals
+            names += [n for n, _ in m.named_buffers(recurse=False)]
+            if parametrize.is_parametrized(m):
+                names += list(m.parametrizations)
             for n in names:
                 self._where[prefix + n] = (m, n)
 
