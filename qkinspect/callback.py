@@ -100,7 +100,7 @@ class Tracker:
     def _write(self, result, step: int, device: str, seconds: float) -> None:
         name = self.name or result.model.name
         ck = Checkpoint(spec=result.model.source, revision=None, name=f"{name}@step-{step}",
-                        identity=f"{result.model.source}#{self.run}@{step}", step=step, step_source=STEP_SOURCE)
+                        identity=_identity(result.model.source, self.run, step), step=step, step_source=STEP_SOURCE)
         key = store.result_key(ck, self.options)
         store.prepare(self.folder)
         payload = {"result": result.to_dict(), "worker": "training", "threads": None, "seconds": seconds}
@@ -108,6 +108,12 @@ class Tracker:
                                                                                          payload, device))
         self.checkpoints[step] = ck
         store.write_manifest(self.folder, [self.checkpoints[s] for s in sorted(self.checkpoints)], self.options)
+
+
+def _identity(source: str, run: str, step: int) -> str:
+    """A measured step's identity: the model, this tracker and the step. Without "#", which marks the identity of a
+    checkpoint on disk (path#fingerprint) whose result the sweep reader checks against that path."""
+    return f"{source.replace('#', '%23')}@run-{run}/step-{step}"
 
 
 def track(model: Any, step: int, out_dir: str | Path, **options) -> dict[str, float]:

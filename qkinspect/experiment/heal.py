@@ -33,8 +33,7 @@ from qkinspect.experiment.hf import CAUSAL, MASKED, HFModel, write_layer
 from qkinspect.experiment.measure import Scorer, Text, windows
 
 TRAIN = ("attention", "all")
-TRAINED = {"attention": "the q/k/v/o projections of every layer (the edit's form in the edited layers)",
-           "all": "every parameter"}
+TRAINED = {"attention": "the attention projections (q, k, v, o) of every layer", "all": "every parameter"}
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class HealOptions:
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise InputError(f"--heal-lr {self.lr!r}: the learning rate must be a positive number")
         if self.batch_tokens < 2 or self.track_every < 1:
-            raise InputError("--heal-batch-tokens must be at least 2 and the tracking interval at least 1")
+            raise InputError("--heal-batch must be at least 2 and the tracking interval at least 1")
 
 
 @dataclass(frozen=True)
@@ -115,13 +114,9 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
               opts: HealOptions, progress: Callable[[int, int], None] | None = None) -> Healing:
     """Heal every (unit, edit) and the control; `exact` maps (edit, layer, head) to the unhealed Δloss."""
     opts.check()
-    if hf.kind not in (CAUSAL, MASKED):
-        raise InputError("--heal trains on the model's own loss: it needs a causal or masked LM head (this model is "
-                         "measured by drift)")
-    if rotary != "gauge":
-        raise InputError("--heal keeps edits in the rotary gauge; use --rotary gauge")
+    check_healable(hf, rotary)
     t0 = time.perf_counter()
-    batches, n_train, per = _train_batches(hf, source, tokens, window, opts)
+    batches, n_train, per, train_text = _train_batches(hf, source, tokens, window, opts)
     notes: list[str] = []
     tracks: dict[str, str] = {}
     total = 1 + len(units) * len(edits)
@@ -129,6 +124,7 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
     control.train(_tracker(opts, "control", control, tracks, notes))
     c_sums, c_counts = window_losses(control.model, hf.kind, scorer.inputs)
     control_loss = float(c_sums.sum() / c_counts.sum())
+    control.release()
     done = 1
     if progress is not None:
         progress(done, total)
@@ -140,7 +136,7 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
             name = _run_name(edit, unit, scope)
             healer.train(_tracker(opts, name, healer, tracks, notes))
             sums, counts = window_losses(healer.model, hf.kind, scorer.inputs)
-            del healer.model
+            healer.release()  # one copy of the model at a time
             loss = float(sums.sum() / counts.sum())
             diff, se = paired_difference(sums, c_sums, counts)
             layer = unit[0][0] if scope != "model" else None
@@ -156,10 +152,19 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
                 progress(done, total)
     return Healing(
         steps=opts.steps, train=opts.train, trained=TRAINED[opts.train], trained_parameters=control.n_trained,
-        parameters=control.n_params, lr=float(opts.lr), text=(opts.text or source).name, train_tokens=n_train,
+        parameters=control.n_params, lr=float(opts.lr), text=train_text, train_tokens=n_train,
         batch_windows=per, epochs=opts.steps * per * window / max(n_train, 1), control_loss=control_loss,
         control_gain=control_loss - baseline, control_train_loss=tuple(control.losses), runs=tuple(runs),
         seconds=time.perf_counter() - t0, tracks=tracks, notes=tuple(dict.fromkeys(notes)))
+
+
+def check_healable(hf: HFModel, rotary: str) -> None:
+    """InputError (before any run) where healing cannot train: no LM head, or edits outside the rotary gauge."""
+    if hf.kind not in (CAUSAL, MASKED):
+        raise InputError("--heal trains on the model's own loss: it needs a causal or masked LM head (this model is "
+                         "measured by drift)")
+    if rotary != "gauge":
+        raise InputError("--heal keeps edits in the rotary gauge; use --rotary gauge")
 
 
 def _run_name(edit: Edit, unit: Unit, scope: str) -> str:
@@ -173,10 +178,10 @@ def _run_name(edit: Edit, unit: Unit, scope: str) -> str:
 
 
 def _train_batches(hf: HFModel, source: Text, tokens: int, window: int, opts: HealOptions
-                   ) -> tuple[list[dict[str, Tensor]], int, int]:
-    """The training batches (model inputs, masked-LM labels drawn once), the distinct training tokens, and the
-    windows per batch. Windows are shuffled once with the seed and gone through in that order, again if the
-    steps need more."""
+                   ) -> tuple[list[dict[str, Tensor]], int, int, str]:
+    """The training batches (model inputs, masked-LM labels drawn once), the distinct training tokens, the
+    windows per batch, and what the text is. Windows are shuffled once with the seed and gone through in that
+    order, again if the steps need more."""
     per = max(1, opts.batch_tokens // window)
     need = opts.steps * per
     text = opts.text if opts.text is not None and opts.text.text != source.text else None
@@ -194,7 +199,7 @@ def _train_batches(hf: HFModel, source: Text, tokens: int, window: int, opts: He
     g = torch.Generator().manual_seed(opts.seed)
     rows = rows[torch.randperm(rows.shape[0], generator=g)]
     trainer = Scorer(hf, rows, batch_tokens=per * window, seed=opts.seed + 1)  # its batches, masks drawn once
-    return trainer.inputs, int(rows.numel()), per
+    return trainer.inputs, int(rows.numel()), per, what
 
 
 # -- one healed model ------------------------------------------------------------------------------------------
@@ -208,11 +213,12 @@ class _Healer:
         from qkinspect.loading import open_model
 
         self.opts, self.batches, self.kind = opts, batches, hf.kind
-        self.model = copy.deepcopy(hf.model).float()
+        self.model = _float32(copy.deepcopy(hf.model))
         self.hf = HFModel(self.model, hf.family, hf.kind, hf.tokenizer)
+        self.device = next(self.model.parameters()).device
         with open_model(self.model) as m:
             key = m.info.blocks[0].key
-            layers = [m.layer(key, i) for i in range(m.info.blocks[0].n_layers)]
+            layers = [_on_cpu(m.layer(key, i)) for i in range(m.info.blocks[0].n_layers)]  # the edits run on CPU
         trained: list[nn.Parameter] = []
         self.forms: dict[int, tuple[EditForm, dict[str, Tensor]]] = {}
         for i, layer in enumerate(layers):
@@ -222,7 +228,8 @@ class _Healer:
                 edited = apply_edit(layer, edit, heads, rotary=rotary).layer
                 maps = module_maps(self.hf, edited)
                 write_layer(self.hf, edited)
-                form = EditForm(edited, edit, heads)
+                expanded = edited.spec.n_kv_heads != layer.spec.n_kv_heads
+                form = EditForm(edited, edit, heads, layer.kv_index() if expanded else None).to(self.device)
                 trained += parametrise(block, maps, form)
                 self.forms[i] = (form, maps)
             else:
@@ -241,6 +248,10 @@ class _Healer:
         self.losses: list[float] = []
         self.violation = self._violation()
 
+    def release(self) -> None:
+        """Drop the trained copy (its numbers stay)."""
+        self.model = self.hf = self.forms = self.params = None  # type: ignore[assignment]
+
     def _violation(self) -> float:
         v = 0.0
         with torch.no_grad():
@@ -256,7 +267,7 @@ class _Healer:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.opts.seed)  # dropout draws the same masks in the control and the edited run
             for k in range(self.opts.steps):
-                inputs = self.batches[k % len(self.batches)]
+                inputs = _to(self.batches[k % len(self.batches)], self.device)
                 out = self.model(**_with_labels(inputs, self.kind))
                 out.loss.backward()
                 opt.step()
@@ -266,6 +277,29 @@ class _Healer:
                 if on_step is not None:
                     on_step(self.model, k + 1)
         self.model.eval()
+
+
+def _on_cpu(layer):
+    """An AttentionLayer with its tensors on the CPU (a copy only where they are elsewhere)."""
+    from dataclasses import fields, replace
+
+    moved = {f.name: getattr(layer, f.name).cpu() for f in fields(layer)
+             if isinstance(getattr(layer, f.name), Tensor) and not getattr(layer, f.name).is_cpu}
+    return replace(layer, **moved) if moved else layer
+
+
+def _to(inputs: dict, device: torch.device) -> dict:
+    return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
+
+
+def _float32(model: nn.Module) -> nn.Module:
+    """The copy's floating parameters and buffers in float32, in place (`Module.float()` is refused for a model
+    transformers dequantized from GGUF, though its tensors are float32 already)."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.is_floating_point() and t.dtype != torch.float32:
+                t.data = t.data.to(torch.float32)
+    return model
 
 
 def _with_labels(inputs: dict[str, Tensor], kind: str) -> dict[str, Tensor]:
@@ -303,8 +337,10 @@ def window_losses(model: nn.Module, kind: str, batches: list[dict[str, Tensor]])
     inputs): next-token cross-entropy (causal) or masked-LM cross-entropy (masked)."""
     sums, counts = [], []
     model.eval()
+    device = next(model.parameters()).device
     with torch.inference_mode():
         for inputs in batches:
+            inputs = _to(inputs, device)
             out = model(**{k: v for k, v in inputs.items() if k != "labels"})
             logits = out.logits.float()
             if kind == CAUSAL:
@@ -312,8 +348,8 @@ def window_losses(model: nn.Module, kind: str, batches: list[dict[str, Tensor]])
             else:
                 pred, target = logits, inputs["labels"]
             ce = F.cross_entropy(pred.transpose(1, 2), target, reduction="none", ignore_index=-100)  # (B, T)
-            sums.append(ce.double().sum(-1))
-            counts.append((target != -100).sum(-1).double())
+            sums.append(ce.double().sum(-1).cpu())
+            counts.append((target != -100).sum(-1).double().cpu())
     return torch.cat(sums), torch.cat(counts)
 
 

@@ -13,6 +13,9 @@ edit's constraint applied, so that every optimizer step stays inside the edit's 
   rotary pairs the edit dropped stay zero, the pairs it kept train freely: rank W_Q W_Kᵀ <= K at every step.
 - ablate: W_O[h] := 0.
 Where the model has both biases, the key bias follows the query bias the same way (b_Q[h] := b_K[g(h)] s).
+Where the edit gave grouped-query heads keys of their own (expanded K/V), only the edited heads' keys (and, for
+share_qkv, values) are their own: the other heads of a group keep one shared key, and every value not edited stays
+its group's, so healing trains no more key/value parameters than the model had.
 
 `module_maps` finds where each canonical element lands in the family's modules by writing a layer of index
 probes with the family's own write-back (qkinspect.experiment.hf.write_layer): the module weights are then gathered
@@ -45,7 +48,7 @@ class EditForm(nn.Module):
     Built from the edited layer (`apply_edit(...).layer`), whose tensors are already in the edit's set; checked
     on construction (the form reproduces them to float rounding)."""
 
-    def __init__(self, layer: AttentionLayer, edit: Edit, heads: list[int]):
+    def __init__(self, layer: AttentionLayer, edit: Edit, heads: list[int], groups: Tensor | None = None):
         super().__init__()
         self.edit, self.kind = str(edit), edit.name
         self.names = [n for n in CANON if getattr(layer, n) is not None]
@@ -54,6 +57,11 @@ class EditForm(nn.Module):
         h = torch.tensor(heads, dtype=torch.int64)
         self.register_buffer("heads", h)
         self.register_buffer("kv", layer.kv_index()[h].clone())
+        self.tied = groups is not None
+        if groups is not None:
+            k_from, v_from = _group_ties(groups, heads, self.kind == "share_qkv")
+            self.register_buffer("k_from", k_from)
+            self.register_buffer("v_from", v_from)
         if self.kind in TIES:
             self.register_buffer("signs", _signs(layer, h, self.kv) if self.kind == "symmetric"
                                  else torch.ones(len(h), layer.spec.d_head))
@@ -94,6 +102,10 @@ class EditForm(nn.Module):
         """The layer's canonical tensors, the constraint applied."""
         t = {n: getattr(self, n) for n in self.names}
         h, kv = self.heads, self.kv
+        if self.tied:  # expanded K/V: what the edit did not make a head's own stays its group's
+            for n, src in (("W_K", self.k_from), ("b_K", self.k_from), ("W_V", self.v_from), ("b_V", self.v_from)):
+                if n in t:
+                    t[n] = t[n][src]
         if self.kind in TIES:
             s = self.signs.unsqueeze(-2)  # (n, 1, d)
             t["W_Q"] = _rows_set(t["W_Q"], h, t["W_K"][kv] * s)
@@ -144,6 +156,23 @@ def _rank_excess(Wq: Tensor, form: EditForm) -> float:
     if bool(dropped.any()):
         excess = max(excess, float((Wq * dropped.unsqueeze(-2)).abs().max() / Wq.abs().max().clamp_min(1e-30)))
     return excess
+
+
+def _group_ties(groups: Tensor, heads: list[int], own_v: bool) -> tuple[Tensor, Tensor]:
+    """For a layer whose K/V were expanded to one head per query head: the head each key and value is read from.
+    Keys: an edited head its own, the others their group's first unedited head. Values: the group's first head,
+    or (share_qkv) an edited head's own."""
+    edited = set(heads)
+    k_from, v_from = torch.arange(len(groups)), torch.arange(len(groups))
+    for g in groups.unique().tolist():
+        members = [i for i in range(len(groups)) if int(groups[i]) == g]
+        rest = [i for i in members if i not in edited]
+        for i in members:
+            if i not in edited:
+                k_from[i] = rest[0]
+            if not (own_v and i in edited):
+                v_from[i] = members[0]
+    return k_from, v_from
 
 
 def _rows_set(full: Tensor, rows: Tensor, values: Tensor) -> Tensor:

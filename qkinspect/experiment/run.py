@@ -15,7 +15,7 @@ from pathlib import Path
 from qkinspect.errors import CheckpointError, InputError, UnsupportedModelError
 from qkinspect.experiment.amounts import check_amounts
 from qkinspect.experiment.edits import PREDICTORS, Edit, apply_edit, parse_edit
-from qkinspect.experiment.heal import Healing, HealOptions, heal_runs
+from qkinspect.experiment.heal import Healing, HealOptions, check_healable, heal_runs
 from qkinspect.experiment.hf import load_hf, written
 from qkinspect.experiment.hf_guard import boundary, check_token_ids
 from qkinspect.experiment.in_memory import hf_in_memory, keeps_mode
@@ -144,6 +144,8 @@ def run_experiment(
     if opts:
         opts.check()  # before any work
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device)
+    if opts:
+        check_healable(hf, rotary)
     spec = info.blocks[0]
     head_list = list(heads) if heads is not None else list(range(spec.n_heads))
     with boundary(hf.tokenizer_source, f"the tokenizer cannot read {source.name}", native=True):

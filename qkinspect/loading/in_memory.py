@@ -62,7 +62,7 @@ def _pretrained(model: Any) -> nn.Module:
     if not isinstance(model, PreTrainedModel):
         raise InputError(f"model must be a path, a hub id, None (the demo), an opened model, a transformers "
                          f"PreTrainedModel or a (config, state_dict) pair, not {type(model).__name__}")
-    if getattr(model, "hf_quantizer", None) is not None or getattr(model, "is_quantized", False):
+    if any(not p.is_floating_point() for p in model.parameters()):  # bitsandbytes, torchao ... (GGUF dequantizes)
         raise InputError(f"model: this {type(model).__name__} is quantized in memory; its stored integers are not "
                          "its weights (analyze the checkpoint it was loaded from instead)")
     _check_tensors(list(model.parameters()), f"this {type(model).__name__}")
@@ -124,15 +124,18 @@ class ModuleSource(TensorSource):
     """
 
     def __init__(self, module: nn.Module):
+        from torch.nn.utils import parametrize
+
         self.module = module
         self._where: dict[str, tuple[nn.Module, str]] = {}
         for path, m in module.named_modules(remove_duplicate=False):
             if ".parametrizations." in f".{path}." or type(m).__name__ == "ParametrizationList":
                 continue  # the originals behind a parametrised weight: read the weight itself instead
             prefix = f"{path}." if path else ""
-            names = [n for n, p in m._parameters.items() if p is not None]
-            names += [n for n, b in m._buffers.items() if b is not None and n not in m._non_persistent_buffers_set]
-            names += list(getattr(m, "parametrizations", {}) or {})
+            names = [n for n, _ in m.named_parameters(recurse=False)]  # public API only: no torch internals
+            names += [n for n, _ in m.named_buffers(recurse=False)]
+            if parametrize.is_parametrized(m):
+                names += list(m.parametrizations)
             for n in names:
                 self._where[prefix + n] = (m, n)
 

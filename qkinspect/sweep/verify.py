@@ -30,7 +30,7 @@ from qkinspect.sweep.checkpoints import Checkpoint
 MAX_CHECKPOINTS = 1 << 20
 MAX_RECORDS = 1 << 16  # head (or layer) records in one result: the largest models have ~16 000 heads
 MAX_METRIC = 1e30  # a metric's value (norms of float32 weights stay far below)
-STEP_SOURCES = ("trainer_state", "name", "order")
+STEP_SOURCES = ("trainer_state", "name", "order", "training")  # training: qkinspect.track / QKCallback
 IDENTITY_FIELDS = ("spec", "revision", "name", "identity")
 HEAD_KEYS = ("block", "layer", "head", "kv_head")
 LAYER_KEYS = ("block", "layer", "n_heads", "head_overlap")

@@ -184,3 +184,52 @@ def test_paired_difference_against_a_dense_reference(rows):
     neg, se2 = paired_difference(b, a, n)
     assert neg == pytest.approx(-mean, abs=1e-12) and se2 == pytest.approx(se, rel=1e-12, abs=1e-15)
     assert paired_difference(a[:1], b[:1], n[:1])[1] is None
+
+
+def test_cli_heal(folders, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from qkinspect.cli.app import app
+
+    (tmp_path / "words.txt").write_text(_text().text)
+    args = ["experiment", str(folders["gpt2"]), "--edit", "share_qk", "--scope", "layer", "--layers", "1",
+            "--tokens", "64", "--window", "32", "--text", str(tmp_path / "words.txt"), "--heal", "2",
+            "--heal-lr", "0.01", "--heal-batch", "64", "--heal-track", str(tmp_path / "tracks")]
+    r = CliRunner().invoke(app, [*args, "--format", "json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    h = doc["healing"]
+    assert h["steps"] == 2 and h["train"] == "attention" and len(h["runs"]) == 2
+    assert h["runs"][0]["violation"] < 1e-6 and len(h["runs"][0]["train_loss"]) == 2
+    assert set(h["tracks"]) == {"control", "share_qk-L1", "ablate-L1"}
+    r = CliRunner().invoke(app, ["plot", h["tracks"]["share_qk-L1"], "--kind", "trajectory", "-o",
+                                 str(tmp_path / "t.png")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, [*args[:-2], "--heal-train", "mlp"])
+    assert r.exit_code == 2
+
+
+def test_expanded_groups_keep_their_shared_keys_and_values(folders, monkeypatch):
+    """share_qk on one head of a grouped-query layer gives that head its own key; healing must not give the other
+    heads of its group keys (or any head values) of their own."""
+    final = {}
+    original_train = heal_mod._Healer.train
+
+    def train(self, on_step=None):
+        original_train(self, on_step)
+        if self.forms:
+            a = self.model.model.layers[2].self_attn
+            final["k"] = a.k_proj.weight.detach().view(4, 16, -1)
+            final["v"] = a.v_proj.weight.detach().view(4, 16, -1)
+            final["q"] = a.q_proj.weight.detach().view(4, 16, -1)
+
+    monkeypatch.setattr(heal_mod._Healer, "train", train)
+    run_experiment(str(folders["llama"]), "share_qk", layers=[2], heads=[1], tokens=64, window=32, text=_text(),
+                   reference=False, heal=HealOptions(steps=3, lr=3e-2, batch_tokens=64))
+    k, v, q = final["k"], final["v"], final["q"]  # 4 query heads, groups {0, 1} and {2, 3}
+    assert torch.equal(q[1], k[1])  # the edited head: one matrix
+    assert not torch.equal(k[0], k[1])
+    assert torch.equal(k[2], k[3])  # the untouched group still shares one key
+    assert torch.equal(v[0], v[1]) and torch.equal(v[2], v[3])  # and every group one value

@@ -133,3 +133,30 @@ def test_parametrised_weight_is_read_as_computed():
     parametrize.register_parametrization(k, "weight", Double())
     after = next(iter(load(model, layers=[0]))).W_K
     assert torch.equal(after, 2 * before)
+
+
+def test_extract_writes_the_same_tensors(tmp_path):
+    from safetensors.torch import load_file
+
+    from qkinspect.cli.commands.extract import extract_heads
+
+    torch.manual_seed(0)
+    model = _qwen3()
+    model.save_pretrained(tmp_path / "saved")
+    assert extract_heads(model, tmp_path / "mem.safetensors") == extract_heads(str(tmp_path / "saved"),
+                                                                               tmp_path / "file.safetensors")
+    a, b = load_file(tmp_path / "mem.safetensors"), load_file(tmp_path / "file.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_model_on_the_gpu_is_read_there():
+    torch.manual_seed(0)
+    model = _llama()
+    want = qkinspect.analyze(model, metrics=["symmetry"])
+    got = qkinspect.analyze(model.cuda(), metrics=["symmetry"], device="cuda")
+    assert got.model.source == want.model.source
+    for a, b in zip(got.heads, want.heads, strict=True):
+        assert a.values["symmetry"] == pytest.approx(b.values["symmetry"], rel=1e-4, abs=1e-6)
+    layer = next(iter(load(model, layers=[0])))
+    assert layer.W_Q.is_cuda

@@ -8,6 +8,18 @@ from typing import Annotated, Any
 
 import typer
 
+from qkinspect.cli.heal_output import (
+    HealLrOpt,
+    HealOpt,
+    HealTextOpt,
+    HealTokensOpt,
+    HealTrackOpt,
+    HealTrain,
+    HealTrainOpt,
+    heal_options,
+    healing_json,
+    render_healing,
+)
 from qkinspect.cli.options import (
     Device,
     DeviceOpt,
@@ -61,7 +73,9 @@ def register(app: typer.Typer) -> None:
         layers: LayersOpt = None, heads: HeadsOpt = None, text: TextOpt = None, tokens: TokensOpt = 4096,
         window: WindowOpt = 512, reference: ReferenceOpt = True, rotary: RotaryOpt = Rotary.gauge,
         tokenizer: TokenizerOpt = None, revision: RevisionOpt = None, fmt: FormatOpt = None,
-        output: OutputOpt = None, device: DeviceOpt = Device.cpu,
+        output: OutputOpt = None, device: DeviceOpt = Device.cpu, heal: HealOpt = 0,
+        heal_train: HealTrainOpt = HealTrain.attention, heal_lr: HealLrOpt = 1e-4,
+        heal_batch_tokens: HealTokensOpt = 1024, heal_text: HealTextOpt = None, heal_track: HealTrackOpt = None,
     ) -> None:
         """Edit attention heads (share one matrix for queries and keys, symmetrise, truncate the rank, ...), run
         the model on text and report each edit's cost: the loss change per head, per layer or for the model.
@@ -71,6 +85,9 @@ def register(app: typer.Typer) -> None:
 
         Example: qkinspect experiment SmolLM2-135M-Instruct.Q4_1.gguf --edit share_qk,rank:16 --layers 0-3
         --tokens 1024 -o runs.csv
+
+        Example (healing: 50 fine-tuning steps with the edit kept, against a control): qkinspect experiment
+        SmolLM2-135M-Instruct.Q4_1.gguf --edit share_qk --scope layer --layers 3 --heal 50
         """
         check_output(fmt, output)
         where = check_device(device)
@@ -89,7 +106,8 @@ def register(app: typer.Typer) -> None:
             result = run_experiment(
                 model, edit, scope=scope.value, layers=layer_list, heads=head_list, text=text, tokens=tokens,
                 window=window, reference=reference, rotary=rotary.value, tokenizer=tokenizer, revision=revision,
-                progress=p, device=where)
+                progress=p, device=where,
+                heal=heal_options(heal, heal_train, heal_lr, heal_batch_tokens, heal_text, heal_track))
         emit(experiment_document(result), fmt, output)
 
 
@@ -117,6 +135,8 @@ def experiment_document(result) -> Document:
         "timing": {"baseline_seconds": result.baseline_seconds, "runs_seconds": result.seconds},
         "runs": [{k: v for k, v in r.items() if k not in ("model", "measure")} for r in rows],
     }
+    if getattr(result, "healing", None) is not None:
+        body["healing"] = healing_json(result.healing)
     return Document(json=envelope("experiment", **body), rows=rows,
                     render=lambda console: _render(console, result, rows))
 
@@ -153,3 +173,4 @@ def _render(console, result, rows: list[dict[str, Any]]) -> None:
                   highlight=False, soft_wrap=True)
     for name, what in result.predictors.items():
         console.print(f"predicted for {name}: {what}", highlight=False, soft_wrap=True)
+    render_healing(console, getattr(result, "healing", None))
