@@ -59,29 +59,29 @@ def main() -> None:
     base = scorer.baseline(cache=set(layers))
     t_base = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     est = estimate_heads(scorer, originals, heads, edits, probes=args.probes, seed=args.seed,
                          progress=lambda d, n: print(f"\restimate {d}/{n}", end="", file=sys.stderr, flush=True))
-    t_est = time.perf_counter() - t0
+    t_est, c_est = time.perf_counter() - t0, time.process_time() - c0
     print(file=sys.stderr)
     exact: dict[tuple[int, int, str], tuple[float, float | None]] = {}
-    t_exact = 0.0
+    t_exact = c_exact = 0.0
     if not args.no_exact:
         units = make_units("head", layers, heads)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for k, unit in enumerate(units):
             for e in edits:
                 r = run_unit(scorer, hf, originals, unit, e, "head", base, "gauge")
                 exact[(r.layer, r.head, r.edit)] = (r.dloss, r.dloss_se)
             print(f"\rexact {k + 1}/{len(units)} heads", end="", file=sys.stderr, flush=True)
-        t_exact = time.perf_counter() - t0
+        t_exact, c_exact = time.perf_counter() - t0, time.process_time() - c0
         print(file=sys.stderr)
 
     print(f"{info.name}: {len(layers) * len(heads)} heads x {len(edits)} edits, {scorer.counted} scored tokens "
           f"({scorer.batches[0].shape[1]}-token windows), baseline {base:.4f}, K = {args.probes} probes, "
           f"{torch.get_num_threads()} threads")
     print(f"  baseline pass {t_base:.1f} s")
-    print(f"  (a) estimate, every head x edit   {t_est:8.1f} s")
+    print(f"  (a) estimate, every head x edit   {t_est:8.1f} s wall, {c_est:8.1f} s CPU")
     rows = []
     for e in edits:
         mine = [x for x in est if x.edit == str(e)]
@@ -99,12 +99,13 @@ def main() -> None:
                   "exact": exact.get((x.layer, x.head, x.edit), (None, None))[0],
                   "exact_se": exact.get((x.layer, x.head, x.edit), (None, None))[1]} for x in mine]
     if exact:
-        print(f"  (b) exact map, one run per head x edit {t_exact:8.1f} s")
-        print(f"  (a)/(b) = {t_est / t_exact:.3f}")
+        print(f"  (b) exact map, one run per head x edit {t_exact:8.1f} s wall, {c_exact:8.1f} s CPU")
+        print(f"  (a)/(b) = {t_est / t_exact:.3f} (wall), {c_est / c_exact:.3f} (CPU)")
     if args.json:
         args.json.write_text(json.dumps({"model": info.name, "tokens": scorer.tokens, "scored": scorer.counted,
                                          "window": args.window, "probes": args.probes, "baseline": base,
-                                         "estimate_s": t_est, "exact_s": t_exact, "text": text.name,
+                                         "estimate_s": t_est, "exact_s": t_exact, "estimate_cpu_s": c_est,
+                                         "exact_cpu_s": c_exact, "text": text.name,
                                          "heads": rows}, indent=1) + "\n")
 
 
