@@ -43,6 +43,7 @@ class Kind(str, Enum):
     metric = "metric"
     trajectory = "trajectory"
     experiment = "experiment"
+    costmap = "costmap"
 
 
 KindOpt = Annotated[Kind, typer.Option("--kind", "-k", metavar="KIND", help="Which figure to draw: "
@@ -55,7 +56,8 @@ MetricOpt = Annotated[str | None, typer.Option(
 LayerOpt = Annotated[int | None, typer.Option(
     "--layer", metavar="N", help="--kind heads: the layer to show (default: every layer as small multiples).")]
 ExperimentOpt = Annotated[Path | None, typer.Option(
-    "--experiment", metavar="FILE.json", help="--kind experiment: the JSON `qkinspect experiment -o FILE.json` wrote.")]
+    "--experiment", metavar="FILE.json", help="--kind experiment / costmap: the JSON `qkinspect experiment -o "
+                                               "FILE.json` wrote (costmap: with --estimate).")]
 CompareOpt = Annotated[str | None, typer.Option(
     "--compare", metavar="MODEL_B", help="--kind compare: the second model; the figure shows B − A per head.")]
 
@@ -80,22 +82,27 @@ def register(app: typer.Typer) -> None:
         --metric symmetry -o symmetry-by-step.png
 
         Example: qkinspect plot --kind experiment --experiment runs.json -o experiment.png
+
+        Example (the estimated cost of every head): qkinspect plot --kind costmap --experiment map.json -o map.png
         """
         output = check_figure_path(output)
         if kind is Kind.trajectory:
             draw_trajectory(Path(model or "."), metric or "symmetry", output, layers=layers, blocks=block)
             note(f"wrote the {metric or 'symmetry'} trajectory to {output}")
             return
-        if (kind is Kind.experiment) != (experiment is not None):
-            raise InputError("--kind experiment needs --experiment FILE.json (from qkinspect experiment -o)"
-                             if experiment is None else "--experiment applies to --kind experiment only")
+        from_runs = kind in (Kind.experiment, Kind.costmap)
+        if from_runs != (experiment is not None):
+            raise InputError(f"--kind {kind.value} needs --experiment FILE.json (from qkinspect experiment -o)"
+                             if experiment is None else "--experiment applies to --kind experiment or costmap only")
         if experiment is not None:
+            from qkinspect.report.costmap import costmap_figure
             from qkinspect.report.experiment import experiment_figure, read_experiment
             from qkinspect.report.style import style
 
+            draw_runs = costmap_figure if kind is Kind.costmap else experiment_figure
             with style():
-                save_figure(experiment_figure(read_experiment(experiment)), output)
-            note(f"wrote the experiment figure to {output}")
+                save_figure(draw_runs(read_experiment(experiment)), output)
+            note(f"wrote the {kind.value} figure to {output}")
             return
         if kind is Kind.compare and compare is None:
             raise InputError("--kind compare needs a second model: --compare MODEL_B")
