@@ -39,10 +39,10 @@ from qkinspect.experiment.measure import Scorer, _Cached, logits_and_targets
 from qkinspect.layer import AttentionLayer
 
 PROBES = 16  # default K (docs/experiments.md, "Estimates": measured on SmolLM2)
-# A head whose edit changes its output by more than this fraction of the output itself (|Δo_h| / |o_h|) is flagged:
-# there the quadratic model of the loss undershoots (docs/experiments.md). `ablate` (|Δo_h| = |o_h| by definition)
-# is not judged by it.
-MOVED_LIMIT = 1.0
+# A head whose edit changes its output by more than this many times the output itself (|Δo_h| / |o_h|) is flagged:
+# the quadratic model of the loss is expected to undershoot far out, and on SmolLM2 the estimate was checked only up
+# to 3.4 (docs/experiments.md, "Unreliable heads"). `ablate` (|Δo_h| = |o_h| by definition) is not judged by it.
+MOVED_LIMIT = 4.0
 # Rows (windows) per backward pass: the estimate keeps a forward graph of this many tokens.
 GRAD_TOKENS = 512
 
