@@ -132,3 +132,19 @@ def test_exact_runs_carry_their_standard_error(llama):
 def test_estimate_refusals_are_one_line(llama, args, message):
     r = cli(llama, *SMALL, *args)
     assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_experiment_documents_follow_the_schema(llama):
+    import copy
+
+    import jsonschema
+
+    from tests.cli.schema import validate
+
+    for extra in ((), ("--estimate", "--probes", "4", "--verify", "2")):
+        doc = json.loads(cli(llama, "--edit", "share_qk", "--layers", "2", *SMALL, *extra, "--format", "json").stdout)
+        validate(doc)
+    bad = copy.deepcopy(doc)
+    bad["runs"][0]["dloss_se"] = -1.0
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)
