@@ -104,7 +104,7 @@ LISTED = 8
 CAPTION = ("The cost map: each edit's estimated Δloss (the edited model's loss minus the unedited one's) for every "
            "head edited alone, layers × heads, each edit on its own diverging colour scale centred at 0 (red: the "
            "edit costs loss). Circles: heads run exactly to check the estimate; crosses: estimates flagged "
-           "unreliable (the edit moves the head's output further than its own size). The title gives Spearman's "
+           "unreliable (the edit moves the head's output by more than 4 times its size). The title gives Spearman's "
            "rank correlation between estimate and exact Δloss over the verified heads.")
 
 

@@ -168,7 +168,8 @@ def _render(console, result, rows: list[dict[str, Any]]) -> None:
              "Δ/Δabl": [_fmt(r["dloss_ratio_ablate"], ".2f") for r in rows],
              "pred": [_fmt(r["predicted"], ".3f") for r in rows]}
     estimated = result.estimate is not None
-    if estimated:
+    if estimated:  # an estimated map: the exact loss and ratio are empty but for the few verified heads
+        del cells["loss"], cells["Δ/Δabl"]
         cells["est"] = [_fmt(r["dloss_estimate"], "+.4f") for r in rows]
         cells["±est"] = [_fmt(r["dloss_estimate_se"], ".4f") for r in rows]
         cells["flag"] = ["!" if r["unreliable"] else "" for r in rows]
@@ -180,10 +181,12 @@ def _render(console, result, rows: list[dict[str, Any]]) -> None:
               if k in cells]
     for t in fit_tables(labels, [Column(k, v) for k, v in cells.items()], width=console.width):
         console.print(t)
-    console.print("columns: ±=standard error of Δloss, Δ/Δabl=Δloss / Δloss(ablate) of the same heads (- where "
-                  "ablating does not cost beyond 2 standard errors), pred=weight-space prediction"
+    console.print("columns: ±=standard error of Δloss"
+                  + ("" if estimated else ", Δ/Δabl=Δloss / Δloss(ablate) of the same heads (- where ablating does "
+                                          "not cost beyond 2 standard errors)")
+                  + ", pred=weight-space prediction"
                   + (", est=estimated Δloss ± its Monte-Carlo error, !=unreliable estimate (the edit moves the "
-                     "head's output further than its size)" if estimated else "")
+                     "head's output by more than 4 times its size)" if estimated else "")
                   + (", off0=exact at offset 0 only (rotary)" if "off0" in cells else ""),
                   highlight=False, soft_wrap=True)
     if estimated:
