@@ -26,8 +26,10 @@ SCOPES = ("head", "layer", "model")
 REFERENCE = Edit("ablate")
 # A difference is "beyond its error" when it is at least this many standard errors from 0 (about 95 %, two-sided).
 SIGNIFICANT = 2.0
-# Per-head claims need at least this many scored tokens (docs/experiments.md, "Error bars").
-MIN_SCORED = 1024
+# Per-head claims need about a thousand scored tokens (docs/experiments.md, "Error bars"): 1024 tokens in windows of
+# 256 score 1020 predictions.
+MIN_SCORED = 1000
+VERIFY = 12  # --estimate: heads per edit run exactly to check it, unless --verify says otherwise
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,28 @@ class ExperimentResult:
     seconds: float  # all edit runs together
     predictors: dict[str, str] = field(default_factory=dict)
     healing: Healing | None = None  # with heal=: the edits after fine-tuning, against a control (experiment.heal)
+    estimate: Estimate | None = None  # --estimate: how it was made and how well it agreed with the exact runs
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How an edit's estimate agreed with its exact runs on the verified heads: Spearman's ρ over all of them
+    (chosen to include the extremes, which makes ρ look better than over typical heads) and over the random part
+    of the sample alone (None with fewer than 3 heads or a constant side)."""
+
+    edit: str
+    verified: int
+    rho: float | None
+    sampled: int
+    rho_sampled: float | None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    probes: int
+    seconds: float  # the estimate of every head and edit (edits, reruns, backward passes)
+    verify_seconds: float  # the exact runs of the verified heads
+    agreement: tuple[Agreement, ...]
 
 
 @keeps_mode
@@ -97,6 +121,9 @@ def run_experiment(
     progress: Callable[[int, int], None] | None = None,
     heal: int | HealOptions | None = None,
     device: str | None = None,
+    estimate: bool = False,
+    probes: int | None = None,
+    verify: int | None = None,
 ) -> ExperimentResult:
     """Edit heads of `model` and measure the loss on text, one run per (unit, edit).
 
@@ -119,6 +146,13 @@ def run_experiment(
         device: where the model runs, "cpu", "cuda" or "cuda:N" (default: the CPU, or where a model in memory
             already is; it is not moved); the edits are computed on the CPU and written into the model's modules
             on its device.
+        estimate: estimate every head x edit (qkinspect.experiment.estimate; scope "head" only) instead of running
+            each exactly: `dloss_estimate`, `dloss_estimate_se`; `dloss` only on the verified heads.
+        probes: K, the backward passes with sampled labels the estimate's curvature term averages (default
+            estimate.PROBES).
+        verify: with `estimate`, run this many heads per edit exactly (the predicted cheapest and costliest, the
+            flagged, and a random sample) and report the rank agreement (`ExperimentResult.estimate.agreement`);
+            None: VERIFY with `estimate`; 0 checks nothing.
 
     Returns:
         ExperimentResult.
@@ -136,6 +170,8 @@ def run_experiment(
     if rotary not in ("gauge", "offset0"):
         raise InputError(f"--rotary {rotary!r}: expected gauge or offset0")
     check_amounts(tokens, window)
+    check_estimate(scope, estimate, probes, verify)
+    verify = (VERIFY if estimate else 0) if verify is None else verify
     from qkinspect.analysis import _check_device
 
     device = None if device is None else _check_device(device)
@@ -143,6 +179,8 @@ def run_experiment(
     opts = heal if isinstance(heal, HealOptions) or not heal else HealOptions(steps=heal, seed=seed)
     if opts:
         opts.check()  # before any work
+        if estimate:
+            raise InputError("--heal runs every edit exactly: it cannot be combined with --estimate")
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device)
     if opts:
         check_healable(hf, rotary)
@@ -164,6 +202,17 @@ def run_experiment(
         t0 = time.perf_counter()
         base = scorer.baseline(cache={_start(unit) for unit in units})
         t_base = time.perf_counter() - t0
+    if estimate:
+        from qkinspect.experiment import estimate as est
+
+        runs_e, summary = est.estimated_runs(scorer, originals, head_list, runs_edits, base, rotary=rotary,
+                                             probes=probes or est.PROBES, verify=verify, seed=seed,
+                                             progress=progress)
+        return ExperimentResult(
+            model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
+            windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs_e)),
+            rotary=rotary, baseline_seconds=t_base, seconds=summary.seconds + summary.verify_seconds,
+            predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, estimate=summary)
     runs: list[Run] = []
     total = len(units) * len(runs_edits)
     for unit in units:
@@ -180,6 +229,17 @@ def run_experiment(
         windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),
         rotary=rotary, baseline_seconds=t_base, seconds=sum(r.seconds for r in runs),
         predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, healing=healing)
+
+
+def check_estimate(scope: str, estimate: bool, probes: int | None, verify: int | None) -> None:
+    if estimate and scope != "head":
+        raise InputError(f"--estimate estimates heads one by one: use it with --scope head, not {scope}")
+    if not estimate and (verify or probes is not None):
+        raise InputError(f"{'--verify' if verify else '--probes'} applies to --estimate only")
+    if probes is not None and not 2 <= probes <= 4096:
+        raise InputError(f"--probes {probes}: expected 2 to 4096 (the curvature term's standard error needs two)")
+    if verify is not None and verify < 0:
+        raise InputError(f"--verify {verify}: expected a number of heads, 0 or more")
 
 
 def _parse_edits(edits: str | Sequence[str]) -> list[Edit]:

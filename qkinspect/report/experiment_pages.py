@@ -69,19 +69,38 @@ def experiment_section(pages: TextPages, doc: dict[str, Any], path: Path) -> Non
                             f"{p.predictor} and Δloss: {es.meaning(p)}.")
 
 
+def _pm(h: es.HeadCost) -> str:
+    return dfmt(h.dloss) + ("" if h.se is None else f" ± {dfmt(h.se)}")
+
+
 def _share_words(pages: TextPages, heads: list[es.HeadCost]) -> None:
     pages.heading("Which heads could share one matrix for queries and keys almost for free?", size=10.5)
     free = es.free_heads(heads)
-    if any(h.ratio is not None for h in heads):
-        names = ", ".join(f"{_head(h)} (Δloss {dfmt(h.dloss)})" for h in free[:LISTED])
+    if all(h.se is None for h in heads):
+        pages.paragraph("These runs carry no standard errors (written by an older qkinspect), so no head is "
+                        "called free or costly; the smallest and largest are:")
+    elif any(h.ratio is not None for h in heads):
+        names = ", ".join(f"{_head(h)} (Δloss {_pm(h)})" for h in free[:LISTED])
         more = f" and {len(free) - LISTED} more" if len(free) > LISTED else ""
         pages.paragraph(f"{len(free)} of {len(heads)} heads: share_qk costs them at most "
-                        f"{es.FREE_RATIO:g} of what removing the head costs{': ' + names + more if free else ''}.")
+                        f"{es.FREE_RATIO:g} of what removing the head costs, beyond the error of both (ablating "
+                        f"costs more than {es.SIGNIFICANT:g} standard errors, and share_qk's Δloss plus "
+                        f"{es.SIGNIFICANT:g} standard errors stays within {es.FREE_RATIO:g} of it)"
+                        f"{': ' + names + more if free else ''}.")
     else:
-        pages.paragraph("The runs hold no ablation of the same heads (they were run with --no-reference), so "
-                        "nothing says which costs are small against removing a head; the smallest are:")
-    cheap = ", ".join(f"{_head(h)} ({dfmt(h.dloss)})" for h in heads[:LISTED])
-    pages.paragraph(f"Smallest share_qk Δloss: {cheap}. Largest: {_head(heads[-1])} ({dfmt(heads[-1].dloss)}).")
+        pages.paragraph("No ablation of the same heads costs loss beyond its error (or the runs were made with "
+                        "--no-reference), so nothing says which costs are small against removing a head; the "
+                        "smallest are:")
+    cheap = ", ".join(f"{_head(h)} ({_pm(h)})" for h in heads[:LISTED])
+    costly = es.costly_heads(heads)
+    if all(h.se is None for h in heads):
+        largest = f"Largest: {_head(heads[-1])} ({_pm(heads[-1])})."
+    elif costly:
+        largest = (f"Largest beyond its error: {_head(costly[0])} ({_pm(costly[0])}); {len(costly)} of {len(heads)} "
+                   f"heads cost loss beyond {es.SIGNIFICANT:g} standard errors.")
+    else:
+        largest = f"No head's share_qk Δloss exceeds {es.SIGNIFICANT:g} standard errors."
+    pages.paragraph(f"Smallest share_qk Δloss: {cheap}. {largest}")
 
 
 def head_table(doc: dict[str, Any], edit: str = es.SHARE) -> Table | None:
@@ -90,9 +109,9 @@ def head_table(doc: dict[str, Any], edit: str = es.SHARE) -> Table | None:
     if not heads:
         return None
     shown = heads if len(heads) <= 2 * LISTED else heads[:LISTED] + heads[-LISTED:]
-    rows = [[_head(h), dfmt(h.dloss), fmt(h.ratio), fmt(h.predicted)] for h in shown]
+    rows = [[_head(h), dfmt(h.dloss), dfmt(h.se), fmt(h.ratio), fmt(h.predicted)] for h in shown]
     if len(shown) < len(heads):
-        rows.insert(LISTED, ["…", "", "", ""])
+        rows.insert(LISTED, ["…", "", "", "", ""])
     title = (f"{edit}: the {LISTED} cheapest and the {LISTED} costliest of {len(heads)} heads, by Δloss"
              if len(shown) < len(heads) else f"{edit}: all {len(heads)} heads, cheapest first")
-    return Table(title, ["head", "Δloss", "ratio to ablate", "predicted"], rows)
+    return Table(title, ["head", "Δloss", "± s.e.", "ratio to ablate", "predicted"], rows)

@@ -11,6 +11,7 @@ from typing import Any
 from qkinspect.errors import InputError
 
 FREE_RATIO = 0.1  # a head whose edit costs at most this fraction of removing it shares "almost for free"
+SIGNIFICANT = 2.0  # standard errors: a difference within this many of 0 is not told from noise
 SHARE = "share_qk"  # the edit the section's questions are about: one matrix for queries and keys
 IDENTITY = ("source", "revision", "model_type", "format", "architecture")
 BLOCK_SHAPE = ("name", "n_layers", "n_heads", "n_kv_heads", "d_model", "d_head")
@@ -35,6 +36,14 @@ class HeadCost:
     dloss: float
     ratio: float | None
     predicted: float | None
+    se: float | None = None  # the standard error of dloss (runs written before it was recorded: None)
+    ablate: float | None = None  # dloss of ablating the same head, and its standard error
+    ablate_se: float | None = None
+
+    @property
+    def beyond_error(self) -> bool:
+        """Whether dloss is further than SIGNIFICANT standard errors from 0."""
+        return self.se is not None and abs(self.dloss) > SIGNIFICANT * self.se
 
 
 @dataclass(frozen=True)
@@ -77,26 +86,44 @@ def edit_cost(doc: dict[str, Any], edit: str) -> EditCost | None:
         if not runs:
             continue
         ablate = {(r["layer"], r["head"]): r["dloss"] for r in _runs(doc, "ablate", scope)}
+        ablate_se = {(r["layer"], r["head"]): r.get("dloss_se") for r in _runs(doc, "ablate", scope)}
         dloss = math.fsum(r["dloss"] for r in runs)
         units = [(r["layer"], r["head"]) for r in runs]
         ratio = None
         if all(u in ablate for u in units):
             total = math.fsum(ablate[u] for u in units)
-            ratio = dloss / total if total != 0 else None
+            # the summed ablation must cost beyond its error: Σ se bounds the error of a sum of runs on the same
+            # tokens (correlated) from above; runs written without standard errors need only a positive cost
+            ses = [ablate_se.get(u) for u in units]
+            bound = 0.0 if any(x is None for x in ses) else SIGNIFICANT * math.fsum(ses)  # type: ignore[arg-type]
+            ratio = dloss / total if total > bound and total > 0 else None
         return EditCost(edit, scope, len(runs), dloss, ratio)
     return None
 
 
 def head_costs(doc: dict[str, Any], edit: str) -> list[HeadCost]:
     """The edit's head-scope runs, cheapest first (by Δloss)."""
-    rows = [HeadCost(r["layer"], r["head"], r["dloss"], r.get("dloss_ratio_ablate"), r.get("predicted"))
-            for r in _runs(doc, edit, "head")]
+    ablate = {(r["layer"], r["head"]): r for r in _runs(doc, "ablate", "head")}
+    rows = []
+    for r in _runs(doc, edit, "head"):
+        a = ablate.get((r["layer"], r["head"])) or {}
+        rows.append(HeadCost(r["layer"], r["head"], r["dloss"], r.get("dloss_ratio_ablate"), r.get("predicted"),
+                             r.get("dloss_se"), a.get("dloss"), a.get("dloss_se")))
     return sorted(rows, key=lambda h: (h.dloss, h.layer, h.head))
 
 
 def free_heads(heads: list[HeadCost]) -> list[HeadCost]:
-    """Heads whose edit costs at most FREE_RATIO of ablating them (or improves the loss while ablating costs)."""
-    return [h for h in heads if h.ratio is not None and h.ratio <= FREE_RATIO]
+    """Heads whose edit costs at most FREE_RATIO of ablating them, beyond the error of both: ablating costs more
+    than SIGNIFICANT standard errors, and the edit's Δloss plus SIGNIFICANT standard errors stays within
+    FREE_RATIO of it (so a cost that noise could hide is never called free)."""
+    return [h for h in heads if h.ratio is not None and h.se is not None and h.ablate is not None
+            and h.ablate_se is not None and h.ablate > SIGNIFICANT * h.ablate_se
+            and h.dloss + SIGNIFICANT * h.se <= FREE_RATIO * h.ablate]
+
+
+def costly_heads(heads: list[HeadCost]) -> list[HeadCost]:
+    """Heads whose edit costs loss beyond its error, costliest first."""
+    return sorted((h for h in heads if h.dloss > 0 and h.beyond_error), key=lambda h: (-h.dloss, h.layer, h.head))
 
 
 def prediction(doc: dict[str, Any], edit: str) -> Prediction | None:

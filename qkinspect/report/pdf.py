@@ -104,14 +104,25 @@ def _figures(pages: TextPages, result: AnalysisResult) -> list[str]:
 
 def _experiment(pages: TextPages, doc: dict, path: Path) -> None:
     """The experiment section: its words, its figure (when it has one to draw) and its head tables."""
-    from qkinspect.report import experiment_pages
+    from qkinspect.report import costmap, experiment_pages
     from qkinspect.report.experiment import experiment_figure
 
     pages.new_page()
+    if costmap.estimated_edits(doc):  # an estimated map (experiment --estimate): the section is built on it
+        costmap.estimate_section(pages, doc, path)
+        pages.flush()
+        page = Figure(figsize=PAGE, layout="constrained")
+        slot: dict = {}
+        costmap.costmap_figure(doc, canvas=_page_canvas(page, slot))
+        _caption(slot["caption"], costmap.CAPTION)
+        pages.add_page(page)
+        for e in costmap.estimated_edits(doc):
+            pages.table(costmap.estimate_table(doc, e))
+        return
     experiment_pages.experiment_section(pages, doc, path)
     pages.flush()
     page = Figure(figsize=PAGE, layout="constrained")
-    slot: dict = {}
+    slot = {}
     try:
         experiment_figure(doc, canvas=_page_canvas(page, slot))
     except InputError as e:

@@ -64,7 +64,7 @@ def test_table_fits_80_columns_without_cutting(llama, monkeypatch):
     assert "…" not in r.stdout, r.stdout
     table = [ln for ln in lines if ln.startswith(("share_qk", "share_qkv", "rank:4", "ablate"))]
     assert len(table) == 8 and all(len(ln) <= 80 for ln in table), r.stdout
-    assert any(ln.startswith("columns: Δ/Δabl=") for ln in lines)
+    assert any(ln.startswith("columns: ±=standard error of Δloss, Δ/Δabl=") for ln in lines)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -92,3 +92,59 @@ def test_a_folder_without_a_tokenizer_says_so(tmp_path):
             "--format", "json")
     assert r.exit_code == 0, r.stderr
     assert json.loads(r.stdout)["measure"]["kind"] == "masked"
+
+
+def test_estimate_in_json_csv_and_table(llama, tmp_path, monkeypatch):
+    r = cli(llama, "--edit", "share_qk", "--layers", "2", "--estimate", "--probes", "4", "--verify", "2", *SMALL,
+            "--format", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["estimate"]["probes"] == 4 and [a["edit"] for a in doc["estimate"]["agreement"]] == [
+        "share_qk", "ablate"]
+    assert any("tokens were scored" in n for n in doc["notes"])  # 62 < 1024 scored tokens
+    for x in doc["runs"]:
+        assert {"dloss_se", "dloss_estimate", "dloss_estimate_se", "moved", "unreliable"} <= set(x)
+        assert x["dloss_estimate"] is not None
+    assert sum(x["dloss"] is not None for x in doc["runs"]) == 4
+    out = tmp_path / "map.csv"
+    assert cli(llama, "--edit", "share_qk", "--layers", "2", "--estimate", "--probes", "4", *SMALL,
+               "-o", out).exit_code == 0
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert len(rows) == 8 and all(x["dloss_estimate"] for x in rows)
+    monkeypatch.setenv("COLUMNS", "80")
+    r = cli(llama, "--edit", "share_qk", "--layers", "2", "--heads", "0", "--estimate", "--probes", "4", *SMALL,
+            "--format", "table")
+    assert r.exit_code == 0, r.stderr
+    assert "agreement share_qk: Spearman ρ" in r.stdout and "est" in r.stdout
+
+
+def test_exact_runs_carry_their_standard_error(llama):
+    r = cli(llama, "--edit", "ablate", "--layers", "0", "--heads", "0", *SMALL, "--format", "json")
+    (run,) = json.loads(r.stdout)["runs"]
+    assert run["dloss_se"] > 0 and run["dloss_estimate"] is None
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--estimate", "--scope", "layer"), "use it with --scope head"),
+    (("--verify", "3"), "--verify applies to --estimate only"),
+    (("--estimate", "--probes", "1"), "--probes 1"),
+])
+def test_estimate_refusals_are_one_line(llama, args, message):
+    r = cli(llama, *SMALL, *args)
+    assert r.exit_code == 2 and message in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_experiment_documents_follow_the_schema(llama):
+    import copy
+
+    import jsonschema
+
+    from tests.cli.schema import validate
+
+    for extra in ((), ("--estimate", "--probes", "4", "--verify", "2")):
+        doc = json.loads(cli(llama, "--edit", "share_qk", "--layers", "2", *SMALL, *extra, "--format", "json").stdout)
+        validate(doc)
+    bad = copy.deepcopy(doc)
+    bad["runs"][0]["dloss_se"] = -1.0
+    with pytest.raises(jsonschema.ValidationError):
+        validate(bad)

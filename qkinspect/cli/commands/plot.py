@@ -43,6 +43,7 @@ class Kind(str, Enum):
     metric = "metric"
     trajectory = "trajectory"
     experiment = "experiment"
+    costmap = "costmap"
 
 
 KindOpt = Annotated[Kind, typer.Option("--kind", "-k", metavar="KIND", help="Which figure to draw: "
@@ -55,7 +56,8 @@ MetricOpt = Annotated[str | None, typer.Option(
 LayerOpt = Annotated[int | None, typer.Option(
     "--layer", metavar="N", help="--kind heads: the layer to show (default: every layer as small multiples).")]
 ExperimentOpt = Annotated[Path | None, typer.Option(
-    "--experiment", metavar="FILE.json", help="--kind experiment: the JSON `qkinspect experiment -o FILE.json` wrote.")]
+    "--experiment", metavar="FILE.json", help="--kind experiment / costmap: the JSON `qkinspect experiment -o "
+                                               "FILE.json` wrote (costmap: with --estimate).")]
 TitleOpt = Annotated[str | None, typer.Option(
     "--title", metavar="TEXT", help="The figure's title instead of the model's name and what is shown (wrapped to "
     "fit the figure, like every title).")]
@@ -89,6 +91,8 @@ def register(app: typer.Typer) -> None:
 
         Example (from a saved analysis, without the model): qkinspect analyze ./my-bert -o run.json; qkinspect plot
         run.json --kind rank -o rank.png
+
+        Example (the estimated cost of every head): qkinspect plot --kind costmap --experiment map.json -o map.png
         """
         output = check_figure_path(output)
         if kind is Kind.trajectory:
@@ -96,16 +100,19 @@ def register(app: typer.Typer) -> None:
                             title=title)
             note(f"wrote the {metric or 'symmetry'} trajectory to {output}")
             return
-        if (kind is Kind.experiment) != (experiment is not None):
-            raise InputError("--kind experiment needs --experiment FILE.json (from qkinspect experiment -o)"
-                             if experiment is None else "--experiment applies to --kind experiment only")
+        from_runs = kind in (Kind.experiment, Kind.costmap)
+        if from_runs != (experiment is not None):
+            raise InputError(f"--kind {kind.value} needs --experiment FILE.json (from qkinspect experiment -o)"
+                             if experiment is None else "--experiment applies to --kind experiment or costmap only")
         if experiment is not None:
+            from qkinspect.report.costmap import costmap_figure
             from qkinspect.report.experiment import experiment_figure, read_experiment
             from qkinspect.report.style import style
 
+            draw_runs = costmap_figure if kind is Kind.costmap else experiment_figure
             with style():
-                save_figure(experiment_figure(read_experiment(experiment), title=title), output)
-            note(f"wrote the experiment figure to {output}")
+                save_figure(draw_runs(read_experiment(experiment), title=title), output)
+            note(f"wrote the {kind.value} figure to {output}")
             return
         refuse_analysis_options(model, layers=layers, block=block, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
                                 precision=precision is not Precision.float32, device=device is not Device.cpu,

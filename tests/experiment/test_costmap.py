@@ -1,0 +1,71 @@
+"""`plot --kind costmap` and the report's estimated experiment section, from the JSON of `experiment --estimate`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pypdf import PdfReader
+from typer.testing import CliRunner
+
+from qkinspect.cli.app import app
+from qkinspect.report.costmap import costmap_figure, estimate_grid
+from tests.experiment import tiny_models as tiny
+
+
+def cli(*args):
+    return CliRunner().invoke(app, list(map(str, args)))
+
+
+@pytest.fixture(scope="module")
+def estimated(tmp_path_factory):
+    root = tmp_path_factory.mktemp("costmap")
+    model = tiny.llama(root / "llama")
+    runs = root / "map.json"
+    r = cli("experiment", model, "--edit", "share_qk", "--layers", "1,2", "--tokens", "64", "--window", "32",
+            "--estimate", "--probes", "4", "--verify", "3", "-o", runs)
+    assert r.exit_code == 0, r.stderr
+    return model, runs, json.loads(runs.read_text())
+
+
+def test_costmap_draws_the_estimate_with_verified_heads_and_rho(estimated, tmp_path):
+    _, runs, doc = estimated
+    g = estimate_grid(doc, "share_qk")
+    assert g.layers == [1, 2] and g.heads == [0, 1, 2, 3]
+    for r in doc["runs"]:
+        if r["edit"] == "share_qk":
+            assert g.values[g.layers.index(r["layer"]), r["head"]] == r["dloss_estimate"]
+    fig = costmap_figure(doc)
+    rho = doc["estimate"]["agreement"][0]["rho"]
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert f"share_qk\nSpearman ρ = {rho:.2f} (3 verified)" in titles
+    circles = [c for ax in fig.axes for c in ax.collections if c.get_label() == "run exactly"]
+    assert sum(len(c.get_offsets()) for c in circles) == 3 + 3  # share_qk and ablate, 3 verified each
+    out = tmp_path / "map.png"
+    r = cli("plot", "--kind", "costmap", "--experiment", runs, "-o", out)
+    assert r.exit_code == 0, r.stderr
+    assert out.stat().st_size > 10_000
+
+
+def test_costmap_refuses_exact_runs_in_one_line(estimated, tmp_path):
+    model, _, _ = estimated
+    runs = tmp_path / "exact.json"
+    assert cli("experiment", model, "--edit", "ablate", "--layers", "0", "--heads", "0", "--tokens", "64",
+               "--window", "32", "-o", runs).exit_code == 0
+    r = cli("plot", "--kind", "costmap", "--experiment", runs, "-o", tmp_path / "x.png")
+    assert r.exit_code == 2 and "no estimates" in r.stderr and r.stderr.count("\n") == 1
+    assert not (tmp_path / "x.png").exists()
+    r = cli("plot", "--kind", "costmap", "-o", tmp_path / "x.png")
+    assert r.exit_code == 2 and "--kind costmap needs --experiment" in r.stderr
+
+
+def test_report_section_is_built_on_the_costmap(estimated, tmp_path):
+    model, runs, doc = estimated
+    out = tmp_path / "r.pdf"
+    r = cli("report", model, "--experiment", runs, "-o", out)
+    assert r.exit_code == 0, r.stderr
+    text = " ".join(" ".join(p.extract_text().split()) for p in PdfReader(out).pages)
+    assert "Experiment: what editing each head would cost (estimated)" in text
+    a = doc["estimate"]["agreement"][0]
+    assert f"Spearman ρ between estimate and exact Δloss = {a['rho']:.2f}" in text
+    assert "share_qk: all 8 heads, by estimate" in text
