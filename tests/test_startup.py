@@ -53,10 +53,10 @@ def models(tmp_path_factory) -> dict[str, Path]:
     out["bin"] = tiny.write(root / "bin", config, state, fmt="bin")
     out["bin_sharded"] = tiny.write(root / "bin_sharded", config, state, fmt="bin", shards=2)
     out["bert"] = tiny.write(root / "bert", *tiny.bert())
-    snapshot = root / "cache" / "models--org--name" / "snapshots" / "0123abcd"
+    snapshot = root / "cache" / "models--org--name" / "snapshots" / ("0123abcd" * 5)
     tiny.write(snapshot, config, state)
     (snapshot.parents[1] / "refs").mkdir()
-    (snapshot.parents[1] / "refs" / "main").write_text("0123abcd")
+    (snapshot.parents[1] / "refs" / "main").write_text("0123abcd" * 5)  # a 40-hex commit
     out["cache"] = root / "cache"
     for name, edit in {"unknown_arch": lambda c: c.update(model_type="no-such-arch"),
                        "zero_heads": lambda c: c.update(num_attention_heads=0)}.items():

@@ -1,5 +1,5 @@
-"""The bounds on an experiment's amounts (`--tokens`, `--window`), checked before any file or model is opened
-(torch-free, so the CLI refuses a bad value at once)."""
+"""The bounds on an experiment's amounts (`--tokens`, `--window`, `--probes`, `--verify`), checked before any
+file or model is opened (torch-free, so the CLI refuses a bad value at once)."""
 
 from __future__ import annotations
 
@@ -16,3 +16,14 @@ def check_amounts(tokens: int, window: int) -> None:
     for name, value in (("--tokens", tokens), ("--window", window)):
         if value > MAX_TOKENS:
             raise InputError(f"{name} {value}: at most {MAX_TOKENS} (2**24) tokens")
+
+
+def check_estimate(scope: str, estimate: bool, probes: int | None, verify: int | None) -> None:
+    if estimate and scope != "head":
+        raise InputError(f"--estimate estimates heads one by one: use it with --scope head, not {scope}")
+    if not estimate and (verify or probes is not None):
+        raise InputError(f"{'--verify' if verify else '--probes'} applies to --estimate only")
+    if probes is not None and not 2 <= probes <= 4096:
+        raise InputError(f"--probes {probes}: expected 2 to 4096 (the curvature term's standard error needs two)")
+    if verify is not None and verify < 0:
+        raise InputError(f"--verify {verify}: expected a number of heads, 0 or more")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from qkinspect.errors import CheckpointError, InputError, UnsupportedModelError
-from qkinspect.experiment.amounts import check_amounts
+from qkinspect.experiment.amounts import check_amounts, check_estimate
 from qkinspect.experiment.edits import PREDICTORS, Edit, apply_edit, parse_edit
 from qkinspect.experiment.heal import Healing, HealOptions, check_healable, heal_runs
 from qkinspect.experiment.hf import load_hf, written
@@ -229,17 +229,6 @@ def run_experiment(
         windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),
         rotary=rotary, baseline_seconds=t_base, seconds=sum(r.seconds for r in runs),
         predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, healing=healing)
-
-
-def check_estimate(scope: str, estimate: bool, probes: int | None, verify: int | None) -> None:
-    if estimate and scope != "head":
-        raise InputError(f"--estimate estimates heads one by one: use it with --scope head, not {scope}")
-    if not estimate and (verify or probes is not None):
-        raise InputError(f"{'--verify' if verify else '--probes'} applies to --estimate only")
-    if probes is not None and not 2 <= probes <= 4096:
-        raise InputError(f"--probes {probes}: expected 2 to 4096 (the curvature term's standard error needs two)")
-    if verify is not None and verify < 0:
-        raise InputError(f"--verify {verify}: expected a number of heads, 0 or more")
 
 
 def _parse_edits(edits: str | Sequence[str]) -> list[Edit]:

@@ -104,8 +104,8 @@ def register(app: typer.Typer) -> None:
         """
         check_output(fmt, output)
         where = check_device(device)
+        from qkinspect.experiment.amounts import check_estimate
         from qkinspect.experiment.edit_names import parse_edit
-        from qkinspect.experiment.run import check_estimate
 
         check_estimate(scope.value, estimate, probes, verify)
 
