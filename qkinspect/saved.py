@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import InputError
+from qkinspect.reading import depth
 from qkinspect.records import SCHEMA, AnalysisResult, Baseline, HeadRecord, LayerRecord, Processing, model_info
 
 MAX_BYTES = 256 << 20  # a 70B model's every head and head-by-head overlap is a few MB; more is not a saved analysis
@@ -82,21 +83,9 @@ def _load(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("kind") != KIND:
         raise SavedError(f"{path}: not a saved analysis (the JSON of `qkinspect analyze -o FILE.json` has "
                          f"\"schema\": \"{SCHEMA}\" and \"kind\": \"{KIND}\")")
-    if _depth(doc) > MAX_DEPTH:
+    if depth(doc, MAX_DEPTH) > MAX_DEPTH:
         raise SavedError(f"{path}: nested more than {MAX_DEPTH} levels deep; not a saved analysis")
     return doc
-
-
-def _depth(x: Any) -> int:
-    deepest, stack = 0, [(x, 1)]
-    while stack:
-        node, d = stack.pop()
-        deepest = max(deepest, d)
-        if deepest > MAX_DEPTH:
-            break
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
-        stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
-    return deepest
 
 
 def _get(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, optional: bool = False) -> Any:

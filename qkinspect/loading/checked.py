@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import CheckpointError
-from qkinspect.reading import MAX_JSON_BYTES, read_bytes
+from qkinspect.reading import MAX_JSON_BYTES, depth, read_bytes
 
 # Counts a config may hold (any family, any nesting level): integers >= 1. Those in NULLABLE may also be null,
 # which the config classes read as "use the default" (e.g. num_key_value_heads = num_attention_heads).
@@ -72,7 +72,7 @@ def read_json(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: holds a JSON {_json_type(data)}, not an object")
-    if _depth(data) > MAX_DEPTH:
+    if depth(data, MAX_DEPTH) > MAX_DEPTH:
         raise CheckpointError(f"{path}: nested more than {MAX_DEPTH} levels deep")
     return data
 
@@ -80,19 +80,6 @@ def read_json(path: Path) -> dict[str, Any]:
 def _json_type(x: Any) -> str:
     names = {list: "array", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}
     return names.get(type(x), type(x).__name__)
-
-
-def _depth(x: Any) -> int:
-    """Nesting depth of parsed JSON, without recursion (a deep value must not overflow the stack here either)."""
-    deepest, stack = 0, [(x, 1)]
-    while stack:
-        node, d = stack.pop()
-        deepest = max(deepest, d)
-        if deepest > MAX_DEPTH:
-            break
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
-        stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
-    return deepest
 
 
 # -- paths -----------------------------------------------------------------------------------------------------
