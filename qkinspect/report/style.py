@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")  # headless: never needs a display; we build Figures directly and never import pyplot
 
@@ -157,14 +158,43 @@ def human_name(metric: str) -> str:
 
 
 def set_index_ticks(ax, n: int, axis: str, labels: list[int] | None = None, max_ticks: int = 16) -> None:
-    """Integer category ticks (heads, layers) thinned to stay readable with 32+ categories."""
-    labels = list(range(n)) if labels is None else labels
-    pos = list(range(0, n, tick_step(n, max_ticks)))
-    text = [str(labels[i]) for i in pos]
-    if axis == "x":
-        ax.set_xticks(pos, text)
-    else:
-        ax.set_yticks(pos, text)
+    """Integer category ticks (heads, layers): at most `max_ticks` labels, and thinned further, each time the figure
+    is drawn, until the labels fit the axis at its drawn size (IndexTicks): neighbouring labels never overprint."""
+    from matplotlib.ticker import FuncFormatter
+
+    labels = list(range(n)) if labels is None else list(labels)
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_locator(IndexTicks(n, max(len(str(x)) for x in labels) if labels else 1, max_ticks))
+    target.set_major_formatter(FuncFormatter(
+        lambda v, _pos: str(labels[int(round(v))]) if 0 <= round(v) < n and abs(v - round(v)) < 1e-9 else ""))
+
+
+class IndexTicks(matplotlib.ticker.Locator):
+    """Ticks for n categories at 0..n-1: every k-th (k = 1, 2, 4, …), the smallest k whose labels (`chars` digits
+    wide, at the axis' tick-label size) fit the axis length as drawn, and at most `max_ticks` of them."""
+
+    GAP = 0.6  # room between neighbouring labels, in character widths
+
+    def __init__(self, n: int, chars: int, max_ticks: int):
+        self.n, self.chars, self.max_ticks = n, chars, max_ticks
+
+    def __call__(self):
+        return self.tick_values(0, self.n - 1)
+
+    def tick_values(self, vmin, vmax):
+        from matplotlib.font_manager import FontProperties
+
+        n, step, axis = self.n, tick_step(self.n, self.max_ticks), self.axis
+        if axis is not None and axis.axes is not None and n > 1:
+            ax = axis.axes
+            horizontal = axis is ax.xaxis
+            length = (ax.bbox.width if horizontal else ax.bbox.height) * 72 / ax.figure.dpi  # points, as drawn
+            size = FontProperties(size=matplotlib.rcParams["xtick.labelsize" if horizontal else "ytick.labelsize"])
+            pt = size.get_size_in_points()
+            need = pt * (0.6 * self.chars + self.GAP) if horizontal else pt * 1.4  # points per label
+            while step < n and math.ceil(n / step) * need > length:
+                step *= 2
+        return list(range(0, n, step))
 
 
 def symmetric_limit(values, floor: float = 0.05, cap: float | None = 1.0) -> float:
