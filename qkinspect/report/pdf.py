@@ -140,9 +140,11 @@ def _page_canvas(page: Figure, slot: dict):
 
     def canvas(height: float, width: float | None = None):
         inner_w, inner_h = PAGE[0] - 2 * MARGIN, PAGE[1] - 2 * MARGIN
-        h = inner_h - CAPTION_SPACE  # the page's height: a figure page is filled, the caption under it
+        h = min(height, inner_h - CAPTION_SPACE)  # the height the figure asks for (a few layers are not stretched
+        # down the whole page), the caption right under it
         column = page.subfigures(1, 3, width_ratios=[MARGIN, inner_w, MARGIN])[1]
-        _, body, caption, _ = column.subfigures(4, 1, height_ratios=[MARGIN, h, inner_h - h, MARGIN])
+        rest = PAGE[1] - MARGIN - h - CAPTION_SPACE
+        _, body, caption, _ = column.subfigures(4, 1, height_ratios=[MARGIN, h, CAPTION_SPACE, rest])
         slot["caption"] = caption
         return body
 
