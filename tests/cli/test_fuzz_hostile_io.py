@@ -17,9 +17,7 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -43,6 +41,7 @@ from tests.loading.test_fuzz_hostile import (
     snapshot,
 )
 from tests.report.test_hostile_runs import document
+from tests.sweep.test_hostile_scheduler import listener
 
 # -- what a run must do -------------------------------------------------------------------------------------
 
@@ -275,42 +274,6 @@ def test_fuzz_scheduler_addresses(address):
             scheduler.probe(checked, seconds=1.0)  # nothing that answers as a scheduler runs here
 
 
-@contextlib.contextmanager
-def replying(reply: bytes, close: bool):
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    srv.settimeout(0.1)
-    stop = threading.Event()
-    conns = []
-
-    def serve():
-        while not stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            conns.append(c)
-            with contextlib.suppress(OSError):
-                c.sendall(reply)
-                if close:
-                    c.close()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    try:
-        yield srv.getsockname()[1]
-    finally:
-        stop.set()
-        srv.close()
-        for c in conns:
-            with contextlib.suppress(OSError):
-                c.close()
-        t.join(2)
-
-
 u64 = st.integers(0, 2**64 - 1)
 
 
@@ -333,7 +296,7 @@ def test_fuzz_scheduler_replies(reply, close, capfd):
     pytest.importorskip("distributed")
     from qkinspect.sweep import scheduler
 
-    with replying(reply, close) as port, bounded():
+    with listener(reply, close) as port, bounded():
         t0 = time.perf_counter()
         with pytest.raises(InputError, match=f"--scheduler tcp://127.0.0.1:{port}: "):
             scheduler.probe(f"tcp://127.0.0.1:{port}", seconds=1.0)

@@ -36,8 +36,9 @@ REPLIES = {
 
 
 @contextlib.contextmanager
-def listener(reply: bytes | None):
-    """A TCP server on 127.0.0.1 answering every connection with `reply` (None: never a byte); yields the port."""
+def listener(reply: bytes | None, close: bool | None = None):
+    """A TCP server on 127.0.0.1 answering every connection with `reply` (None: never a byte), then hanging up when
+    `close` (default: only for an empty reply); yields the port."""
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("127.0.0.1", 0))
@@ -60,7 +61,7 @@ def listener(reply: bytes | None):
             if reply is not None:
                 with contextlib.suppress(OSError):
                     c.sendall(reply)
-                    if reply == b"":
+                    if (reply == b"") if close is None else close:
                         c.close()
 
     t = threading.Thread(target=serve, daemon=True)
