@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from qkinspect.errors import InputError
+from qkinspect.report.experiment import runs_grid
 from qkinspect.report.grid import Grid
 from qkinspect.report.heatmap import colorbar, draw
 from qkinspect.report.style import Canvas, new_figure
@@ -29,13 +30,7 @@ def _runs(doc: dict[str, Any], edit: str) -> list[dict[str, Any]]:
 
 def estimate_grid(doc: dict[str, Any], edit: str) -> Grid:
     """The estimated Δloss of `edit`, layer × head (NaN where a head was not estimated)."""
-    runs = _runs(doc, edit)
-    layers = sorted({r["layer"] for r in runs})
-    heads = sorted({r["head"] for r in runs})
-    values = np.full((len(layers), len(heads)), np.nan)  # (n_layers, n_heads)
-    for r in runs:
-        values[layers.index(r["layer"]), heads.index(r["head"])] = r["dloss_estimate"]
-    return Grid(block="", metric=edit, layers=layers, heads=heads, values=values)
+    return runs_grid(_runs(doc, edit), edit, "dloss_estimate")
 
 
 def agreement(doc: dict[str, Any], edit: str) -> dict[str, Any] | None:

@@ -32,12 +32,16 @@ def _head_runs(doc: dict[str, Any], edit: str) -> list[dict[str, Any]]:
 
 def dloss_grid(doc: dict[str, Any], edit: str) -> Grid:
     """Δloss of the head-scope runs of `edit`, layer × head (NaN where a head was not run)."""
-    runs = _head_runs(doc, edit)
+    return runs_grid(_head_runs(doc, edit), edit, "dloss")
+
+
+def runs_grid(runs: list[dict[str, Any]], edit: str, field: str) -> Grid:
+    """`field` of head-scope `runs` of `edit`, layer × head (NaN where a head has no run)."""
     layers = sorted({r["layer"] for r in runs})
     heads = sorted({r["head"] for r in runs})
     values = np.full((len(layers), len(heads)), np.nan)  # (n_layers, n_heads)
     for r in runs:
-        values[layers.index(r["layer"]), heads.index(r["head"])] = r["dloss"]
+        values[layers.index(r["layer"]), heads.index(r["head"])] = r[field]
     return Grid(block="", metric=edit, layers=layers, heads=heads, values=values)
 
 
