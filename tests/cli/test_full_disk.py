@@ -14,14 +14,7 @@ from pathlib import Path
 import pytest
 
 import qkinspect.files
-
-
-def one_error_line(r) -> str:
-    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    assert "internal error" not in r.stderr
-    return lines[0]
+from tests.one_line import one_error_line
 
 
 class _FullDisk(io.RawIOBase):

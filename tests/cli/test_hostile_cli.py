@@ -18,15 +18,9 @@ import pytest
 from qkinspect.cli.options import MAX_INDEX, Selection, parse_indices
 from qkinspect.errors import InputError, OutputError
 from qkinspect.files import atomic_write, atomic_write_file, check_writable
+from tests.one_line import one_error_line
 
 QK = [sys.executable, "-m", "qkinspect"]
-
-
-def one_error_line(r) -> str:
-    assert r.exit_code == 2, (r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    return lines[0]
 
 
 # -- class 2: ranges are bounded before they are built ------------------------------------------------------

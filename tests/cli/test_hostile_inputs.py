@@ -14,16 +14,9 @@ import pytest
 
 from qkinspect.errors import CheckpointError, InputError
 from qkinspect.reading import MAX_DEPTH, read_bytes, read_json, read_text
+from tests.one_line import one_error_line
 
 SECONDS = 10.0  # each refusal below is immediate; this only guards against a hang
-
-
-def one_error_line(r) -> str:
-    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    assert "Traceback" not in r.stderr and "internal error" not in r.stderr
-    return lines[0]
 
 
 @contextlib.contextmanager

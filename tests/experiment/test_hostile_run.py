@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from qkinspect.cli.app import app
 from tests.experiment import tiny_gguf
 from tests.experiment import tiny_models as tiny
+from tests.one_line import one_error_line
 
 SMALL = ("--edit", "ablate", "--no-reference", "--layers", "0", "--heads", "0", "--tokens", "64", "--window", "16",
          "--format", "json")
@@ -31,16 +32,6 @@ def models(tmp_path_factory):
 
 def experiment(spec, *extra):
     return CliRunner().invoke(app, ["experiment", str(spec), *SMALL, *map(str, extra)])
-
-
-def one_error_line(r, names: str) -> str:
-    """Exit 2, exactly one `error:` line on stderr naming `names`, nothing on stdout."""
-    assert r.exit_code == 2, (r.exit_code, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    assert names in lines[0], lines[0]
-    assert "Traceback" not in r.stderr and r.stdout == ""
-    return lines[0]
 
 
 def copy(models, name: str, tmp_path: Path) -> Path:

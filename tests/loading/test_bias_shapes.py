@@ -10,14 +10,7 @@ from typer.testing import CliRunner
 
 from qkinspect.cli.app import app
 from tests.loading import gguf_convert, tiny
-
-
-def one_error_line(r, *says: str) -> str:
-    assert r.exit_code == 2, (r.exit_code, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and r.stdout == "", r.stderr
-    assert all(s in lines[0] for s in says), lines[0]
-    return lines[0]
+from tests.one_line import one_error_line
 
 
 def commands(spec, tmp_path):

@@ -9,18 +9,11 @@ from typer.testing import CliRunner
 
 from qkinspect.cli.app import app
 from tests.loading.test_quantized import ct_config, fp8_blocks, quantized_bert
+from tests.one_line import one_error_line
 
 
 def analyze(folder):
     return CliRunner().invoke(app, ["analyze", str(folder), "--metrics", "symmetry", "--format", "json"])
-
-
-def one_error_line(r, *says: str) -> str:
-    assert r.exit_code == 2, (r.exit_code, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and r.stdout == "", r.stderr
-    assert all(s in lines[0] for s in says), lines[0]
-    return lines[0]
 
 
 FP8_BLOCKS = [[0, 0], [16, 16, 16], "ab", [16.5, 16], {}, [16], [True, 16], [-16, 16], [2**40, 16], 16]

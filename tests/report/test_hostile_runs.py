@@ -16,6 +16,7 @@ from qkinspect.cli.app import app
 from qkinspect.errors import InputError
 from qkinspect.report.experiment import experiment_figure, read_experiment
 from qkinspect.report.runs_check import MAX_CELLS, check_experiment
+from tests.one_line import one_error_line
 
 
 def document() -> dict:
@@ -107,13 +108,6 @@ def tiny_bert(tmp_path_factory):
     from tests.cli.conftest import save_bert
 
     return save_bert(tmp_path_factory.mktemp("bert"), seed=0)
-
-
-def one_error_line(r) -> str:
-    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize("case", ["edit rank:abc", "dloss 1e308", "layer missing", "model a list", "kind"])

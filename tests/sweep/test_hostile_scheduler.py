@@ -24,6 +24,7 @@ from tests.sweep.conftest import NEEDS_DASK
 pytest.importorskip("distributed", reason=NEEDS_DASK)
 
 from qkinspect.sweep import scheduler  # noqa: E402 - needs distributed
+from tests.one_line import one_error_line
 
 REPLIES = {
     "silent": None,  # accepts, reads, never answers
@@ -131,13 +132,6 @@ def test_addresses_are_checked_before_connecting(address, message):
 def test_plain_host_port_and_ipv6():
     assert scheduler.check_address("localhost:8786") == "tcp://localhost:8786"
     assert scheduler.check_address("tcp://[::1]:8786") == "tcp://[::1]:8786"
-
-
-def one_error_line(r) -> str:
-    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize("kind", ["silent", "http", "short frame", "ucx", "tls"])

@@ -16,6 +16,7 @@ from qkinspect.cli.app import app
 from qkinspect.errors import InputError
 from qkinspect.sweep import discover, read_sweep, store, task
 from qkinspect.sweep.verify import ResultRefused, check_manifest
+from tests.one_line import one_error_line
 from tests.sweep.conftest import NEEDS_DASK
 
 OPTIONS = store.normalized_options({"metrics": ["symmetry", "head_overlap"]})
@@ -185,13 +186,6 @@ def test_a_bad_manifest_is_refused(folder, case):
     edit(folder / "sweep.json", change)
     with pytest.raises(InputError, match=message):
         read_sweep(folder)
-
-
-def one_error_line(r) -> str:
-    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    return lines[0]
 
 
 @pytest.mark.parametrize("case", ["model {}", "deep nesting", "copied", "manifest"])
