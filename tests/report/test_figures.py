@@ -204,3 +204,13 @@ def test_rank_label_sits_above_its_line(results):
     (label,) = [t for t in ax.texts if t.get_text().startswith("d_head")]
     line_y = ax.transData.transform((0, 32))[1]
     assert label.get_window_extent(renderer).y0 > line_y + 1
+
+
+@pytest.mark.parametrize("kind", ["symmetry", "overlap"])
+def test_a_library_figure_saves_at_the_documented_dpi_outside_the_style(kind, tmp_path):
+    """`figure(result, kind).savefig(path)` with no style context writes DPI (200), as the CLI and docs say: the
+    figure carries its dpi (it was 100, matplotlib's default)."""
+    fig = figures.figure(synthetic.result(), kind)
+    path = tmp_path / f"{kind}.png"
+    fig.savefig(path)
+    assert png_size(path) == expected_size(fig, DPI) and DPI == 200
