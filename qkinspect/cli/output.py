@@ -112,8 +112,9 @@ def jsonable(x: Any) -> Any:
 
 
 def write_json(doc: dict[str, Any], f: IO[str]) -> None:
-    json.dump(jsonable(doc), f, indent=2, allow_nan=False)
-    f.write("\n")
+    from qkinspect.files import write_json as write_document
+
+    write_document(jsonable(doc), f)
 
 
 def write_ndjson(rows: Iterable[dict[str, Any]], f: IO[str]) -> None:
