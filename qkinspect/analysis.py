@@ -66,7 +66,8 @@ def analyze(
     Args:
         model: a path, hub id or GGUF file; None for the bundled demo model; an opened LoadedModel; or a model in
             memory: a transformers PreTrainedModel (any device; its tensors are read in place, a layer at a time)
-            or a (config, state_dict) pair. Its records name it "memory:<config.name_or_path or class name>".
+            or a (config, state_dict) pair. Its records name it as the model at config.name_or_path is named
+            (a local folder by its name), else by its class; its source is "memory:<config.name_or_path>".
         layers, heads: indexes as the CLI takes them ("0-3,7") or as Python values (3, [0, 1]); None for all.
         blocks: block kinds or labels ("encoder", ["text", "vision"]); None for all.
         metrics: metric or group names (qkinspect.metrics.registry); None for the defaults.
