@@ -36,7 +36,8 @@ CAPTIONS = {
                "directions of the input.",
     "heads": "Within each layer, the overlap between the query subspaces of every pair of heads (mean cos² of "
              "principal angles). Bright off-diagonal cells are heads that read the same directions of the input; "
-             "the diagonal (always 1) is grey so that it does not set the colour scale.",
+             "the diagonal (always 1) is grey so that it does not set the colour scale. The black line on the colour "
+             "bar is chance: two random d_head-dimensional subspaces overlap by d_head / d_model on average.",
 }
 
 

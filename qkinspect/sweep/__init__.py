@@ -11,7 +11,7 @@ Needs the `sweep` extra (dask[distributed]; pyarrow for Parquet).
 from __future__ import annotations
 
 from qkinspect.sweep.checkpoints import Checkpoint, discover
-from qkinspect.sweep.store import Failure, SweepFolder, read_sweep
+from qkinspect.sweep.store import Failure, SweepFolder, is_sweep_folder, read_sweep
 
 
 def run_sweep(*args, **kwargs):
@@ -21,4 +21,4 @@ def run_sweep(*args, **kwargs):
     return run(*args, **kwargs)
 
 
-__all__ = ["Checkpoint", "Failure", "SweepFolder", "discover", "read_sweep", "run_sweep"]
+__all__ = ["Checkpoint", "Failure", "SweepFolder", "discover", "is_sweep_folder", "read_sweep", "run_sweep"]

@@ -64,7 +64,9 @@ def register(app: typer.Typer) -> None:
         default,shared_qk_distance,head_overlap -o run.json; qkinspect report run.json -o report.pdf
         """
         output = check_report_path(output, html=html)
-        is_sweep = model is not None and (Path(model) / "sweep.json").is_file()
+        from qkinspect.sweep import is_sweep_folder
+
+        is_sweep = is_sweep_folder(model)
         runs = read_runs(experiment, html=html, sweep=is_sweep)
         if is_sweep:  # a sweep's folder (qkinspect sweep --out)
             n = write_sweep_report(Path(model), output, html=html, title=title)
