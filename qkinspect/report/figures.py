@@ -25,6 +25,7 @@ from qkinspect.report.style import (
     panel_grid,
     style,
 )
+from qkinspect.report.summary import qk_norm_caveat
 from qkinspect.report.titles import retitle, suptitle
 
 SYMMETRY_LABEL = "symmetry score s (−1 … +1)"
@@ -283,9 +284,38 @@ def figure(result: AnalysisResult, kind: str, *, layer: int | None = None, block
     if kind == "compare":
         if other is None:
             raise InputError("the compare figure needs a second model (--compare MODEL_B)")
-        return retitle(compare(result, other, canvas), title)
+        fig = retitle(compare(result, other, canvas), title)
+        return _caveat(fig, qk_norm_caveat(result, short=True) or qk_norm_caveat(other, short=True))
     if kind == "metric":
         if metric_name is None:
             raise InputError("the metric figure needs a metric name (--metric NAME)")
-        return retitle(metric(result, metric_name, canvas), title)
-    return retitle(_SINGLE[kind](result, canvas), title)
+        fig = retitle(metric(result, metric_name, canvas), title)
+        return _caveat(fig, qk_norm_caveat(result, short=True) if shows_raw_qk(kind, metric_name) else "")
+    return _caveat(retitle(_SINGLE[kind](result, canvas), title),
+                   qk_norm_caveat(result, short=True) if shows_raw_qk(kind) else "")
+
+
+# Metrics that q/k-norm gains leave as they are: column spaces (W_Q diag(γ) spans what W_Q spans) and the OV
+# circuit; every other metric reads W_Q or W_K themselves.
+_GAIN_FREE = ("overlap_", "ov_", "norm_v_", "bias_v_")
+
+
+def shows_raw_qk(kind: str, metric_name: str | None = None) -> bool:
+    """Whether the figure `kind` (with `metric_name` for `metric`) shows numbers that folding q/k-norm gains
+    changes: W_Q W_Kᵀ's symmetry, ranks and spectra, or a metric of W_Q or W_K; not the overlap of column spaces
+    (`overlap`, `heads`), which the gains leave as they are."""
+    if kind == "metric":
+        return metric_name is not None and not metric_name.startswith(_GAIN_FREE)
+    return kind in ("symmetry", "distribution", "rank", "spectra", "compare")
+
+
+def _caveat(fig: Figure, text: str) -> Figure:
+    """`text` (a q/k-norm caveat) as the last line of the figure's title, wrapped to its width: the title is the
+    one place every figure keeps clear of its panels, legends and labels."""
+    if not text:
+        return fig
+    from qkinspect.report.titles import PAD, canvas_width, fit
+
+    with style():
+        fig.suptitle(f"{fig.get_suptitle()}\n{fit(text, canvas_width(fig) - 2 * PAD, 11)}")
+    return fig

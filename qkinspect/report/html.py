@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import io
-from dataclasses import asdict
 from html import escape
 
 from qkinspect import __version__
@@ -22,7 +21,7 @@ from qkinspect.report.pdf import plan_figures
 from qkinspect.report.style import NUMBER_NOTE, style
 from qkinspect.report.summary import summary
 from qkinspect.report.tables import Table, layer_tables
-from qkinspect.report.text import blocks_table, gauge_words, metric_definitions
+from qkinspect.report.text import blocks_table, gauge_words, metric_definitions, processing_pairs
 
 CSS = """body{font-family:"DejaVu Sans",sans-serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.45}
 table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{padding:.15em .7em;text-align:right}
@@ -85,7 +84,7 @@ def _cover(result: AnalysisResult, date: dt.datetime) -> str:
              ("format", m.format), ("revision", m.revision or "n/a"), ("storage dtype", m.dtype or "n/a"),
              ("tool", f"qkinspect {__version__}"), ("date", date.strftime("%Y-%m-%d %H:%M %Z").strip()),
              ("heads analysed", str(len(result.heads)))]
-    proc = [(k, "all" if v is None else str(v)) for k, v in asdict(result.processing).items() if k != "metrics"]
+    proc = processing_pairs(result)
     return (_table(Table("Model", ["", ""], [list(p) for p in ident])) + _table(blocks_table(result))
             + _table(Table("Processing", ["", ""], [list(p) for p in proc])))
 

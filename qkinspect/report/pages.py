@@ -77,6 +77,19 @@ def _fit_at_slash(text: str, width: float, size: float, bold: bool) -> int | Non
     return max(fitting) if fitting else None
 
 
+MIN_HEADER_SIZE = 6.0  # points: a table header is set no smaller than this to keep its words whole
+
+
+def header_lines(header: list[str], width: float, size: float) -> tuple[list[list[str]], float]:
+    """Each column name wrapped at its words (underscores read as spaces) to `width` inches, in bold, and the font
+    size that keeps every word whole ("directionality", not "directionalit / y"): `size`, or smaller down to
+    MIN_HEADER_SIZE when a word is wider than the column; past that a word breaks."""
+    words = [w for h in header for w in h.replace("_", " ").split()]
+    widest = max((text_width(w, size, bold=True) for w in words), default=0.0)
+    hsize = size if widest <= width else max(MIN_HEADER_SIZE, size * width / widest * 0.98)
+    return [wrap(h.replace("_", " "), width, hsize, bold=True) for h in header], hsize
+
+
 class TextPages:
     """Lays text out top to bottom on A4 pages; each full page goes to `sink` (e.g. PdfPages.savefig).
 
@@ -168,14 +181,14 @@ class TextPages:
         col = min(MAX_COLUMN, (self.width - FIRST_COLUMN) / max(1, len(t.header) - 1))
         # each column's anchor: the first column's left edge, the others' right edges (numbers align)
         rights = [0.0] + [FIRST_COLUMN + col * (i + 1) - 0.08 for i in range(len(t.header) - 1)]
-        header = [wrap(h.replace("_", " "), col - 0.1, size, bold=True) for h in t.header]  # words, not _-pieces
+        header, hsize = header_lines(t.header, col - 0.1, size)
         depth = max(len(h) for h in header)
         self.heading(t.title, size=10)
-        self._header(header, depth, rights, size, lh)
+        self._header(header, depth, rights, hsize, lh)
         for row in t.rows:
             if self.y - lh < MARGIN:
                 self.new_page()
-                self._header(header, depth, rights, size, lh)
+                self._header(header, depth, rights, hsize, lh)
             self.y -= lh
             for i, (x, cell) in enumerate(zip(rights, row, strict=True)):
                 self._put(MARGIN + x, cell, size, ha="left" if i == 0 else "right", family="DejaVu Sans Mono")

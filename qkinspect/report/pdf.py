@@ -21,11 +21,11 @@ from qkinspect import __version__
 from qkinspect.errors import InputError
 from qkinspect.records import AnalysisResult
 from qkinspect.report import text
-from qkinspect.report.figures import figure
+from qkinspect.report.figures import figure, shows_raw_qk
 from qkinspect.report.grid import blocks_of, renamed
 from qkinspect.report.pages import MARGIN, TextPages, wrap
 from qkinspect.report.style import PAGE, style
-from qkinspect.report.summary import summary
+from qkinspect.report.summary import qk_norm_caveat, summary
 from qkinspect.report.tables import layer_tables
 
 CAPTION_SIZE = 8.5
@@ -47,7 +47,9 @@ def plan_figures(result: AnalysisResult) -> list[FigurePlan]:
     for b in blocks_of(result):
         if any(r.block == b and r.head_overlap is not None for r in result.layers):
             plans.append(FigurePlan("heads", text.CAPTIONS["heads"], b))
-    return plans
+    caveat = qk_norm_caveat(result)  # on the captions of the figures it concerns, as on the cover
+    return [FigurePlan(p.kind, f"{p.caption} {caveat}", p.block) if caveat and shows_raw_qk(p.kind) else p
+            for p in plans]
 
 
 def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,

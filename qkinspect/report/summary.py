@@ -66,6 +66,19 @@ def qk_norm_notice(result: AnalysisResult, block: str | None = None) -> str:
             "library: analyze(..., fold_qk_norm=True)).")
 
 
+def qk_norm_caveat(result: AnalysisResult, short: bool = False) -> str:
+    """For a caption (a sentence) or, `short`, under a figure's title (a line) that shows W_Q W_Kᵀ of a model with
+    q/k norms measured raw: the cover's qk_norm_notice in brief; "" when there is nothing to say."""
+    blocks = raw_qk_norm_blocks(result)
+    if not blocks:
+        return ""
+    which = f"{_and(blocks)} block{'s' if len(blocks) > 1 else ''}"
+    if short:
+        return f"raw W_Q W_Kᵀ, q/k-norm gains not folded in ({which}; --fold-qk-norm)"
+    return (f"Raw W_Q W_Kᵀ, q/k-norm gains not folded in (the {which}): not the form attention computes "
+            "(--fold-qk-norm measures it).")
+
+
 def _block_paragraphs(result: AnalysisResult, block: str) -> list[str]:
     parts = [qk_norm_notice(result, block), _symmetry_sentence(result, block), _extremes_sentence(result, block),
              _sharing_sentence(result, block),
