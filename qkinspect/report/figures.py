@@ -285,13 +285,13 @@ def figure(result: AnalysisResult, kind: str, *, layer: int | None = None, block
         if other is None:
             raise InputError("the compare figure needs a second model (--compare MODEL_B)")
         fig = retitle(compare(result, other, canvas), title)
-        return _caveat(fig, qk_norm_caveat(result, short=True) or qk_norm_caveat(other, short=True))
+        return with_caveat(fig, qk_norm_caveat(result, short=True) or qk_norm_caveat(other, short=True))
     if kind == "metric":
         if metric_name is None:
             raise InputError("the metric figure needs a metric name (--metric NAME)")
         fig = retitle(metric(result, metric_name, canvas), title)
-        return _caveat(fig, qk_norm_caveat(result, short=True) if shows_raw_qk(kind, metric_name) else "")
-    return _caveat(retitle(_SINGLE[kind](result, canvas), title),
+        return with_caveat(fig, qk_norm_caveat(result, short=True) if shows_raw_qk(kind, metric_name) else "")
+    return with_caveat(retitle(_SINGLE[kind](result, canvas), title),
                    qk_norm_caveat(result, short=True) if shows_raw_qk(kind) else "")
 
 
@@ -309,7 +309,7 @@ def shows_raw_qk(kind: str, metric_name: str | None = None) -> bool:
     return kind in ("symmetry", "distribution", "rank", "spectra", "compare")
 
 
-def _caveat(fig: Figure, text: str) -> Figure:
+def with_caveat(fig: Figure, text: str) -> Figure:
     """`text` (a q/k-norm caveat) as the last line of the figure's title, wrapped to its width: the title is the
     one place every figure keeps clear of its panels, legends and labels."""
     if not text:

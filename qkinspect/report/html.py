@@ -48,11 +48,12 @@ def render_sweep_html(sweep, *, date: dt.datetime | None = None, name: str | Non
     """A sweep's report (qkinspect.sweep.read_sweep) as one HTML string: the cover's facts, every checkpoint and
     failure in a table, and one trajectory figure per metric (inline SVG), as in the PDF; `name` (a --title) names
     what was swept."""
-    from qkinspect.report.sweep_pdf import cover_lines, sweep_metrics
+    from qkinspect.report.sweep_pdf import caption, cover_lines, sweep_metrics, sweep_name
     from qkinspect.report.trajectory import sweep_trajectory
 
     metrics = sweep_metrics(sweep)
-    (title, _), *facts = cover_lines(sweep, metrics, __version__, date or dt.datetime.now(dt.timezone.utc))
+    name = name or sweep_name(sweep)
+    (title, _), *facts = cover_lines(sweep, metrics, __version__, date or dt.datetime.now(dt.timezone.utc), name)
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}: "
              f"{escape(name or str(sweep.folder))}</title><style>{CSS}</style></head><body>",
              f"<h1>{escape(title + (': ' + name if name else ''))}</h1>",
@@ -64,8 +65,7 @@ def render_sweep_html(sweep, *, date: dt.datetime | None = None, name: str | Non
     parts.append("<h2>Figures</h2>")
     for metric in metrics:
         fig = sweep_trajectory(sweep, metric, name=name)
-        parts.append(f"<figure>{_svg(fig)}<figcaption>{escape(metric)} against training step: per layer, the "
-                     "median over its heads; each head a faint line.</figcaption></figure>")
+        parts.append(f"<figure>{_svg(fig)}<figcaption>{escape(caption(sweep, metric))}</figcaption></figure>")
     return "\n".join([*parts, "</body></html>"])
 
 

@@ -23,13 +23,10 @@ from qkinspect.records import AnalysisResult
 from qkinspect.report import text
 from qkinspect.report.figures import figure, shows_raw_qk
 from qkinspect.report.grid import blocks_of, renamed
-from qkinspect.report.pages import MARGIN, TextPages, wrap
+from qkinspect.report.pages import TextPages, page_canvas, put_caption
 from qkinspect.report.style import PAGE, style
 from qkinspect.report.summary import qk_norm_caveat, summary
 from qkinspect.report.tables import layer_tables
-
-CAPTION_SIZE = 8.5
-CAPTION_SPACE = 1.3  # inches kept under each figure for its caption
 
 
 @dataclass(frozen=True)
@@ -95,11 +92,11 @@ def _figures(pages: TextPages, result: AnalysisResult) -> list[str]:
         page = Figure(figsize=PAGE, layout="constrained")
         slot: dict = {}
         try:
-            figure(result, plan.kind, block=plan.block, canvas=_page_canvas(page, slot))
+            figure(result, plan.kind, block=plan.block, canvas=page_canvas(page, slot))
         except InputError as e:
             skipped.append(f"{plan.kind}: {e}")
             continue
-        _caption(slot["caption"], plan.caption)
+        put_caption(slot["caption"], plan.caption)
         pages.add_page(page)
     return skipped
 
@@ -115,8 +112,8 @@ def _experiment(pages: TextPages, doc: dict, path: Path) -> None:
         pages.flush()
         page = Figure(figsize=PAGE, layout="constrained")
         slot: dict = {}
-        costmap.costmap_figure(doc, canvas=_page_canvas(page, slot))
-        _caption(slot["caption"], costmap.CAPTION)
+        costmap.costmap_figure(doc, canvas=page_canvas(page, slot))
+        put_caption(slot["caption"], costmap.CAPTION)
         pages.add_page(page)
         for e in costmap.estimated_edits(doc):
             pages.table(costmap.estimate_table(doc, e))
@@ -126,34 +123,12 @@ def _experiment(pages: TextPages, doc: dict, path: Path) -> None:
     page = Figure(figsize=PAGE, layout="constrained")
     slot = {}
     try:
-        experiment_figure(doc, canvas=_page_canvas(page, slot))
+        experiment_figure(doc, canvas=page_canvas(page, slot))
     except InputError as e:
         pages.paragraph(f"No experiment figure: {e}.")
     else:
-        _caption(slot["caption"], experiment_pages.CAPTION)
+        put_caption(slot["caption"], experiment_pages.CAPTION)
         pages.add_page(page)
     for e in experiment_pages.es.edits(doc):
         if e != "ablate" and (t := experiment_pages.head_table(doc, e)) is not None:
             pages.table(t)
-
-
-def _page_canvas(page: Figure, slot: dict):
-    """A canvas callback placing the figure at the top of an A4 page, inside the margins, with room for a caption."""
-
-    def canvas(height: float, width: float | None = None):
-        inner_w, inner_h = PAGE[0] - 2 * MARGIN, PAGE[1] - 2 * MARGIN
-        h = min(height, inner_h - CAPTION_SPACE)  # the height the figure asks for (a few layers are not stretched
-        # down the whole page), the caption right under it
-        column = page.subfigures(1, 3, width_ratios=[MARGIN, inner_w, MARGIN])[1]
-        rest = PAGE[1] - MARGIN - h - CAPTION_SPACE
-        _, body, caption, _ = column.subfigures(4, 1, height_ratios=[MARGIN, h, CAPTION_SPACE, rest])
-        slot["caption"] = caption
-        return body
-
-    return canvas
-
-
-def _caption(sub, caption: str) -> None:
-    lines = wrap(caption, PAGE[0] - 2 * MARGIN, CAPTION_SIZE)
-    sub.text(0.0, 0.95, "\n".join(lines), va="top", ha="left", fontsize=CAPTION_SIZE, linespacing=1.35,
-             transform=sub.transSubfigure)

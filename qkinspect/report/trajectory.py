@@ -73,8 +73,22 @@ def sweep_trajectory(sweep, metric: str, *, layers: Sequence[int] | None = None,
                  if b["metric"] == metric and b["mean"] is not None and b["std"] is not None}
     ordered = {c.step_source for c in sweep.checkpoints} == {"order"}
     name = name or f"{sweep.folder} ({len(sweep.results)} checkpoints)"
-    return trajectory(rows, metric, name=name, baselines=baselines,
-                      x_label="checkpoint (in the order given)" if ordered else "training step", canvas=canvas)
+    fig = trajectory(rows, metric, name=name, baselines=baselines,
+                     x_label="checkpoint (in the order given)" if ordered else "training step", canvas=canvas)
+    from qkinspect.report.figures import shows_raw_qk, with_caveat
+    from qkinspect.report.summary import qk_norm_caveat_of
+
+    raw = [b for b in raw_qk_norm_blocks_of(sweep) if blocks is None or b in blocks]
+    return with_caveat(fig, qk_norm_caveat_of(raw, short=True) if shows_raw_qk("metric", metric) else "")
+
+
+def raw_qk_norm_blocks_of(sweep) -> list[str]:
+    """The blocks any of the sweep's results measured with q/k norms whose gains were not folded in."""
+    seen: dict[str, None] = {}
+    for doc in sweep.results.values():
+        for b in ((doc.get("result") or {}).get("processing") or {}).get("qk_norm_not_folded") or []:
+            seen[str(b)] = None
+    return list(seen)
 
 
 def _by_block(rows: Rows, metric: str) -> dict[str, dict[int, dict[int, list[tuple[int, float]]]]]:
