@@ -117,6 +117,7 @@ def _experiment(pages: TextPages, doc: dict, path: Path) -> None:
         pages.add_page(page)
         for e in costmap.estimated_edits(doc):
             pages.table(costmap.estimate_table(doc, e))
+        pages.paragraph(costmap.TABLE_LEGEND, size=8, color="0.25")
         return
     experiment_pages.experiment_section(pages, doc, path)
     pages.flush()

@@ -47,6 +47,8 @@ def rho_text(rho: float | None, n: int, what: str = "heads") -> str:
         >>> rho_text(-1.0, 6)
         'ρ = −1.00 over 6 heads: too few to tell'
     """
+    if n == 1 and what.endswith("s"):
+        what = what[:-1]
     if rho is None or not math.isfinite(rho):
         return f"ρ undefined ({n} {what})"
     interval = spearman_interval(rho, n)
