@@ -75,3 +75,14 @@ def test_plot_of_a_sweep_folder_says_what_it_draws(swept, cli, tmp_path, kind):
     assert "config.json" not in line and not out.exists()
     r = cli("plot", swept, "--kind", "trajectory", "--metric", "overlap_qk", "-o", out)
     assert r.exit_code == 0, r.stderr
+
+
+def test_a_titled_trajectory_keeps_the_caveat(swept, tmp_path):
+    """`plot SWEEP --kind trajectory --title T`: the title replaced, the q/k-norm caveat kept under it."""
+    from qkinspect.report.trajectory import sweep_trajectory
+    from qkinspect.sweep import read_sweep
+
+    fig = sweep_trajectory(read_sweep(swept), "symmetry", title="Tiny Qwen over training")
+    title = " ".join(fig.get_suptitle().split())
+    assert title.startswith("Tiny Qwen over training") and "q/k-norm gains not folded in" in title
+    assert "q/k-norm" not in sweep_trajectory(read_sweep(swept), "overlap_qk").get_suptitle()

@@ -232,13 +232,12 @@ def draw_trajectory(folder: Path, metric: str, output: Path, *, layers: str | No
                     blocks: list[str] | None = None, title: str | None = None) -> None:
     """The trajectory figure of a sweep folder's results (`qkinspect sweep --out FOLDER`), saved to `output`."""
     from qkinspect.cli.options import parse_blocks, parse_indices
-    from qkinspect.report.titles import retitle
     from qkinspect.report.trajectory import sweep_trajectory
     from qkinspect.sweep import read_sweep
 
     fig = sweep_trajectory(read_sweep(folder), metric, layers=parse_indices(layers, "--layers"),
-                           blocks=parse_blocks(blocks))
-    save_figure(retitle(fig, title), output)
+                           blocks=parse_blocks(blocks), title=title)
+    save_figure(fig, output)
 
 
 def save_figure(fig, output: Path) -> None:
