@@ -15,7 +15,7 @@ from qkinspect.report.grid import Grid
 from qkinspect.report.heatmap import colorbar, diverging_norm_unbounded, draw
 from qkinspect.report.rho import rho_text
 from qkinspect.report.style import Canvas, new_figure
-from qkinspect.report.titles import suptitle
+from qkinspect.report.titles import fit, suptitle
 
 
 def read_experiment(path: Path) -> dict[str, Any]:
@@ -187,7 +187,8 @@ def _scatter(ax, doc: dict[str, Any], edits: list[str]) -> None:
             continue
         x, y = zip(*pts, strict=True)
         rho = spearman(list(x), list(y))
-        ax.scatter(x, y, s=10, alpha=0.7, label=f"{e}: Spearman {rho_text(rho, len(pts))}")
+        label = fit(f"{e}: Spearman {rho_text(rho, len(pts))}", 2.3, 7.5)  # the panel is ~3 in wide
+        ax.scatter(x, y, s=10, alpha=0.7, label=label)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("weight-space prediction")
     ax.set_ylabel("Δloss")

@@ -84,7 +84,8 @@ def test_the_experiment_figure_of_an_estimated_map_keeps_its_head_axis_whole():
     assert g.layers == [0, 1, 2] and g.heads == [0, 1, 2, 3]
     assert int(np.isfinite(g.values).sum()) == 6  # the others grey: not run exactly
     fig = experiment_figure(doc)
-    labels = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    labels = [" ".join(t.get_text().split()) for ax in fig.axes if ax.get_legend()
+              for t in ax.get_legend().get_texts()]
     assert labels == ["share_qk: Spearman ρ = " + labels[0].split("ρ = ")[1]]
     assert labels[0].endswith("over 6 heads: too few to tell")
     titles = " ".join(" ".join(sub.get_suptitle().split()) for sub in fig.subfigs)

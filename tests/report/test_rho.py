@@ -39,7 +39,7 @@ def test_more_heads_narrow_the_interval(rho, n):
 @given(rhos, st.integers(0, MIN_HEADS - 1))
 def test_too_few_heads_have_no_interval(rho, n):
     assert spearman_interval(rho, n) is None
-    assert rho_text(rho, n).endswith(f"over {n} heads: too few to tell")
+    assert rho_text(rho, n).endswith(f"over {n} {'head' if n == 1 else 'heads'}: too few to tell")
 
 
 def test_the_words():
