@@ -5,8 +5,9 @@ The interval is Fisher's z-transform with Bonett & Wright's variance for Spearma
 z = atanh(ρ), se = √((1 + ρ²/2) / (n − 3)), and the interval tanh(z ± 1.96 se). Fisher's own 1/(n − 3) is the
 variance of Pearson's r under normality and is too narrow for Spearman's; the bootstrap is unreliable over a
 dozen points (a resample repeats heads, which ties ranks). Bonett & Wright found the interval close to its nominal
-coverage from 10 pairs on, for |ρ| up to about 0.9; below 10 heads qkinspect gives none. At |ρ| = 1 the interval
-collapses to the point: read it as "as strong as 10+ heads can show", not as certainty.
+coverage from 10 pairs on, for |ρ| up to about 0.9; below 10 heads qkinspect gives none. At |ρ| = 1 (z infinite)
+the interval is that of the nearest ρ the heads can give below 1 (one adjacent pair of ranks swapped), closed at 1:
+12 heads in perfect order give 0.97 to 1.00, not a certainty.
 
 Torch- and matplotlib-free: the CLI's experiment output uses it too.
 """
@@ -32,8 +33,14 @@ def spearman_interval(rho: float, n: int) -> tuple[float, float] | None:
     if n < MIN_HEADS or rho is None or not math.isfinite(rho):
         return None
     r = max(-1.0, min(1.0, float(rho)))
-    if abs(r) == 1.0:
-        return r, r
+    if abs(r) == 1.0:  # z is infinite: take the interval of the nearest ρ the n heads can give below 1 (one
+        # adjacent pair of ranks swapped: 1 - 12 / (n³ - n)), closed at ±1
+        lo, hi = _interval(math.copysign(1.0 - 12.0 / (n**3 - n), r), n)
+        return (lo, 1.0) if r > 0 else (-1.0, hi)
+    return _interval(r, n)
+
+
+def _interval(r: float, n: int) -> tuple[float, float]:
     se = math.sqrt((1.0 + r * r / 2.0) / (n - 3))
     z = math.atanh(r)
     return math.tanh(z - _Z * se), math.tanh(z + _Z * se)

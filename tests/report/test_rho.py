@@ -42,6 +42,13 @@ def test_too_few_heads_have_no_interval(rho, n):
     assert rho_text(rho, n).endswith(f"over {n} {'head' if n == 1 else 'heads'}: too few to tell")
 
 
+def test_a_perfect_order_is_not_a_certainty():
+    """At |ρ| = 1 the interval is the nearest attainable ρ's (one adjacent swap: 1 - 12/(n³ - n)), closed at 1."""
+    lo, hi = spearman_interval(1.0, 12)
+    assert hi == 1.0 and lo == pytest.approx(spearman_interval(1 - 12 / (12**3 - 12), 12)[0]) and lo < 0.98
+    assert spearman_interval(-1.0, 12) == (-1.0, -lo)
+
+
 def test_the_words():
     assert rho_text(0.43, 24) == "ρ = 0.43 (95 % CI 0.01 to 0.72; 24 heads)"
     assert rho_text(-1.0, 6) == "ρ = −1.00 over 6 heads: too few to tell"
