@@ -242,7 +242,7 @@ class _Run:
         if precision not in PRECISIONS:
             raise InputError(f"precision={precision!r}: choose float32 or float64")
         return cls(resolve_metrics(metrics, layer_form=layer_form), check_spectra(spectra or ()),
-                   PRECISIONS[precision], _check_device(device), bool(fold_ln), bool(fold_qk_norm))
+                   PRECISIONS[precision], check_device(device), bool(fold_ln), bool(fold_qk_norm))
 
     @property
     def keep(self) -> tuple[torch.dtype, ...]:
@@ -385,7 +385,8 @@ def _summary(v: np.ndarray, how: str) -> float:
     return float(np.median(v) if how == "median" else v.mean())
 
 
-def _check_device(device) -> str:
+def check_device(device) -> str:
+    """A torch device name for the library's `device=` argument; InputError for one torch cannot use here."""
     name = str(getattr(device, "value", device))
     try:
         dev = torch.device(name)
@@ -396,3 +397,6 @@ def _check_device(device) -> str:
     if dev.type not in ("cpu", "cuda"):
         raise InputError(f"device={name!r}: only cpu and cuda are supported")
     return name
+
+
+_check_device = check_device  # the name experiment.run imports
