@@ -17,7 +17,7 @@ D, d, H, G, V = 32, 8, 4, 2, 60
 
 def llama_lm(*, tie: bool = False, seed: int = 0, kv: int = G, gemma: bool = False):
     """A tiny causal LM (Llama, or Gemma3 with `gemma`) with random norm gains, final norm included."""
-    from transformers import Gemma3TextConfig, Gemma3ForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     kw = dict(vocab_size=V, hidden_size=D, intermediate_size=48, num_hidden_layers=2, num_attention_heads=H,

@@ -55,10 +55,9 @@ def test_json_ndjson_and_csv_carry_every_record(cli, lm, tmp_path):
 
 
 def test_the_table_fits_80_columns_and_shows_whitespace_tokens(monkeypatch):
+    import qkinspect
     from qkinspect.cli.commands.directions import directions_document
     from qkinspect.cli.output import render_text
-
-    import qkinspect
 
     result = qkinspect.directions(None, layers="0", heads="0-1", top_directions=2, top_tokens=10)
     text = render_text(directions_document(result), width=80)
@@ -138,3 +137,13 @@ def test_an_unmapped_family_is_one_line(cli, tmp_path):
     T5Model(T5Config(vocab_size=40, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=4)).save_pretrained(
         tmp_path / "t5", safe_serialization=True)
     one_error_line(cli("directions", tmp_path / "t5", "--format", "json"), "t5", "not mapped")
+
+
+def test_parquet_holds_the_records(cli, lm, tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    out = tmp_path / "d.parquet"
+    r = cli("directions", lm, "--layers", "0", "--heads", "1", "-k", "1", "-n", "2", "-o", out)
+    assert r.exit_code == 0, r.stderr
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) == 8 and {x["side"] for x in rows} == {"read", "write", "query", "key"}
+    assert all(len(x["token_ids"]) == 2 and x["kv_head"] == 0 for x in rows)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from qkinspect.cli.commands.sweep import SweepFormatOpt, check_sweep_output, write_table
+from qkinspect.cli.commands.sweep import SweepFormat, check_sweep_output, write_table
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -37,6 +37,10 @@ TopTokensOpt = Annotated[int, typer.Option("--top-tokens", "-n", metavar="N", he
 PdfOpt = Annotated[Path | None, typer.Option(
     "--pdf", metavar="FILE", help="Also write the directions as a PDF report page (atomically).")]
 
+FormatOpt = Annotated[SweepFormat | None, typer.Option(
+    "--format", "-f", show_default=False, metavar="FORMAT",
+    help="table, json, ndjson, csv or parquet (needs -o and pyarrow); default: from -o's extension, else table on "
+         "a terminal and json in a pipe.")]
 SIDE_LABEL = {"read": "OV read", "write": "OV write", "query": "QK query", "key": "QK key"}
 
 
@@ -46,7 +50,7 @@ def register(app: typer.Typer) -> None:
         model: ModelArg = None, layers: LayersOpt = None, heads: HeadsOpt = None, block: BlockOpt = None,
         top_directions: TopDirectionsOpt = 3, top_tokens: TopTokensOpt = 8, fold_ln: FoldLnOpt = False,
         fold_qk_norm: FoldQkNormOpt = False, precision: PrecisionOpt = Precision.float32,
-        device: DeviceOpt = Device.cpu, revision: RevisionOpt = None, fmt: SweepFormatOpt = None,
+        device: DeviceOpt = Device.cpu, revision: RevisionOpt = None, fmt: FormatOpt = None,
         output: OutputOpt = None, pdf: PdfOpt = None,
     ) -> None:
         """Each head's top singular directions of W_V W_O and W_Q W_Kᵀ, read as tokens: what a head reads and
