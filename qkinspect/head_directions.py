@@ -138,7 +138,7 @@ def read_vocab(m, chosen: list[BlockSpec], dtype: torch.dtype, device: str) -> V
     embed_name = src.resolve(names.embed)
     if embed_name is None:
         raise CheckpointError(f"{where}: no token embedding tensor {names.embed!r}; directions are read through it")
-    tie = _tied(m.resolved.config)
+    tie = _tied(m.resolved)
     un_name = None if tie is True or names.unembed is None else src.resolve(names.unembed)
     if un_name is None and tie is False and names.unembed is not None:
         raise CheckpointError(f"{where}: the config unties the embeddings, but there is no unembedding tensor "
@@ -171,11 +171,16 @@ def read_vocab(m, chosen: list[BlockSpec], dtype: torch.dtype, device: str) -> V
     return Vocab(E, U, g, text, readout)
 
 
-def _tied(config) -> bool | None:
-    """The config's tie_word_embeddings as the file says it (None: not said). A GGUF says nothing: its output
-    tensor, present or not, decides."""
-    data = getattr(config, "data", None)
-    value = data.get("tie_word_embeddings") if isinstance(data, dict) else getattr(config, "tie_word_embeddings", None)
+def _tied(resolved) -> bool | None:
+    """Whether the model ties its unembedding to the embedding: the config's tie_word_embeddings (its family's
+    default where the file does not say, as transformers reads it). A GGUF says nothing: its output tensor,
+    present or not, decides (None)."""
+    if resolved.format == "gguf":
+        return None
+    try:
+        value = getattr(resolved.config, "tie_word_embeddings", None)
+    except AttributeError:
+        return None
     return value if isinstance(value, bool) else None
 
 
