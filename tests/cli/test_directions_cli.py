@@ -147,3 +147,15 @@ def test_parquet_holds_the_records(cli, lm, tmp_path):
     rows = pq.read_table(out).to_pylist()
     assert len(rows) == 8 and {x["side"] for x in rows} == {"read", "write", "query", "key"}
     assert all(len(x["token_ids"]) == 2 and x["kv_head"] == 0 for x in rows)
+
+
+def test_the_document_follows_the_published_schema(cli, lm):
+    import jsonschema
+
+    from tests.cli.schema import validate
+
+    doc = json.loads(cli("directions", lm, "--layers", "0", "-k", "2", "-n", "2", "--format", "json").stdout)
+    validate(doc)
+    doc["directions"][0]["sign"] = "plus"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(doc)
