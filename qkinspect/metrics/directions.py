@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qkinspect.metrics.factored import RANK_RTOL
+from qkinspect.metrics.factored import RANK_RTOL, one_thread
 
 GAP = 1.05  # σ_i / σ_{i+1} below this: directions i and i+1 are read together, as a subspace
 
@@ -42,9 +42,10 @@ def factored_svd(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """
     if A.shape[0] != B.shape[0] or A.shape[-1] != B.shape[-1]:
         raise ValueError(f"factors {tuple(A.shape)} and {tuple(B.shape)} do not pair head by head")
-    Qa, Ra = torch.linalg.qr(A)  # (n, D, d), (n, d, d)
-    Qb, Rb = torch.linalg.qr(B)  # (n, D', d), (n, d, d)
-    Uc, S, Vch = torch.linalg.svd(Ra @ Rb.mT)  # the (n, d, d) core
+    with one_thread():  # small decompositions one after another: threads would only wait at barriers
+        Qa, Ra = torch.linalg.qr(A)  # (n, D, d), (n, d, d)
+        Qb, Rb = torch.linalg.qr(B)  # (n, D', d), (n, d, d)
+        Uc, S, Vch = torch.linalg.svd(Ra @ Rb.mT)  # the (n, d, d) core
     U, V = canonical_signs(Qa @ Uc, Qb @ Vch.mT)  # (n, D, d), (n, D', d)
     return U, S, V
 
@@ -91,8 +92,17 @@ def token_scores(T: Tensor, W: Tensor, blocks: list[tuple[int, ...]]) -> Tensor:
                 [0., 5.]])
     """
     P = T @ W.to(T.dtype)  # (V, D) @ (D, m) -> (V, m)
-    cols = [P[:, b[0]] if len(b) == 1 else torch.linalg.vector_norm(P[:, list(b)], dim=1) for b in blocks]
-    return torch.stack(cols, dim=1) if cols else P[:, :0]
+    out = P.new_empty(P.shape[0], len(blocks))
+    alone = [k for k, b in enumerate(blocks) if len(b) == 1]
+    if alone:
+        out[:, alone] = P[:, [blocks[k][0] for k in alone]]
+    runs = [k for k, b in enumerate(blocks) if len(b) > 1]
+    if runs:  # ‖t W_b‖² = Σ_j (t·w_j)²: the squares summed per block by one product with a 0/1 matrix
+        member = P.new_zeros(P.shape[1], len(runs))  # (m, n_runs)
+        for j, k in enumerate(runs):
+            member[list(blocks[k]), j] = 1.0
+        out[:, runs] = (P.square() @ member).sqrt()
+    return out
 
 
 def top_tokens(scores: Tensor, n: int) -> tuple[Tensor, Tensor]:
