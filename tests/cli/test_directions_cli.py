@@ -159,3 +159,21 @@ def test_the_document_follows_the_published_schema(cli, lm):
     doc["directions"][0]["sign"] = "plus"
     with pytest.raises(jsonschema.ValidationError):
         validate(doc)
+
+
+def test_a_gguf_token_list_longer_than_its_embedding_is_one_line(cli, tmp_path):
+    from tests.experiment import tiny_gguf
+
+    path = tiny_gguf.llama_gguf(tmp_path / "m.gguf", tokens=[*tiny_gguf.byte_tokens(), "extra1", "extra2"])
+    one_error_line(cli("directions", path, "--format", "json"), "tokenizer.ggml.tokens", "does not belong")
+
+
+def test_sigma_is_the_ov_spectrum_that_analyze_reports():
+    import qkinspect
+
+    res = qkinspect.directions(None, layers="2", heads="4", top_directions=4, top_tokens=1, precision="float64")
+    spectrum = qkinspect.analyze(None, layers="2", heads="4", metrics=["ov"], spectra=["ov", "qk"],
+                                 precision="float64").spectra[("encoder", 2, 4)]
+    for matrix in ("ov", "qk"):
+        sig = {i: s for r in res.records if r.matrix == matrix for i, s in zip(r.indices, r.sigmas, strict=True)}
+        assert [sig[i] for i in sorted(sig)] == pytest.approx(list(spectrum[matrix][:len(sig)]), rel=1e-9)
