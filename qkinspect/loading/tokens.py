@@ -29,7 +29,7 @@ MAX_VOCAB = 1 << 21  # tokens a vocabulary may hold (real ones: up to ~262k)
 class Vocabulary:
     """Token text by id (`text[i]`), and where it came from (a file, or the GGUF's metadata)."""
 
-    text: tuple[str, ...]
+    text: tuple[str | None, ...]  # None: an id the tokenizer leaves unused
     source: str
     style: str  # "byte-level", "sentencepiece", "wordpiece" or "plain"
 
@@ -37,7 +37,7 @@ class Vocabulary:
         return len(self.text)
 
     def get(self, i: int) -> str | None:
-        """The token's text, or None for an id past the vocabulary (an embedding padded beyond it)."""
+        """The token's text, or None for an id past the vocabulary (an embedding padded beyond it) or unused."""
         return self.text[i] if 0 <= i < len(self.text) else None
 
 
@@ -90,15 +90,19 @@ def _tokenizer_json(folder: Path) -> Vocabulary:
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_str(text)  # the library's own parser; nothing in the file runs
-        n = tok.get_vocab_size(with_added_tokens=True)
+        ids = tok.get_vocab(with_added_tokens=True)  # token -> id; added tokens may sit past the model's ids
+        n = max(ids.values(), default=-1) + 1
         if n > MAX_VOCAB:
-            raise CheckpointError(f"{shown}: {n:,} tokens, more than a vocabulary has (at most {MAX_VOCAB:,})")
-        raw = [tok.id_to_token(i) for i in range(n)]
+            raise CheckpointError(f"{shown}: token ids up to {n - 1:,}, more than a vocabulary has "
+                                  f"(at most {MAX_VOCAB:,})")
+        raw: list[str | None] = [None] * n
+        for token, i in ids.items():
+            raw[i] = token
     try:
         style = _style(json.loads(text))
     except (ValueError, RecursionError):  # the tokenizers library read it; only the display style is lost
         style = "plain"
-    return Vocabulary(tuple("" if t is None else _shown(t, style) for t in raw), str(shown), style)
+    return Vocabulary(tuple(None if t is None else _shown(t, style) for t in raw), str(shown), style)
 
 
 def _vocab_txt(folder: Path) -> Vocabulary:

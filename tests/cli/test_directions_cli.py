@@ -177,3 +177,28 @@ def test_sigma_is_the_ov_spectrum_that_analyze_reports():
     for matrix in ("ov", "qk"):
         sig = {i: s for r in res.records if r.matrix == matrix for i, s in zip(r.indices, r.sigmas, strict=True)}
         assert [sig[i] for i in sorted(sig)] == pytest.approx(list(spectrum[matrix][:len(sig)]), rel=1e-9)
+
+
+@pytest.mark.parametrize("style", ["byte-level", "sentencepiece"])
+def test_a_folder_tokenizer_json_gives_the_text_of_each_token(lm, tmp_path, style):
+    from tokenizers import Tokenizer, decoders, models
+
+    import qkinspect
+
+    folder = copy_of(lm, tmp_path / "m")
+    if style == "byte-level":
+        raw = ["Ġthe", "Ċ", "a", *(f"t{i}" for i in range(V - 3))]
+        want = {0: " the", 1: "\n", 2: "a"}
+        tok = Tokenizer(models.BPE({t: i for i, t in enumerate(raw)}, []))
+        tok.decoder = decoders.ByteLevel()
+    else:
+        raw = ["▁the", "<0x0A>", "a", *(f"t{i}" for i in range(V - 3))]
+        want = {0: " the", 1: "\n", 2: "a"}
+        tok = Tokenizer(models.BPE({t: i for i, t in enumerate(raw)}, [], byte_fallback=True))
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    (folder / "tokenizer.json").write_text(tok.to_str())
+    res = qkinspect.directions(folder, top_directions=1, top_tokens=V)
+    assert res.readout.tokenizer_size == V
+    rec = res.records[0]
+    text = dict(zip(rec.token_ids, rec.tokens, strict=True))
+    assert {i: text[i] for i in want} == want
