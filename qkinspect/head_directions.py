@@ -293,10 +293,12 @@ class _Run:
             if write and vocab.gain is not None:
                 W = vocab.gain.to(W.dtype)[:, None] * W  # (γ ∘ w_t) · v = w_t · (γ ∘ v): the gain on the vector
             scores = token_scores(T, W, blocks)  # (V, n_blocks)
-            single = torch.tensor([len(b) == 1 for b in blocks], device=scores.device)
+            single = [k for k, b in enumerate(blocks) if len(b) == 1]
             pos_v, pos_i = top_tokens(scores, self.n_tokens)
-            neg_v, neg_i = top_tokens(-scores[:, single], self.n_tokens)
-            neg_at = {int(c): n for n, c in enumerate(torch.nonzero(single).flatten().tolist())}
+            neg_v, neg_i = top_tokens(scores if len(single) == len(blocks) else scores[:, single], self.n_tokens,
+                                      largest=False)  # the tokens of −v: the lowest scores of v, negated
+            neg_v = -neg_v
+            neg_at = {c: n for n, c in enumerate(single)}
             col = 0
             for j, (i, matrix, side, groups, _, S) in items:
                 recs = out.setdefault(j, [])

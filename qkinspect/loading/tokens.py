@@ -27,18 +27,20 @@ MAX_VOCAB = 1 << 21  # tokens a vocabulary may hold (real ones: up to ~262k)
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """Token text by id (`text[i]`), and where it came from (a file, or the GGUF's metadata)."""
+    """Tokens by id as the vocabulary stores them (`raw[i]`; None: an id it leaves unused), where they came from (a
+    file, or the GGUF's metadata) and how they are written (`style`); `get(i)` gives a token's text."""
 
-    text: tuple[str | None, ...]  # None: an id the tokenizer leaves unused
+    raw: tuple[str | None, ...]
     source: str
     style: str  # "byte-level", "sentencepiece", "wordpiece" or "plain"
 
     def __len__(self) -> int:
-        return len(self.text)
+        return len(self.raw)
 
     def get(self, i: int) -> str | None:
         """The token's text, or None for an id past the vocabulary (an embedding padded beyond it) or unused."""
-        return self.text[i] if 0 <= i < len(self.text) else None
+        t = self.raw[i] if 0 <= i < len(self.raw) else None
+        return None if t is None else _shown(t, self.style)
 
 
 def read_vocabulary(resolved: Any) -> Vocabulary | None:
@@ -55,7 +57,7 @@ def read_vocabulary(resolved: Any) -> Vocabulary | None:
             return None
         tokens, model = found
         style = {"gpt2": "byte-level", "llama": "sentencepiece", "bert": "wordpiece"}.get(model or "", "plain")
-        return Vocabulary(tuple(_shown(t, style) for t in tokens), f"{resolved.path} (tokenizer.ggml.tokens)", style)
+        return Vocabulary(tuple(tokens), f"{resolved.path} (tokenizer.ggml.tokens)", style)
     if getattr(resolved, "model", None) is not None or resolved.path is None:
         return None
     folder = Path(resolved.path)
@@ -102,7 +104,7 @@ def _tokenizer_json(folder: Path) -> Vocabulary:
         style = _style(json.loads(text))
     except (ValueError, RecursionError):  # the tokenizers library read it; only the display style is lost
         style = "plain"
-    return Vocabulary(tuple(None if t is None else _shown(t, style) for t in raw), str(shown), style)
+    return Vocabulary(tuple(raw), str(shown), style)
 
 
 def _vocab_txt(folder: Path) -> Vocabulary:
@@ -147,13 +149,16 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(keep, chars, strict=True)}
 
 
-_BYTES = _byte_decoder()
+_BYTES = {ord(c): b for c, b in _byte_decoder().items()}  # for str.translate: each symbol -> its byte's code point
 
 
 def _shown(token: str, style: str) -> str:
     """The text a raw vocabulary entry stands for (see the module docstring)."""
-    if style == "byte-level" and all(c in _BYTES for c in token):
-        return bytes(_BYTES[c] for c in token).decode("utf-8", errors="backslashreplace")
+    if style == "byte-level":
+        try:  # symbols outside the byte alphabet (an added token's own text) stay as they are
+            return token.translate(_BYTES).encode("latin-1").decode("utf-8", errors="backslashreplace")
+        except UnicodeEncodeError:
+            return token
     if style == "sentencepiece":
         if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
             try:

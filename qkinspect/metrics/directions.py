@@ -92,22 +92,28 @@ def token_scores(T: Tensor, W: Tensor, blocks: list[tuple[int, ...]]) -> Tensor:
                 [0., 5.]])
     """
     P = T @ W.to(T.dtype)  # (V, D) @ (D, m) -> (V, m)
+    if all(len(b) == 1 and b[0] == k for k, b in enumerate(blocks)) and len(blocks) == P.shape[1]:
+        return P  # single directions, in column order: the products are the scores
     out = P.new_empty(P.shape[0], len(blocks))
     alone = [k for k, b in enumerate(blocks) if len(b) == 1]
     if alone:
         out[:, alone] = P[:, [blocks[k][0] for k in alone]]
     runs = [k for k, b in enumerate(blocks) if len(b) > 1]
     if runs:  # ‖t W_b‖² = Σ_j (t·w_j)²: the squares summed per block by one product with a 0/1 matrix
-        member = P.new_zeros(P.shape[1], len(runs))  # (m, n_runs)
+        cols = [c for k in runs for c in blocks[k]]
+        member = P.new_zeros(len(cols), len(runs))  # (run columns, runs)
+        at = 0
         for j, k in enumerate(runs):
-            member[list(blocks[k]), j] = 1.0
-        out[:, runs] = (P.square() @ member).sqrt()
+            member[at:at + len(blocks[k]), j] = 1.0
+            at += len(blocks[k])
+        out[:, runs] = (P[:, cols].square_() @ member).sqrt_()
     return out
 
 
-def top_tokens(scores: Tensor, n: int) -> tuple[Tensor, Tensor]:
-    """The n largest entries of each column of `scores` (V, m): (values (n, m), token ids (n, m)), largest first."""
-    values, ids = torch.topk(scores, min(n, scores.shape[0]), dim=0)
+def top_tokens(scores: Tensor, n: int, largest: bool = True) -> tuple[Tensor, Tensor]:
+    """The n largest (or smallest) entries of each column of `scores` (V, m): (values (n, m), token ids (n, m)),
+    the most extreme first."""
+    values, ids = torch.topk(scores, min(n, scores.shape[0]), dim=0, largest=largest)
     return values, ids
 
 
