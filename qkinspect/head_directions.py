@@ -20,7 +20,7 @@ from torch import Tensor
 from qkinspect.direction_records import DirectionRecord, DirectionsResult, Readout
 from qkinspect.errors import CheckpointError, InputError
 from qkinspect.layer import AttentionLayer, BlockSpec
-from qkinspect.metrics.directions import GAP, factored_svd, subspaces, token_scores, top_tokens
+from qkinspect.metrics.directions import GAP, best_tokens, factored_svd, subspaces
 from qkinspect.metrics.factored import RANK_RTOL
 from qkinspect.selection import check_indexes, select_blocks
 
@@ -292,13 +292,8 @@ class _Run:
             T = vocab.unembed if write else vocab.embed
             if write and vocab.gain is not None:
                 W = vocab.gain.to(W.dtype)[:, None] * W  # (γ ∘ w_t) · v = w_t · (γ ∘ v): the gain on the vector
-            scores = token_scores(T, W, blocks)  # (V, n_blocks)
-            single = [k for k, b in enumerate(blocks) if len(b) == 1]
-            pos_v, pos_i = top_tokens(scores, self.n_tokens)
-            neg_v, neg_i = top_tokens(scores if len(single) == len(blocks) else scores[:, single], self.n_tokens,
-                                      largest=False)  # the tokens of −v: the lowest scores of v, negated
-            neg_v = -neg_v
-            neg_at = {c: n for n, c in enumerate(single)}
+            (pos_v, pos_i), (neg_v, neg_i) = best_tokens(T, W, blocks, self.n_tokens)  # −v: v's lowest, negated
+            neg_at = {c: n for n, c in enumerate(k for k, b in enumerate(blocks) if len(b) == 1)}
             col = 0
             for j, (i, matrix, side, groups, _, S) in items:
                 recs = out.setdefault(j, [])

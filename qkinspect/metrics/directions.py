@@ -117,4 +117,36 @@ def top_tokens(scores: Tensor, n: int, largest: bool = True) -> tuple[Tensor, Te
     return values, ids
 
 
-__all__ = ["GAP", "factored_svd", "canonical_signs", "subspaces", "token_scores", "top_tokens"]
+CHUNK = 16384  # tokens scored at a time: the (chunk, m) scores stay small whatever the vocabulary
+
+
+def best_tokens(T: Tensor, W: Tensor, blocks: list[tuple[int, ...]], n: int, chunk: int = CHUNK
+                ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """The n best tokens of every block (`token_scores`), scored `chunk` tokens at a time: ((values, ids) of the
+    highest scores, (values, ids) of the lowest, negated: the tokens of −v), each (n, blocks); the lowest are given
+    for single directions only (columns in the order of the single blocks). A token's score is the same whichever
+    chunk holds it, so the result is that of one pass over all tokens."""
+    single = [k for k, b in enumerate(blocks) if len(b) == 1]
+    hi_v, hi_i, lo_v, lo_i = [], [], [], []
+    for a in range(0, T.shape[0], chunk):
+        scores = token_scores(T[a:a + chunk], W, blocks)  # (chunk, n_blocks)
+        v, i = top_tokens(scores, n)
+        hi_v.append(v)
+        hi_i.append(i + a)
+        if single:
+            v, i = top_tokens(scores if len(single) == len(blocks) else scores[:, single], n, largest=False)
+            lo_v.append(v)
+            lo_i.append(i + a)
+    hi = _merged(torch.cat(hi_v), torch.cat(hi_i), n, largest=True)
+    lo = _merged(torch.cat(lo_v), torch.cat(lo_i), n, largest=False) if single else (hi[0][:, :0], hi[1][:, :0])
+    return hi, (-lo[0], lo[1])
+
+
+def _merged(values: Tensor, ids: Tensor, n: int, largest: bool) -> tuple[Tensor, Tensor]:
+    """The n most extreme of the chunks' candidates (rows of `values`), with their token ids."""
+    v, at = torch.topk(values, min(n, values.shape[0]), dim=0, largest=largest)
+    return v, ids.gather(0, at)
+
+
+__all__ = ["GAP", "CHUNK", "factored_svd", "canonical_signs", "subspaces", "token_scores", "top_tokens",
+           "best_tokens"]

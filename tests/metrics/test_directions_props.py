@@ -72,3 +72,19 @@ def test_a_subspace_score_is_rotation_invariant(seed, b):
     assert torch.allclose(token_scores(T, W, block), token_scores(T, W @ R, block), atol=1e-12)
     U, V = canonical_signs(-W[None], W[None])
     assert torch.allclose(U, -V)  # a pair flips together
+
+
+@settings(**SETTINGS)
+@given(seed=st.integers(0, 2**16), chunk=st.integers(1, 40), n=st.integers(1, 6))
+def test_chunked_best_tokens_are_those_of_one_pass(seed, chunk, n):
+    from qkinspect.metrics.directions import best_tokens
+
+    g = torch.Generator().manual_seed(seed)
+    T = torch.randn(37, 8, generator=g, dtype=torch.float64)
+    W, _ = torch.linalg.qr(torch.randn(8, 5, generator=g, dtype=torch.float64))
+    blocks = [(0,), (1, 2), (3,), (4,)]
+    scores = token_scores(T, W, blocks)
+    (hv, hi), (lv, li) = best_tokens(T, W, blocks, n, chunk=chunk)
+    assert torch.equal(hi, torch.topk(scores, n, dim=0).indices)
+    assert torch.equal(li, torch.topk(-scores[:, [0, 2, 3]], n, dim=0).indices)
+    assert torch.allclose(lv, torch.topk(-scores[:, [0, 2, 3]], n, dim=0).values)
