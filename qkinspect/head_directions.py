@@ -139,7 +139,7 @@ def read_vocab(m, chosen: list[BlockSpec], dtype: torch.dtype, device: str) -> V
     if embed_name is None:
         raise CheckpointError(f"{where}: no token embedding tensor {names.embed!r}; directions are read through it")
     tie = _tied(m.resolved)
-    un_name = None if tie is True or names.unembed is None else src.resolve(names.unembed)
+    un_name = None if tie is True else next((n for n in map(src.resolve, names.unembeds) if n is not None), None)
     if un_name is None and tie is False and names.unembed is not None:
         raise CheckpointError(f"{where}: the config unties the embeddings, but there is no unembedding tensor "
                               f"{names.unembed!r}")

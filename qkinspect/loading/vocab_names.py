@@ -28,13 +28,20 @@ class VocabNames:
 
     `final_norm` None: the family has no norm between the residual stream and a linear unembedding (encoders);
     `norm_bias` names a LayerNorm's bias (not used for directions: a constant offset of every logit);
-    `unit_offset`: the norm multiplies by 1 + weight (Gemma)."""
+    `unit_offset`: the norm multiplies by 1 + weight (Gemma); `older` names the unembedding may have in checkpoints
+    written before transformers renamed it (GPT-NeoX's ``embed_out``)."""
 
     embed: str
     unembed: str | None
     final_norm: str | None
     norm_kind: str = "rmsnorm"
     unit_offset: bool = False
+    older: tuple[str, ...] = ()
+
+    @property
+    def unembeds(self) -> tuple[str, ...]:
+        """The unembedding's names, the current one first."""
+        return () if self.unembed is None else (self.unembed, *self.older)
 
     @property
     def norm_bias(self) -> str | None:
@@ -58,11 +65,15 @@ VOCAB: dict[str, VocabNames] = {
     **dict.fromkeys(("gpt2", "gptj", "gpt_neo"), _GPT2),
     **dict.fromkeys(("bloom", "falcon"), _BLOOM),
     "phi": VocabNames("embed_tokens.weight", "lm_head.weight", "final_layernorm.weight", "layernorm"),
-    "gpt_neox": VocabNames("embed_in.weight", "embed_out.weight", "final_layer_norm.weight", "layernorm"),
+    "gpt_neox": VocabNames("embed_in.weight", "lm_head.weight", "final_layer_norm.weight", "layernorm",
+                           older=("embed_out.weight",)),
     "opt": VocabNames("decoder.embed_tokens.weight", "lm_head.weight", "decoder.final_layer_norm.weight",
                       "layernorm"),
-    "mpt": VocabNames("wte.weight", None, "norm_f.weight", "layernorm"),
-    **dict.fromkeys(("bert", "roberta", "xlm-roberta", "electra", "camembert"), _BERT),
+    "mpt": VocabNames("wte.weight", "lm_head.weight", "norm_f.weight", "layernorm"),
+    "bert": _BERT,
+    **dict.fromkeys(("roberta", "xlm-roberta", "camembert"),
+                    VocabNames("embeddings.word_embeddings.weight", "lm_head.decoder.weight", None)),
+    "electra": VocabNames("embeddings.word_embeddings.weight", "generator_lm_head.weight", None),
     "distilbert": VocabNames("embeddings.word_embeddings.weight", "vocab_projector.weight", None),
 }
 
