@@ -143,12 +143,10 @@ def read_vocab(m, chosen: list[BlockSpec], dtype: torch.dtype, device: str) -> V
     if un_name is None and tie is False and names.unembed is not None:
         raise CheckpointError(f"{where}: the config unties the embeddings, but there is no unembedding tensor "
                               f"{names.unembed!r}")
-    E = _matrix(src, embed_name, where)
-    U = E if un_name is None else _matrix(src, un_name, where)
-    V, D = E.shape
-    if U.shape != E.shape:
-        raise CheckpointError(f"{where}: the unembedding {un_name!r} has shape {tuple(U.shape)}, the embedding "
-                              f"{embed_name!r} {tuple(E.shape)}; they should agree")
+    V, D = _shape(src, embed_name, where)  # every check from the headers first: a refusal reads no data
+    if un_name is not None and _shape(src, un_name, where) != (V, D):
+        raise CheckpointError(f"{where}: the unembedding {un_name!r} has shape {_shape(src, un_name, where)}, the "
+                              f"embedding {embed_name!r} {(V, D)}; they should agree")
     declared = _declared_vocab(m.resolved.config)
     if declared is not None and declared != V:
         raise CheckpointError(f"{where}: the embedding {embed_name!r} has {V:,} rows, but the config's vocab_size "
@@ -158,11 +156,13 @@ def read_vocab(m, chosen: list[BlockSpec], dtype: torch.dtype, device: str) -> V
         if widths != {D}:
             raise CheckpointError(f"{where}: the {b.key} block reads width {'/'.join(map(str, sorted(widths)))}, "
                                   f"but the embedding {embed_name!r} has width {D}")
-    gain, norm_name = _final_gain(src, names, D, where)
     text = read_vocabulary(m.resolved)
     if text is not None and len(text) > V:
         raise CheckpointError(f"{text.source}: {len(text):,} tokens, but the embedding {embed_name!r} has only "
                               f"{V:,} rows: the tokenizer does not belong to this model")
+    gain, norm_name = _final_gain(src, names, D, where)
+    E = _floating(src.get(embed_name), embed_name, where)
+    U = E if un_name is None else _floating(src.get(un_name), un_name, where)
     readout = Readout(embed_name, un_name or embed_name, un_name is None, norm_name, V,
                       None if text is None else text.source, None if text is None else len(text))
     E = E.to(device=device, dtype=dtype)
@@ -190,11 +190,12 @@ def _declared_vocab(config) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _matrix(src, stored: str, where: str) -> Tensor:
+def _shape(src, stored: str, where: str) -> tuple[int, int]:
+    """A token matrix's (rows, width) from the file's header; CheckpointError unless it is one."""
     shape = tuple(src.stored_shape(stored))
     if len(shape) != 2 or min(shape) < 1:
         raise CheckpointError(f"{where}: tensor {stored!r} has shape {shape}, not (vocabulary, width)")
-    return _floating(src.get(stored), stored, where)
+    return shape  # type: ignore[return-value]
 
 
 def _floating(t: Tensor, stored: str, where: str) -> Tensor:
@@ -319,7 +320,7 @@ class _Run:
         return {"fold_ln": self.fold_ln, "fold_qk_norm": self.fold_qk_norm,
                 "precision": "float64" if self.dtype == torch.float64 else "float32", "device": self.device,
                 "top_directions": self.k, "top_tokens": self.n_tokens, "gap": GAP, "rank_rtol": RANK_RTOL,
-                "blocks": None if blocks is None else list(select_blocks_keys(blocks)),
+                "blocks": None if blocks is None else [blocks] if isinstance(blocks, str) else list(blocks),
                 "layers": None if layers is None else list(layers), "heads": None if heads is None else list(heads)}
 
     def notes(self, chosen: list[BlockSpec], vocab: Vocab) -> list[str]:
@@ -340,10 +341,6 @@ class _Run:
         if r.tokenizer is None:
             out.append("no tokenizer found: token ids only")
         return out
-
-
-def select_blocks_keys(blocks) -> tuple[str, ...]:
-    return (blocks,) if isinstance(blocks, str) else tuple(blocks)
 
 
 __all__ = ["directions", "read_vocab"]
