@@ -56,6 +56,8 @@ class LazyArrayReader(GGUFReader):
 def string_array(reader: Any, field: Any, limit: int) -> list[str]:
     """The strings of a metadata string array (which `LazyArrayReader` stepped over), read from the file: at most
     `limit` of them (ValueError beyond), each UTF-8 (undecodable bytes replaced)."""
+    if list(field.types) != [GGUFValueType.ARRAY, GGUFValueType.STRING]:
+        raise ValueError(f"not an array of strings ({'/'.join(t.name for t in field.types)})")
     n = array_length(field)
     if n > limit:
         raise ValueError(f"{n:,} strings, more than {limit:,}")

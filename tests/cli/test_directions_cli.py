@@ -202,3 +202,10 @@ def test_a_folder_tokenizer_json_gives_the_text_of_each_token(lm, tmp_path, styl
     rec = res.records[0]
     text = dict(zip(rec.token_ids, rec.tokens, strict=True))
     assert {i: text[i] for i in want} == want
+
+
+def test_a_gguf_token_list_of_numbers_is_one_line(cli, tmp_path):
+    from tests.experiment import tiny_gguf
+
+    path = tiny_gguf.llama_gguf(tmp_path / "m.gguf", tokens=list(range(len(tiny_gguf.byte_tokens()))))
+    one_error_line(cli("directions", path, "--format", "json"), "tokenizer.ggml.tokens", "not an array of strings")
