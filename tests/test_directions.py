@@ -296,3 +296,23 @@ def test_the_demo_reads_its_tokenizer_and_the_document_round_trips():
     assert all(isinstance(t, str) for r in res.records for t in r.tokens)
     doc = json.loads(json.dumps(res.document()))
     assert doc["kind"] == "directions" and doc["directions"][0]["token_ids"] == list(res.records[0].token_ids)
+
+
+def test_fold_ln_reads_the_directions_of_the_gain_scaled_projections(tmp_path):
+    model = llama_lm(seed=6)
+    res = qkinspect.directions(save(model, tmp_path / "m"), layers="1", top_directions=1, top_tokens=4,
+                               precision="float64", fold_ln=True)
+    assert res.processing["fold_ln"] and not any("input norms not folded" in n for n in res.notes)
+    E = model.model.embed_tokens.weight.detach().double()
+    Uw = model.lm_head.weight.detach().double() * model.model.norm.weight.detach().double()
+    gamma = model.model.layers[1].input_layernorm.weight.detach().double()[:, None]  # (D, 1): diag(γ) W
+    got = by_key(res)
+    for h in range(H):
+        Wq, Wk, Wv, Wo = head_factors(model, 1, h)
+        for matrix, M, sides in (("ov", (gamma * Wv) @ Wo, ("read", "write")),
+                                 ("qk", (gamma * Wq) @ (gamma * Wk).T, ("query", "key"))):
+            _, read_ids, write_ids = dense_tokens(M, E, Uw if matrix == "ov" else E, 0, 4)
+            for side, (plus, minus) in zip(sides, (read_ids, write_ids), strict=True):
+                if (1, h, matrix, side, 0, "+") in got:
+                    assert list(got[(1, h, matrix, side, 0, "+")].token_ids) == plus
+                    assert list(got[(1, h, matrix, side, 0, "-")].token_ids) == minus
