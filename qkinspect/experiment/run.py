@@ -9,96 +9,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from qkinspect.errors import CheckpointError, InputError, UnsupportedModelError
-from qkinspect.experiment.amounts import check_amounts, check_estimate
-from qkinspect.experiment.edits import PREDICTORS, Edit, apply_edit, parse_edit
-from qkinspect.experiment.heal import Healing, HealOptions, check_healable, heal_runs
-from qkinspect.experiment.hf import load_hf, written
-from qkinspect.experiment.hf_guard import boundary, check_token_ids
-from qkinspect.experiment.in_memory import hf_in_memory, keeps_mode
-from qkinspect.experiment.measure import Scorer, Text, default_text, read_text, windows
-from qkinspect.layer import AttentionLayer, ModelInfo
+from qkinspect.experiment.edits.apply import PREDICTORS, Edit, parse_edit
+from qkinspect.experiment.exact import first_layer, make_units, run_unit
+from qkinspect.experiment.heal import HealOptions, check_healable, heal_runs
+from qkinspect.experiment.model.guard import boundary, check_token_ids
+from qkinspect.experiment.model.in_memory import hf_in_memory, keeps_mode
+from qkinspect.experiment.model.runtime import load_hf
+from qkinspect.experiment.model.scoring import Scorer, Text, default_text, read_text, windows
+from qkinspect.experiment.requests import check_amounts, check_estimate
+from qkinspect.experiment.results import ExperimentResult, Run, beyond_error
 
 SCOPES = ("head", "layer", "model")
 REFERENCE = Edit("ablate")
-# A difference is "beyond its error" when it is at least this many standard errors from 0 (about 95 %, two-sided).
-SIGNIFICANT = 2.0
-# Per-head claims need about a thousand scored tokens (docs/experiments.md, "Error bars"): 1024 tokens in windows of
-# 256 score 1020 predictions.
-MIN_SCORED = 1000
 VERIFY = 12  # --estimate: heads per edit run exactly to check it, unless --verify says otherwise
-
-
-@dataclass(frozen=True)
-class Run:
-    """One edited model and its loss. `layer`/`head` are None where the scope covers more than one."""
-
-    edit: str
-    scope: str
-    layer: int | None
-    head: int | None
-    heads: int  # how many heads the run edited
-    loss: float | None  # None: not run exactly (an estimated head that was not verified)
-    dloss: float | None  # loss - baseline
-    # dloss / dloss of `ablate` on the same heads; None without that run, or when ablating does not cost loss
-    # beyond its error (dloss(ablate) <= SIGNIFICANT standard errors)
-    ratio: float | None
-    predicted: float | None  # the weight-space figure PREDICTORS[edit] (mean over the edited heads)
-    offset0: bool  # a rotary edit that is exact at offset 0 only
-    seconds: float  # the whole run: edit, write-back, forward from the first edited layer
-    forward_seconds: float  # the forward alone
-    dloss_se: float | None = None  # the standard error of dloss (paired with the baseline, block-clustered)
-    # --estimate (qkinspect.experiment.estimate): the estimated dloss, its Monte-Carlo standard error, how far the
-    # edit moves the head's output (|Δo_h| / |o_h|) and whether that makes the estimate unreliable
-    dloss_estimate: float | None = None
-    dloss_estimate_se: float | None = None
-    moved: float | None = None
-    unreliable: bool | None = None
-
-
-@dataclass(frozen=True)
-class ExperimentResult:
-    """Everything an experiment measured; `runs` in the order they ran (unit by unit, edit by edit)."""
-
-    model: ModelInfo
-    measure: str  # "causal", "masked" or "drift" (MEASURES names them)
-    text: str
-    tokens: int  # tokens fed to the model per pass
-    scored: int  # predictions (causal), masked tokens (masked) or tokens (drift) per pass
-    windows: int
-    window: int
-    baseline: float
-    runs: tuple[Run, ...]
-    rotary: str
-    baseline_seconds: float
-    seconds: float  # all edit runs together
-    predictors: dict[str, str] = field(default_factory=dict)
-    healing: Healing | None = None  # with heal=: the edits after fine-tuning, against a control (experiment.heal)
-    estimate: Estimate | None = None  # --estimate: how it was made and how well it agreed with the exact runs
-
-
-@dataclass(frozen=True)
-class Agreement:
-    """How an edit's estimate agreed with its exact runs on the verified heads: Spearman's ρ over all of them
-    (chosen to include the extremes, which makes ρ look better than over typical heads) and over the random part
-    of the sample alone (None with fewer than 3 heads or a constant side)."""
-
-    edit: str
-    verified: int
-    rho: float | None
-    sampled: int
-    rho_sampled: float | None
-
-
-@dataclass(frozen=True)
-class Estimate:
-    probes: int
-    seconds: float  # the estimate of every head and edit (edits, reruns, backward passes)
-    verify_seconds: float  # the exact runs of the verified heads
-    agreement: tuple[Agreement, ...]
 
 
 @keeps_mode
@@ -200,10 +126,10 @@ def run_experiment(
     with boundary(info.source, "transformers cannot run the model"):  # the unedited pass: the checkpoint's own
         scorer = Scorer(hf, ids, batch_tokens=batch_tokens, seed=seed)
         t0 = time.perf_counter()
-        base = scorer.baseline(cache={_start(unit) for unit in units})
+        base = scorer.baseline(cache={first_layer(unit) for unit in units})
         t_base = time.perf_counter() - t0
     if estimate:
-        from qkinspect.experiment import estimate as est
+        from qkinspect.experiment import estimate as est  # torch's autograd: only with --estimate
 
         runs_e, summary = est.estimated_runs(scorer, originals, head_list, runs_edits, base, rotary=rotary,
                                              probes=probes or est.PROBES, verify=verify, seed=seed,
@@ -281,47 +207,6 @@ def _check_in_place(hf, device: str | None) -> None:
 def _check_range(what: str, wanted: Sequence[int] | None, n: int) -> None:
     if wanted is not None and (not list(wanted) or min(wanted) < 0 or max(wanted) >= n):
         raise InputError(f"--{what} {','.join(map(str, wanted))}: this model has {what} 0-{n - 1}")
-
-
-Unit = list[tuple[int, list[int]]]  # (layer, heads) pairs edited together in one run
-
-
-def make_units(scope: str, layers: list[int], heads: list[int]) -> list[Unit]:
-    if scope == "head":
-        return [[(i, [h])] for i in layers for h in heads]
-    if scope == "layer":
-        return [[(i, heads)] for i in layers]
-    return [[(i, heads) for i in layers]]
-
-
-def _start(unit: Unit) -> int:
-    """The first layer a unit edits: the run starts there."""
-    return min(i for i, _ in unit)
-
-
-def run_unit(scorer: Scorer, hf, originals: dict[int, AttentionLayer], unit: Unit, edit: Edit, scope: str,
-             base: float, rotary: str, start: int | None = None) -> Run:
-    """Edit `unit`, run the model from its first edited layer (or from `start`: 0 runs everything, as a naive
-    loop would), restore it, and record the run."""
-    t0 = time.perf_counter()
-    results = [apply_edit(originals[i], edit, hs, rotary=rotary) for i, hs in unit]  # type: ignore[arg-type]
-    with written(hf, [r.layer for r in results]):
-        t1 = time.perf_counter()
-        loss = scorer.score(start=_start(unit) if start is None else start)
-        t_forward = time.perf_counter() - t1
-    figures = [v for r in results for v in r.predicted.values()]
-    return Run(
-        edit=str(edit), scope=scope, layer=unit[0][0] if scope != "model" else None,
-        head=unit[0][1][0] if scope == "head" else None,
-        heads=len(figures), loss=loss, dloss=loss - base, ratio=None,
-        predicted=sum(figures) / len(figures) if figures else None,
-        offset0=any(r.offset0_only for r in results), seconds=time.perf_counter() - t0,
-        forward_seconds=t_forward, dloss_se=scorer.paired_se())
-
-
-def beyond_error(dloss: float | None, se: float | None) -> bool:
-    """Whether `dloss` is further than SIGNIFICANT standard errors from 0 (False without a standard error)."""
-    return dloss is not None and se is not None and abs(dloss) > SIGNIFICANT * se
 
 
 def _with_ratios(runs: list[Run]) -> list[Run]:

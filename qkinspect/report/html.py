@@ -13,7 +13,6 @@ import io
 from dataclasses import asdict
 from html import escape
 
-from qkinspect import __version__
 from qkinspect.errors import InputError
 from qkinspect.records import AnalysisResult
 from qkinspect.report.figures import figure
@@ -23,6 +22,7 @@ from qkinspect.report.style import NUMBER_NOTE, style
 from qkinspect.report.summary import summary
 from qkinspect.report.tables import Table, layer_tables
 from qkinspect.report.text import blocks_table, gauge_words, metric_definitions
+from qkinspect.version import __version__
 
 CSS = """body{font-family:"DejaVu Sans",sans-serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.45}
 table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{padding:.15em .7em;text-align:right}

@@ -17,7 +17,6 @@ from typing import IO
 from matplotlib.backends.backend_pdf import PdfPages
 from matplotlib.figure import Figure
 
-from qkinspect import __version__
 from qkinspect.errors import InputError
 from qkinspect.records import AnalysisResult
 from qkinspect.report import text
@@ -27,6 +26,7 @@ from qkinspect.report.pages import MARGIN, TextPages, wrap
 from qkinspect.report.style import PAGE, style
 from qkinspect.report.summary import summary
 from qkinspect.report.tables import layer_tables
+from qkinspect.version import __version__
 
 CAPTION_SIZE = 8.5
 CAPTION_SPACE = 1.3  # inches kept under each figure for its caption

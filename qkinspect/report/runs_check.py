@@ -71,7 +71,7 @@ def _model(c: Checker, model: Any) -> tuple[int, int]:
 
 
 def _run(c: Checker, run: Any, key: str, layers: int, heads: int) -> None:
-    from qkinspect.experiment.edit_names import parse_edit
+    from qkinspect.experiment.edits.names import parse_edit
 
     run = c.obj(run, key)
     edit = c.text(run.get("edit"), f"{key}.edit")

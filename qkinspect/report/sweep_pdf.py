@@ -29,7 +29,7 @@ def write_sweep_pdf(sweep, target: str | Path | IO[bytes], *, date: dt.datetime 
     `title` names what was swept in the cover and figure titles (default: the folder and its checkpoints)."""
     from matplotlib.backends.backend_pdf import PdfPages
 
-    from qkinspect import __version__
+    from qkinspect.version import __version__
 
     metrics = sweep_metrics(sweep)
     with style(), PdfPages(target, metadata={"Title": f"qkinspect sweep report: {title or sweep.folder}"}) as pdf:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import asdict
 
-from qkinspect import __version__
 from qkinspect.records import AnalysisResult
 from qkinspect.report.pages import TextPages
 from qkinspect.report.style import NUMBER_NOTE
 from qkinspect.report.summary import Section
 from qkinspect.report.tables import Table
+from qkinspect.version import __version__
 
 CAPTIONS = {
     "symmetry": "Symmetry score s = ⟨M, Mᵀ⟩ / ‖M‖² of M = W_Q W_Kᵀ for every head (rows: layers, columns: heads). "

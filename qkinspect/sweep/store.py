@@ -109,8 +109,8 @@ def load_result(folder: Path, ck: Checkpoint, key: str, options: dict[str, Any])
 
 def result_document(ck: Checkpoint, key: str, options: dict[str, Any], payload: dict[str, Any],
                     device: str) -> dict[str, Any]:
-    from qkinspect import __version__
     from qkinspect.records import SCHEMA
+    from qkinspect.version import __version__
 
     return {"schema": SCHEMA, "kind": RESULT_KIND, "tool": {"name": "qkinspect", "version": __version__},
             "key": key, "checkpoint": ck.as_dict(), "options": normalized_options(options), "device": device,
@@ -152,8 +152,8 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
 
 def write_manifest(folder: Path, checkpoints: list[Checkpoint], options: dict[str, Any],
                    failures: list[Failure] = ()) -> None:
-    from qkinspect import __version__
     from qkinspect.records import SCHEMA
+    from qkinspect.version import __version__
 
     cks = [{**ck.as_dict(), "key": (key := result_key(ck, options)),
             "file": str(result_path(folder, ck, key).relative_to(folder))} for ck in checkpoints]

@@ -141,8 +141,8 @@ def test_experiment_text_from_an_endless_fifo(cli, tiny_bert, tmp_path):
 
 
 def test_only_the_text_tokens_need_is_read(tmp_path):
-    from qkinspect.experiment.amounts import BYTES_PER_TOKEN
-    from qkinspect.experiment.measure import read_text as read_experiment_text
+    from qkinspect.experiment.model.scoring import read_text as read_experiment_text
+    from qkinspect.experiment.requests import BYTES_PER_TOKEN
     from qkinspect.reading import MAX_TEXT_BYTES
 
     big = tmp_path / "big.txt"

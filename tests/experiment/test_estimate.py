@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkinspect.experiment.edits import apply_edit, parse_edit
+from qkinspect.experiment.edits.apply import apply_edit, parse_edit
 from qkinspect.experiment.estimate import (
     _get,
     combine,
@@ -22,8 +22,9 @@ from qkinspect.experiment.estimate import (
     projected,
     sites,
 )
-from qkinspect.experiment.hf import DRIFT, written
-from qkinspect.experiment.measure import Scorer, default_text, logits_and_targets, windows
+from qkinspect.experiment.model.runtime import DRIFT
+from qkinspect.experiment.model.scoring import Scorer, default_text, logits_and_targets, windows
+from qkinspect.experiment.model.writeback import written
 from tests.experiment import tiny_models as tiny
 from tests.experiment.test_run import opened
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from qkinspect.errors import InputError
 from qkinspect.experiment import heal as heal_mod
 from qkinspect.experiment.heal import HealOptions, paired_difference
-from qkinspect.experiment.measure import Text
+from qkinspect.experiment.model.scoring import Text
 from qkinspect.experiment.run import run_experiment
 from tests.experiment import tiny_models
 
@@ -156,8 +156,8 @@ def test_results_and_options(folders, tmp_path):
 
 def test_healed_losses_are_the_scorer_losses(folders):
     """window_losses of an unedited, untrained model give the experiment's own baseline."""
-    from qkinspect.experiment.hf import load_hf
-    from qkinspect.experiment.measure import Scorer, windows
+    from qkinspect.experiment.model.runtime import load_hf
+    from qkinspect.experiment.model.scoring import Scorer, windows
     from qkinspect.loading import open_model
 
     for family in ("llama", "bert"):

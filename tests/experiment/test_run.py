@@ -8,8 +8,9 @@ import torch
 
 from qkinspect.errors import InputError, UnsupportedModelError
 from qkinspect.experiment import expand_kv, run_experiment
-from qkinspect.experiment.hf import load_hf, written
-from qkinspect.experiment.measure import Scorer, Text, default_text, windows
+from qkinspect.experiment.model.runtime import load_hf
+from qkinspect.experiment.model.scoring import Scorer, Text, default_text, windows
+from qkinspect.experiment.model.writeback import written
 from qkinspect.loading import open_model
 from tests.experiment import tiny_models as tiny
 

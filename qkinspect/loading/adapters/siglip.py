@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from qkinspect.layer import AttentionLayer, BlockSpec, Norm
 from qkinspect.loading.adapters._decoder import check_shapes
-from qkinspect.loading.adapters._fused import sectioned, to_heads
 from qkinspect.loading.adapters.base import heads_out
 from qkinspect.loading.adapters.clip import _ClipTowers
+from qkinspect.loading.adapters.fused import sectioned, to_heads
 from qkinspect.loading.adapters.registry import register
 
 if TYPE_CHECKING:

@@ -9,9 +9,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from qkinspect.experiment import edit_forms as forms
-from qkinspect.experiment.edit_names import EDITS, Edit, EditError, parse_edit  # noqa: F401 (re-exported)
-from qkinspect.experiment.edit_rotary import RotaryLayout, rotary_layout
+from qkinspect.experiment.edits import forms
+from qkinspect.experiment.edits.names import EDITS, Edit, EditError, parse_edit  # noqa: F401 (re-exported)
+from qkinspect.experiment.edits.rotary import RotaryLayout, rotary_layout
 from qkinspect.layer import AttentionLayer
 from qkinspect.metrics.factored import one_thread
 

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkinspect.errors import InputError
-from qkinspect.experiment.amounts import BYTES_PER_TOKEN, check_amounts
-from qkinspect.experiment.hf import CAUSAL, DRIFT, MASKED, HFModel
+from qkinspect.experiment.model.runtime import CAUSAL, DRIFT, MASKED, HFModel
+from qkinspect.experiment.requests import BYTES_PER_TOKEN, check_amounts
 from qkinspect.reading import MAX_TEXT_BYTES
 
 MASK_FRACTION = 0.15
@@ -119,7 +119,7 @@ def _token_ids(tok, text: str, tokens: int) -> list[int]:
         chars *= 4
 
 
-class _Cached(nn.Module):
+class CachedStates(nn.Module):
     """Stands in for a skipped layer: returns the cached states entering the first layer that runs."""
 
     def __init__(self, states: Tensor, as_tuple: bool):
@@ -235,7 +235,7 @@ class Scorer:
         saved = [layers[k] for k in range(start)]
         try:
             for k in range(start):
-                layers[k] = _Cached(self.cache[start][b], self.as_tuple)
+                layers[k] = CachedStates(self.cache[start][b], self.as_tuple)
             yield
         finally:
             for k, m in enumerate(saved):
