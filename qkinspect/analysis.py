@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from qkinspect.device import check_device
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
 from qkinspect.limits import check_threads
@@ -242,7 +243,7 @@ class _Run:
         if precision not in PRECISIONS:
             raise InputError(f"precision={precision!r}: choose float32 or float64")
         return cls(resolve_metrics(metrics, layer_form=layer_form), check_spectra(spectra or ()),
-                   PRECISIONS[precision], _check_device(device), bool(fold_ln), bool(fold_qk_norm))
+                   PRECISIONS[precision], check_device(device), bool(fold_ln), bool(fold_qk_norm))
 
     @property
     def keep(self) -> tuple[torch.dtype, ...]:
@@ -383,16 +384,3 @@ def _summary(v: np.ndarray, how: str) -> float:
     if not v.size:
         return float("nan")
     return float(np.median(v) if how == "median" else v.mean())
-
-
-def _check_device(device) -> str:
-    name = str(getattr(device, "value", device))
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise InputError(f"device={name!r}: not a torch device (cpu, cuda, cuda:N)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"device={name!r}: no CUDA device is available (torch.cuda.is_available() is False)")
-    if dev.type not in ("cpu", "cuda"):
-        raise InputError(f"device={name!r}: only cpu and cuda are supported")
-    return name

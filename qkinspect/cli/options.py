@@ -105,14 +105,14 @@ def parse_blocks(values: list[str] | None) -> tuple[str, ...] | None:
 
 
 def check_device(device: Device | str) -> str:
-    """Refuse cuda when no GPU is visible (before any work), with a clear message."""
+    """Refuse cuda when no GPU is visible (before any work), with a clear message (qkinspect.device, in --device's
+    name); torch is imported only when cuda is asked for, so that --help and cpu runs stay light."""
     name = device.value if isinstance(device, Device) else device
-    if name == "cuda":
-        import torch
+    if name == "cpu":
+        return name
+    from qkinspect.device import check_device as check
 
-        if not torch.cuda.is_available():
-            raise InputError("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
-    return name
+    return check(name, "--device")
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,15 @@
-"""The bounds on an experiment's amounts (`--tokens`, `--window`, `--probes`, `--verify`), checked before any
-file or model is opened (torch-free, so the CLI refuses a bad value at once)."""
+"""What an experiment is asked to do, checked before any file or model is opened: the edits, the scope and the
+bounds on its amounts (`--tokens`, `--window`, `--probes`, `--verify`). Torch-free, so that a bad value is refused
+at once."""
 
 from __future__ import annotations
 
-from qkinspect.errors import InputError
+from collections.abc import Sequence
 
+from qkinspect.errors import InputError
+from qkinspect.experiment.edits.names import Edit, parse_edit
+
+SCOPES = ("head", "layer", "model")  # --scope
 MAX_TOKENS = 1 << 24  # --tokens and --window: at most this many (16,777,216)
 BYTES_PER_TOKEN = 64  # --text read for N tokens: its first 64·N bytes (at least 1 MiB, at most 64 MiB)
 
@@ -27,3 +32,12 @@ def check_estimate(scope: str, estimate: bool, probes: int | None, verify: int |
         raise InputError(f"--probes {probes}: expected 2 to 4096 (the curvature term's standard error needs two)")
     if verify is not None and verify < 0:
         raise InputError(f"--verify {verify}: expected a number of heads, 0 or more")
+
+
+def parse_edits(edits: str | Sequence[str]) -> list[Edit]:
+    """The edits asked for ("share_qk,rank:8" or a list of edit texts), each once, in order."""
+    texts = edits.split(",") if isinstance(edits, str) else list(edits)
+    out = list(dict.fromkeys(parse_edit(t) for t in texts if t.strip()))
+    if not out:
+        raise InputError("--edit: name at least one edit")
+    return out

@@ -11,18 +11,18 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from qkinspect.device import check_device
 from qkinspect.errors import CheckpointError, InputError, UnsupportedModelError
-from qkinspect.experiment.edits.apply import PREDICTORS, Edit, parse_edit
+from qkinspect.experiment.edits.apply import PREDICTORS, Edit
 from qkinspect.experiment.exact import first_layer, make_units, run_unit
 from qkinspect.experiment.heal import HealOptions, check_healable, heal_runs
 from qkinspect.experiment.model.guard import boundary, check_token_ids
 from qkinspect.experiment.model.in_memory import hf_in_memory, keeps_mode
 from qkinspect.experiment.model.runtime import load_hf
 from qkinspect.experiment.model.scoring import Scorer, Text, default_text, read_text, windows
-from qkinspect.experiment.requests import check_amounts, check_estimate
+from qkinspect.experiment.requests import SCOPES, check_amounts, check_estimate, parse_edits
 from qkinspect.experiment.results import ExperimentResult, Run, beyond_error
 
-SCOPES = ("head", "layer", "model")
 REFERENCE = Edit("ablate")
 VERIFY = 12  # --estimate: heads per edit run exactly to check it, unless --verify says otherwise
 
@@ -90,7 +90,7 @@ def run_experiment(
         >>> r = run_experiment("SmolLM2.gguf", "share_qk", layers=[3], tokens=512)  # doctest: +SKIP
         >>> [(x.head, round(x.dloss, 3)) for x in r.runs if x.edit == "share_qk"]  # doctest: +SKIP
     """
-    chosen = _parse_edits(edits)
+    chosen = parse_edits(edits)
     if scope not in SCOPES:
         raise InputError(f"--scope {scope!r}: expected one of {', '.join(SCOPES)}")
     if rotary not in ("gauge", "offset0"):
@@ -98,9 +98,7 @@ def run_experiment(
     check_amounts(tokens, window)
     check_estimate(scope, estimate, probes, verify)
     verify = (VERIFY if estimate else 0) if verify is None else verify
-    from qkinspect.analysis import _check_device
-
-    device = None if device is None else _check_device(device)
+    device = None if device is None else check_device(device)
     source = text if isinstance(text, Text) else default_text() if text is None else read_text(text, tokens)
     opts = heal if isinstance(heal, HealOptions) or not heal else HealOptions(steps=heal, seed=seed)
     if opts:
@@ -155,14 +153,6 @@ def run_experiment(
         windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),
         rotary=rotary, baseline_seconds=t_base, seconds=sum(r.seconds for r in runs),
         predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, healing=healing)
-
-
-def _parse_edits(edits: str | Sequence[str]) -> list[Edit]:
-    texts = edits.split(",") if isinstance(edits, str) else list(edits)
-    out = list(dict.fromkeys(parse_edit(t) for t in texts if t.strip()))
-    if not out:
-        raise InputError("--edit: name at least one edit")
-    return out
 
 
 def open_experiment(model, revision, layers, heads, tokenizer, device: str | None = None):

@@ -177,7 +177,7 @@ class GGUFSource(TensorSource):
     def metadata(self, key: str) -> str | None:
         """A string metadata field (e.g. ``general.name``), or None when absent or not text."""
         try:
-            value = _field(self._reader, key, self.path, None) if self._reader is not None else None
+            value = gguf_field(self._reader, key, self.path, None) if self._reader is not None else None
         except CheckpointError:  # an unreadable name is no reason to refuse the weights
             return None
         return " ".join(value.split()) or None if isinstance(value, str) else None
@@ -232,8 +232,8 @@ def open_gguf(path: Path) -> tuple[Any, GGUFSource]:
         CheckpointError: the file is corrupt or truncated, or its metadata lacks a required key.
         UnsupportedModelError: its ``general.architecture`` has no mapping here.
     """
-    reader = _reader(path)
-    arch = str(_field(reader, "general.architecture", path))
+    reader = gguf_file_reader(path)
+    arch = str(gguf_field(reader, "general.architecture", path))
     if arch not in ARCHES:
         raise UnsupportedModelError(
             f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHES))}"
@@ -253,7 +253,7 @@ def gguf_config_dict(reader: Any, arch: str, path: Path) -> dict[str, Any]:
     layout = ARCHES[arch]
 
     def read(key: str, default: Any, per_layer: bool) -> Any:
-        value = _field(reader, key, path, _REQUIRED if default is ... else default)
+        value = gguf_field(reader, key, path, _REQUIRED if default is ... else default)
         if key.endswith(_COUNTS) and value is not default:  # metadata enters here: whole numbers, 1 to MAX_COUNT
             for v in value if isinstance(value, list) else [value]:
                 positive_int(v, path, key)
@@ -295,7 +295,8 @@ def light_config(data: dict[str, Any], path: Path) -> Any:
     return LightConfig(data, data["model_type"], real)
 
 
-def _reader(path: Path) -> Any:
+def gguf_file_reader(path: Path) -> Any:
+    """The file's GGUF reader (metadata and tensor index, arrays read lazily)."""
     from qkinspect.loading.gguf_reader import LazyArrayReader
 
     try:
@@ -311,7 +312,7 @@ def _reader(path: Path) -> Any:
     return reader
 
 
-def _field(reader: Any, key: str, path: Path, default: Any = _REQUIRED) -> Any:
+def gguf_field(reader: Any, key: str, path: Path, default: Any = _REQUIRED) -> Any:
     f = reader.fields.get(key)
     if f is None:
         if default is _REQUIRED:

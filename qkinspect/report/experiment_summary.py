@@ -129,15 +129,13 @@ def costly_heads(heads: list[HeadCost]) -> list[HeadCost]:
 def prediction(doc: dict[str, Any], edit: str) -> Prediction | None:
     """Spearman's ρ and its two-sided p-value over the edit's head-scope runs; None with fewer than 3 heads
     or a constant side (ρ is then undefined)."""
-    from scipy.stats import spearmanr
+    from qkinspect.experiment.results import rank_correlation
 
     pts = [(h.predicted, h.dloss) for h in head_costs(doc, edit) if h.predicted is not None]
-    x, y = [p[0] for p in pts], [p[1] for p in pts]
-    if len(pts) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
+    r = rank_correlation([p[0] for p in pts], [p[1] for p in pts])
+    if r is None:
         return None
-    r = spearmanr(x, y)
-    return Prediction(edit, str((doc.get("predictors") or {}).get(edit, "prediction")), len(pts),
-                      float(r.statistic), float(r.pvalue))
+    return Prediction(edit, str((doc.get("predictors") or {}).get(edit, "prediction")), len(pts), *r)
 
 
 def meaning(p: Prediction) -> str:

@@ -54,7 +54,7 @@ def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: d
               experiment: tuple[dict, Path] | None = None, title: str | None = None) -> int:
     """Write the report to `target` (a path or a binary file); returns the number of pages.
     The caller makes the write atomic (the CLI writes a temporary file and renames it). `experiment`, the
-    document `qkinspect experiment` wrote (report.experiment.read_experiment) and its path, adds the experiment
+    document `qkinspect experiment` wrote (qkinspect.experiment.saved.read_experiment) and its path, adds the experiment
     section after the summary: its words, its figure and the cheapest and costliest heads. `title` names the
     model in the report's title, footer and figure titles (the cover still gives its identity).
 

@@ -105,8 +105,9 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--kind {kind.value} needs --experiment FILE.json (from qkinspect experiment -o)"
                              if experiment is None else "--experiment applies to --kind experiment or costmap only")
         if experiment is not None:
+            from qkinspect.experiment.saved import read_experiment
             from qkinspect.report.costmap import costmap_figure
-            from qkinspect.report.experiment import experiment_figure, read_experiment
+            from qkinspect.report.experiment import experiment_figure
             from qkinspect.report.style import style
 
             draw_runs = costmap_figure if kind is Kind.costmap else experiment_figure

@@ -104,7 +104,7 @@ def read_runs(path: Path | None, *, html: bool = False, sweep: bool = False) -> 
     if html or sweep:
         raise InputError(f"--experiment {path}: the experiment section is in a model's PDF report only"
                          + ("; leave out --html" if html else ", not a sweep's"))
-    from qkinspect.report.experiment import read_experiment
+    from qkinspect.experiment.saved import read_experiment
 
     return read_experiment(path), path
 

@@ -271,10 +271,10 @@ GGUF_TOKEN_IDS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_t
 def check_gguf_tokenizer(path: Path) -> bool:
     """A GGUF file's tokenizer metadata as transformers reads it: a token list that is not empty, and special
     token ids that index it; refused with the key named. False when the file has no tokenizer."""
-    from qkinspect.loading.gguf import _field, _reader
+    from qkinspect.loading.gguf import gguf_field, gguf_file_reader
     from qkinspect.loading.gguf_reader import array_length
 
-    reader = _reader(path)
+    reader = gguf_file_reader(path)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if tokens is None:
         return False
@@ -282,7 +282,7 @@ def check_gguf_tokenizer(path: Path) -> bool:
     if n < 1:
         raise CheckpointError(f"{path}: GGUF metadata 'tokenizer.ggml.tokens' is empty")
     for key in GGUF_TOKEN_IDS:
-        value = _field(reader, f"tokenizer.ggml.{key}", path, None)
+        value = gguf_field(reader, f"tokenizer.ggml.{key}", path, None)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
