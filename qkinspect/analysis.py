@@ -39,7 +39,7 @@ from qkinspect.metrics.layer_form import head_overlap, layer_form_metrics
 from qkinspect.metrics.products import HeadProducts
 from qkinspect.metrics.registry import LAYER_FORM, METRICS, resolve_metrics
 from qkinspect.records import AnalysisResult, Baseline, HeadRecord, LayerRecord, Processing
-from qkinspect.selection import check_indexes, select_blocks
+from qkinspect.selection import as_indexes, check_selection
 
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 Progress = Callable[[int, int], None]
@@ -97,9 +97,8 @@ def analyze(
     """
     run = _Run.make(metrics, spectra, precision, device, fold_ln, fold_qk_norm, layer_form)
     with _opened(model, revision) as m:
-        chosen = select_blocks(m.info, blocks)
-        run.heads = check_indexes("heads", heads, {b.key: b.n_heads for b in chosen})
-        layer_sel = check_indexes("layers", layers, {b.key: b.n_layers for b in chosen})
+        run.heads, layer_sel = as_indexes(heads, "heads"), as_indexes(layers, "layers")
+        chosen = check_selection(m.info, blocks, layer_sel, run.heads)
         keys = [b.key for b in chosen if run.head_index(b) is None or len(run.head_index(b))]
         if fold_qk_norm and not any(b.qk_norm for b in chosen if b.key in keys):
             raise InputError("fold_qk_norm=True: the selected blocks have no q/k norm")

@@ -31,14 +31,14 @@ HealTrackOpt = Annotated[Path | None, typer.Option(
 
 def heal_options(steps: int, train: HealTrain, lr: float, batch_tokens: int, text: Path | None,
                  track: Path | None, seed: int = 0):
-    """The library's HealOptions from the CLI's, or None without --heal."""
+    """The library's HealOptions from the CLI's, or None without --heal (the library checks them, and reads the
+    text once they are)."""
     if not steps:
         return None
-    from qkinspect.experiment.heal import HealOptions
-    from qkinspect.experiment.model.scoring import read_text
+    from qkinspect.experiment.requests import HealOptions
 
-    return HealOptions(steps=steps, train=train.value, lr=lr, batch_tokens=batch_tokens,
-                       text=None if text is None else read_text(text), track=track, seed=seed)
+    return HealOptions(steps=steps, train=train.value, lr=lr, batch_tokens=batch_tokens, text=text, track=track,
+                       seed=seed)
 
 
 def _fmt(v: Any, spec: str) -> str:

@@ -16,10 +16,8 @@ layers); "all", every parameter. The copies are the model's own classes; the use
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,38 +30,8 @@ from qkinspect.experiment.edits.parametrised import EditForm, canonical_from, pa
 from qkinspect.experiment.model.runtime import CAUSAL, MASKED, HFModel
 from qkinspect.experiment.model.scoring import Scorer, Text, windows
 from qkinspect.experiment.model.writeback import module_maps, write_layer
+from qkinspect.experiment.requests import TRAINED, HealOptions
 from qkinspect.experiment.results import HealedRun, Healing
-
-TRAIN = ("attention", "all")
-TRAINED = {"attention": "the attention projections (q, k, v, o) of every layer", "all": "every parameter"}
-
-
-@dataclass(frozen=True)
-class HealOptions:
-    """How to heal: `steps` AdamW steps at `lr` (constant, no weight decay) on batches of about `batch_tokens`
-    tokens of `text` (None: the scored text after the scored tokens), training `train` ("attention" or "all").
-    `track`: a folder for the metric trajectories during healing (one sweep folder per run), measured every
-    `track_every` steps."""
-
-    steps: int
-    train: str = "attention"
-    lr: float = 1e-4
-    text: Text | None = None
-    batch_tokens: int = 1024
-    track: Path | None = None
-    track_every: int = 10
-    seed: int = 0
-
-    def check(self) -> None:
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise InputError(f"--heal {self.steps!r}: the number of fine-tuning steps must be at least 1")
-        if self.train not in TRAIN:
-            raise InputError(f"--heal-train {self.train!r}: expected one of {', '.join(TRAIN)}")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise InputError(f"--heal-lr {self.lr!r}: the learning rate must be a positive number")
-        if self.batch_tokens < 2 or self.track_every < 1:
-            raise InputError("--heal-batch must be at least 2 and the tracking interval at least 1")
-
 
 Unit = list[tuple[int, list[int]]]
 

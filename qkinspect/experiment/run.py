@@ -7,27 +7,21 @@ it come from one unedited pass) and restored exactly before the next run.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from qkinspect.device import check_device
-from qkinspect.errors import CheckpointError, InputError, UnsupportedModelError
-from qkinspect.experiment.edits.apply import PREDICTORS, Edit
-from qkinspect.experiment.exact import first_layer, make_units, run_unit
-from qkinspect.experiment.heal import HealOptions, check_healable, heal_runs
-from qkinspect.experiment.model.guard import boundary, check_token_ids
-from qkinspect.experiment.model.in_memory import hf_in_memory, keeps_mode
-from qkinspect.experiment.model.runtime import load_hf
-from qkinspect.experiment.model.scoring import Scorer, Text, default_text, read_text, windows
-from qkinspect.experiment.requests import SCOPES, check_amounts, check_estimate, parse_edits
+from qkinspect.experiment.edits.names import Edit
+from qkinspect.experiment.requests import LIBRARY_NAMES, HealOptions, Names, Request, check_model, check_request
 from qkinspect.experiment.results import ExperimentResult, Run, beyond_error
+
+if TYPE_CHECKING:
+    from qkinspect.experiment.model.scoring import Text
 
 REFERENCE = Edit("ablate")
 VERIFY = 12  # --estimate: heads per edit run exactly to check it, unless --verify says otherwise
 
 
-@keeps_mode
 def run_experiment(
     model: str | Path | None = None,
     edits: str | Sequence[str] = "share_qk",
@@ -50,6 +44,7 @@ def run_experiment(
     estimate: bool = False,
     probes: int | None = None,
     verify: int | None = None,
+    names: Names = LIBRARY_NAMES,
 ) -> ExperimentResult:
     """Edit heads of `model` and measure the loss on text, one run per (unit, edit).
 
@@ -79,6 +74,11 @@ def run_experiment(
         verify: with `estimate`, run this many heads per edit exactly (the predicted cheapest and costliest, the
             flagged, and a random sample) and report the rank agreement (`ExperimentResult.estimate.agreement`);
             None: VERIFY with `estimate`; 0 checks nothing.
+        names: how errors name the options (`qkinspect.experiment.requests`): these arguments' names by default;
+            the CLI passes its own.
+
+    Every option is checked before anything is loaded, and the selection and the edits against the model's
+    description (its config) before its weights are read.
 
     Returns:
         ExperimentResult.
@@ -90,22 +90,38 @@ def run_experiment(
         >>> r = run_experiment("SmolLM2.gguf", "share_qk", layers=[3], tokens=512)  # doctest: +SKIP
         >>> [(x.head, round(x.dloss, 3)) for x in r.runs if x.edit == "share_qk"]  # doctest: +SKIP
     """
-    chosen = parse_edits(edits)
-    if scope not in SCOPES:
-        raise InputError(f"--scope {scope!r}: expected one of {', '.join(SCOPES)}")
-    if rotary not in ("gauge", "offset0"):
-        raise InputError(f"--rotary {rotary!r}: expected gauge or offset0")
-    check_amounts(tokens, window)
-    check_estimate(scope, estimate, probes, verify)
-    verify = (VERIFY if estimate else 0) if verify is None else verify
-    device = None if device is None else check_device(device)
+    request = check_request(edits, scope=scope, rotary=rotary, tokens=tokens, window=window, estimate=estimate,
+                            probes=probes, verify=verify, heal=heal, device=device, seed=seed,
+                            default_verify=VERIFY, names=names)
+    from qkinspect.experiment.model.in_memory import eval_mode  # torch: only once the request is checked
+
+    with eval_mode(model):  # a model in memory runs in eval mode and gets its modules' training flags back
+        return _run(model, request, scope=scope, layers=layers, heads=heads, text=text, tokens=tokens,
+                    window=window, reference=reference, rotary=rotary, tokenizer=tokenizer, revision=revision,
+                    batch_tokens=batch_tokens, seed=seed, progress=progress, estimate=estimate, probes=probes,
+                    names=names)
+
+
+def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: int, window: int, reference: bool,
+         rotary: str, tokenizer, revision, batch_tokens: int, seed: int, progress, estimate: bool,
+         probes: int | None, names: Names) -> ExperimentResult:
+    """run_experiment once its request is checked."""
+    import time
+    from dataclasses import replace
+
+    from qkinspect.errors import CheckpointError
+    from qkinspect.experiment.edits.apply import PREDICTORS
+    from qkinspect.experiment.exact import first_layer, make_units, run_unit
+    from qkinspect.experiment.heal import check_healable, heal_runs
+    from qkinspect.experiment.model.guard import boundary, check_token_ids
+    from qkinspect.experiment.model.scoring import Scorer, Text, default_text, read_text, windows
+
+    chosen, verify, device, opts = list(request.edits), request.verify, request.device, request.heal
     source = text if isinstance(text, Text) else default_text() if text is None else read_text(text, tokens)
-    opts = heal if isinstance(heal, HealOptions) or not heal else HealOptions(steps=heal, seed=seed)
-    if opts:
-        opts.check()  # before any work
-        if estimate:
-            raise InputError("--heal runs every edit exactly: it cannot be combined with --estimate")
-    info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device)
+    if opts and opts.text is not None and not isinstance(opts.text, Text):
+        opts = replace(opts, text=read_text(opts.text))
+    info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device, edits=chosen,
+                                          names=names)
     if opts:
         check_healable(hf, rotary)
     spec = info.blocks[0]
@@ -145,7 +161,7 @@ def run_experiment(
             if progress is not None:
                 progress(len(runs), total)
     healing = None
-    if heal:
+    if opts:
         exact = {(r.edit, r.layer, r.head): r.dloss for r in runs}
         healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts)
     return ExperimentResult(
@@ -155,20 +171,20 @@ def run_experiment(
         predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, healing=healing)
 
 
-def open_experiment(model, revision, layers, heads, tokenizer, device: str | None = None):
+def open_experiment(model, revision, layers, heads, tokenizer, device: str | None = None, edits: Sequence[Edit] = (),
+                    names: Names = LIBRARY_NAMES):
     """The model's identity, its chosen layers in the canonical layout (qkinspect's loader), and the transformers
-    model (the same files, through transformers' own classes)."""
+    model (the same files, through transformers' own classes). The selection and `edits` are checked against the
+    model's description (`requests.check_model`) before any weight is read."""
+    from qkinspect.errors import UnsupportedModelError
+    from qkinspect.experiment.model.in_memory import hf_in_memory
+    from qkinspect.experiment.model.runtime import load_hf
     from qkinspect.loading import open_model
 
     with open_model(model, revision=revision) as m:
         info = m.info
-        if len(info.blocks) != 1 or info.blocks[0].name not in ("encoder", "decoder"):
-            keys = ", ".join(b.key for b in info.blocks)
-            raise UnsupportedModelError(f"{info.source}: experiment runs models with one self-attention block; "
-                                        f"this one has {keys}")
+        check_model(info, edits, layers, heads, names)
         spec = info.blocks[0]
-        _check_range("layers", layers, spec.n_layers)
-        _check_range("heads", heads, spec.n_heads)
         wanted = sorted(set(layers)) if layers is not None else list(range(spec.n_layers))
         originals = {i: m.layer(spec.key, i) for i in wanted}
         if m.info.format == "memory":
@@ -190,13 +206,10 @@ def _check_in_place(hf, device: str | None) -> None:
     here = next(hf.model.parameters()).device
     want = None if device is None else torch.device(device)
     if want is not None and (want.type != here.type or (want.index is not None and want.index != here.index)):
+        from qkinspect.errors import InputError
+
         raise InputError(f"device={device!r}: this model in memory is on {here}, and it runs where it is "
                          f"(move it first: model.to({device!r}))")
-
-
-def _check_range(what: str, wanted: Sequence[int] | None, n: int) -> None:
-    if wanted is not None and (not list(wanted) or min(wanted) < 0 or max(wanted) >= n):
-        raise InputError(f"--{what} {','.join(map(str, wanted))}: this model has {what} 0-{n - 1}")
 
 
 def _with_ratios(runs: list[Run]) -> list[Run]:

@@ -173,7 +173,7 @@ def test_experiment_amounts_are_capped_before_any_work(cli, tmp_path, option, va
 def test_run_experiment_caps_too(tmp_path):
     from qkinspect.experiment import run_experiment
 
-    with pytest.raises(InputError, match="--tokens 1000000000000: at most"):
+    with pytest.raises(InputError, match="tokens=1000000000000: at most"):
         run_experiment(tmp_path / "no-such-model", "share_qk", tokens=10**12)
 
 

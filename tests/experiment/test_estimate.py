@@ -270,9 +270,9 @@ def test_estimate_refusals(models):
     from qkinspect.errors import InputError
     from qkinspect.experiment import run_experiment
 
-    with pytest.raises(InputError, match="--scope head"):
+    with pytest.raises(InputError, match="scope='head'"):
         run_experiment(models["llama"], "share_qk", scope="layer", estimate=True)
-    with pytest.raises(InputError, match="--verify applies to --estimate"):
+    with pytest.raises(InputError, match="verify applies to estimate"):
         run_experiment(models["llama"], "share_qk", verify=3)
-    with pytest.raises(InputError, match="--probes 1"):
+    with pytest.raises(InputError, match="probes=1"):
         run_experiment(models["llama"], "share_qk", estimate=True, probes=1)

@@ -28,7 +28,6 @@ from qkinspect.cli.options import (
     ModelArg,
     OutputOpt,
     RevisionOpt,
-    check_device,
     parse_indices,
 )
 from qkinspect.cli.output import Document, check_output, emit, progress
@@ -102,27 +101,17 @@ def register(app: typer.Typer) -> None:
         SmolLM2-135M-Instruct.Q4_1.gguf --edit share_qk --scope layer --layers 3 --heal 50
         """
         check_output(fmt, output)
-        where = check_device(device)
-        from qkinspect.experiment.edits.names import parse_edit
-        from qkinspect.experiment.requests import check_estimate
-
-        check_estimate(scope.value, estimate, probes, verify)
-
-        for e in edit.split(","):  # refuse a misspelt edit before loading anything (torch, transformers)
-            if e.strip():
-                parse_edit(e)
-        from qkinspect.experiment.requests import check_amounts
-
-        check_amounts(tokens, window)
         layer_list, head_list = parse_indices(layers, "--layers"), parse_indices(heads, "--heads")
-        from qkinspect.experiment import run_experiment
+        from qkinspect.experiment import run_experiment  # torch-free until the request is checked
+        from qkinspect.experiment.requests import CLI_NAMES
 
         with progress("editing heads") as p:
             result = run_experiment(
                 model, edit, scope=scope.value, layers=layer_list, heads=head_list, text=text, tokens=tokens,
                 window=window, reference=reference, rotary=rotary.value, tokenizer=tokenizer, revision=revision,
-                progress=p, device=where, estimate=estimate, probes=probes, verify=verify,
-                heal=heal_options(heal, heal_train, heal_lr, heal_batch_tokens, heal_text, heal_track))
+                progress=p, device=device.value, estimate=estimate, probes=probes, verify=verify,
+                heal=heal_options(heal, heal_train, heal_lr, heal_batch_tokens, heal_text, heal_track),
+                names=CLI_NAMES)
         emit(experiment_document(result), fmt, output)
 
 

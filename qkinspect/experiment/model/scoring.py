@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import platform
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ from torch import Tensor, nn
 
 from qkinspect.errors import InputError
 from qkinspect.experiment.model.runtime import CAUSAL, DRIFT, MASKED, HFModel
-from qkinspect.experiment.requests import BYTES_PER_TOKEN, check_amounts
+from qkinspect.experiment.requests import BYTES_PER_TOKEN, Text, check_amounts
 from qkinspect.reading import MAX_TEXT_BYTES
 
 MASK_FRACTION = 0.15
@@ -38,12 +37,6 @@ MASK_FRACTION = 0.15
 # per-token standard error would be too small (docs/experiments.md, "Error bars").
 BLOCK = 64
 MEASURES = {CAUSAL: "next-token cross-entropy", MASKED: "masked-LM cross-entropy", DRIFT: "drift"}
-
-
-@dataclass(frozen=True)
-class Text:
-    name: str  # how the output names it
-    text: str
 
 
 def default_text() -> Text:
