@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from qkinspect import limits
 from qkinspect.device import check_device
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
@@ -203,7 +203,7 @@ def _threads(threads: int | None = None) -> Iterator[None]:
     afterwards. Not more: the prefetch thread mostly waits on the disk, and more threads than cores slow the GEMMs
     down."""
     before = torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = limits.cores()
     if threads is not None:
         check_threads(threads, "threads")
         torch.set_num_threads(threads)
@@ -329,7 +329,8 @@ class _Run:
         return {k: v for k, v in vals.items() if k in self.names}
 
     def baselines_of(self, specs: list[BlockSpec]) -> list[Baseline]:
-        return [b for spec in specs for b in gaussian_baselines(spec, self.names, dtype=self.dtype, device=self.device)]
+        return [Baseline(*b) for spec in specs
+                for b in gaussian_baselines(spec, self.names, dtype=self.dtype, device=self.device)]
 
     @property
     def precision(self) -> str:

@@ -32,7 +32,7 @@ def run_analysis(model, selection: Selection, *, revision: str | None = None, **
 
 
 def _analyze_opened(m, selection: Selection, options: dict[str, Any]):
-    import qkinspect
+    from qkinspect import analysis  # the module: nothing inside qkinspect goes through the package face
 
     kwargs = selection.kwargs()
     kwargs["blocks"] = check_selection(m.info, selection.blocks, selection.layers, selection.heads)
@@ -40,7 +40,7 @@ def _analyze_opened(m, selection: Selection, options: dict[str, Any]):
     if selection.fold_qk_norm and not any(b.qk_norm for b in chosen):
         raise InputError("--fold-qk-norm: the selected blocks have no q/k norm")
     with progress("analysing heads") as p:
-        result = qkinspect.analyze(m, progress=p, **kwargs, **options)
+        result = analysis.analyze(m, progress=p, **kwargs, **options)
     for w in result.warnings:
         warn(w)
     if result.processing.recomputed_float64:  # information, asking nothing: one note (JSON: processing)

@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qkinspect.errors import CheckpointError, UnsupportedModelError
+from qkinspect.errors import CheckpointError, UnsupportedModelError, one_line
 from qkinspect.loading.checked import check_counts, positive_int
 from qkinspect.loading.gguf_arch import ARCHES, Layout, Meta, layer_names
 from qkinspect.loading.source import TensorSource
@@ -144,7 +144,7 @@ class GGUFSource(TensorSource):
             w = torch.from_numpy(np.array(data, dtype=np.float32))  # a copy: never a view of the file mapping
             return w.reshape(_shape(t))
         except Exception as e:
-            raise CheckpointError(f"{self.path}: cannot read tensor {t.name!r} ({_one_line(e)})") from None
+            raise CheckpointError(f"{self.path}: cannot read tensor {t.name!r} ({one_line(e)})") from None
 
     def _split_dims(self, stored_name: str) -> tuple[int, int, int, int]:
         """(H, r, dn, dv) of a split kv_b: attn_k_b is (H, r, dn) in numpy order (each head's k_nope block
@@ -263,9 +263,9 @@ def gguf_config_dict(reader: Any, arch: str, path: Path) -> dict[str, Any]:
     try:
         data = layout.config(meta)
     except (TypeError, ValueError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: GGUF metadata for {arch!r} is invalid ({_one_line(e)})") from None
+        raise CheckpointError(f"{path}: GGUF metadata for {arch!r} is invalid ({one_line(e)})") from None
     except UnsupportedModelError as e:  # a form qkinspect does not read (said without the path)
-        raise UnsupportedModelError(f"{path}: GGUF {arch!r}: {_one_line(e)}") from None
+        raise UnsupportedModelError(f"{path}: GGUF {arch!r}: {one_line(e)}") from None
     data = {"model_type": layout.model_type, "architectures": [layout.architecture], **data}
     check_counts(data, path)  # what the counts imply together (key/value heads dividing the query heads)
     return data
@@ -290,7 +290,7 @@ def light_config(data: dict[str, Any], path: Path) -> Any:
                 return AutoConfig.for_model(data["model_type"], **{k: v for k, v in data.items() if k != "model_type"})
         except Exception as e:
             raise CheckpointError(f"{path}: transformers cannot build a config from this GGUF metadata "
-                                  f"({_one_line(e)})") from None
+                                  f"({one_line(e)})") from None
 
     return LightConfig(data, data["model_type"], real)
 
@@ -304,7 +304,7 @@ def gguf_file_reader(path: Path) -> Any:
     except FileNotFoundError:
         raise CheckpointError(f"{path}: file is missing") from None
     except Exception as e:  # the reader raises ValueError, struct/numpy errors ... on corrupt input
-        raise CheckpointError(f"{path}: not a readable GGUF file, corrupt or truncated ({_one_line(e)})") from None
+        raise CheckpointError(f"{path}: not a readable GGUF file, corrupt or truncated ({one_line(e)})") from None
     size = path.stat().st_size
     for t in reader.tensors:
         if int(t.data_offset) + int(t.n_bytes) > size:
@@ -321,7 +321,7 @@ def gguf_field(reader: Any, key: str, path: Path, default: Any = _REQUIRED) -> A
     try:
         return f.contents()
     except Exception as e:
-        raise CheckpointError(f"{path}: GGUF metadata {key!r} is unreadable ({_one_line(e)})") from None
+        raise CheckpointError(f"{path}: GGUF metadata {key!r} is unreadable ({one_line(e)})") from None
 
 
 def _uniform(value: Any, key: str, path: Path) -> int:
@@ -344,8 +344,6 @@ def _has_tensor(reader: Any, suffix: str) -> bool:
     return any(t.name.endswith(suffix) for t in reader.tensors)
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 __all__ = ["open_gguf", "GGUFSource", "gguf_config", "gguf_config_dict", "hf_name", "unpermute_rows",

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import CheckpointError, QkinspectError
-from qkinspect.loading.checked import inside, os_reason, read_json
+from qkinspect.loading.checked import inside, read_json
+from qkinspect.reading import os_reason
 
 # Files a transformers tokenizer may read from a folder (transformers 4 and 5, fast and slow classes).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
