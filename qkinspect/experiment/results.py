@@ -8,11 +8,13 @@ Torch-free: the records hold Python numbers only.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from qkinspect.layer import ModelInfo
-from qkinspect.records import envelope, model_dict
+from qkinspect.records import envelope, json_safe, model_dict
 
 # A difference is "beyond its error" when it is at least this many standard errors from 0 (about 95 %, two-sided).
 SIGNIFICANT = 2.0
@@ -179,6 +181,15 @@ def experiment_json(result: ExperimentResult) -> dict[str, Any]:
     if result.healing is not None:
         body["healing"] = healing_json(result.healing)
     return envelope("experiment", **body)
+
+
+def save_experiment(result: ExperimentResult, path: str | Path) -> None:
+    """Write `experiment_json(result)` to `path` as `qkinspect experiment -o FILE.json` does (atomically, NaN as
+    null): what `plot --kind experiment` and `report --experiment` read back (`qkinspect.experiment.saved`)."""
+    from qkinspect.files import atomic_write
+
+    doc = json_safe(experiment_json(result))
+    atomic_write(Path(path), lambda f: json.dump(doc, f, indent=2, allow_nan=False))
 
 
 def run_rows(result: ExperimentResult) -> list[dict[str, Any]]:

@@ -142,9 +142,9 @@ RUN_NUMBERS = ("baseline", "loss", "dloss", "dloss_ratio_ablate", "predicted")
        ops=st.none() | byte_edits(3000))
 def test_fuzz_runs_json(changes, ops):
     from qkinspect.experiment.saved import read_experiment
-    from qkinspect.report.experiment import experiment_figure
+    from qkinspect.report.analysis.pdf import _experiment
+    from qkinspect.report.experiment.figure import experiment_figure
     from qkinspect.report.pages import TextPages
-    from qkinspect.report.pdf import _experiment
 
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)

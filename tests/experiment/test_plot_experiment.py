@@ -12,7 +12,7 @@ from qkinspect.cli.app import app
 from qkinspect.errors import InputError
 from qkinspect.experiment.results import spearman
 from qkinspect.experiment.saved import read_experiment
-from qkinspect.report.experiment import dloss_grid, experiment_figure
+from qkinspect.report.experiment.figure import dloss_grid, experiment_figure
 from tests.experiment import tiny_models as tiny
 
 

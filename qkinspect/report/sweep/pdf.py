@@ -9,8 +9,8 @@ from typing import IO
 from matplotlib.figure import Figure
 
 from qkinspect.report.style import PAGE, style
+from qkinspect.report.sweep.trajectory import sweep_trajectory
 from qkinspect.report.titles import fit
-from qkinspect.report.trajectory import sweep_trajectory
 
 # Drawn when the sweep computed them, in this order; otherwise its first per-head metrics.
 METRICS = ("symmetry", "shared_qk_distance", "qk_effective_rank", "qk_stable_rank", "overlap_qk", "directionality")
