@@ -6,7 +6,7 @@ edit's constraint applied, so that every optimizer step stays inside the edit's 
 - share_qk, tie_q, tie_k, share_qkv: an edited query head has no W_Q of its own: W_Q[h] := W_K[g(h)] (share_qk and
   share_qkv give each edited head its own key head, so this is one matrix W per head; share_qkv also W_V := W).
   Under the rotary gauge this is the same statement: share_qk's W = W Wᴴ per block writes identical columns into
-  W_Q and W_K (edit_forms.share_qk), so the rotation sees one matrix.
+  W_Q and W_K (forms.share_qk), so the rotation sees one matrix.
 - symmetric: W_Q[h] := W_K[h] diag(s), s the fixed ±1 signs the edit chose per column (per rotary pair both
   columns share a sign), so W_Q W_Kᵀ stays symmetric (Hermitian per rotary block).
 - rank:K: the query factor of the real block is A C (D x k, k x k0) with k the real directions the edit kept, the

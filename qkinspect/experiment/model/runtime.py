@@ -95,7 +95,7 @@ def load_hf(resolved, tokenizer: Any = None, device: str = "cpu") -> HFModel:
 
 def _config(st) -> Any:
     """The model's config as transformers builds it from the private folder, with the values the runner uses
-    checked (`hf_guard.check_config`)."""
+    checked (`guard.check_config`)."""
     from transformers import AutoConfig
 
     from qkinspect.experiment.model import guard
