@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from qkinspect.errors import InputError
+from qkinspect.experiment.results import SIGNIFICANT, beyond_error
 
 FREE_RATIO = 0.1  # a head whose edit costs at most this fraction of removing it shares "almost for free"
-SIGNIFICANT = 2.0  # standard errors: a difference within this many of 0 is not told from noise
 SHARE = "share_qk"  # the edit the section's questions are about: one matrix for queries and keys
 IDENTITY = ("source", "revision", "model_type", "format", "architecture")
 BLOCK_SHAPE = ("name", "n_layers", "n_heads", "n_kv_heads", "d_model", "d_head")
@@ -43,7 +43,7 @@ class HeadCost:
     @property
     def beyond_error(self) -> bool:
         """Whether dloss is further than SIGNIFICANT standard errors from 0."""
-        return self.se is not None and abs(self.dloss) > SIGNIFICANT * self.se
+        return beyond_error(self.dloss, self.se)
 
 
 @dataclass(frozen=True)
