@@ -39,9 +39,8 @@ Unit = list[tuple[int, list[int]]]
 def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: int, units: Sequence[Unit],
               edits: Sequence[Edit], scope: str, rotary: str, exact: dict[tuple, float], baseline: float,
               opts: HealOptions, progress: Callable[[int, int], None] | None = None) -> Healing:
-    """Heal every (unit, edit) and the control; `exact` maps (edit, layer, head) to the unhealed Δloss."""
-    opts.check()
-    check_healable(hf, rotary)
+    """Heal every (unit, edit) and the control; `exact` maps (edit, layer, head) to the unhealed Δloss. The caller
+    has checked the request (requests.check_request) and the model (check_healable)."""
     t0 = time.perf_counter()
     batches, n_train, per, train_text = _train_batches(hf, source, tokens, window, opts)
     notes: list[str] = []
@@ -85,13 +84,12 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
         seconds=time.perf_counter() - t0, tracks=tracks, notes=tuple(dict.fromkeys(notes)))
 
 
-def check_healable(hf: HFModel, rotary: str) -> None:
-    """InputError (before any run) where healing cannot train: no LM head, or edits outside the rotary gauge."""
+def check_healable(hf: HFModel) -> None:
+    """InputError (before any run) where the loaded model cannot be healed: no LM head (the rest of a heal request,
+    the rotary gauge included, is checked before loading: qkinspect.experiment.requests)."""
     if hf.kind not in (CAUSAL, MASKED):
         raise InputError("--heal trains on the model's own loss: it needs a causal or masked LM head (this model is "
                          "measured by drift)")
-    if rotary != "gauge":
-        raise InputError("--heal keeps edits in the rotary gauge; use --rotary gauge")
 
 
 def _run_name(edit: Edit, unit: Unit, scope: str) -> str:

@@ -123,7 +123,7 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device, edits=chosen,
                                           names=names)
     if opts:
-        check_healable(hf, rotary)
+        check_healable(hf)
     spec = info.blocks[0]
     head_list = list(heads) if heads is not None else list(range(spec.n_heads))
     with boundary(hf.tokenizer_source, f"the tokenizer cannot read {source.name}", native=True):
