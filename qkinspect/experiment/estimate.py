@@ -18,6 +18,9 @@ the text; the standard error `se` is that of the Monte-Carlo curvature term over
 Drift (encoders without a head) is 0 with zero gradient at the clean model; its second-order term is
 (1/2N) Σ_t |P_t J_t Δo|² / |h_t|² (P_t: the projection orthogonal to the final hidden state h_t), estimated with
 Gaussian probes: G_k = ∂/∂o Σ_t ξ_tk · h_t / |h_t|, ξ ~ N(0, I).
+
+The verified heads (`choose`) are run exactly by `qkinspect.experiment.exact`, as `run_experiment` runs every head
+without an estimate; their agreement with the estimate is Spearman's ρ (`qkinspect.experiment.results`).
 """
 
 from __future__ import annotations
