@@ -145,7 +145,23 @@ def test_no_private_name_is_imported_from_another_module():
                 bad.append(f"{name} imports {module}.{what}")
             if _private(leaf) and not own:
                 bad.append(f"{name} imports {module}, private to its package")
+        bad += [f"{name} uses {module}.{attr}" for module, attr in _private_attributes(p, files) if module != name]
     assert not bad, bad
+
+
+def _private_attributes(path: Path, files: dict[str, Path]) -> list[tuple[str, str]]:
+    """(module, name) for each `alias._name` where `alias` is a qkinspect module the file imported by name
+    (`from qkinspect.sweep import task` ... `task._cores()`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            aliases |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
+                        if f"{node.module}.{a.name}" in files}
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname: a.name for a in node.names if a.asname and a.name in files}
+    return [(aliases[n.value.id], n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id in aliases and _private(n.attr)]
 
 
 def test_nothing_inside_qkinspect_goes_through_the_package_face():
