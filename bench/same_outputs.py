@@ -12,9 +12,12 @@ wrote. Compared byte for byte, after masking only what differs from run to run:
     `timing` and each run's `seconds`); in text (tables, CSV cells, stderr, PDF text) a number followed by ` s`
     (`0.1 s for every head × edit`) and the `seconds` column of CSV;
   - the tool version (`tool.version` in JSON, `qkinspect X.Y.Z` in text);
-  - the report's date (the PDF cover's `date` line and its metadata; the HTML's date line).
+  - the report's date (the PDF cover's `date` line and its metadata; the HTML's date line);
+  - the recording folder's own path (in "wrote ... to PATH" notes);
+  - in SVG figures, matplotlib's `<dc:date>` and the random ids of its shared paths (renumbered in order of first
+    appearance; everything drawn is compared).
 PDF reports are compared as their text (pypdf's) and page count, since their date is drawn into the page;
-figures (PNG/SVG) byte for byte. Commands that read a saved experiment (plot/report --experiment) read a copy of it
+PNG figures byte for byte. Commands that read a saved experiment (plot/report --experiment) read a copy of it
 whose durations are set to 1.0, so their figures do not depend on this run's timing.
 """
 
@@ -149,14 +152,18 @@ def record(folder: Path) -> None:
 
 
 def mask(path: Path) -> bytes:
-    """The file's bytes with durations, versions and dates masked (see the module docstring)."""
+    """The file's bytes with durations, versions, dates and the folder's path masked (see the module docstring)."""
     data = path.read_bytes()
     name = path.name
-    if name.endswith((".png", ".svg", ".rc", ".pages")) or name.endswith(".fixed.json"):
+    if name.endswith((".png", ".rc", ".pages")) or name.endswith(".fixed.json"):
         return data
+    if name.endswith(".svg"):
+        svg = re.sub(r"<dc:date>[^<]*</dc:date>", "<dc:date/>", data.decode())
+        ids: dict[str, str] = {}
+        return re.sub(r"\b[mp][0-9a-f]{10}\b", lambda m: ids.setdefault(m.group(0), f"id{len(ids)}"), svg).encode()
     if name.endswith(".pdf"):
         return b"<pdf: compared as text>"
-    text = data.decode("utf-8", errors="replace")
+    text = data.decode("utf-8", errors="replace").replace(str(path.parent), "<folder>")
     masked = _mask_json(text)
     if masked is None:
         masked = _mask_ndjson(text)
