@@ -14,8 +14,8 @@ wrote. Compared byte for byte, after masking only what differs from run to run:
   - the tool version (`tool.version` in JSON, `qkinspect X.Y.Z` in text);
   - the report's date (the PDF cover's `date` line and its metadata; the HTML's date line);
   - the recording folder's own path (in "wrote ... to PATH" notes);
-  - in SVG figures, matplotlib's `<dc:date>` and the random ids of its shared paths (renumbered in order of first
-    appearance; everything drawn is compared).
+  - in SVG figures (and the HTML report's inline ones), matplotlib's `<dc:date>` and the random ids of its shared
+    paths, clip paths and images (renumbered in order of first appearance; everything drawn is compared).
 PDF reports are compared as their text (pypdf's) and page count, since their date is drawn into the page;
 PNG figures byte for byte. Commands that read a saved experiment (plot/report --experiment) read a copy of it
 whose durations are set to 1.0, so their figures do not depend on this run's timing.
@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 DURATION = re.compile(r"\b\d+(?:\.\d+)?(?:e[-+]?\d+)? ?(?:s|ms|min)\b")
-VERSION = re.compile(r"qkinspect \d+\.\d+\.\d+\S*")
+VERSION = re.compile(r"qkinspect \d+\.\d+\.\d+(?:[.+-][0-9A-Za-z]+)*")
 DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(?::\d{2})?(?:\.\d+)?(?: ?(?:UTC|Z|[+-]\d{2}:?\d{2}))?")
 
 
@@ -158,12 +158,12 @@ def mask(path: Path) -> bytes:
     if name.endswith((".png", ".rc", ".pages")) or name.endswith(".fixed.json"):
         return data
     if name.endswith(".svg"):
-        svg = re.sub(r"<dc:date>[^<]*</dc:date>", "<dc:date/>", data.decode())
-        ids: dict[str, str] = {}
-        return re.sub(r"\b[mp][0-9a-f]{10}\b", lambda m: ids.setdefault(m.group(0), f"id{len(ids)}"), svg).encode()
+        return _same_svg(data.decode()).encode()
     if name.endswith(".pdf"):
         return b"<pdf: compared as text>"
     text = data.decode("utf-8", errors="replace").replace(str(path.parent), "<folder>")
+    if name.endswith(".html"):
+        text = _same_svg(text)  # its figures are inline SVG
     masked = _mask_json(text)
     if masked is None:
         masked = _mask_ndjson(text)
@@ -175,6 +175,13 @@ def mask(path: Path) -> bytes:
     masked = VERSION.sub("qkinspect <version>", masked)
     masked = DATE.sub("<date>", masked)
     return masked.encode()
+
+
+def _same_svg(svg: str) -> str:
+    """matplotlib's SVG with its date and its random ids (of shared paths and clip paths) made the same."""
+    svg = re.sub(r"<dc:date>[^<]*</dc:date>", "<dc:date/>", svg)
+    ids: dict[str, str] = {}
+    return re.sub(r"\b(?:m|p|image)[0-9a-f]{10}\b", lambda m: ids.setdefault(m.group(0), f"id{len(ids)}"), svg)
 
 
 def _mask_doc(doc):
