@@ -85,12 +85,11 @@ class DirectionsResult:
         """The JSON document (schema qkinspect/1, kind "directions")."""
         from dataclasses import asdict
 
-        from qkinspect import __version__
-        from qkinspect.records import SCHEMA, model_dict
+        from qkinspect.records import envelope, model_dict
 
-        return {"schema": SCHEMA, "kind": "directions", "tool": {"name": "qkinspect", "version": __version__},
-                "model": model_dict(self.model), "processing": self.processing, "readout": asdict(self.readout),
-                "definitions": DEFINITIONS, "notes": list(self.notes), "directions": self.rows()}
+        return envelope("directions", model=model_dict(self.model), processing=self.processing,
+                        readout=asdict(self.readout), definitions=DEFINITIONS, notes=list(self.notes),
+                        directions=self.rows())
 
 
 DEFINITIONS = {

@@ -22,7 +22,7 @@ from qkinspect.errors import CheckpointError, InputError
 from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.metrics.directions import GAP, best_tokens, factored_svd, subspaces
 from qkinspect.metrics.factored import RANK_RTOL
-from qkinspect.selection import check_indexes, select_blocks
+from qkinspect.selection import as_indexes, check_selection
 
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 MAX_DIRECTIONS = 4096
@@ -76,9 +76,8 @@ def directions(
     """
     run = _Run.make(top_directions, top_tokens, precision, device, fold_ln, fold_qk_norm)
     with _opened(model, revision) as m:
-        chosen = select_blocks(m.info, blocks)
-        head_sel = check_indexes("heads", heads, {b.key: b.n_heads for b in chosen})
-        layer_sel = check_indexes("layers", layers, {b.key: b.n_layers for b in chosen})
+        head_sel, layer_sel = as_indexes(heads, "heads"), as_indexes(layers, "layers")
+        chosen = check_selection(m.info, blocks, layer_sel, head_sel)
         if fold_qk_norm and not any(b.qk_norm for b in chosen):
             raise InputError("fold_qk_norm=True: the selected blocks have no q/k norm")
         vocab = read_vocab(m, chosen, run.dtype, run.device)
@@ -239,7 +238,7 @@ class _Run:
         precision = str(getattr(precision, "value", precision))
         if precision not in PRECISIONS:
             raise InputError(f"precision={precision!r}: choose float32 or float64")
-        from qkinspect.analysis import check_device
+        from qkinspect.device import check_device
 
         return cls(k, n_tokens, PRECISIONS[precision], check_device(device), bool(fold_ln), bool(fold_qk_norm))
 

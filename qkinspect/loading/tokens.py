@@ -71,8 +71,9 @@ def read_vocabulary(resolved: Any) -> Vocabulary | None:
 
 def _checked_text(folder: Path, name: str) -> tuple[Path, str]:
     """A tokenizer file's text: inside the folder (after links), a regular file of bounded size, UTF-8."""
-    from qkinspect.experiment.hf_guard import MAX_TOKENIZER_BYTES, regular
-    from qkinspect.loading.checked import inside, os_reason
+    from qkinspect.experiment.model.guard import MAX_TOKENIZER_BYTES, regular
+    from qkinspect.loading.checked import inside
+    from qkinspect.reading import os_reason
 
     path = inside(folder, name, folder, "tokenizer file")
     regular(path, folder / name, MAX_TOKENIZER_BYTES)
@@ -85,7 +86,7 @@ def _checked_text(folder: Path, name: str) -> tuple[Path, str]:
 
 
 def _tokenizer_json(folder: Path) -> Vocabulary:
-    from qkinspect.experiment.hf_guard import boundary
+    from qkinspect.experiment.model.guard import boundary
 
     shown, text = _checked_text(folder, "tokenizer.json")
     with boundary(shown, "not a tokenizer the tokenizers library can read", native=True):

@@ -14,11 +14,11 @@ from typing import IO
 
 from matplotlib.backends.backend_pdf import PdfPages
 
-from qkinspect import __version__
 from qkinspect.direction_records import DirectionsResult
 from qkinspect.errors import InputError
 from qkinspect.report.pages import TextPages
 from qkinspect.report.style import style
+from qkinspect.version import __version__
 
 SIDE_LABEL = {"read": "OV read", "write": "OV write", "query": "QK query", "key": "QK key"}
 INTRO = (

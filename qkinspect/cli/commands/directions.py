@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
 
         Example: qkinspect directions model.gguf --layers 0-2 --heads 0 --top-directions 2
         """
-        import qkinspect
+        from qkinspect.head_directions import directions as read_directions
 
         name = check_sweep_output(fmt, output)
         if pdf is not None:
@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
         with open_model(model, revision=revision) as m:
             keys = check_selection(m.info, parse_blocks(block), layer_sel, head_sel)
             with progress("reading directions") as p:
-                result = qkinspect.directions(
+                result = read_directions(
                     m, layers=layer_sel, heads=head_sel, blocks=keys, top_directions=top_directions,
                     top_tokens=top_tokens, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, precision=precision.value,
                     device=check_device(device), progress=p)
