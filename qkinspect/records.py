@@ -121,24 +121,21 @@ class AnalysisResult:
     def to_dict(self) -> dict[str, Any]:
         """The saved analysis as a JSON-ready dict: the document `qkinspect analyze -o FILE.json` writes (schema
         qkinspect/1, "kind": "analyze"; docs/output.md), which `plot` and `report` read. NaN becomes null."""
-        from qkinspect import __version__
         from qkinspect.metrics.registry import definitions
 
-        return _clean({
-            "schema": SCHEMA,
-            "kind": ANALYSIS_KIND,
-            "tool": {"name": "qkinspect", "version": __version__},
-            "model": model_dict(self.model),
-            "processing": asdict(self.processing),
-            "definitions": definitions(self.metric_names),
-            "baselines": [asdict(b) for b in self.baselines],
-            "heads": self.head_rows(),
-            "layers": [
+        return json_safe(envelope(
+            ANALYSIS_KIND,
+            model=model_dict(self.model),
+            processing=asdict(self.processing),
+            definitions=definitions(self.metric_names),
+            baselines=[asdict(b) for b in self.baselines],
+            heads=self.head_rows(),
+            layers=[
                 {**r.row(), **({"head_overlap": r.head_overlap.tolist()} if r.head_overlap is not None else {})}
                 for r in self.layers
             ],
-            "warnings": list(self.warnings),
-        })
+            warnings=list(self.warnings),
+        ))
 
     def save(self, path: str | Path) -> Path:
         """Write the analysis to `path` (atomically) as `qkinspect analyze -o FILE.json` writes it, byte for byte:
@@ -179,6 +176,13 @@ class AnalysisResult:
         return pd.DataFrame([{"model": self.model.name, **r} for r in rows])
 
 
+def envelope(kind: str, **fields: Any) -> dict[str, Any]:
+    """The head of every JSON document qkinspect writes: schema, command kind, tool version, then `fields`."""
+    from qkinspect.version import __version__
+
+    return {"schema": SCHEMA, "kind": kind, "tool": {"name": "qkinspect", "version": __version__}, **fields}
+
+
 def model_dict(info: ModelInfo) -> dict[str, Any]:
     d = asdict(info)
     d["blocks"] = [{**asdict(b), "flags": b.flags()} for b in info.blocks]
@@ -195,15 +199,15 @@ def model_info(d: Mapping[str, Any]) -> ModelInfo:
                      blocks=blocks)
 
 
-def _clean(x: Any) -> Any:
+def json_safe(x: Any) -> Any:
     """Make a structure JSON-safe: NaN/inf -> None, numpy scalars -> Python, tuples -> lists."""
     np = sys.modules.get("numpy")  # no numpy values can exist before numpy is imported (`qkinspect info` never does)
     if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
+        return {str(k): json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [json_safe(v) for v in x]
     if np is not None and isinstance(x, np.ndarray):
-        return _clean(x.tolist())
+        return json_safe(x.tolist())
     if isinstance(x, float) or (np is not None and isinstance(x, np.floating)):
         v = float(x)
         return v if math.isfinite(v) else None

@@ -1,5 +1,6 @@
-"""How sure a rank correlation is: every Spearman ρ qkinspect shows comes with its number of heads and a 95 %
-interval, or, over fewer than MIN_HEADS heads, with "too few to tell" (docs/experiments.md, "Rank agreement").
+"""How sure a rank correlation is, in words: every Spearman ρ qkinspect shows comes with its number of heads and a
+95 % interval, or, over fewer than MIN_HEADS heads, with "too few to tell" (docs/experiments.md, "Rank agreement").
+The interval is computed beside the one Spearman, in qkinspect.experiment.results (spearman_interval).
 
 The interval is Fisher's z-transform with Bonett & Wright's variance for Spearman's ρ (Psychometrika 65, 2000):
 z = atanh(ρ), se = √((1 + ρ²/2) / (n − 3)), and the interval tanh(z ± 1.96 se). Fisher's own 1/(n − 3) is the
@@ -16,34 +17,9 @@ from __future__ import annotations
 
 import math
 
-MIN_HEADS = 10  # fewer heads: no interval ("too few to tell")
-LEVEL = 0.95
-_Z = 1.959963984540054  # the standard normal's 97.5 % quantile: a two-sided 95 % interval
+from qkinspect.experiment.results import MIN_HEADS, spearman_interval
 
-
-def spearman_interval(rho: float, n: int) -> tuple[float, float] | None:
-    """The 95 % interval of Spearman's ρ over `n` pairs (Fisher z with Bonett & Wright's variance); None with
-    fewer than MIN_HEADS pairs, or a ρ that is not a number.
-
-    Example:
-        >>> lo, hi = spearman_interval(0.5, 20)
-        >>> round(lo, 2), round(hi, 2)
-        (0.05, 0.78)
-    """
-    if n < MIN_HEADS or rho is None or not math.isfinite(rho):
-        return None
-    r = max(-1.0, min(1.0, float(rho)))
-    if abs(r) == 1.0:  # z is infinite: take the interval of the nearest ρ the n heads can give below 1 (one
-        # adjacent pair of ranks swapped: 1 - 12 / (n³ - n)), closed at ±1
-        lo, hi = _interval(math.copysign(1.0 - 12.0 / (n**3 - n), r), n)
-        return (lo, 1.0) if r > 0 else (-1.0, hi)
-    return _interval(r, n)
-
-
-def _interval(r: float, n: int) -> tuple[float, float]:
-    se = math.sqrt((1.0 + r * r / 2.0) / (n - 3))
-    z = math.atanh(r)
-    return math.tanh(z - _Z * se), math.tanh(z + _Z * se)
+__all__ = ["MIN_HEADS", "rho_text", "spearman_interval"]
 
 
 def rho_text(rho: float | None, n: int, what: str = "heads") -> str:

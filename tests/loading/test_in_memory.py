@@ -167,7 +167,7 @@ def test_a_model_loaded_from_a_folder_is_named_as_that_folder_is(tmp_path):
     does (the folder's name, the demo as the demo), never the machine's path, which stays in its source."""
     from transformers import AutoModel
 
-    from qkinspect.report.figures import figure
+    from qkinspect.report.analysis.figures import figure
 
     torch.manual_seed(0)
     folder = tmp_path / "runs" / "my-bert"

@@ -10,8 +10,8 @@ import io
 import numpy as np
 import pytest
 
-from qkinspect.report import costmap
-from qkinspect.report.experiment import dloss_grid, experiment_figure
+from qkinspect.report.experiment import costmap
+from qkinspect.report.experiment.figure import dloss_grid, experiment_figure
 from qkinspect.report.pages import TextPages
 
 

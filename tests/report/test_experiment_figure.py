@@ -10,7 +10,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from qkinspect.report.experiment import experiment_figure
+from qkinspect.report.experiment.figure import experiment_figure
 from qkinspect.report.heatmap import CellNumbers
 from qkinspect.report.style import PAGE, style
 from tests.report.inside import texts_outside

@@ -8,10 +8,10 @@ import io
 import pytest
 
 import qkinspect
-from qkinspect.report import figures
+from qkinspect.report.analysis import figures
+from qkinspect.report.analysis.text import processing_pairs
 from qkinspect.report.pages import TextPages, header_lines, text_width
 from qkinspect.report.tables import Table
-from qkinspect.report.text import processing_pairs
 from tests.cli.test_fold_qk_norm import save_qwen3
 from tests.report import synthetic
 
@@ -49,7 +49,7 @@ def test_the_q_k_norm_caveat_is_on_the_figures_and_captions_it_concerns(qwen3):
     as they are, does not; folded, none does."""
     from pypdf import PdfReader
 
-    from qkinspect.report.pdf import plan_figures, write_pdf
+    from qkinspect.report.analysis.pdf import plan_figures, write_pdf
 
     raw = qkinspect.analyze(str(qwen3), metrics=["default", "head_overlap"])
     caveat = "q/k-norm gains not folded in"

@@ -79,7 +79,7 @@ def test_plot_of_a_sweep_folder_says_what_it_draws(swept, cli, tmp_path, kind):
 
 def test_a_titled_trajectory_keeps_the_caveat(swept, tmp_path):
     """`plot SWEEP --kind trajectory --title T`: the title replaced, the q/k-norm caveat kept under it."""
-    from qkinspect.report.trajectory import sweep_trajectory
+    from qkinspect.report.sweep.trajectory import sweep_trajectory
     from qkinspect.sweep import read_sweep
 
     fig = sweep_trajectory(read_sweep(swept), "symmetry", title="Tiny Qwen over training")
