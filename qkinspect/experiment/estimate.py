@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from qkinspect.errors import UnsupportedModelError
+from qkinspect.experiment.edit_qknorm import check as check_qk_norm
 from qkinspect.experiment.edits import Edit, apply_edit
 from qkinspect.experiment.hf import DRIFT, HFModel, written
 from qkinspect.experiment.measure import Scorer, _Cached, logits_and_targets
@@ -254,6 +255,9 @@ def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
     start = layers[0]
     if start and start not in scorer.cache:
         raise ValueError(f"no cached states entering layer {start}; baseline(cache=...) must include it")
+    for i in layers:  # each head's estimate is of that head edited alone
+        for e in edits:
+            check_qk_norm(originals[i], e, heads[:1])
     results = {(i, str(e)): apply_edit(originals[i], e, heads, rotary=rotary) for i in layers for e in edits}
     n = scorer.counted
     H = originals[start].spec.n_heads
