@@ -185,3 +185,12 @@ def unfold_queries(layer: AttentionLayer, folded: Tensor, idx: list[int]) -> Ten
     gq = per_head(layer.q_norm, h).unsqueeze(-2)  # (n, 1, d)
     raw = torch.where(gq != 0, folded[h].to(F64) / torch.where(gq != 0, gq, 1.0), layer.W_Q[h].to(F64))
     return _rows(layer.W_Q, idx, raw)
+
+
+def predictor(plain: str, edit: Edit, layers) -> str:
+    """What EditResult.predicted holds for `edit` on `layers`: `plain` (edits.PREDICTORS), or, where a layer has
+    q/k norms, the folded form's relative change that the q/k-norm edits report instead."""
+    if edit.name not in DEFINED or not any(normed(L) for L in layers):
+        return plain
+    folded = "relative change of the folded form W_Q diag(g_q g_k) W_Kᵀ (q/k norms)"
+    return f"rms of the {folded} and of W_V W_O" if edit.name == "share_qkv" else folded

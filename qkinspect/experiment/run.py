@@ -212,7 +212,7 @@ def run_experiment(
             model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
             windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs_e)),
             rotary=rotary, baseline_seconds=t_base, seconds=summary.seconds + summary.verify_seconds,
-            predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, estimate=summary)
+            predictors=_predictors(runs_edits, originals), estimate=summary)
     runs: list[Run] = []
     total = len(units) * len(runs_edits)
     for unit in units:
@@ -228,7 +228,13 @@ def run_experiment(
         model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
         windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),
         rotary=rotary, baseline_seconds=t_base, seconds=sum(r.seconds for r in runs),
-        predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, healing=healing)
+        predictors=_predictors(runs_edits, originals), healing=healing)
+
+
+def _predictors(edits: list[Edit], originals: dict) -> dict[str, str]:
+    from qkinspect.experiment.edit_qknorm import predictor
+
+    return {str(e): predictor(PREDICTORS[e.name], e, originals.values()) for e in edits}
 
 
 def _parse_edits(edits: str | Sequence[str]) -> list[Edit]:

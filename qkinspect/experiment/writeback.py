@@ -3,8 +3,9 @@ Gemma 3, OLMo2), Phi-3's fused sectioned `qkv_proj` and GPT-NeoX's fused `query_
 Each writer is the inverse of its adapter's named reshape; `hf.write_layer` dispatches here.
 
 q/k norms sit between the projection and the score. The edits change the projections only (the form edits are
-defined through the norms: `edit_qknorm`); the norm modules stay the model's own, with one exception: OLMo2 normalises the whole key projection, so when an edit gives query heads their own keys the key
-norm's gain is repeated with them (head h gets its key/value head's gains). That copy changes nothing unedited: the
+defined through the norms: `edit_qknorm`); the norm modules stay the model's own, with one exception: OLMo2
+normalises the whole key projection, so when an edit gives query heads their own keys the key norm's gain is
+repeated with them (head h gets its key/value head's gains). That copy changes nothing unedited: the
 RMS over the repeated projection equals the RMS over the original one.
 """
 

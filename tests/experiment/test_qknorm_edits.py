@@ -329,6 +329,8 @@ def test_runs_of_every_defined_edit_on_a_qk_norm_model(folders):
     assert all(x.dloss != 0 and np.isfinite(x.dloss) for x in r.runs)
     # the one-matrix edits of a rotary q/k-normed head are built on the unrotated form, and say so
     assert all(x.offset0 == (x.edit in ONE_MATRIX) for x in r.runs)
+    assert all("folded form" in r.predictors[e] for e in ("share_qk", "symmetric", "rank:4", "share_qkv"))
+    assert "folded" not in r.predictors["ablate"]
     olmo = run_experiment(folders["olmo2"], "share_qk", scope="layer", layers=[1], tokens=64, window=32)
     assert [x.edit for x in olmo.runs] == ["share_qk", "ablate"]
 
