@@ -173,6 +173,25 @@ def test_a_head_that_already_shares_its_matrix_keeps_its_scores(seed, alpha, nam
     assert np.array_equal(s, np.ones(4)) and off2 <= 1e-18 * tot2
 
 
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.integers(0, 10_000), st.integers(0, 4), st.data())
+def test_rank_through_the_norms_identities(seed, K, data):
+    """rank:K on the folded form: its rank is at most K, the keys are untouched, and rank:d changes nothing."""
+    layer = normed_layer(seed % 50)
+    gq = torch.tensor(data.draw(_gains(4)), dtype=torch.float64)
+    layer = replace(layer, q_norm=gq)
+    res = apply_edit(layer, parse_edit(f"rank:{K}"), heads=[0, 1, 2, 3])
+    assert torch.equal(res.layer.W_K, layer.W_K)
+    c = (layer.q_norm * layer.k_norm).double()
+    for h in range(4):
+        F = res.layer.W_Q[h] @ torch.diag(c) @ layer.W_K[h // 2].T
+        sv = torch.linalg.svdvals(F)
+        assert (sv[K:] <= 1e-9 * sv[0].clamp_min(1e-300)).all() or not bool(sv.any())
+    full = apply_edit(layer, parse_edit("rank:4"))
+    torch.testing.assert_close(full.layer.W_Q, layer.W_Q, rtol=1e-10, atol=1e-10)
+    assert all(v < 1e-10 or v != v for v in full.predicted.values())  # 0, or NaN for a head with no form
+
+
 # -- the models' own modules -------------------------------------------------------------------------------------
 
 
