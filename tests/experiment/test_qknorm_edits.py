@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkinspect.experiment import apply_edit, parse_edit, run_experiment
-from qkinspect.experiment.edit_qknorm import one_matrix
-from qkinspect.experiment.edits import EditError
-from qkinspect.experiment.hf import written
+from qkinspect.experiment.edits.apply import EditError
+from qkinspect.experiment.edits.qknorm import one_matrix
+from qkinspect.experiment.model.writeback import written
 from tests.experiment import tiny_models as tiny
 from tests.experiment.test_writeback import T, capture, opened
 from tests.metrics.helpers import make_layer

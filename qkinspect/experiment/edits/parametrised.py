@@ -1,0 +1,230 @@
+"""An edit kept as a parametrisation while the edited model trains (docs/training.md, "Healing").
+
+`EditForm` holds one edited layer's canonical tensors (DESIGN.md §2) as parameters and computes them with the
+edit's constraint applied, so that every optimizer step stays inside the edit's set:
+
+- share_qk, tie_q, tie_k, share_qkv: an edited query head has no W_Q of its own: W_Q[h] := W_K[g(h)] (share_qk and
+  share_qkv give each edited head its own key head, so this is one matrix W per head; share_qkv also W_V := W).
+  Under the rotary gauge this is the same statement: share_qk's W = W Wᴴ per block writes identical columns into
+  W_Q and W_K (forms.share_qk), so the rotation sees one matrix.
+- symmetric: W_Q[h] := W_K[h] diag(s), s the fixed ±1 signs the edit chose per column (per rotary pair both
+  columns share a sign), so W_Q W_Kᵀ stays symmetric (Hermitian per rotary block).
+- rank:K: the query factor of the real block is A C (D x k, k x k0) with k the real directions the edit kept, the
+  rotary pairs the edit dropped stay zero, the pairs it kept train freely: rank W_Q W_Kᵀ <= K at every step.
+- ablate: W_O[h] := 0.
+Where the model has both biases, the key bias follows the query bias the same way (b_Q[h] := b_K[g(h)] s).
+Where the edit gave grouped-query heads keys of their own (expanded K/V), only the edited heads' keys (and, for
+share_qkv, values) are their own: the other heads of a group keep one shared key, and every value not edited stays
+its group's, so healing trains no more key/value parameters than the model had.
+
+`qkinspect.experiment.model.writeback.module_maps` finds where each canonical element lands in the family's modules
+by writing a layer of index probes with the family's own write-back: the module weights are then gathered
+from `EditForm`'s tensors with `torch.nn.utils.parametrize`, for every family the write-back knows, and a layout is
+never written twice. A write-back that does arithmetic on the values (not a pure re-layout) is refused.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+from qkinspect.experiment.edits.names import Edit
+from qkinspect.experiment.edits.rotary import rotary_layout
+from qkinspect.layer import AttentionLayer
+
+CANON = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+TIES = ("share_qk", "tie_q", "tie_k", "share_qkv", "symmetric")
+PROBE_BITS = 12  # bits per probe pass: values 1..4096 are exact in float32
+
+
+class EditForm(nn.Module):
+    """The canonical tensors of one edited layer, with the edit `edit` on `heads` kept as their form.
+
+    Built from the edited layer (`apply_edit(...).layer`), whose tensors are already in the edit's set; checked
+    on construction (the form reproduces them to float rounding)."""
+
+    def __init__(self, layer: AttentionLayer, edit: Edit, heads: list[int], groups: Tensor | None = None):
+        super().__init__()
+        self.edit, self.kind = str(edit), edit.name
+        self.names = [n for n in CANON if getattr(layer, n) is not None]
+        for n in self.names:
+            self.register_parameter(n, nn.Parameter(getattr(layer, n).detach().to(torch.float32).clone()))
+        h = torch.tensor(heads, dtype=torch.int64)
+        self.register_buffer("heads", h)
+        self.register_buffer("kv", layer.kv_index()[h].clone())
+        self.tied = groups is not None
+        if groups is not None:
+            k_from, v_from = _group_ties(groups, heads, self.kind == "share_qkv")
+            self.register_buffer("k_from", k_from)
+            self.register_buffer("v_from", v_from)
+        if self.kind in TIES:
+            self.register_buffer("signs", _signs(layer, h, self.kv) if self.kind == "symmetric"
+                                 else torch.ones(len(h), layer.spec.d_head))
+        elif self.kind == "rank":
+            self._init_rank(layer, edit.k or 0)
+        with torch.no_grad():
+            check = self.tensors()
+        for n in self.names:
+            want = getattr(layer, n).to(torch.float32)
+            err = float((check[n].detach() - want).abs().max()) if want.numel() else 0.0
+            scale = float(want.abs().max()) if want.numel() else 0.0
+            if err > 1e-4 * max(scale, 1e-30):
+                raise AssertionError(f"healing: the {self.edit} form does not reproduce the edited {n} ({err:.3g})")
+
+    def _init_rank(self, layer: AttentionLayer, K: int) -> None:
+        """Real block of the edited W_Q as A C (kept directions), pair columns free where kept, zero where
+        dropped (exactly zero in the edit's output)."""
+        lay = rotary_layout(layer)
+        Wq = layer.W_Q[self.heads].to(torch.float64)  # (n, D, d)
+        pair_kept = (Wq[..., lay.a].abs().sum(-2) + Wq[..., lay.b].abs().sum(-2)) > 0  # (n, P)
+        real = Wq[..., lay.real]  # (n, D, k0)
+        k_real = (K - 2 * pair_kept.sum(-1)).clamp(min=0, max=min(real.shape[-1], real.shape[-2]))  # (n,)
+        kmax = int(k_real.max()) if len(k_real) else 0
+        U, S, Vh = torch.linalg.svd(real, full_matrices=False)
+        cols = torch.arange(S.shape[-1]) < k_real.unsqueeze(-1)  # (n, r) directions kept per head
+        A = (U * S.unsqueeze(-2) * cols.unsqueeze(-2))[..., :kmax]  # (n, D, kmax)
+        C = (Vh * cols.unsqueeze(-1))[..., :kmax, :]  # (n, kmax, k0)
+        self.A = nn.Parameter(A.to(torch.float32))
+        self.C = nn.Parameter(C.to(torch.float32))
+        self.register_buffer("kept_dirs", cols[..., :kmax].to(torch.float32))
+        mask = torch.zeros(Wq.shape[0], Wq.shape[-1])  # (n, d): 1 on the columns that train freely
+        mask[:, lay.a] = pair_kept.to(mask.dtype)
+        mask[:, lay.b] = pair_kept.to(mask.dtype)
+        self.register_buffer("free_cols", mask)
+        self.register_buffer("real_cols", lay.real.clone())
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The layer's canonical tensors, the constraint applied."""
+        t = {n: getattr(self, n) for n in self.names}
+        h, kv = self.heads, self.kv
+        if self.tied:  # expanded K/V: what the edit did not make a head's own stays its group's
+            for n, src in (("W_K", self.k_from), ("b_K", self.k_from), ("W_V", self.v_from), ("b_V", self.v_from)):
+                if n in t:
+                    t[n] = t[n][src]
+        if self.kind in TIES:
+            s = self.signs.unsqueeze(-2)  # (n, 1, d)
+            t["W_Q"] = _rows_set(t["W_Q"], h, t["W_K"][kv] * s)
+            if "b_Q" in t and "b_K" in t:
+                t["b_Q"] = _rows_set(t["b_Q"], h, t["b_K"][kv] * self.signs)
+            if self.kind == "share_qkv":
+                t["W_V"] = _rows_set(t["W_V"], kv, t["W_K"][kv])
+        elif self.kind == "rank":
+            real = (self.A * self.kept_dirs.unsqueeze(-2)) @ self.C  # (n, D, kmax) @ (n, kmax, k0) -> (n, D, k0)
+            new = t["W_Q"][h] * self.free_cols.unsqueeze(-2)  # (n, D, d): kept pairs free, the rest zero
+            new = new.index_copy(-1, self.real_cols, real)
+            t["W_Q"] = _rows_set(t["W_Q"], h, new)
+        elif self.kind == "ablate":
+            t["W_O"] = _rows_set(t["W_O"], h, torch.zeros_like(t["W_O"][h]))
+        return t
+
+    def flat(self) -> Tensor:
+        t = self.tensors()
+        return torch.cat([t[n].reshape(-1) for n in self.names])
+
+    def violation(self, t: dict[str, Tensor]) -> float:
+        """How far canonical tensors `t` (as the model's modules hold them) are from the edit's set, relative to
+        the edited heads' scale: 0 for the ties and ablate up to rounding; for rank:K, σ_{K+1}/σ_1 of the heads'
+        forms, their rotary blocks included (0 up to rounding)."""
+        h, kv = self.heads, self.kv
+        if self.kind in TIES:
+            Wq, Wk = t["W_Q"][h], t["W_K"][kv] * self.signs.unsqueeze(-2)
+            return float((Wq - Wk).abs().max() / Wq.abs().max().clamp_min(1e-30))
+        if self.kind == "ablate":
+            return float(t["W_O"][h].abs().max() / t["W_O"].abs().max().clamp_min(1e-30))
+        if self.kind == "rank":
+            return _rank_excess(t["W_Q"][h], self)
+        return 0.0
+
+
+def _rank_excess(Wq: Tensor, form: EditForm) -> float:
+    """σ_{r+1}/σ_1 of the real block's query factor (r the kept directions) and the largest dropped pair's
+    weight: both 0 up to rounding while the rank constraint holds."""
+    real = Wq[..., form.real_cols].double()
+    S = torch.linalg.svdvals(real)  # (n, r)
+    k = form.kept_dirs.sum(-1).long()
+    excess = 0.0
+    for i in range(len(S)):
+        if int(k[i]) < S.shape[-1] and float(S[i, 0]) > 0:
+            excess = max(excess, float(S[i, int(k[i])] / S[i, 0]))
+    dropped = (1 - form.free_cols).clone()
+    dropped[:, form.real_cols] = 0
+    if bool(dropped.any()):
+        excess = max(excess, float((Wq * dropped.unsqueeze(-2)).abs().max() / Wq.abs().max().clamp_min(1e-30)))
+    return excess
+
+
+def _group_ties(groups: Tensor, heads: list[int], own_v: bool) -> tuple[Tensor, Tensor]:
+    """For a layer whose K/V were expanded to one head per query head: the head each key and value is read from.
+    Keys: an edited head its own, the others their group's first unedited head. Values: the group's first head,
+    or (share_qkv) an edited head's own."""
+    edited = set(heads)
+    k_from, v_from = torch.arange(len(groups)), torch.arange(len(groups))
+    for g in groups.unique().tolist():
+        members = [i for i in range(len(groups)) if int(groups[i]) == g]
+        rest = [i for i in members if i not in edited]
+        for i in members:
+            if i not in edited:
+                k_from[i] = rest[0]
+            if not (own_v and i in edited):
+                v_from[i] = members[0]
+    return k_from, v_from
+
+
+def _rows_set(full: Tensor, rows: Tensor, values: Tensor) -> Tensor:
+    """`full` with `rows` replaced by `values`, differentiably (out of place)."""
+    return full.index_copy(0, rows, values.to(full.dtype))
+
+
+def _signs(layer: AttentionLayer, h: Tensor, kv: Tensor) -> Tensor:
+    """The ±1 per column with W_Q[h] = W_K[kv] diag(s) in a symmetric edit's output (zero columns: +1)."""
+    dot = (layer.W_Q[h].double() * layer.W_K[kv].double()).sum(-2)  # (n, d)
+    return torch.where(dot < 0, -1.0, 1.0).to(torch.float32)
+
+
+class _Gathered(nn.Module):
+    """A module weight whose elements come from an EditForm (where `index` >= 0) or its own original."""
+
+    def __init__(self, form: EditForm, index: Tensor):
+        super().__init__()
+        self.form = form
+        self.register_buffer("index", index.clamp_min(0))
+        self.register_buffer("take", index >= 0)
+
+    def forward(self, X: Tensor) -> Tensor:
+        return torch.where(self.take, self.form.flat()[self.index].to(X.dtype), X)
+
+
+def parametrise(block: nn.Module, maps: dict[str, Tensor], form: EditForm) -> list[nn.Parameter]:
+    """Put `form` behind the block's written parameters named in `maps`; returns the parameters left to train
+    (the form's, and the originals of the elements the form does not cover)."""
+    params: list[nn.Parameter] = list(form.parameters())
+    for name, index in maps.items():
+        path, _, attr = name.rpartition(".")
+        module = block.get_submodule(path)
+        parametrize.register_parametrization(module, attr, _Gathered(form, index.to(getattr(module, attr).device)))
+        original = module.parametrizations[attr].original
+        if bool((index >= 0).all()):
+            original.requires_grad_(False)  # every element comes from the form
+        else:
+            params.append(original)
+    return params
+
+
+def canonical_from(block: nn.Module, maps: dict[str, Tensor], form: EditForm) -> dict[str, Tensor]:
+    """The canonical tensors as the block's modules hold them now (read back through `maps`)."""
+    flat = torch.empty(sum(getattr(form, n).numel() for n in form.names), dtype=torch.float32)
+    for name, index in maps.items():
+        path, _, attr = name.rpartition(".")
+        w = getattr(block.get_submodule(path), attr).detach().to("cpu", torch.float32)
+        take = index >= 0
+        flat[index[take]] = w[take]
+    out, offset = {}, 0
+    for n in form.names:
+        shape = getattr(form, n).shape
+        size = math.prod(shape)
+        out[n] = flat[offset:offset + size].view(shape)
+        offset += size
+    return out

@@ -1,0 +1,126 @@
+"""The report as one self-contained HTML file: the same words, figures (inline SVG) and tables as the PDF.
+
+Example:
+    >>> import qkinspect
+    >>> from qkinspect.report.analysis.html import render_html
+    >>> page = render_html(qkinspect.analyze(None, metrics=["default", "head_overlap"]))
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+from dataclasses import asdict
+from html import escape
+
+from qkinspect.errors import InputError
+from qkinspect.records import AnalysisResult
+from qkinspect.report.analysis.figures import figure
+from qkinspect.report.analysis.pdf import plan_figures
+from qkinspect.report.analysis.summary import summary
+from qkinspect.report.analysis.text import blocks_table, gauge_words, metric_definitions
+from qkinspect.report.grid import renamed
+from qkinspect.report.style import NUMBER_NOTE, style
+from qkinspect.report.tables import Table, layer_tables
+from qkinspect.version import __version__
+
+CSS = """body{font-family:"DejaVu Sans",sans-serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.45}
+table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{padding:.15em .7em;text-align:right}
+th:first-child,td:first-child{text-align:left}th{border-bottom:1px solid #888}td{font-family:monospace}
+figure{margin:2em 0}figcaption{font-size:.9em;color:#333}.meta{color:#555}svg{max-width:100%;height:auto}"""
+
+
+def render_html(result: AnalysisResult, *, date: dt.datetime | None = None, title: str | None = None) -> str:
+    """The whole report as an HTML string (figures embedded as SVG, so the file stands alone); `title` names the
+    model in the page's title and the figures' titles."""
+    if not result.heads:
+        raise InputError("the report needs at least one analysed head")
+    date = date or dt.datetime.now(dt.timezone.utc)
+    name = escape(title or result.model.name)
+    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>qkinspect report: {name}</title>"
+             f"<style>{CSS}</style></head><body>", f"<h1>qkinspect report: {name}</h1>",
+             _cover(result, date), _summary(result), _definitions(result), _figures(renamed(result, title)),
+             "<h2>Per-layer tables</h2>", f"<p class='meta'>{escape(NUMBER_NOTE)}</p>",
+             *(_table(t) for t in layer_tables(result)), "</body></html>"]
+    return "\n".join(parts)
+
+
+def render_sweep_html(sweep, *, date: dt.datetime | None = None, name: str | None = None) -> str:
+    """A sweep's report (qkinspect.sweep.read_sweep) as one HTML string: the cover's facts, every checkpoint and
+    failure in a table, and one trajectory figure per metric (inline SVG), as in the PDF; `name` (a --title) names
+    what was swept."""
+    from qkinspect.report.sweep.pdf import cover_lines, sweep_metrics
+    from qkinspect.report.sweep.trajectory import sweep_trajectory
+
+    metrics = sweep_metrics(sweep)
+    (title, _), *facts = cover_lines(sweep, metrics, __version__, date or dt.datetime.now(dt.timezone.utc))
+    parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}: "
+             f"{escape(name or str(sweep.folder))}</title><style>{CSS}</style></head><body>",
+             f"<h1>{escape(title + (': ' + name if name else ''))}</h1>",
+             *(f"<p class='meta'>{escape(text)}</p>" for text, _ in facts)]
+    rows = [[str(c.step), c.name, "yes" if c.identity in sweep.results else "no"] for c in sweep.checkpoints]
+    parts.append(_table(Table("Checkpoints", ["step", "checkpoint", "result"], rows)))
+    if sweep.failures:
+        parts.append(_table(Table("Failures", ["checkpoint", "error"], [[f.name, f.error] for f in sweep.failures])))
+    parts.append("<h2>Figures</h2>")
+    for metric in metrics:
+        fig = sweep_trajectory(sweep, metric, name=name)
+        parts.append(f"<figure>{_svg(fig)}<figcaption>{escape(metric)} against training step: per layer, the "
+                     "median over its heads; each head a faint line.</figcaption></figure>")
+    return "\n".join([*parts, "</body></html>"])
+
+
+def _svg(fig) -> str:
+    """A matplotlib figure as inline SVG (no XML prolog or doctype: it sits inside HTML)."""
+    buf = io.StringIO()
+    with style():
+        fig.savefig(buf, format="svg")
+    svg = buf.getvalue()
+    return svg[svg.index("<svg"):]
+
+
+def _cover(result: AnalysisResult, date: dt.datetime) -> str:
+    m = result.model
+    ident = [("source", m.source), ("model type", m.model_type), ("architecture", m.architecture or "n/a"),
+             ("format", m.format), ("revision", m.revision or "n/a"), ("storage dtype", m.dtype or "n/a"),
+             ("tool", f"qkinspect {__version__}"), ("date", date.strftime("%Y-%m-%d %H:%M %Z").strip()),
+             ("heads analysed", str(len(result.heads)))]
+    proc = [(k, "all" if v is None else str(v)) for k, v in asdict(result.processing).items() if k != "metrics"]
+    return (_table(Table("Model", ["", ""], [list(p) for p in ident])) + _table(blocks_table(result))
+            + _table(Table("Processing", ["", ""], [list(p) for p in proc])))
+
+
+def _summary(result: AnalysisResult) -> str:
+    out = ["<h2>Summary</h2>"]
+    for s in summary(result):
+        out.append(f"<h3>{escape(s.title)}</h3>")
+        out += [f"<p>{escape(p)}</p>" for p in s.paragraphs]
+    return "\n".join(out)
+
+
+def _definitions(result: AnalysisResult) -> str:
+    out = ["<h2>Definitions</h2><dl>"]
+    for d in metric_definitions(result.metric_names):
+        facts = "; ".join(f for f in (f"range {d['range']}" if d.get("range") else "",
+                                      gauge_words(d.get("gauge_invariant")), d.get("reference") or "") if f)
+        out.append(f"<dt><b>{escape(d['name'])}</b></dt><dd>{escape(d.get('description', ''))}"
+                   f"<br><span class='meta'>{escape(facts)}</span></dd>")
+    return "\n".join([*out, "</dl>"])
+
+
+def _figures(result: AnalysisResult) -> str:
+    out = ["<h2>Figures</h2>"]
+    for plan in plan_figures(result):
+        try:
+            fig = figure(result, plan.kind, block=plan.block)
+        except InputError as e:
+            out.append(f"<p class='meta'>{escape(plan.kind)} left out: {escape(str(e))}</p>")
+            continue
+        out.append(f"<figure>{_svg(fig)}<figcaption>{escape(plan.caption)}</figcaption></figure>")
+    return "\n".join(out)
+
+
+def _table(t: Table) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in t.header)
+    rows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in t.rows)
+    return f"<h3>{escape(t.title)}</h3><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"

@@ -1,0 +1,158 @@
+"""The multi-page PDF report: a cover, a summary in plain words, definitions, every figure with a caption, and
+per-layer tables. Pages are A4; all text is TrueType text, so the PDF is searchable.
+
+Example:
+    >>> import qkinspect
+    >>> from qkinspect.report.analysis.pdf import write_pdf
+    >>> n_pages = write_pdf(qkinspect.analyze(None), "report.pdf")
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from matplotlib.backends.backend_pdf import PdfPages
+from matplotlib.figure import Figure
+
+from qkinspect.errors import InputError
+from qkinspect.records import AnalysisResult
+from qkinspect.report.analysis import text
+from qkinspect.report.analysis.figures import figure
+from qkinspect.report.analysis.summary import summary
+from qkinspect.report.grid import blocks_of, renamed
+from qkinspect.report.pages import MARGIN, TextPages, wrap
+from qkinspect.report.style import PAGE, style
+from qkinspect.report.tables import layer_tables
+from qkinspect.version import __version__
+
+CAPTION_SIZE = 8.5
+CAPTION_SPACE = 1.3  # inches kept under each figure for its caption
+
+
+@dataclass(frozen=True)
+class FigurePlan:
+    """One figure page: the kind, its options, and the caption under it."""
+
+    kind: str
+    caption: str
+    block: str | None = None
+
+
+def plan_figures(result: AnalysisResult) -> list[FigurePlan]:
+    """The figures the report shows, in order: one page per kind, and the head-by-head overlap per block."""
+    plans = [FigurePlan(k, text.CAPTIONS[k]) for k in ("symmetry", "distribution", "overlap", "rank", "spectra")]
+    for b in blocks_of(result):
+        if any(r.block == b and r.head_overlap is not None for r in result.layers):
+            plans.append(FigurePlan("heads", text.CAPTIONS["heads"], b))
+    return plans
+
+
+def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
+              experiment: tuple[dict, Path] | None = None, title: str | None = None) -> int:
+    """Write the report to `target` (a path or a binary file); returns the number of pages.
+    The caller makes the write atomic (the CLI writes a temporary file and renames it). `experiment`, the
+    document `qkinspect experiment` wrote (qkinspect.experiment.saved.read_experiment) and its path, adds the experiment
+    section after the summary: its words, its figure and the cheapest and costliest heads. `title` names the
+    model in the report's title, footer and figure titles (the cover still gives its identity).
+
+    Raises:
+        InputError: the analysis holds no head records.
+    """
+    if not result.heads:
+        raise InputError("the report needs at least one analysed head")
+    date = date or dt.datetime.now(dt.timezone.utc)
+    shown = renamed(result, title)
+    meta = {"Title": f"qkinspect report: {shown.model.name}", "Author": f"qkinspect {__version__}",
+            "Subject": "query-key geometry of attention heads", "CreationDate": date}
+    with style(), PdfPages(target, metadata=meta) as pdf:
+        pages = TextPages(pdf.savefig, footer=f"qkinspect {__version__} report: {shown.model.name}")
+        text.cover(pages, result, date, title=title)
+        pages.new_page()
+        text.summary_page(pages, shown, summary(result))
+        if experiment is not None:
+            _experiment(pages, *experiment)
+        pages.new_page()
+        text.definitions(pages, result)
+        skipped = _figures(pages, shown)
+        pages.new_page()
+        text.tables_intro(pages, skipped)
+        for t in layer_tables(result):
+            pages.table(t)
+        pages.close()
+        return pages.count
+
+
+def _figures(pages: TextPages, result: AnalysisResult) -> list[str]:
+    """One page per planned figure; returns the reasons for figures that could not be drawn."""
+    pages.flush()
+    skipped = []
+    for plan in plan_figures(result):
+        page = Figure(figsize=PAGE, layout="constrained")
+        slot: dict = {}
+        try:
+            figure(result, plan.kind, block=plan.block, canvas=_page_canvas(page, slot))
+        except InputError as e:
+            skipped.append(f"{plan.kind}: {e}")
+            continue
+        _caption(slot["caption"], plan.caption)
+        pages.add_page(page)
+    return skipped
+
+
+def _experiment(pages: TextPages, doc: dict, path: Path) -> None:
+    """The experiment section: its words, its figure (when it has one to draw) and its head tables."""
+    from qkinspect.report.experiment import costmap
+    from qkinspect.report.experiment import pages as experiment_pages
+    from qkinspect.report.experiment.figure import experiment_figure
+
+    pages.new_page()
+    if costmap.estimated_edits(doc):  # an estimated map (experiment --estimate): the section is built on it
+        costmap.estimate_section(pages, doc, path)
+        pages.flush()
+        page = Figure(figsize=PAGE, layout="constrained")
+        slot: dict = {}
+        costmap.costmap_figure(doc, canvas=_page_canvas(page, slot))
+        _caption(slot["caption"], costmap.CAPTION)
+        pages.add_page(page)
+        for e in costmap.estimated_edits(doc):
+            pages.table(costmap.estimate_table(doc, e))
+        return
+    experiment_pages.experiment_section(pages, doc, path)
+    pages.flush()
+    page = Figure(figsize=PAGE, layout="constrained")
+    slot = {}
+    try:
+        experiment_figure(doc, canvas=_page_canvas(page, slot))
+    except InputError as e:
+        pages.paragraph(f"No experiment figure: {e}.")
+    else:
+        _caption(slot["caption"], experiment_pages.CAPTION)
+        pages.add_page(page)
+    for e in experiment_pages.es.edits(doc):
+        if e != "ablate" and (t := experiment_pages.head_table(doc, e)) is not None:
+            pages.table(t)
+
+
+def _page_canvas(page: Figure, slot: dict):
+    """A canvas callback placing the figure at the top of an A4 page, inside the margins, with room for a caption."""
+
+    def canvas(height: float, width: float | None = None):
+        inner_w, inner_h = PAGE[0] - 2 * MARGIN, PAGE[1] - 2 * MARGIN
+        h = min(height, inner_h - CAPTION_SPACE)  # the height the figure asks for (a few layers are not stretched
+        # down the whole page), the caption right under it
+        column = page.subfigures(1, 3, width_ratios=[MARGIN, inner_w, MARGIN])[1]
+        rest = PAGE[1] - MARGIN - h - CAPTION_SPACE
+        _, body, caption, _ = column.subfigures(4, 1, height_ratios=[MARGIN, h, CAPTION_SPACE, rest])
+        slot["caption"] = caption
+        return body
+
+    return canvas
+
+
+def _caption(sub, caption: str) -> None:
+    lines = wrap(caption, PAGE[0] - 2 * MARGIN, CAPTION_SIZE)
+    sub.text(0.0, 0.95, "\n".join(lines), va="top", ha="left", fontsize=CAPTION_SIZE, linespacing=1.35,
+             transform=sub.transSubfigure)

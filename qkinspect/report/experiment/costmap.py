@@ -1,0 +1,163 @@
+"""The cost map (`qkinspect plot --kind costmap`), drawn from the JSON of `qkinspect experiment --estimate`: each
+edit's estimated Δloss per head as a layer × head heatmap, the heads run exactly to check it marked, and the rank
+agreement between estimate and exact runs in the panel's title. Only reading and arranging runs here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qkinspect.errors import InputError
+from qkinspect.report.experiment.figure import runs_grid
+from qkinspect.report.grid import Grid
+from qkinspect.report.heatmap import colorbar, draw
+from qkinspect.report.style import Canvas, new_figure
+from qkinspect.report.titles import suptitle
+
+
+def estimated_edits(doc: dict[str, Any]) -> list[str]:
+    """The edits with head-scope estimates, in the order they ran."""
+    return list(dict.fromkeys(r["edit"] for r in doc["runs"]
+                              if r.get("scope") == "head" and r.get("dloss_estimate") is not None))
+
+
+def _runs(doc: dict[str, Any], edit: str) -> list[dict[str, Any]]:
+    return [r for r in doc["runs"] if r["edit"] == edit and r.get("scope") == "head"
+            and r.get("dloss_estimate") is not None]
+
+
+def estimate_grid(doc: dict[str, Any], edit: str) -> Grid:
+    """The estimated Δloss of `edit`, layer × head (NaN where a head was not estimated)."""
+    return runs_grid(_runs(doc, edit), edit, "dloss_estimate")
+
+
+def agreement(doc: dict[str, Any], edit: str) -> dict[str, Any] | None:
+    for a in (doc.get("estimate") or {}).get("agreement") or []:
+        if a.get("edit") == edit:
+            return a
+    return None
+
+
+def panel_title(doc: dict[str, Any], edit: str) -> str:
+    a = agreement(doc, edit)
+    if a is None or a.get("rho") is None:
+        return f"{edit}\nnot checked against exact runs"
+    return f"{edit}\nSpearman ρ = {a['rho']:.2f} ({a['verified']} verified)"
+
+
+def _norm(values: np.ndarray):
+    """Centred at 0, half-width the largest |value| (estimates span orders of magnitude between edits)."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    finite = np.abs(values[np.isfinite(values)])
+    lim = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    return TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim)
+
+
+def costmap_figure(doc: dict[str, Any], canvas: Canvas = new_figure, title: str | None = None):
+    """One heatmap per edit (its own diverging colour scale, centred at 0): estimated Δloss per head; circles mark
+    the heads run exactly, crosses the estimates flagged unreliable. `title` replaces the model's name."""
+    edits = estimated_edits(doc)
+    if not edits:
+        raise InputError("the experiment holds no estimates: run `qkinspect experiment --estimate -o FILE.json` "
+                         "(for exact runs, draw --kind experiment)")
+    grids = [estimate_grid(doc, e) for e in edits]
+    n_layers = max(len(g.layers) for g in grids)
+    fig = canvas(min(9.0, 2.2 + 0.16 * n_layers))
+    axes = fig.subplots(1, len(grids), squeeze=False)[0]
+    for ax, g in zip(axes, grids, strict=True):
+        im = draw(ax, g, _norm(g.values), annotate=False)
+        verified = [(g.heads.index(r["head"]), g.layers.index(r["layer"])) for r in _runs(doc, g.metric)
+                    if r.get("dloss") is not None]
+        flagged = [(g.heads.index(r["head"]), g.layers.index(r["layer"])) for r in _runs(doc, g.metric)
+                   if r.get("unreliable")]
+        if verified:
+            ax.scatter(*zip(*verified, strict=True), s=22, facecolors="none", edgecolors="black", linewidths=0.9,
+                       label="run exactly")
+        if flagged:
+            ax.scatter(*zip(*flagged, strict=True), s=16, marker="x", color="black", linewidths=0.8,
+                       label="estimate unreliable")
+        ax.set_title(panel_title(doc, g.metric), fontsize="small")
+        colorbar(fig, im, [ax], "estimated Δloss")
+    handles = [h for ax in axes for h in ax.get_legend_handles_labels()[0]]
+    labels = [lab for ax in axes for lab in ax.get_legend_handles_labels()[1]]
+    unique = dict(zip(labels, handles, strict=True))
+    if unique:
+        fig.legend(unique.values(), unique.keys(), loc="outside lower center", ncols=len(unique),
+                   fontsize="small", frameon=False)
+    m = doc.get("measure") or {}
+    name = Path(str(doc.get("model", {}).get("name", ""))).name
+    probes = (doc.get("estimate") or {}).get("probes")
+    suptitle(fig, f"{title or name}: estimated Δloss per head edited alone\n{m.get('name', 'loss')}, "
+             f"{m.get('scored', '?')} scored tokens, K = {probes} probes, baseline {doc['baseline']:.3f}",
+             fontsize="medium")
+    return fig
+
+
+LISTED = 8
+
+CAPTION = ("The cost map: each edit's estimated Δloss (the edited model's loss minus the unedited one's) for every "
+           "head edited alone, layers × heads, each edit on its own diverging colour scale centred at 0 (red: the "
+           "edit costs loss). Circles: heads run exactly to check the estimate; crosses: estimates flagged "
+           "unreliable (the edit moves the head's output by more than 4 times its size). The title gives Spearman's "
+           "rank correlation between estimate and exact Δloss over the verified heads.")
+
+
+def _d(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def _name(r: dict[str, Any]) -> str:
+    return f"L{r['layer']}.H{r['head']}"
+
+
+def estimate_section(pages, doc: dict[str, Any], path: Path) -> None:
+    """The report's experiment section for an estimated map: how it was checked, and per edit the heads it
+    predicts cheapest and costliest."""
+    m = doc.get("measure") or {}
+    est = doc.get("estimate") or {}
+    pages.heading("Experiment: what editing each head would cost (estimated)")
+    pages.paragraph(f"From {path.name}: every head's Δloss for each edit, estimated from one clean pass and "
+                    f"{est.get('probes', '?')} backward passes with labels sampled from the model (first-order term "
+                    f"plus a Monte-Carlo Gauss-Newton curvature term), measured by {m.get('name', 'the loss')} over "
+                    f"{m.get('scored', '?')} scored tokens of {m.get('text', 'a text')}. Each estimate is for one "
+                    "head edited alone; editing many heads at once needs its own exact run (--scope layer or "
+                    "model).", color="0.25")
+    pages.paragraph(f"Baseline (unedited) loss: {doc['baseline']:.3f}.")
+    for e in estimated_edits(doc):
+        runs = _runs(doc, e)
+        a = agreement(doc, e)
+        flagged = sum(bool(r.get("unreliable")) for r in runs)
+        pages.heading(e, size=10.5)
+        if a is None or a.get("rho") is None:
+            check = "The estimate was not checked against exact runs (--verify 0): read it as a guess."
+        else:
+            sampled = (f"; over the {a['sampled']} drawn at random, ρ = {a['rho_sampled']:.2f}"
+                       if a.get("rho_sampled") is not None else "")
+            check = (f"Checked by {a['verified']} exact runs (the predicted cheapest and costliest, flagged heads and "
+                     f"a random sample): Spearman ρ between estimate and exact Δloss = {a['rho']:.2f}{sampled}.")
+        pages.paragraph(check + (f" {flagged} of {len(runs)} estimates are flagged unreliable." if flagged else ""))
+        ok = sorted((r for r in runs if not r.get("unreliable")), key=lambda r: r["dloss_estimate"])
+        if ok:
+            cheap = ", ".join(f"{_name(r)} ({_d(r['dloss_estimate'])})" for r in ok[:LISTED])
+            dear = ", ".join(f"{_name(r)} ({_d(r['dloss_estimate'])})" for r in ok[::-1][:LISTED])
+            pages.paragraph(f"Predicted cheapest: {cheap}. Predicted costliest: {dear}.")
+
+
+def estimate_table(doc: dict[str, Any], edit: str):
+    """The predicted cheapest and costliest heads of `edit`: estimate ± its error, exact Δloss ± s.e. where run."""
+    from qkinspect.report.tables import Table
+
+    runs = sorted(_runs(doc, edit), key=lambda r: (r["dloss_estimate"], r["layer"], r["head"]))
+    if not runs:
+        return None
+    shown = runs if len(runs) <= 2 * LISTED else runs[:LISTED] + runs[-LISTED:]
+    rows = [[_name(r), _d(r["dloss_estimate"]), _d(r.get("dloss_estimate_se")), _d(r.get("dloss")),
+             _d(r.get("dloss_se")), "yes" if r.get("unreliable") else ""] for r in shown]
+    if len(shown) < len(runs):
+        rows.insert(LISTED, ["…", "", "", "", "", ""])
+    title = (f"{edit}: the {LISTED} predicted cheapest and costliest of {len(runs)} heads" if len(shown) < len(runs)
+             else f"{edit}: all {len(runs)} heads, by estimate")
+    return Table(title, ["head", "estimate", "± MC", "exact", "± s.e.", "flagged"], rows)
