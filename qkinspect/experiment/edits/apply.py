@@ -77,7 +77,7 @@ def apply_edit(layer: AttentionLayer, edit: Edit, heads: Sequence[int] | None = 
 
     Raises:
         EditError: an edit not defined for this layer (cross-attention, no W_O, bad K, bad heads, non-finite
-            weights, what q/k norms cannot define: `edit_qknorm.check`).
+            weights, what q/k norms cannot define: `qknorm.check`).
 
     Example:
         >>> res = apply_edit(layer, parse_edit("share_qk"), heads=[0, 3])  # doctest: +SKIP
@@ -248,7 +248,7 @@ def _rank(base: AttentionLayer, idx: list[int], layout: RotaryLayout, edit: Edit
     """M truncated to K dimensions by changing the queries only (M_K = U_K U_Kᵀ M). Rotary heads: the K dims
     the gauge allows, whole pairs (2 dims each, kept or dropped) and the top singular directions of the real
     block, chosen to keep the most of the offset-averaged ||M||². Through q/k norms: the same on the folded
-    factors W_Q diag(g_q), W_K diag(g_k), unfolded afterwards (edit_qknorm)."""
+    factors W_Q diag(g_q), W_K diag(g_k), unfolded afterwards (qknorm)."""
     if qkn.normed(base):
         Wq_f, Wk_f = qkn.fold_queries_keys(base)
         folded = replace(base, W_Q=Wq_f, W_K=Wk_f, q_norm=None, k_norm=None, spec=replace(base.spec, qk_norm=False))
