@@ -268,7 +268,8 @@ def _device(device) -> str:
 def _processing(req: _Request, info: ModelInfo, blocks) -> CompositionProcessing:
     return CompositionProcessing(
         fold_ln=req.fold_ln, fold_qk_norm=req.fold_qk_norm, precision=str(req.dtype).removeprefix("torch."),
-        kinds=req.kinds, blocks=None if blocks is None else tuple([blocks] if isinstance(blocks, str) else blocks),
+        device=req.device, kinds=req.kinds,
+        blocks=None if blocks is None else tuple([blocks] if isinstance(blocks, str) else blocks),
         from_layers=req.from_layers, from_heads=req.from_heads, to_layers=req.to_layers, to_heads=req.to_heads,
         not_folded=tuple(req.not_folded), rotary=tuple(b.key for b in info.blocks if b.positional == "rope"),
         qk_norm_not_folded=() if req.fold_qk_norm else tuple(b.key for b in info.blocks if b.qk_norm),

@@ -54,6 +54,7 @@ class CompositionProcessing:
     fold_ln: bool = True
     fold_qk_norm: bool = False
     precision: str = "float32"
+    device: str = "cpu"
     kinds: tuple[str, ...] = ("q", "k", "v")
     blocks: tuple[str, ...] | None = None
     from_layers: tuple[int, ...] | None = None
