@@ -212,6 +212,19 @@ def _chosen(sel: tuple[int, ...] | None, n: int) -> np.ndarray:
     return np.arange(n) if sel is None else np.array([h for h in sel if h < n], dtype=np.int64)
 
 
+def is_composition_document(spec: str | Path) -> bool:
+    """Whether `spec` names a JSON file whose head says it is a composition document (read no further)."""
+    path = Path(spec)
+    if path.suffix.lower() != ".json" or not path.is_file():
+        return False
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return b'"kind": "composition"' in head or b'"kind":"composition"' in head
+
+
 def read_composition(path: str | Path) -> CompositionResult:
     """A composition document (`qkinspect composition -o FILE.json`) read back, checked as untrusted input.
 

@@ -194,3 +194,37 @@ def render(console, result, top: int) -> None:
     if multi:
         lines += [f"{q.from_block} -> {q.to_block} ({','.join(q.kinds)}): {q.rule}" for q in result.pairs]
     print_lines(console, lines)
+
+
+def composition_of(model, *, layers=None, block=None, precision=Precision.float32, device=Device.cpu,
+                   revision=None):
+    """The composition to draw: read from a saved document (`qkinspect composition -o FILE.json`), or computed on
+    the model with the defaults (every pair, each layer's input norm folded)."""
+    from qkinspect.composition_records import is_composition_document, read_composition
+
+    if model is not None and is_composition_document(model):
+        if layers or block or precision is not Precision.float32 or device is not Device.cpu or revision:
+            raise InputError(f"{model} is a saved composition, drawn as it was saved: --layers, --block, "
+                             "--precision, --device and --revision apply when computing it from a model")
+        return read_composition(model)
+    import qkinspect
+
+    with progress("composing heads") as p:
+        result = qkinspect.composition(model, layers=parse_indices(layers, "--layers"), blocks=parse_blocks(block),
+                                       precision=precision.value, device=check_device(device), revision=revision,
+                                       progress=p)
+    for w in result.warnings:
+        warn(w)
+    return result
+
+
+def draw_composition(model, output: Path, *, title: str | None = None, **options) -> None:
+    """The composition figure (qkinspect.report.composition) of a model or a saved document, saved to `output`."""
+    from qkinspect.cli.commands.plot import save_figure
+    from qkinspect.report.composition import composition_figure
+    from qkinspect.report.style import style
+
+    result = composition_of(model, **options)
+    with style():
+        fig = composition_figure(result, title=title)
+    save_figure(fig, output)

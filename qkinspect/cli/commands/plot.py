@@ -44,6 +44,7 @@ class Kind(str, Enum):
     trajectory = "trajectory"
     experiment = "experiment"
     costmap = "costmap"
+    composition = "composition"
 
 
 KindOpt = Annotated[Kind, typer.Option("--kind", "-k", metavar="KIND", help="Which figure to draw: "
@@ -93,8 +94,18 @@ def register(app: typer.Typer) -> None:
         run.json --kind rank -o rank.png
 
         Example (the estimated cost of every head): qkinspect plot --kind costmap --experiment map.json -o map.png
+
+        Example (heads composing, from the model or a saved `qkinspect composition -o c.json`): qkinspect plot
+        ./my-llama --kind composition -o composition.png
         """
         output = check_figure_path(output)
+        if kind is Kind.composition:
+            from qkinspect.cli.commands.composition import draw_composition
+
+            draw_composition(model, output, layers=layers, block=block, precision=precision, device=device,
+                             revision=revision, title=title)
+            note(f"wrote the composition figure to {output}")
+            return
         if kind is Kind.trajectory:
             draw_trajectory(Path(model or "."), metric or "symmetry", output, layers=layers, blocks=block,
                             title=title)
