@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from qkinspect.analysis import torch_threads
 from qkinspect.composition_records import BlockPair, CompositionProcessing, CompositionResult
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
@@ -204,7 +205,8 @@ def composition(
                              f"(kinds {','.join(req.kinds)}; blocks: {_pairs_text(pairs)})")
         result = CompositionResult(m.info, _processing(req, m.info, blocks), [p for p in pairs
                                    if p.from_block in keys and p.to_block in keys])
-        _run(m, req, todo, result, progress)
+        with torch_threads():  # torch's threads raised to the CPUs this process may use, as for analyze
+            _run(m, req, todo, result, progress)
         result.processing = _processing(req, m.info, blocks)
     result.scores = dict(sorted(result.scores.items(), key=lambda kv: _order(kv[0], every)))
     return result
