@@ -12,7 +12,8 @@ Streaming: the earlier layers are taken in chunks whose reduced write factors (o
 fit in HELD_BYTES; for each chunk, the layers are read once in file order (a layer read as a later layer is scored
 against the chunk's layers already held), and a second read covers the later layers that come before their earlier
 partners in the file (a decoder's self-attention after the cross-attention of an earlier layer). Each later layer
-costs one product per kind and run of held layers, at most OUT_BYTES each. Peak memory: the chunk, one layer (two
+costs one product per run of held layers (the kinds side by side where they share their partners), at most
+OUT_BYTES each. Peak memory: the chunk, one layer (two
 while the next is read) and one product, whatever the number of pairs.
 """
 
@@ -408,11 +409,29 @@ def _score(held: _Held, u: Unit, layer: AttentionLayer, partners: dict[Unit, tup
         raise InputError(f"{layer.block} layer {layer.layer}: the model gives no W_O, so no V-composition into it")
     read = read_side(layer, kinds, req.dtype)
     read = ReadSide({k: b.to(req.device) for k, b in read.B.items()}, read.norm, read.n_heads)  # cpu -> device
-    for kind in kinds:
-        with_kind = [a for a, ks in partners.items() if kind in ks]
+    for group in _same_partners(kinds, partners, read):
+        with_kind = [a for a, ks in partners.items() if group[0] in ks]
+        B = read.B[group[0]] if len(group) == 1 else torch.cat([read.B[k] for k in group], dim=1)  # (D, kinds H r)
         for run in held.runs(with_kind):
-            for piece in _pieces(run, held.rows[run[0]] * read.B[kind].shape[1] * read.B[kind].element_size()):
-                _score_piece(held, piece, u, read, kind, result)
+            for piece in _pieces(run, held.rows[run[0]] * B.shape[1] * B.element_size()):
+                _score_piece(held, piece, u, B, group, read, result)
+
+
+def _same_partners(kinds: tuple[str, ...], partners: dict[Unit, tuple[str, ...]], read: ReadSide
+                   ) -> list[tuple[str, ...]]:
+    """The kinds in groups that can share one product: the same held partners and operands of one shape (a
+    decoder's q, k and v when d_head_v = d_head)."""
+    groups: list[tuple[str, ...]] = []
+    for k in kinds:
+        key = (frozenset(a for a, ks in partners.items() if k in ks), read.B[k].shape)
+        for i, g in enumerate(groups):
+            first = g[0]
+            if (frozenset(a for a, ks in partners.items() if first in ks), read.B[first].shape) == key:
+                groups[i] = (*g, k)
+                break
+        else:
+            groups.append((k,))
+    return groups
 
 
 def _pieces(run: list[Unit], bytes_per_unit: int) -> Iterator[list[Unit]]:
@@ -421,16 +440,17 @@ def _pieces(run: list[Unit], bytes_per_unit: int) -> Iterator[list[Unit]]:
         yield run[i:i + step]
 
 
-def _score_piece(held: _Held, piece: list[Unit], u: Unit, read: ReadSide, kind: str,
+def _score_piece(held: _Held, piece: list[Unit], u: Unit, B: torch.Tensor, kinds: tuple[str, ...], read: ReadSide,
                  result: CompositionResult) -> None:
-    first, n = piece[0], len(piece)
+    first, n, H_b = piece[0], len(piece), read.n_heads
     start = held.offset[first]
     A = held.buffer[first.writes][start:start + n * held.rows[first]]  # (n H_a r, D): a view, no copy
-    num = product_norms(A, read.B[kind], n * first.heads, read.n_heads).view(n, first.heads, read.n_heads)
+    num = product_norms(A, B, n * first.heads, len(kinds) * H_b).view(n, first.heads, len(kinds), H_b).cpu()
     for i, a in enumerate(piece):
-        arr = normalised(num[i].cpu(), held.norm[a], read.norm[kind]).numpy()
-        result.scores[(a.block, a.layer, u.block, u.layer, kind)] = arr
-        bad = ~np.isfinite(arr)
-        if bad.any():
-            result.warnings.append(f"{a.block} layer {a.layer} -> {u.block} layer {u.layer} ({kind}): "
-                                   f"{int(bad.sum())} pairs with a zero or non-finite head are NaN")
+        for j, kind in enumerate(kinds):
+            arr = normalised(num[i, :, j], held.norm[a], read.norm[kind]).numpy()
+            result.scores[(a.block, a.layer, u.block, u.layer, kind)] = arr
+            bad = ~np.isfinite(arr)
+            if bad.any():
+                result.warnings.append(f"{a.block} layer {a.layer} -> {u.block} layer {u.layer} ({kind}): "
+                                       f"{int(bad.sum())} pairs with a zero or non-finite head are NaN")

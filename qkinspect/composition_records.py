@@ -2,7 +2,8 @@
 that compose, and how the weights were processed; its records, JSON document and checked reader side by side.
 
 Scores are held per (earlier layer, later layer, kind) as an H_a x H_b array, so the 1.5 million scores of a
-32-layer, 32-head model's three kinds take 12 MB; records (one per earlier head, later head and kind) are made as they are read.
+32-layer, 32-head model's three kinds take 12 MB; records (one per earlier head, later head and kind) are made as
+they are read.
 
 Example:
     >>> result = qkinspect.composition("path/to/model")  # doctest: +SKIP

@@ -139,11 +139,13 @@ def read_side(layer: AttentionLayer, kinds: tuple[str, ...] = KINDS, dtype: torc
 def product_norms(A: Tensor, B: Tensor, n_from: int, n_to: int) -> Tensor:
     """‖A_a B_b‖_F for every block pair: A (n_from r_a, D), B (D, n_to r_b) -> (n_from, n_to) float64.
 
-    One product, then the norm of each r_a x r_b block of its result.
+    One product, squared in place, then summed over each r_a x r_b block: first down the r_a rows (contiguous
+    rows added), then across each head's r_b columns.
     """
-    P = A @ B  # (n_from r_a, n_to r_b)
-    P = P.view(n_from, P.shape[0] // n_from, n_to, P.shape[1] // n_to)  # (a, r_a, b, r_b)
-    return torch.linalg.vector_norm(P, dim=(1, 3)).to(torch.float64)
+    P = (A @ B).square_()  # (n_from r_a, n_to r_b)
+    r_a, r_b = P.shape[0] // n_from, P.shape[1] // n_to
+    rows = P.view(n_from, r_a, n_to * r_b).sum(dim=1)  # (n_from, n_to r_b)
+    return rows.view(n_from, n_to, r_b).sum(dim=-1).to(torch.float64).sqrt_()
 
 
 def scores(write: WriteSide, read: ReadSide, kind: str) -> Tensor:
