@@ -134,9 +134,7 @@ def composition_figure(result: CompositionResult, canvas: Canvas = new_figure, t
 def _cmap():
     import matplotlib
 
-    cm = matplotlib.colormaps[CMAP].copy()
-    cm.set_bad(MISSING)
-    return cm
+    return matplotlib.colormaps[CMAP].with_extremes(bad=MISSING)
 
 
 def top_table(result: CompositionResult, kind: str, n: int = LISTED) -> Table | None:
