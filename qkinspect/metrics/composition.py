@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from qkinspect.layer import AttentionLayer
+from qkinspect.metrics.factored import one_thread
 
 KINDS = ("q", "k", "v")
 
@@ -96,7 +97,7 @@ class ReadSide:
 
 
 def write_side(layer: AttentionLayer, dtype: torch.dtype = torch.float32) -> WriteSide:
-    """The reduced write factors of every head of `layer` (which must have W_O).
+    """The reduced write factors of every head of `layer` (which must have W_O), on one thread (small products).
 
     Example:
         >>> w = write_side(layer)  # doctest: +SKIP
@@ -104,6 +105,11 @@ def write_side(layer: AttentionLayer, dtype: torch.dtype = torch.float32) -> Wri
     """
     if layer.W_O is None:
         raise ValueError(f"{layer.block} layer {layer.layer} has no W_O: it writes nothing to compose")
+    with one_thread():
+        return _write_side(layer, dtype)
+
+
+def _write_side(layer: AttentionLayer, dtype: torch.dtype) -> WriteSide:
     kv = layer.kv_index()
     R_V = r_factor(layer.W_V)[kv]  # (H, r, dv): each query head's value head, h // (H / G)
     A = torch.matmul(R_V, layer.W_O.to(torch.float64))  # (H, r, dv) @ (H, dv, D) -> (H, r, D)
@@ -112,12 +118,17 @@ def write_side(layer: AttentionLayer, dtype: torch.dtype = torch.float32) -> Wri
 
 
 def read_side(layer: AttentionLayer, kinds: tuple[str, ...] = KINDS, dtype: torch.dtype = torch.float32) -> ReadSide:
-    """The reduced read factors of every head of `layer` for each of `kinds` ("v" needs W_O).
+    """The reduced read factors of every head of `layer` for each of `kinds` ("v" needs W_O), on one thread.
 
     Example:
         >>> b = read_side(layer, ("q",))  # doctest: +SKIP
         >>> b.B["q"].shape  # (d_model, H * d_head)  # doctest: +SKIP
     """
+    with one_thread():
+        return _read_side(layer, kinds, dtype)
+
+
+def _read_side(layer: AttentionLayer, kinds: tuple[str, ...], dtype: torch.dtype) -> ReadSide:
     kv = layer.kv_index()
     f64 = torch.float64
     B: dict[str, Tensor] = {}
@@ -139,13 +150,15 @@ def read_side(layer: AttentionLayer, kinds: tuple[str, ...] = KINDS, dtype: torc
 def product_norms(A: Tensor, B: Tensor, n_from: int, n_to: int) -> Tensor:
     """‖A_a B_b‖_F for every block pair: A (n_from r_a, D), B (D, n_to r_b) -> (n_from, n_to) float64.
 
-    One product, squared in place, then summed over each r_a x r_b block: first down the r_a rows (contiguous
-    rows added), then across each head's r_b columns.
+    One product (on all of torch's threads), squared in place, then summed over each r_a x r_b block: first down
+    the r_a rows (contiguous rows added), then across each head's r_b columns, on one thread (memory-bound passes:
+    on a busy machine, threads waiting at each pass's barrier cost more than they bring).
     """
-    P = (A @ B).square_()  # (n_from r_a, n_to r_b)
+    P = A @ B  # (n_from r_a, n_to r_b)
     r_a, r_b = P.shape[0] // n_from, P.shape[1] // n_to
-    rows = P.view(n_from, r_a, n_to * r_b).sum(dim=1)  # (n_from, n_to r_b)
-    return rows.view(n_from, n_to, r_b).sum(dim=-1).to(torch.float64).sqrt_()
+    with one_thread():
+        rows = P.square_().view(n_from, r_a, n_to * r_b).sum(dim=1)  # (n_from, n_to r_b)
+        return rows.view(n_from, n_to, r_b).sum(dim=-1).to(torch.float64).sqrt_()
 
 
 def scores(write: WriteSide, read: ReadSide, kind: str) -> Tensor:
