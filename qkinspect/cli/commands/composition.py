@@ -38,8 +38,9 @@ class CompositionFormat(str, Enum):
 
 
 FormatOpt = Annotated[CompositionFormat | None, typer.Option(
-    "--format", "-f", show_default=False,
-    help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
+    "--format", "-f", show_default=False, metavar="FORMAT",
+    help="Output format: table, json, ndjson, csv or parquet; default: from -o's extension (.parquet too), else table "
+         "on a terminal and json in a pipe.")]
 KindsOpt = Annotated[list[str] | None, typer.Option(
     "--kinds", metavar="KINDS", help="Which compositions: q, k, v, comma-separated or repeated (default: all).")]
 TopOpt = Annotated[int, typer.Option("--top", metavar="N", help="Table: the N strongest pairs per kind.")]

@@ -59,7 +59,7 @@ ThreadsOpt = Annotated[int | None, typer.Option(
     "--threads", metavar="N",
     help="torch threads per checkpoint (default: the cores shared among the workers; at most 1024).")]
 SweepFormatOpt = Annotated[SweepFormat | None, typer.Option(
-    "--format", "-f", show_default=False,
+    "--format", "-f", show_default=False, metavar="FORMAT",
     help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
 
 
