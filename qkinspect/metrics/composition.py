@@ -131,19 +131,21 @@ def read_side(layer: AttentionLayer, kinds: tuple[str, ...] = KINDS, dtype: torc
 def _read_side(layer: AttentionLayer, kinds: tuple[str, ...], dtype: torch.dtype) -> ReadSide:
     kv = layer.kv_index()
     f64 = torch.float64
-    B: dict[str, Tensor] = {}
-    if "q" in kinds:
-        B["q"] = torch.matmul(layer.W_Q.to(f64), r_factor(layer.W_K)[kv].mT)  # (H, D, d) @ (H, d, r) -> (H, D, r)
-    if "k" in kinds:
-        B["k"] = torch.matmul(layer.W_K.to(f64)[kv], r_factor(layer.W_Q).mT)  # (H, Dk, d) @ (H, d, r)
-    if "v" in kinds:
-        if layer.W_O is None:
-            raise ValueError(f"{layer.block} layer {layer.layer} has no W_O: no V-composition into it")
-        R_O = r_factor(layer.W_O.mT)  # W_Oᵀ (H, D, dv) -> (H, r, dv)
-        B["v"] = torch.matmul(layer.W_V.to(f64)[kv], R_O.mT)  # (H, Dk, dv) @ (H, dv, r) -> (H, Dk, r)
-    norms = {k: torch.linalg.matrix_norm(b) for k, b in B.items()}
-    # (H, D_in, r) -> (D_in, H r): one operand for all the layer's heads
-    cols = {k: b.permute(1, 0, 2).reshape(b.shape[1], -1).to(dtype) for k, b in B.items()}
+    if "v" in kinds and layer.W_O is None:
+        raise ValueError(f"{layer.block} layer {layer.layer} has no W_O: no V-composition into it")
+    cols: dict[str, Tensor] = {}
+    norms: dict[str, Tensor] = {}
+    for kind in kinds:  # one kind at a time: a single float64 (H, D, r) held (128 MB for a 7B layer)
+        if kind == "q":
+            b = torch.matmul(layer.W_Q.to(f64), r_factor(layer.W_K)[kv].mT)  # (H, D, d) @ (H, d, r) -> (H, D, r)
+        elif kind == "k":
+            b = torch.matmul(layer.W_K.to(f64)[kv], r_factor(layer.W_Q).mT)  # (H, Dk, d) @ (H, d, r)
+        else:
+            R_O = r_factor(layer.W_O.mT)  # W_Oᵀ (H, D, dv) -> (H, r, dv)
+            b = torch.matmul(layer.W_V.to(f64)[kv], R_O.mT)  # (H, Dk, dv) @ (H, dv, r) -> (H, Dk, r)
+        norms[kind] = torch.linalg.matrix_norm(b)
+        cols[kind] = b.permute(1, 0, 2).reshape(b.shape[1], -1).to(dtype)  # (H, D_in, r) -> (D_in, H r)
+        del b
     return ReadSide(cols, norms, layer.spec.n_heads)
 
 
