@@ -114,3 +114,24 @@ def test_smollm2_gguf_float32_within_1e_4_of_float64():
     assert len(a.scores) == 3 * 45 and all(np.isfinite(s).all() for s in a.scores.values())
     ms = np.mean([np.mean(s**2) for s in a.scores.values()]) * 576
     assert 1 < ms < 10, ms
+
+
+def test_a_quantized_checkpoint_is_scored_on_its_dequantized_weights(tmp_path):
+    """FP8 block-scaled BERT: the same scores as the same BERT written with the dequantized weights in float32."""
+    from tests.loading import tiny
+    from tests.loading.test_quantized import ATTN, fp8_blocks, quantized_bert, reference_blocks
+
+    folder, state, stored = quantized_bert(
+        tmp_path, {"quant_method": "fp8", "weight_block_size": [16, 16], "activation_scheme": "dynamic"},
+        lambda m, w: fp8_blocks(w * 0.01, 16, 16))
+    plain = dict(state)
+    for k in state:
+        module = k.removesuffix(".weight")
+        if k.endswith(".weight") and module.split("layer.", 1)[-1].split(".", 1)[-1] in ATTN:
+            plain[k] = reference_blocks(stored[k], stored[f"{module}.weight_scale_inv"], 16, 16)
+    config, _ = tiny.bert()
+    other = tiny.write(tmp_path / "plain", config, plain)
+    a, b = qkinspect.composition(str(folder)), qkinspect.composition(str(other))
+    assert a.processing.dequantized and a.scores.keys() == b.scores.keys()
+    for k in a.scores:
+        np.testing.assert_allclose(a.scores[k], b.scores[k], rtol=1e-6)
