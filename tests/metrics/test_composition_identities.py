@@ -5,6 +5,7 @@
   W_O -> G⁻¹ W_O leaves W_OV, hence every score, unchanged;
 - the residual basis: x -> x U (U orthogonal) on the residual stream changes no score;
 - swapping a later head's W_Q and W_K swaps its q and k scores (K-composition is Q-composition of W_QKᵀ);
+- V-composition is Q-composition into a head whose W_Q W_Kᵀ is the later head's W_V W_O;
 - 0 <= score <= 1;
 - the null: for Gaussian factors E[score²] = 1/D exactly (docs/composition.md), and E[score] lies just below 1/√D.
 """
@@ -127,3 +128,13 @@ def test_the_null_against_monte_carlo(D, d, dv):
         var = s2.var(ddof=1)
         assert null_score(D) * (1 - 3 * var * D**2 / 8) - 4 * s.std(ddof=1) / np.sqrt(n) < s.mean() \
             < null_score(D) + 1e-12 + 4 * s.std(ddof=1) / np.sqrt(n), kind
+
+
+@settings(max_examples=15, deadline=None)
+@given(seeds)
+def test_v_composition_is_q_composition_with_w_ov_as_the_form(seed):
+    """V-composition into b is Q-composition into a head whose form W_Q W_Kᵀ is b's W_V W_O (W_Q = W_V, W_K = W_Oᵀ):
+    the three kinds are one definition applied to the matrix b reads with."""
+    a, b = layer(seed, H=3, G=3, dv=4), layer(seed + 1, H=3, G=3, dv=4)
+    as_form = replace(b, W_Q=b.W_V, W_K=b.W_O.mT)
+    np.testing.assert_allclose(all_scores(a, b)["v"], all_scores(a, as_form)["q"], rtol=1e-9)
