@@ -388,7 +388,9 @@ def _read(m, wanted: set[Unit], req: _Request) -> Iterator[tuple[Unit, Attention
         stream = m.layers([b.key], sorted(by_block[b.key]), prefetch=True, dtype=req.dtype)
         with contextlib.closing(stream):
             for layer in stream:
-                yield lookup[(layer.block, layer.layer)], _process(layer, req)
+                u = lookup[(layer.block, layer.layer)]
+                layer = _process(layer, req)  # rebound: the stored tensors the folds replaced are freed now
+                yield u, layer
                 del layer
 
 
@@ -409,7 +411,7 @@ def _score(held: _Held, u: Unit, layer: AttentionLayer, partners: dict[Unit, tup
         raise InputError(f"{layer.block} layer {layer.layer}: the model gives no W_O, so no V-composition into it")
     read = read_side(layer, kinds, req.dtype)
     read = ReadSide({k: b.to(req.device) for k, b in read.B.items()}, read.norm, read.n_heads)  # cpu -> device
-    for group in _same_partners(kinds, partners, read):
+    for group in _same_partners(kinds, partners, read, held):
         with_kind = [a for a, ks in partners.items() if group[0] in ks]
         B = read.B[group[0]] if len(group) == 1 else torch.cat([read.B[k] for k in group], dim=1)  # (D, kinds H r)
         for run in held.runs(with_kind):
@@ -417,10 +419,15 @@ def _score(held: _Held, u: Unit, layer: AttentionLayer, partners: dict[Unit, tup
                 _score_piece(held, piece, u, B, group, read, result)
 
 
-def _same_partners(kinds: tuple[str, ...], partners: dict[Unit, tuple[str, ...]], read: ReadSide
+def _same_partners(kinds: tuple[str, ...], partners: dict[Unit, tuple[str, ...]], read: ReadSide, held: _Held
                    ) -> list[tuple[str, ...]]:
     """The kinds in groups that can share one product: the same held partners and operands of one shape (a
-    decoder's q, k and v when d_head_v = d_head)."""
+    decoder's q, k and v when d_head_v = d_head), and only while one earlier layer's product with them all fits in
+    OUT_BYTES (a 7B layer's would not: there the products are large enough one kind at a time, and the joined
+    operand and product would cost memory)."""
+    rows = max(held.rows[a] for a in partners)
+    if rows * sum(read.B[k].shape[1] for k in kinds) * read.B[kinds[0]].element_size() > OUT_BYTES:
+        return [(k,) for k in kinds]
     groups: list[tuple[str, ...]] = []
     for k in kinds:
         key = (frozenset(a for a, ks in partners.items() if k in ks), read.B[k].shape)
