@@ -32,7 +32,7 @@ from qkinspect.composition_records import BlockPair, CompositionProcessing, Comp
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
 from qkinspect.metrics.composition import KINDS, ReadSide, normalised, product_norms, read_side, write_side
-from qkinspect.metrics.fold import fold_ln_where_given, fold_qk_norm
+from qkinspect.metrics.fold import fold_qk_norm
 from qkinspect.selection import check_indexes, select_blocks
 
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
@@ -274,7 +274,8 @@ def _processing(req: _Request, info: ModelInfo, blocks) -> CompositionProcessing
         device=req.device, kinds=req.kinds,
         blocks=None if blocks is None else tuple([blocks] if isinstance(blocks, str) else blocks),
         from_layers=req.from_layers, from_heads=req.from_heads, to_layers=req.to_layers, to_heads=req.to_heads,
-        not_folded=tuple(req.not_folded), rotary=tuple(b.key for b in info.blocks if b.positional == "rope"),
+        not_folded=tuple(dict.fromkeys(req.not_folded)),
+        rotary=tuple(b.key for b in info.blocks if b.positional == "rope"),
         qk_norm_not_folded=() if req.fold_qk_norm else tuple(b.key for b in info.blocks if b.qk_norm),
         dequantized=info.quantization)
 
@@ -297,8 +298,8 @@ class _Held:
             self.buffer[s] = torch.empty(n, widths[s], dtype=dtype, device=device)
         self.rows = rows
 
-    def keep(self, u: Unit, layer: AttentionLayer, dtype: torch.dtype) -> None:
-        w = write_side(layer, dtype)
+    def keep(self, u: Unit, layer: AttentionLayer, dtype: torch.dtype, gains: _Gains) -> None:
+        w = write_side(layer, dtype, gains.kv)
         self.buffer[u.writes][self.offset[u]:self.offset[u] + self.rows[u]].copy_(w.A)
         self.norm[u] = w.norm
 
@@ -361,9 +362,10 @@ def _run(m, req: _Request, todo: dict[tuple[Unit, Unit], tuple[str, ...]], resul
             if not wanted:
                 break
             for u, layer in _read(m, wanted, req):
+                gains = _gains(layer, req)
                 ready = {a: k for (a, b), k in plan.items() if b == u and a in held.norm}
                 if ready:
-                    _score(held, u, layer, ready, req, result)
+                    _score(held, u, layer, gains, ready, req, result)
                     for a in ready:
                         del plan[(a, u)]
                     if not any(b == u for _, b in plan):
@@ -371,7 +373,7 @@ def _run(m, req: _Request, todo: dict[tuple[Unit, Unit], tuple[str, ...]], resul
                         if progress is not None:
                             progress(done, total)
                 if u in held.offset and sweep == 0:
-                    held.keep(u, layer, req.dtype)
+                    held.keep(u, layer, req.dtype, gains)
                 del layer
         del held
 
@@ -389,27 +391,43 @@ def _read(m, wanted: set[Unit], req: _Request) -> Iterator[tuple[Unit, Attention
         with contextlib.closing(stream):
             for layer in stream:
                 u = lookup[(layer.block, layer.layer)]
-                layer = _process(layer, req)  # rebound: the stored tensors the folds replaced are freed now
+                layer = _process(layer, req)  # rebound: the stored tensors a fold replaced are freed now
                 yield u, layer
                 del layer
 
 
+@dataclass(frozen=True)
+class _Gains:
+    """The input-norm gains folded into a layer's products (None: not folded)."""
+
+    q: torch.Tensor | None = None
+    kv: torch.Tensor | None = None
+
+
 def _process(layer: AttentionLayer, req: _Request) -> AttentionLayer:
-    if req.fold_ln:
-        layer, raw = fold_ln_where_given(layer)
-        req.not_folded += [f"{layer.block} layer {layer.layer} {side}" for side in raw]
     if req.fold_qk_norm and layer.spec.qk_norm:
         layer = fold_qk_norm(layer)
     return layer
 
 
-def _score(held: _Held, u: Unit, layer: AttentionLayer, partners: dict[Unit, tuple[str, ...]], req: _Request,
-           result: CompositionResult) -> None:
+def _gains(layer: AttentionLayer, req: _Request) -> _Gains:
+    """The gains of the norms before the query and key/value projections, as `fold_ln` folds them (diag(gain) W);
+    sides without a norm are noted as not folded (once per layer)."""
+    if not req.fold_ln:
+        return _Gains()
+    raw = [side for side, norm in (("query", layer.norm_q), ("key/value", layer.norm_kv)) if norm is None]
+    req.not_folded += [f"{layer.block} layer {layer.layer} {side}" for side in raw]
+    return _Gains(None if layer.norm_q is None else layer.norm_q.gain,
+                  None if layer.norm_kv is None else layer.norm_kv.gain)
+
+
+def _score(held: _Held, u: Unit, layer: AttentionLayer, gains: _Gains, partners: dict[Unit, tuple[str, ...]],
+           req: _Request, result: CompositionResult) -> None:
     """Score the later layer `u` against its held partners, one product per kind and run of held layers."""
     kinds = tuple(k for k in KINDS if any(k in ks for ks in partners.values()))
     if "v" in kinds and layer.W_O is None:
         raise InputError(f"{layer.block} layer {layer.layer}: the model gives no W_O, so no V-composition into it")
-    read = read_side(layer, kinds, req.dtype)
+    read = read_side(layer, kinds, req.dtype, gains.q, gains.kv)
     read = ReadSide({k: b.to(req.device) for k, b in read.B.items()}, read.norm, read.n_heads)  # cpu -> device
     for group in _same_partners(kinds, partners, read, held):
         with_kind = [a for a, ks in partners.items() if group[0] in ks]

@@ -19,11 +19,11 @@ and the numerator of every score is ‖A_a B_b‖_F: for all heads of two layers
 [H_a r, D] x [D, H_b r] and a sum of squares over its r x r blocks. That product is the whole cost (the floor:
 (L H d_head)² D / 2 multiply-adds per kind for every pair of layers); the QR factors cost O(D d_head²) per head.
 
-Numerics: the roots R and the reduced factors are computed in float64 (a d_head x d_head Gram and its Cholesky
-factor per head: O(D d_head²), nothing beside the pair products), so the only rounding in the default float32 is
-that of the reduced factors and of the products: a relative error of order √d_head · eps(float32) on each score,
-far below 1e-4 (tests/metrics/test_composition.py checks float32 against a dense float64 reference; SmolLM2's
-worst head pair is 1.4e-7).
+Numerics: the roots R come from float64 Grams (a d_head x d_head Gram and its Cholesky factor per head: O(D d_head²),
+nothing beside the pair products); the reduced factors and the products are formed in the compute dtype, so the
+only rounding in the default float32 is that of those products: a relative error of order √d_head · eps(float32)
+on each score, far below 1e-4 (tests/metrics/test_composition.py checks float32 against a dense float64
+reference; on SmolLM2 the worst of 109,350 scores is within a few 1e-6 of float64).
 
 The null (docs/composition.md derives it): for Gaussian factors of any shapes E[score²] = 1 / D exactly, D the
 width of the residual stream a writes and b reads; `null_score` is its root, 1/√D.
@@ -43,17 +43,22 @@ from qkinspect.metrics.factored import one_thread
 KINDS = ("q", "k", "v")
 
 
-def r_factor(X: Tensor) -> Tensor:
-    """(n, m, k) -> (n, k, k): a root R of the Gram, RᵀR = XᵀX, in float64.
+GRAM_CHUNK = 8  # heads whose float64 copy is held at once while their Grams are formed (32 MB for 4096 x 128)
+
+
+def r_factor(X: Tensor, gain: Tensor | None = None) -> Tensor:
+    """(n, m, k) -> (n, k, k): a root R of the Gram, RᵀR = XᵀX, in float64; of (diag(gain) X) with `gain` (m,).
 
     From the Cholesky factor of the float64 Gram (a Gram squares the condition number: in float64 that leaves
     1e-16 κ², below 1e-8 for any head with κ < 10⁴ — and the score, a Frobenius norm, is no more sensitive to
     it than the norms themselves); a Gram that is not positive definite (a zero or rank-deficient head) takes the
     root from its eigendecomposition, R = diag(√max(λ, 0)) Uᵀ. (Householder QR gives R directly but took six
-    times as long on this machine's LAPACK for 576 x 64 heads.)
+    times as long on this machine's LAPACK for 576 x 64 heads.) The float64 copies are made GRAM_CHUNK heads at a
+    time.
     """
-    X = X.to(torch.float64)
-    G = X.mT @ X  # (n, k, k)
+    g = None if gain is None else gain.to(device=X.device, dtype=torch.float64)[:, None]  # (m, 1)
+    G = torch.cat([(x := _scaled(X[i:i + GRAM_CHUNK].to(torch.float64), g)).mT @ x  # (chunk, k, k)
+                   for i in range(0, X.shape[0], GRAM_CHUNK)])
     L, info = torch.linalg.cholesky_ex(G)
     R = L.mT
     bad = info != 0
@@ -62,6 +67,19 @@ def r_factor(X: Tensor) -> Tensor:
         R = R.clone()
         R[bad] = lam.clamp_min(0).sqrt()[..., None] * U.mT  # diag(√λ) Uᵀ
     return R
+
+
+def _scaled(x: Tensor, g: Tensor | None) -> Tensor:
+    """diag(g) x for each head of x (n, m, k), g (m, 1), as a new tensor (x may be the caller's); x when g is None."""
+    return x if g is None else x * g
+
+
+def grouped(W: Tensor, R: Tensor) -> Tensor:
+    """Each query head's product W[g(h)] R[h]ᵀ without repeating W: W (G, m, k) (one per key/value head), R (H, r, k)
+    (one per query head, heads of a group adjacent: g(h) = h // (H / G)) -> (H, m, r)."""
+    G, H = W.shape[0], R.shape[0]
+    out = torch.matmul(W[:, None], R.view(G, H // G, *R.shape[1:]).mT)  # (G, 1, m, k) @ (G, rep, k, r)
+    return out.reshape(H, W.shape[1], R.shape[1])
 
 
 def null_score(width: int) -> float:
@@ -96,8 +114,10 @@ class ReadSide:
     n_heads: int
 
 
-def write_side(layer: AttentionLayer, dtype: torch.dtype = torch.float32) -> WriteSide:
+def write_side(layer: AttentionLayer, dtype: torch.dtype = torch.float32, gain_kv: Tensor | None = None
+               ) -> WriteSide:
     """The reduced write factors of every head of `layer` (which must have W_O), on one thread (small products).
+    `gain_kv` (Dk,): the gain of the norm before the value projection, folded in as diag(gain) W_V.
 
     Example:
         >>> w = write_side(layer)  # doctest: +SKIP
@@ -106,45 +126,55 @@ def write_side(layer: AttentionLayer, dtype: torch.dtype = torch.float32) -> Wri
     if layer.W_O is None:
         raise ValueError(f"{layer.block} layer {layer.layer} has no W_O: it writes nothing to compose")
     with one_thread():
-        return _write_side(layer, dtype)
+        return _write_side(layer, dtype, gain_kv)
 
 
-def _write_side(layer: AttentionLayer, dtype: torch.dtype) -> WriteSide:
+def _write_side(layer: AttentionLayer, dtype: torch.dtype, gain_kv: Tensor | None) -> WriteSide:
     kv = layer.kv_index()
-    R_V = r_factor(layer.W_V)[kv]  # (H, r, dv): each query head's value head, h // (H / G)
-    A = torch.matmul(R_V, layer.W_O.to(torch.float64))  # (H, r, dv) @ (H, dv, D) -> (H, r, D)
-    norm = torch.linalg.matrix_norm(A)  # (H,)
-    return WriteSide(A.reshape(-1, A.shape[-1]).to(dtype), norm, layer.spec.n_heads)  # (H r, D)
+    W_O = layer.W_O.to(dtype)
+    R_V = r_factor(layer.W_V, gain_kv)[kv].to(dtype)  # (H, r, dv): each query head's value head, h // (H / G)
+    A = torch.matmul(R_V, W_O)  # (H, r, dv) @ (H, dv, D) -> (H, r, D)
+    norm = torch.linalg.matrix_norm(A).to(torch.float64)  # (H,)
+    return WriteSide(A.reshape(-1, A.shape[-1]), norm, layer.spec.n_heads)  # (H r, D)
 
 
-def read_side(layer: AttentionLayer, kinds: tuple[str, ...] = KINDS, dtype: torch.dtype = torch.float32) -> ReadSide:
+def read_side(layer: AttentionLayer, kinds: tuple[str, ...] = KINDS, dtype: torch.dtype = torch.float32,
+              gain_q: Tensor | None = None, gain_kv: Tensor | None = None) -> ReadSide:
     """The reduced read factors of every head of `layer` for each of `kinds` ("v" needs W_O), on one thread.
+    `gain_q` (D,), `gain_kv` (Dk,): the gains of the norms before the query and the key/value projections, folded in
+    as diag(gain) W_Q, diag(gain) W_K, diag(gain) W_V (as `qkinspect.metrics.fold.fold_ln` folds them), here inside
+    the products: no folded copy of the weights is made.
 
     Example:
         >>> b = read_side(layer, ("q",))  # doctest: +SKIP
         >>> b.B["q"].shape  # (d_model, H * d_head)  # doctest: +SKIP
     """
     with one_thread():
-        return _read_side(layer, kinds, dtype)
+        return _read_side(layer, kinds, dtype, gain_q, gain_kv)
 
 
-def _read_side(layer: AttentionLayer, kinds: tuple[str, ...], dtype: torch.dtype) -> ReadSide:
+def _read_side(layer: AttentionLayer, kinds: tuple[str, ...], dtype: torch.dtype, gain_q: Tensor | None,
+               gain_kv: Tensor | None) -> ReadSide:
     kv = layer.kv_index()
-    f64 = torch.float64
     if "v" in kinds and layer.W_O is None:
         raise ValueError(f"{layer.block} layer {layer.layer} has no W_O: no V-composition into it")
     cols: dict[str, Tensor] = {}
     norms: dict[str, Tensor] = {}
-    for kind in kinds:  # one kind at a time: a single float64 (H, D, r) held (128 MB for a 7B layer)
-        if kind == "q":
-            b = torch.matmul(layer.W_Q.to(f64), r_factor(layer.W_K)[kv].mT)  # (H, D, d) @ (H, d, r) -> (H, D, r)
-        elif kind == "k":
-            b = torch.matmul(layer.W_K.to(f64)[kv], r_factor(layer.W_Q).mT)  # (H, Dk, d) @ (H, d, r)
-        else:
-            R_O = r_factor(layer.W_O.mT)  # W_Oᵀ (H, D, dv) -> (H, r, dv)
-            b = torch.matmul(layer.W_V.to(f64)[kv], R_O.mT)  # (H, Dk, dv) @ (H, dv, r) -> (H, Dk, r)
-        norms[kind] = torch.linalg.matrix_norm(b)
-        cols[kind] = b.permute(1, 0, 2).reshape(b.shape[1], -1).to(dtype)  # (H, D_in, r) -> (D_in, H r)
+    for kind in kinds:  # one kind at a time, in the compute dtype: one (H, D, r) operand made at a time
+        if kind == "q":  # (H, D, d) @ (H, d, r) -> (H, D, r)
+            b = torch.matmul(layer.W_Q.to(dtype), r_factor(layer.W_K, gain_kv)[kv].to(dtype).mT)
+            rows = gain_q
+        elif kind == "k":  # W_K of each query head's key/value head, R of its own W_Q
+            b = grouped(layer.W_K.to(dtype), r_factor(layer.W_Q, gain_q).to(dtype))
+            rows = gain_kv
+        else:  # W_V of the key/value head, R of the head's own W_Oᵀ (H, D, dv)
+            b = grouped(layer.W_V.to(dtype), r_factor(layer.W_O.mT).to(dtype))
+            rows = gain_kv
+        if rows is not None:
+            b.mul_(rows.to(b)[:, None])  # diag(gain) (W R): the gain on the rows, in place
+
+        norms[kind] = torch.linalg.matrix_norm(b).to(torch.float64)
+        cols[kind] = b.permute(1, 0, 2).reshape(b.shape[1], -1)  # (H, D_in, r) -> (D_in, H r)
         del b
     return ReadSide(cols, norms, layer.spec.n_heads)
 

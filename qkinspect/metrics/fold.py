@@ -62,27 +62,6 @@ def fold_ln(layer: AttentionLayer) -> AttentionLayer:
     return replace(layer, W_Q=W_Q, W_K=W_K, W_V=W_V, b_Q=b_Q, b_K=b_K, b_V=b_V, norm_q=None, norm_kv=None)
 
 
-def fold_ln_where_given(layer: AttentionLayer) -> tuple[AttentionLayer, tuple[str, ...]]:
-    """`fold_ln` for the sides the model gives a norm for; the sides it gives none for ("query", "key/value") are
-    left as stored and named in the second value (a post-LN model's layer 0, a learned query with no norm).
-
-    Example:
-        >>> folded, raw = fold_ln_where_given(layer)  # doctest: +SKIP
-        >>> raw  # every norm was there  # doctest: +SKIP
-        ()
-    """
-    if layer.norm_q is not None and layer.norm_kv is not None:
-        return fold_ln(layer), ()
-    raw = tuple(side for side, norm in (("query", layer.norm_q), ("key/value", layer.norm_kv)) if norm is None)
-    W_Q, b_Q, W_K, b_K, W_V, b_V = layer.W_Q, layer.b_Q, layer.W_K, layer.b_K, layer.W_V, layer.b_V
-    if layer.norm_q is not None:
-        W_Q, b_Q = _fold_norm(W_Q, b_Q, layer.norm_q)
-    if layer.norm_kv is not None:
-        W_K, b_K = _fold_norm(W_K, b_K, layer.norm_kv)
-        W_V, b_V = _fold_norm(W_V, b_V, layer.norm_kv)
-    return replace(layer, W_Q=W_Q, W_K=W_K, W_V=W_V, b_Q=b_Q, b_K=b_K, b_V=b_V, norm_q=None, norm_kv=None), raw
-
-
 def _per_head_gain(g: Tensor, n: int, d: int) -> Tensor:
     """(d,) or (n, d) -> (n, 1, d)."""
     if g.shape == (d,):

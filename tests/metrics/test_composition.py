@@ -231,3 +231,24 @@ def test_saved_document_reads_back(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(qkinspect.QkinspectError, match="not a valid composition document"):
         read_composition(path)
+
+
+def test_the_fold_is_analyze_s_fold_and_mutates_nothing():
+    """Gains folded inside the products give the scores of the layers `fold_ln` (analyze --fold-ln) returns, and
+    the model's float64 weights are left as they were."""
+    from qkinspect.loading import open_model
+    from qkinspect.metrics.composition import read_side, scores, write_side
+    from qkinspect.metrics.fold import fold_ln
+
+    m = llama_model().double()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    got = qkinspect.composition(m, precision="float64")
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+    with open_model(m) as opened:
+        layers = [fold_ln(x) for x in opened.layers(dtype=torch.float64)]
+    for i in range(3):
+        for j in range(i + 1, 3):
+            w, r = write_side(layers[i], torch.float64), read_side(layers[j], dtype=torch.float64)
+            for kind in "qkv":
+                np.testing.assert_allclose(got.scores[("decoder", i, "decoder", j, kind)],
+                                           scores(w, r, kind).numpy(), rtol=1e-10)
