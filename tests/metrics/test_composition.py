@@ -207,6 +207,7 @@ def test_a_zero_head_is_nan_with_a_warning():
 @pytest.mark.parametrize("kw,says", [
     ({"kinds": "x"}, "kinds=x"), ({"precision": "float16"}, "precision="), ({"to_layers": 9}, "to_layers=9"),
     ({"layers": "0"}, "no earlier head composes"), ({"blocks": "cross"}, "blocks=cross"),
+    ({"device": "tpu"}, "device='tpu'"),
 ])
 def test_bad_requests(kw, says):
     with pytest.raises(qkinspect.QkinspectError, match=says):
