@@ -1,6 +1,6 @@
 """Composition figures and the report's composition section (`qkinspect plot --kind composition`, `qkinspect report
-MODEL --composition FILE.json`): per kind, a layer x layer summary (the strongest head pair of each pair of layers)
-over a head x head heatmap, both as score / null on one colour scale, so 1 is what random heads give."""
+MODEL --composition FILE.json`): per kind, a layer x layer summary (the root mean square over each pair of layers'
+head pairs) over a head x head heatmap, both as score / null on one colour scale, so 1 is what random heads give."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ CMAP = "magma"
 KIND_TITLE = {"q": "Q-composition", "k": "K-composition", "v": "V-composition"}
 CAPTION = ("Composition of earlier heads (rows) into later heads (columns), as score / null: 1 is the root-mean-square "
            "score of random Gaussian heads (1/√d_model), so a cell above 1 composes more than chance. Top: one cell "
-           "per pair of layers, the strongest head pair in it. Bottom: every head pair, heads in layer order with "
-           "lines between layers. Q: the earlier head writes what the later head's queries read; K: its keys; V: "
+           "per pair of layers, the root mean square over its head pairs (1: random heads on average). Bottom: "
+           "every head pair, heads in layer order with lines between layers. Q: the earlier head writes what the later head's queries read; K: its keys; V: "
            "its values. Grey: no such pair (a head composes only into later layers).")
 LISTED = 10  # rows of each table in the report
 
@@ -37,7 +37,9 @@ def axes_units(result: CompositionResult) -> tuple[list[tuple[str, int]], list[t
 
 
 def layer_grid(result: CompositionResult, kind: str) -> np.ndarray:
-    """(earlier layers, later layers): the largest ratio over the selected head pairs; NaN where no pair."""
+    """(earlier layers, later layers): the root mean square of the selected head pairs' scores over the null (the
+    null is itself a root mean square: 1 is random heads on average, whatever the number of heads); NaN where no
+    pair."""
     rows, cols = axes_units(result)
     out = np.full((len(rows), len(cols)), np.nan)
     for key, s in result.scores.items():
@@ -45,7 +47,7 @@ def layer_grid(result: CompositionResult, kind: str) -> np.ndarray:
             a, b = result.heads(key)
             sub = s[np.ix_(a, b)] / result.baseline(key[0], key[2])
             if np.isfinite(sub).any():
-                out[rows.index(key[:2]), cols.index(key[2:4])] = np.nanmax(sub)
+                out[rows.index(key[:2]), cols.index(key[2:4])] = np.sqrt(np.nanmean(sub**2))
     return out
 
 

@@ -44,7 +44,8 @@ def test_grids_hold_the_ratios_in_layer_order(llama):
     r = qkinspect.composition(str(llama))
     g = layer_grid(r, "q")  # earlier layers 0, 1 x later layers 1, 2
     assert g.shape == (2, 2) and np.isnan(g[1, 0])
-    assert g[0, 1] == pytest.approx(np.max(r.scores[("decoder", 0, "decoder", 2, "q")]) * 32 ** 0.5)
+    s = r.scores[("decoder", 0, "decoder", 2, "q")]
+    assert g[0, 1] == pytest.approx(np.sqrt(np.mean(s**2)) * 32 ** 0.5)
     h, rows, cols = head_grid(r, "v")
     assert h.shape == (8, 8) and rows == [0, 4] and cols == [0, 4]
     np.testing.assert_allclose(h[4:, 4:], r.scores[("decoder", 1, "decoder", 2, "v")] * 32 ** 0.5)
