@@ -22,8 +22,9 @@ KIND_TITLE = {"q": "Q-composition", "k": "K-composition", "v": "V-composition"}
 CAPTION = ("Composition of earlier heads (rows) into later heads (columns), as score / null: 1 is the root-mean-square "
            "score of random Gaussian heads (1/√d_model), so a cell above 1 composes more than chance. Top: one cell "
            "per pair of layers, the root mean square over its head pairs (1: random heads on average). Bottom: "
-           "every head pair, heads in layer order with lines between layers. Q: the earlier head writes what the later head's queries read; K: its keys; V: "
-           "its values. Grey: no such pair (a head composes only into later layers).")
+           "every head pair, heads in layer order with lines between layers. Q: the earlier head writes what the "
+           "later head's queries read; K: its keys; V: its values. Grey: no such pair (a head composes only into "
+           "later layers).")
 LISTED = 10  # rows of each table in the report
 
 
