@@ -253,3 +253,25 @@ def test_the_fold_is_analyze_s_fold_and_mutates_nothing():
             for kind in "qkv":
                 np.testing.assert_allclose(got.scores[("decoder", i, "decoder", j, kind)],
                                            scores(w, r, kind).numpy(), rtol=1e-10)
+
+
+def test_which_blocks_compose_in_two_towers_and_an_outside_encoder():
+    """CLIP: each tower composes within itself only. GPT-2 with cross-attention: its keys and values read an encoder
+    outside the checkpoint, so nothing composes into them; its queries read the decoder stream."""
+    clip = tf.CLIPModel(tf.CLIPConfig(
+        text_config={"hidden_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 32,
+                     "vocab_size": 40, "max_position_embeddings": 16},
+        vision_config={"hidden_size": 16, "num_hidden_layers": 3, "num_attention_heads": 2, "intermediate_size": 32,
+                       "image_size": 8, "patch_size": 4}))
+    r = qkinspect.composition(_randomised(clip))
+    assert {(p.from_block, p.to_block, p.kinds, p.width) for p in r.pairs} == {
+        ("text", "text", ("q", "k", "v"), 24), ("vision", "vision", ("q", "k", "v"), 16)}
+    assert {k[0] for k in r.scores} == {"text", "vision"} and all(k[0] == k[2] for k in r.scores)
+    assert r.baseline("vision", "vision") == pytest.approx(16 ** -0.5)
+    gpt2 = tf.GPT2Model(tf.GPT2Config(n_embd=24, n_layer=2, n_head=4, n_positions=16, vocab_size=40,
+                                      add_cross_attention=True))
+    r = qkinspect.composition(_randomised(gpt2))
+    assert {(p.from_block, p.to_block): p.kinds for p in r.pairs} == {
+        ("decoder", "decoder"): ("q", "k", "v"), ("decoder", "cross"): ("q",), ("cross", "decoder"): ("q", "k", "v"),
+        ("cross", "cross"): ("q",)}
+    assert ("decoder", 0, "cross", 0, "q") in r.scores and ("cross", 0, "cross", 0, "q") not in r.scores
