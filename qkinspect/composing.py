@@ -2,25 +2,20 @@
 (DESIGN.md §3, "Heads together"; the math in `qkinspect.metrics.composition`, the derivations in
 docs/composition.md).
 
-Which heads compose: a head writes into one residual stream and reads its queries from one and its keys and values
-from one. Self-attention reads and writes its own block's stream; a decoder's cross-attention reads queries from
-(and writes into) the decoder's stream just after that layer's self-attention, and keys and values from the
-encoder's output, i.e. after every encoder layer. An earlier head a composes into a later head b for kind q when a
-writes the stream b's queries read before b reads it (k and v likewise with b's key/value stream).
+Which heads compose into which: `qkinspect.composition_streams`.
 
 Streaming: the earlier layers are taken in chunks whose reduced write factors (one (H d_head, D) matrix per layer)
 fit in HELD_BYTES; for each chunk, the layers are read once in file order (a layer read as a later layer is scored
 against the chunk's layers already held), and a second read covers the later layers that come before their earlier
 partners in the file (a decoder's self-attention after the cross-attention of an earlier layer). Each later layer
 costs one product per run of held layers (the kinds side by side where they share their partners), at most
-OUT_BYTES each. Peak memory: the chunk, one layer (two
-while the next is read) and one product, whatever the number of pairs.
+OUT_BYTES each. Peak memory: the chunk, one layer (two while the next is read) and one product, whatever the
+number of pairs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -29,8 +24,9 @@ import torch
 
 from qkinspect.analysis import torch_threads
 from qkinspect.composition_records import BlockPair, CompositionProcessing, CompositionResult
+from qkinspect.composition_streams import Unit, block_pairs, units
 from qkinspect.errors import InputError
-from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
+from qkinspect.layer import AttentionLayer, ModelInfo
 from qkinspect.metrics.composition import KINDS, ReadSide, normalised, product_norms, read_side, write_side
 from qkinspect.metrics.fold import fold_qk_norm
 from qkinspect.selection import check_indexes, select_blocks
@@ -39,80 +35,6 @@ PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 HELD_BYTES = 256 << 20  # the earlier layers' reduced write factors held at once (a 7B layer's: 64 MB in float32)
 OUT_BYTES = 64 << 20  # one product's result (a 7B layer pair's: 64 MB in float32)
 Progress = Callable[[int, int], None]
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One attention layer as a reader and writer of residual streams (None: none in this model)."""
-
-    block: str
-    layer: int
-    heads: int
-    width: int  # the width it writes (d_model)
-    writes: str | None
-    q_reads: str | None
-    kv_reads: str | None
-    pos: float  # where on its stream(s) it reads and writes; cross-attention keys read the encoder at +inf
-    kv_pos: float
-
-    def kinds_into(self, b: Unit) -> tuple[str, ...]:
-        """The kinds of composition of this (earlier) unit into `b`."""
-        if self.writes is None:
-            return ()
-        q = b.q_reads == self.writes and self.pos < b.pos
-        kv = b.kv_reads == self.writes and self.pos < b.kv_pos
-        return (("q",) if q else ()) + (("k", "v") if kv else ())
-
-
-def units(info: ModelInfo) -> list[Unit]:
-    """Every layer of the model as a `Unit`, in file order."""
-    keys = {b.key for b in info.blocks}
-    named = {b.name: b.key for b in info.blocks if b.name != "cross"}
-    out = []
-    for b in info.blocks:
-        for i in range(b.n_layers):
-            out.append(_unit(b, i, keys, named))
-    return out
-
-
-def _unit(b: BlockSpec, i: int, keys: set[str], named: dict[str, str]) -> Unit:
-    if b.name != "cross":  # self-attention: its own stream; 2i leaves room for a cross-attention after it
-        return Unit(b.key, i, b.n_heads, b.d_model, b.key, b.key, b.key, 2 * i, 2 * i)
-    if b.label == "pooling":  # SigLIP's pooling head: a learned query, keys/values from the vision tower's output
-        return Unit(b.key, i, b.n_heads, b.d_model, None, None, "vision" if "vision" in keys else None, 2 * i,
-                    math.inf)
-    return Unit(b.key, i, b.n_heads, b.d_model, named.get("decoder"), named.get("decoder"), named.get("encoder"),
-                2 * i + 1, math.inf)
-
-
-def block_pairs(us: list[Unit], info: ModelInfo) -> list[BlockPair]:
-    """For each (earlier block, later block) with any composition, its kinds, stream width and rule in words."""
-    found: dict[tuple[str, str], set[str]] = {}
-    for a in us:
-        for b in us:
-            k = a.kinds_into(b)
-            if k:
-                found.setdefault((a.block, b.block), set()).update(k)
-    out = []
-    for (fa, fb), kinds in found.items():
-        ka, kb = info.block(fa), info.block(fb)
-        ordered = tuple(k for k in KINDS if k in kinds)
-        out.append(BlockPair(fa, fb, ordered, ka.d_model, _rule(ka, kb)))
-    return out
-
-
-def _rule(a: BlockSpec, b: BlockSpec) -> str:
-    if b.name == "cross" and a.name != "cross" and b.label == "pooling":
-        return f"every {a.key} layer into the pooling head's keys and values (they read the tower's output)"
-    if b.name == "cross" and a.name == "encoder":
-        return "every encoder layer into every cross-attention layer's keys and values (they read the encoder output)"
-    if b.name == "cross" and a.name == "decoder":
-        return "decoder self-attention layer i into cross-attention layer j >= i, queries only (same stream)"
-    if a.name == "cross" and b.name == "decoder":
-        return "cross-attention layer i into decoder self-attention layer j > i (the decoder stream)"
-    if a.name == "cross" and b.name == "cross":
-        return "cross-attention layer i into cross-attention layer j > i, queries only"
-    return "layer i into layer j > i"
 
 
 @dataclass
