@@ -297,6 +297,9 @@ def _run(m, req: _Request, todo: dict[tuple[Unit, Unit], tuple[str, ...]], resul
                 if u in held.offset and sweep == 0:
                     held.keep(u, layer, req.dtype, gains)
                 del layer
+        if plan:  # every pair of the chunk is scored by its two reads; anything left is a bug, never a silent gap
+            (a, b), _ = next(iter(plan.items()))
+            raise RuntimeError(f"composition: {a.block} layer {a.layer} -> {b.block} layer {b.layer} was not scored")
         del held
 
 
