@@ -7,7 +7,8 @@ halved: the machine's best GEMM rate at this size, no reading, no reduction), ti
 
   (a) read      the model's attention layers read and cast (`LoadedModel.layers`), nothing computed
   (b) floor     the product floor of the three kinds, as above
-  (c) compose   `qkinspect.composition(MODEL)` (all pairs, q/k/v, fold-ln, float32), in this process
+  (c) compose   `qkinspect.composition(MODEL)` (all pairs, q/k/v, fold-ln, float32), in this process, timed
+                alternately with (b) (best of each), so both see the same load
   (c) / (b) and (c) / ((a) + (b)), and the peak RSS of a child process running (c) alone (its own VmHWM) against
   that of a child that only imports qkinspect and torch and reads the model's layers
 
@@ -55,6 +56,21 @@ def best(fn, repeats: int) -> float:
         fn()
         out = min(out, time.perf_counter() - t0)
     return out
+
+
+def interleaved(f, g, repeats: int) -> tuple[float, float]:
+    """Best times of f and of g, run alternately (f, g, f, g ...) after a warm-up of each: on a shared machine
+    both see the same moments of load."""
+    f(), g()
+    tf = tg = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        t1 = time.perf_counter()
+        g()
+        t2 = time.perf_counter()
+        tf, tg = min(tf, t1 - t0), min(tg, t2 - t1)
+    return tf, tg
 
 
 CHILD = """
@@ -105,10 +121,9 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     A = torch.randn(L * H * dv, D, generator=g)
     B = torch.randn(D, L * H * d, generator=g)
-    t_gemm = best(lambda: A @ B, a.repeats)
+    t_gemm, t_comp = interleaved(lambda: A @ B, lambda: qkinspect.composition(model), a.repeats)
     t_floor = 3 * t_gemm / 2
     macs = 3 * (L * H * d) ** 2 * D / 2
-    t_comp = best(lambda: qkinspect.composition(model), a.repeats)
     rss_open, rss_comp = peak_rss(model, "open"), peak_rss(model, "compose")
 
     print(f"model       {Path(model).name}: {L} layers x {H} heads ({s.n_kv_heads} KV), d_model {D}, d_head {d}")
