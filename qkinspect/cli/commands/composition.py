@@ -217,15 +217,3 @@ def composition_of(model, *, layers=None, block=None, precision=Precision.float3
     for w in result.warnings:
         warn(w)
     return result
-
-
-def draw_composition(model, output: Path, *, title: str | None = None, **options) -> None:
-    """The composition figure (qkinspect.report.composition) of a model or a saved document, saved to `output`."""
-    from qkinspect.cli.commands.plot import save_figure
-    from qkinspect.report.composition import composition_figure
-    from qkinspect.report.style import style
-
-    result = composition_of(model, **options)
-    with style():
-        fig = composition_figure(result, title=title)
-    save_figure(fig, output)

@@ -100,8 +100,6 @@ def register(app: typer.Typer) -> None:
         """
         output = check_figure_path(output)
         if kind is Kind.composition:
-            from qkinspect.cli.commands.composition import draw_composition
-
             draw_composition(model, output, layers=layers, block=block, precision=precision, device=device,
                              revision=revision, title=title)
             note(f"wrote the composition figure to {output}")
@@ -226,6 +224,19 @@ def draw_trajectory(folder: Path, metric: str, output: Path, *, layers: str | No
     fig = sweep_trajectory(read_sweep(folder), metric, layers=parse_indices(layers, "--layers"),
                            blocks=parse_blocks(blocks))
     save_figure(retitle(fig, title), output)
+
+
+def draw_composition(model, output: Path, *, title: str | None = None, **options) -> None:
+    """The composition figure (qkinspect.report.composition) of a model or a saved `qkinspect composition -o c.json`,
+    saved to `output`."""
+    from qkinspect.cli.commands.composition import composition_of
+    from qkinspect.report.composition import composition_figure
+    from qkinspect.report.style import style
+
+    result = composition_of(model, **options)
+    with style():
+        fig = composition_figure(result, title=title)
+    save_figure(fig, output)
 
 
 def save_figure(fig, output: Path) -> None:
