@@ -73,8 +73,8 @@ def register(app: typer.Typer) -> None:
 
         Example (every pair as rows): qkinspect composition model.gguf -o composition.parquet
         """
-        import qkinspect
         from qkinspect.cli.options import check_selection
+        from qkinspect.composing import composition as compose
         from qkinspect.loading import open_model
 
         name = check_format(fmt, output)
@@ -92,9 +92,8 @@ def register(app: typer.Typer) -> None:
                 check_selection(m.info, options["blocks"], options[f"{side}layers"], options[f"{side}heads"],
                                 options=(f"--{side.replace('_', '-')}layers", f"--{side.replace('_', '-')}heads"))
             with progress("composing heads") as p:
-                result = qkinspect.composition(m, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
-                                               precision=precision.value, device=check_device(device), progress=p,
-                                               **options)
+                result = compose(m, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, precision=precision.value,
+                                 device=check_device(device), progress=p, **options)
         for w in result.warnings:
             warn(w)
         for line in notes(result):
@@ -208,12 +207,11 @@ def composition_of(model, *, layers=None, block=None, precision=Precision.float3
             raise InputError(f"{model} is a saved composition, drawn as it was saved: --layers, --block, "
                              "--precision, --device and --revision apply when computing it from a model")
         return read_composition(model)
-    import qkinspect
+    from qkinspect.composing import composition as compose
 
     with progress("composing heads") as p:
-        result = qkinspect.composition(model, layers=parse_indices(layers, "--layers"), blocks=parse_blocks(block),
-                                       precision=precision.value, device=check_device(device), revision=revision,
-                                       progress=p)
+        result = compose(model, layers=parse_indices(layers, "--layers"), blocks=parse_blocks(block),
+                         precision=precision.value, device=check_device(device), revision=revision, progress=p)
     for w in result.warnings:
         warn(w)
     return result
