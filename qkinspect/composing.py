@@ -25,11 +25,12 @@ import torch
 from qkinspect.analysis import torch_threads
 from qkinspect.composition_records import BlockPair, CompositionProcessing, CompositionResult
 from qkinspect.composition_streams import Unit, block_pairs, units
+from qkinspect.device import check_device
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, ModelInfo
 from qkinspect.metrics.composition import KINDS, ReadSide, normalised, product_norms, read_side, write_side
 from qkinspect.metrics.fold import fold_qk_norm
-from qkinspect.selection import check_indexes, select_blocks
+from qkinspect.selection import as_indexes, check_selection
 
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 HELD_BYTES = 256 << 20  # the earlier layers' reduced write factors held at once (a 7B layer's: 64 MB in float32)
@@ -104,17 +105,13 @@ def composition(
     """
     req = _request(kinds, precision, device, fold_ln, fold_qk_norm)
     with _open(model, revision) as m:
-        chosen = select_blocks(m.info, blocks)
-        sizes_l = {b.key: b.n_layers for b in chosen}
-        sizes_h = {b.key: b.n_heads for b in chosen}
-        req.from_layers = check_indexes(_name("from_layers", from_layers, "layers"),
-                                        from_layers if from_layers is not None else layers, sizes_l)
-        req.to_layers = check_indexes(_name("to_layers", to_layers, "layers"),
-                                      to_layers if to_layers is not None else layers, sizes_l)
-        req.from_heads = check_indexes(_name("from_heads", from_heads, "heads"),
-                                       from_heads if from_heads is not None else heads, sizes_h)
-        req.to_heads = check_indexes(_name("to_heads", to_heads, "heads"),
-                                     to_heads if to_heads is not None else heads, sizes_h)
+        sides = {}
+        for side, lay, hd in (("from", from_layers, from_heads), ("to", to_layers, to_heads)):
+            names = (_name(f"{side}_layers", lay, "layers"), _name(f"{side}_heads", hd, "heads"))
+            sides[side] = (as_indexes(lay if lay is not None else layers, names[0]),
+                           as_indexes(hd if hd is not None else heads, names[1]))
+            chosen = check_selection(m.info, blocks, *sides[side], options=("blocks", *names))
+        (req.from_layers, req.from_heads), (req.to_layers, req.to_heads) = sides["from"], sides["to"]
         keys = {b.key for b in chosen}
         if fold_qk_norm and not any(b.qk_norm for b in chosen):
             raise InputError("fold_qk_norm=True: the selected blocks have no q/k norm")
@@ -173,21 +170,8 @@ def _request(kinds, precision, device, fold_ln, fold_qk_norm) -> _Request:
     precision = str(getattr(precision, "value", precision))
     if precision not in PRECISIONS:
         raise InputError(f"precision={precision!r}: choose float32 or float64")
-    return _Request(tuple(k for k in KINDS if k in names), PRECISIONS[precision], _device(device), bool(fold_ln),
+    return _Request(tuple(k for k in KINDS if k in names), PRECISIONS[precision], check_device(device), bool(fold_ln),
                     bool(fold_qk_norm))
-
-
-def _device(device) -> str:
-    name = str(getattr(device, "value", device))
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise InputError(f"device={name!r}: not a torch device (cpu, cuda, cuda:N)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"device={name!r}: no CUDA device is available (torch.cuda.is_available() is False)")
-    if dev.type not in ("cpu", "cuda"):
-        raise InputError(f"device={name!r}: only cpu and cuda are supported")
-    return name
 
 
 def _processing(req: _Request, info: ModelInfo, blocks) -> CompositionProcessing:

@@ -201,7 +201,7 @@ class CompositionResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: schema, tool, model, processing, definitions, block pairs, records, warnings."""
-        from qkinspect import __version__
+        from qkinspect.version import __version__
 
         return {"schema": SCHEMA, "kind": "composition", "tool": {"name": "qkinspect", "version": __version__},
                 "model": model_dict(self.model), "processing": asdict(self.processing), "definitions": DEFINITIONS,

@@ -27,9 +27,10 @@ from qkinspect.cli.options import (
     Selection,
     check_selection,
 )
-from qkinspect.cli.output import Document, check_output, check_parquet, emit, envelope, note, warn, write_parquet
+from qkinspect.cli.output import Document, check_output, check_parquet, emit, note, warn, write_parquet
 from qkinspect.errors import InputError, SweepFailed
 from qkinspect.limits import check_threads, check_workers
+from qkinspect.records import envelope
 
 
 class SweepFormat(str, Enum):
