@@ -3,7 +3,7 @@
 from qkinspect.errors import QkinspectError
 from qkinspect.version import __version__
 
-__all__ = ["__version__", "QkinspectError", "analyze", "composition", "load", "track"]
+__all__ = ["__version__", "QkinspectError", "analyze", "composition", "directions", "load", "track"]
 
 
 def __getattr__(name: str):
@@ -16,6 +16,10 @@ def __getattr__(name: str):
         from qkinspect.composing import composition
 
         return composition
+    if name == "directions":
+        from qkinspect.head_directions import directions
+
+        return directions
     if name == "load":
         from qkinspect.loading import load
 
