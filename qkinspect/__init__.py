@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 from qkinspect.errors import QkinspectError  # noqa: E402
 
-__all__ = ["__version__", "QkinspectError", "analyze", "load", "track"]
+__all__ = ["__version__", "QkinspectError", "analyze", "atlas", "load", "read_atlas", "track"]
 
 
 def __getattr__(name: str):
@@ -13,6 +13,10 @@ def __getattr__(name: str):
         from qkinspect.analysis import analyze
 
         return analyze
+    if name in ("atlas", "read_atlas"):
+        from qkinspect import zoo
+
+        return getattr(zoo, name)
     if name == "load":
         from qkinspect.loading import load
 
