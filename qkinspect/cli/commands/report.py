@@ -58,12 +58,23 @@ def register(app: typer.Typer) -> None:
         Example (a sweep's folder: what was swept, then each metric against training step): qkinspect report
         sweep/ -o sweep.pdf
 
+        Example (an atlas folder: its models, then each metric against depth and size): qkinspect report atlas/
+        -o atlas.pdf
+
         Example (with an experiment's runs.json): qkinspect report ./my-bert --experiment runs.json -o report.pdf
 
         Example (from a saved analysis, without the model): qkinspect analyze ./my-bert --metrics
         default,shared_qk_distance,head_overlap -o run.json; qkinspect report run.json -o report.pdf
         """
         output = check_report_path(output, html=html)
+        from qkinspect.zoo.folder import is_atlas
+
+        if is_atlas(model):  # an atlas folder (qkinspect atlas --out)
+            if html or experiment is not None:
+                raise InputError(f"{'--html' if html else '--experiment'}: an atlas's report is a PDF of its own")
+            n = write_atlas_report(Path(model), output, title=title)
+            note(f"wrote {pages(n)} atlas report to {output}")
+            return
         is_sweep = model is not None and (Path(model) / "sweep.json").is_file()
         runs = read_runs(experiment, html=html, sweep=is_sweep)
         if is_sweep:  # a sweep's folder (qkinspect sweep --out)
@@ -150,6 +161,18 @@ def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title:
         atomic_write(output, lambda f: f.write(page))
         return 1
     return write_rendered(output, lambda buffer: write_sweep_pdf(sweep, buffer, title=title))
+
+
+def write_atlas_report(folder: Path, output: Path, *, title: str | None = None) -> int:
+    """The report of an atlas folder, written atomically as a PDF; returns the number of pages."""
+    from qkinspect.zoo import read_atlas
+
+    atlas = read_atlas(folder)
+    if not atlas.records:
+        raise InputError(f"{folder}: the atlas has no results yet")
+    from qkinspect.report.atlas import write_atlas_pdf
+
+    return write_rendered(output, lambda buffer: write_atlas_pdf(atlas, buffer, title=title))
 
 
 def write_html_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
