@@ -40,7 +40,7 @@ def synthetic_atlas(n: int, seed: int = 0) -> AtlasResult:
     rng = np.random.default_rng(seed)
     atlas = AtlasResult(Path(f"synthetic-{n}"), {}, [])
     for i in range(n):
-        name = f"org-{i % 7}/model-{i}-{'x' * (i % 5)}"
+        name = f"org-{i % 7}/model-{i}{'-xlarge' * (i % 3 == 0)}"
         records, facts = entry_stats(name, synthetic_doc(i, rng))
         atlas.models.append(name)
         atlas.records += records

@@ -142,10 +142,11 @@ def atlas_tables(rows: list[dict[str, Any]], *, width: int = 80) -> tuple[list, 
               Column("params", [_count(r["attention_params"]) for r in rows])]
     shown = [m for m in TABLE_METRICS if any(r.get(m) is not None for r in rows)]
     values += [Column(short_name(m), [fmt_value(r.get(m)) for r in rows]) for m in shown]
-    sections = [i for i in range(1, len(rows)) if rows[i]["model"] != rows[i - 1]["model"]]
+    several = len(rows) > len(names)  # a model of several blocks: a rule between models
+    sections = [i for i in range(1, len(rows)) if several and rows[i]["model"] != rows[i - 1]["model"]]
     lines = [
-        "medians over each block's heads (sym_sum, dir_sum: the layer form's, over layers); L layers, H:kv query "
-        "and key/value heads, D d_model, params attention weights; quartiles and per-layer medians in -o FILE",
+        "medians over each block's heads (sym_sum: the layer form's, over layers); L layers, H:kv query and "
+        "key/value heads, D d_model, params attention weights; quartiles and per-layer medians: -o FILE",
         legend(shown)]
     if numbered:
         lines.append("models: " + ", ".join(f"{ids[n]}={n}" for n in names))
