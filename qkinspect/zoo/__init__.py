@@ -1,6 +1,6 @@
 """The atlas: many models of any family, shape and format, compared on normalised depth (docs/atlas.md).
 
-    entries(models, from_file=, hf_cache=)       which models (and saved analyses)      (entries.py)
+    entries(models, from_file=, hf_cache=)       which models (and saved analyses)      (inputs.py)
     run_atlas(items, options, folder, ...)        analyse on the sweep's engine, resume  (run.py)
     read_atlas(folder) -> AtlasResult             tidy records, facts, failures          (result.py, stats.py)
     qkinspect.atlas(models, out=...)              all of it in one call                  (run.py)
@@ -11,24 +11,17 @@ The per-model statistics are pure functions of each model's analysis (stats.py);
 
 from __future__ import annotations
 
-from qkinspect.zoo.entries import SavedEntry, entries, hf_cache_models
-from qkinspect.zoo.folder import is_atlas
-from qkinspect.zoo.result import AtlasResult, read_atlas
+import importlib
+
+# Imported on use: `plot` and `report` ask `is_atlas` of every model argument, and must stay free of numpy and torch.
+_NAMES = {"SavedEntry": "inputs", "entries": "inputs", "hf_cache_models": "inputs", "is_atlas": "folder",
+          "AtlasResult": "result", "read_atlas": "result", "atlas": "run", "run_atlas": "run"}
 
 
-def atlas(*args, **kwargs):
-    """See qkinspect.zoo.run.atlas (imported on use)."""
-    from qkinspect.zoo.run import atlas as run
-
-    return run(*args, **kwargs)
-
-
-def run_atlas(*args, **kwargs):
-    """See qkinspect.zoo.run.run_atlas (imported on use)."""
-    from qkinspect.zoo.run import run_atlas as run
-
-    return run(*args, **kwargs)
+def __getattr__(name: str):
+    if name in _NAMES:
+        return getattr(importlib.import_module(f"qkinspect.zoo.{_NAMES[name]}"), name)
+    raise AttributeError(f"module 'qkinspect.zoo' has no attribute {name!r}")
 
 
-__all__ = ["AtlasResult", "SavedEntry", "atlas", "entries", "hf_cache_models", "is_atlas", "read_atlas",
-           "run_atlas"]
+__all__ = sorted(_NAMES)

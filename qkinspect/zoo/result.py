@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.sweep.store import Failure
-from qkinspect.zoo.stats import FACT_FIELDS, RECORD_FIELDS
 
 # The metrics of the one-row-per-model table and of the notebook view, when the atlas has them.
 SUMMARY_METRICS = ("symmetry", "symmetry_layer", "directionality", "overlap_qk", "overlap_qv", "overlap_kv",
@@ -69,6 +68,8 @@ class AtlasResult:
             import pandas as pd
         except ImportError:
             raise ImportError("to_pandas() needs pandas: pip install pandas") from None
+        from qkinspect.zoo.stats import FACT_FIELDS, RECORD_FIELDS
+
         if what == "records":
             return pd.DataFrame(self.records, columns=list(RECORD_FIELDS))
         if what == "facts":

@@ -22,7 +22,7 @@ from typing import Any
 from qkinspect.errors import InputError
 from qkinspect.sweep.checkpoints import Checkpoint
 from qkinspect.sweep.store import Failure
-from qkinspect.zoo.entries import SavedEntry, entries
+from qkinspect.zoo.inputs import SavedEntry, entries
 from qkinspect.zoo.result import AtlasResult, read_atlas
 
 OPTION_NAMES = ("metrics", "precision", "fold_ln")

@@ -54,6 +54,9 @@ def test_each_entry_equals_an_independent_computation(built, zoo):
     doc = json.loads(r.stdout)
     assert doc["kind"] == "atlas" and doc["models"] == [str(zoo[k]) for k in ("bert", "llama", "bart")]
     assert "note: 3 computed, 0 already in" in r.stderr
+    from tests.cli.schema import validate
+
+    validate(doc)
     records = doc["records"]
     assert set(records[0]) == {"model", "block", "metric", "scope", "layer", "depth", "median", "q1", "q3", "n"}
     for name in ("bert", "llama", "bart"):
