@@ -175,12 +175,15 @@ def cover_lines(atlas, version: str, date: dt.datetime, title: str | None = None
              ("depth: l / (L − 1) of each block's own L (a block of one layer: 0.5); medians and quartiles over "
               "heads; the layer form pairs query head h with key head h // (heads / kv heads)", 9),
              (f"qkinspect {version}, {date:%Y-%m-%d %H:%M} UTC", 9), ("", 9), ("models and blocks:", 10)]
+    chance = {(b["model"], b["block"], b["metric"]): b["mean"] for b in atlas.baselines}
     for f in atlas.facts[:70]:
         sym = atlas.summary("symmetry", f["model"], f["block"])
+        qk = chance.get((f["model"], f["block"], "overlap_qk"))
         lines.append((f"  {f['model']} [{f['block']}]: {f['family']}, {f['layers']} layers, {f['heads']}:"
                       f"{f['kv_heads']} heads, d_model {f['d_model']}, d_head {f['d_head']}, {f['positional']}"
                       f"{', q/k norm' if f['qk_norm'] else ''}, {f['attention_params']:,} attention parameters"
-                      + (f"; symmetry median {sym['median']:.3f}" if sym else ""), 7))
+                      + (f"; symmetry median {sym['median']:.3f}" if sym else "")
+                      + (f"; overlap by chance {qk:.3f}" if qk is not None else ""), 7))
     if len(atlas.facts) > 70:
         lines.append((f"  … and {len(atlas.facts) - 70} more", 7))
     lines += [(f"failed: {f.name}: {f.error}"[:200], 7) for f in atlas.failures[:20]]

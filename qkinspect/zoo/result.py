@@ -18,8 +18,10 @@ SUMMARY_METRICS = ("symmetry", "symmetry_layer", "directionality", "overlap_qk",
 class AtlasResult:
     """An atlas: `records` (RECORD_FIELDS dicts: model, block, metric, scope, layer, depth, median, q1, q3, n),
     `facts` (one dict per model and block: family, layers, heads, kv heads, d_model, d_head, positional, q/k norm,
-    attention parameters), the models in the order given, the failures, and notes (e.g. a saved analysis without
-    the layer form).
+    attention parameters), the models in the order given, the failures, notes (e.g. a saved analysis without
+    the layer form), and `baselines`: each block's random baseline as its analysis measured it (the same statistic
+    for Gaussian weights of the block's shapes: mean, std, n), which tells structure from chance (an overlap of
+    0.4 is chance where d_head / d_model = 0.4).
 
     Example:
         >>> atlas = qkinspect.atlas(["./bert", "./gpt2"], out="atlas/")  # doctest: +SKIP
@@ -35,6 +37,7 @@ class AtlasResult:
     facts: list[dict[str, Any]] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    baselines: list[dict[str, Any]] = field(default_factory=list)  # model, block, metric, mean, std, n
 
     @property
     def metrics(self) -> list[str]:
@@ -82,7 +85,7 @@ class AtlasResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"folder": str(self.folder), "options": self.options, "models": list(self.models),
-                "facts": self.facts, "records": self.records, "notes": list(self.notes),
+                "facts": self.facts, "records": self.records, "baselines": self.baselines, "notes": list(self.notes),
                 "failures": [{"model": f.name, "error": f.error} for f in self.failures]}
 
     def _repr_html_(self) -> str:
@@ -140,4 +143,6 @@ def read_atlas(folder: str | Path) -> AtlasResult:
         records, facts = entry_stats(e["name"], doc, e["entry"])
         atlas.records += records
         atlas.facts += facts
+        atlas.baselines += [{"model": e["name"], **{k: b.get(k) for k in ("block", "metric", "mean", "std", "n")}}
+                            for b in doc.get("baselines") or []]
     return atlas
