@@ -79,6 +79,12 @@ def test_each_entry_equals_an_independent_computation(built, zoo):
             checked += 1
         # every head metric of every block at both scopes, and the layer form
         assert checked == len(mine) and any(x["metric"] == "symmetry_layer" for x in mine)
+        import qkinspect
+
+        chance = qkinspect.analyze(zoo[name], metrics=METRICS.split(","), layers="0").baselines
+        assert [b for b in doc["baselines"] if b["model"] == str(zoo[name])] == [
+            {"model": str(zoo[name]), "block": b.block, "metric": b.metric, "mean": pytest.approx(b.mean, abs=1e-12),
+             "std": pytest.approx(b.std, abs=1e-12), "n": b.n} for b in chance]
 
 
 def test_depth_runs_from_0_to_1_in_every_entry(built, zoo):
@@ -159,6 +165,24 @@ def test_plot_and_report_read_the_atlas_folder(built, cli, tmp_path):
     one_error_line(cli("plot", out, "--kind", "depth", "--metric", "nope", "-o", tmp_path / "x.png"),
                    "--metric nope: the atlas does not hold it")
     one_error_line(cli("plot", out, "--kind", "rank", "-o", tmp_path / "x.png"), "--kind depth or --kind size")
+
+
+@pytest.mark.parametrize(("damage", "says"), [
+    (lambda d: d.update(kind="sweep"), 'not a qkinspect atlas manifest (no "kind": "atlas")'),
+    (lambda d: d["entries"][0].update(entry="other"), "entries[0].entry"),
+    (lambda d: d["entries"][0].update(entry="saved", file="../../etc/passwd"), "entries[0].file"),
+    (lambda d: d.update(entries="all"), "entries"),
+])
+def test_a_damaged_atlas_folder_is_one_line(built, cli, tmp_path, damage, says):
+    import shutil
+
+    out = shutil.copytree(built[0], tmp_path / "out")
+    doc = json.loads((out / "atlas.json").read_text())
+    damage(doc)
+    (out / "atlas.json").write_text(json.dumps(doc))
+    one_error_line(cli("plot", out, "-o", tmp_path / "x.png"), str(out / "atlas.json"), says)
+    one_error_line(cli("report", out, "-o", tmp_path / "x.pdf"), says)
+    assert not (tmp_path / "x.png").exists() and not (tmp_path / "x.pdf").exists()
 
 
 def test_the_library_reads_what_the_cli_wrote(built, zoo):
