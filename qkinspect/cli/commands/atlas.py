@@ -44,8 +44,8 @@ HfCacheOpt = Annotated[bool, typer.Option(
     "--hf-cache", help="Every model the local Hugging Face cache holds (HF_HUB_CACHE or HF_HOME), by repo id.")]
 
 POSITIONAL = {"absolute": "abs", "relative": "rel"}
-TABLE_METRICS = ("symmetry", "symmetry_layer", "overlap_qk", "overlap_qv", "overlap_kv", "directionality",
-                 "qk_effective_rank")
+# The table answers the seeds' questions (symmetry, Q/K/V similarity); every metric is in the records.
+TABLE_METRICS = ("symmetry", "symmetry_layer", "overlap_qk", "overlap_qv", "overlap_kv")
 
 
 def register(app: typer.Typer) -> None:
@@ -125,8 +125,9 @@ def render_atlas(console, result) -> None:
 
 
 def atlas_tables(rows: list[dict[str, Any]], *, width: int = 80) -> tuple[list, list[str]]:
-    """A row per model and block: its shape, then the medians; model names wider than a quarter of `width` are
-    numbered, the numbers spelt out in the returned lines (with the legend)."""
+    """A row per model and block: its layers, heads, positions and attention parameters, then the medians of the
+    seeds' metrics (d_model, d_head and the rest are in the records and facts); model names wider than a quarter of
+    `width` are numbered, the numbers spelt out in the returned lines (with the legend)."""
     from qkinspect.cli.tables import Column, fit_tables, fmt_value, legend, short_name
 
     names = list(dict.fromkeys(r["model"] for r in rows))
@@ -137,7 +138,6 @@ def atlas_tables(rows: list[dict[str, Any]], *, width: int = 80) -> tuple[list, 
               Column("block", [r["block"] for r in rows], left=True)]
     values = [Column("L", [str(r["layers"]) for r in rows]),
               Column("H:kv", [f"{r['heads']}:{r['kv_heads']}" for r in rows]),
-              Column("D", [str(r["d_model"]) for r in rows]),
               Column("pos", [POSITIONAL.get(r["positional"], str(r["positional"])) for r in rows], left=True),
               Column("params", [_count(r["attention_params"]) for r in rows])]
     shown = [m for m in TABLE_METRICS if any(r.get(m) is not None for r in rows)]
@@ -146,7 +146,7 @@ def atlas_tables(rows: list[dict[str, Any]], *, width: int = 80) -> tuple[list, 
     sections = [i for i in range(1, len(rows)) if several and rows[i]["model"] != rows[i - 1]["model"]]
     lines = [
         "medians over each block's heads (sym_sum: the layer form's, over layers); L layers, H:kv query and "
-        "key/value heads, D d_model, params attention weights; quartiles and per-layer medians: -o FILE",
+        "key/value heads, params attention weights; widths, quartiles and per-layer medians: -o FILE",
         legend(shown)]
     if numbered:
         lines.append("models: " + ", ".join(f"{ids[n]}={n}" for n in names))
