@@ -201,6 +201,24 @@ def test_the_library_reads_what_the_cli_wrote(built, zoo):
     assert html.count("<tr>") == 1 + 5 and "symmetry" in html
 
 
+def test_records_as_parquet_csv_and_ndjson(built, zoo, cli, tmp_path):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    out, r = built
+    records = json.loads(r.stdout)["records"]
+    models = [str(zoo[k]) for k in ("bert", "llama", "bart")]
+    for name in ("a.parquet", "a.csv", "a.ndjson"):
+        # every model is in the folder: nothing is computed, no cluster is asked
+        r = cli("atlas", *models, "--out", out, "--metrics", METRICS, "-o", tmp_path / name)
+        assert r.exit_code == 0, r.stderr
+        assert "note: 0 computed, 3 already in" in r.stderr
+    got = pd.read_parquet(tmp_path / "a.parquet")
+    assert list(got.columns) == list(records[0]) and len(got) == len(records)
+    assert got["median"].tolist() == pytest.approx([x["median"] for x in records], rel=1e-12)
+    assert pd.read_csv(tmp_path / "a.csv")["n"].tolist() == [x["n"] for x in records]
+    assert [json.loads(line) for line in (tmp_path / "a.ndjson").read_text().splitlines()] == records
+
+
 def test_a_saved_analysis_is_an_entry_with_nothing_recomputed(cluster, zoo, cli, tmp_path):
     import qkinspect
 
