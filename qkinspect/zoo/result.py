@@ -74,7 +74,8 @@ class AtlasResult:
         from qkinspect.zoo.stats import FACT_FIELDS, RECORD_FIELDS
 
         if what == "records":
-            return pd.DataFrame(self.records, columns=list(RECORD_FIELDS))
+            df = pd.DataFrame(self.records, columns=list(RECORD_FIELDS))
+            return df.astype({"layer": "Int64"})  # null for scope "model", not a float NaN
         if what == "facts":
             return pd.DataFrame(self.facts, columns=list(FACT_FIELDS))
         if what == "models":

@@ -201,6 +201,28 @@ def test_the_library_reads_what_the_cli_wrote(built, zoo):
     assert html.count("<tr>") == 1 + 5 and "symmetry" in html
 
 
+def test_relative_paths_read_from_another_folder(cluster, zoo, cli, tmp_path, monkeypatch):
+    """Models named relative to the working folder; the atlas read back from elsewhere is the same atlas."""
+    import shutil
+
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copytree(zoo["bert"], work / "bert")
+    (work / "zoo").symlink_to(zoo["bart"])  # a link, as docs/atlas.md makes them
+    monkeypatch.chdir(work)
+    r = cli("atlas", "bert", "zoo", "--scheduler", cluster.address, "--out", "out", "--metrics", "symmetry",
+            "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["models"] == ["bert", "zoo"]
+    monkeypatch.chdir(tmp_path)
+    r = cli("plot", "work/out", "-o", "d.png")
+    assert r.exit_code == 0, r.stderr
+    import qkinspect
+
+    assert qkinspect.read_atlas("work/out").records == doc["records"]
+
+
 def test_records_as_parquet_csv_and_ndjson(built, zoo, cli, tmp_path):
     pd = pytest.importorskip("pandas")
     pytest.importorskip("pyarrow")
