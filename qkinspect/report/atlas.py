@@ -60,11 +60,36 @@ def _kind_of(atlas) -> dict[tuple[str, str], str]:
     return {(f["model"], f["block"]): f["kind"] for f in atlas.facts}
 
 
-def _legend(fig, atlas, palette: dict[str, Any], kinds: Sequence[str], *, markers: bool) -> None:
-    """Models by colour, block kinds by line style (or marker), beside the panels; columns as the count needs."""
+TOWER_MARKERS = ("o", "s", "^", "D", "v")
+
+
+def _towers(kind_of: dict[tuple[str, str], str], keys) -> dict[tuple[str, str], str]:
+    """(model, block) -> a marker for the blocks of a model that has several of one kind (CLIP's text and vision
+    encoders), so that its lines in one panel are told apart; the first of each kind has none."""
+    seen: dict[tuple[str, str], int] = {}
+    out = {}
+    for model, block in keys:
+        k = (model, kind_of.get((model, block), ""))
+        seen[k] = seen.get(k, 0) + 1
+        if seen[k] > 1:
+            out[(model, block)] = TOWER_MARKERS[(seen[k] - 2) % len(TOWER_MARKERS)]
+    return out
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= 48 else "…" + name[-47:]
+
+
+def _legend(fig, atlas, palette: dict[str, Any], kinds: Sequence[str], *, markers: bool,
+            towers: dict[tuple[str, str], str] | None = None) -> None:
+    """Models by colour, block kinds by line style (or marker), beside the panels; columns as the count needs.
+    `towers`: a model's further blocks of one kind, by marker (an entry each)."""
     models = [m for m in atlas.models if m in palette]
     handles = [Line2D([], [], color=palette[m], linewidth=2) for m in models]
-    labels = [m if len(m) <= 48 else "…" + m[-47:] for m in models]
+    labels = [_short(m) for m in models]
+    for (model, block), marker in (towers or {}).items():
+        handles.append(Line2D([], [], color=palette[model], linewidth=1, marker=marker, markersize=3))
+        labels.append(_short(f"{model} [{block}]"))
     if len(kinds) > 1 or markers:
         for k in kinds:
             handles.append(Line2D([], [], color="0.2", linestyle="none" if markers else LINESTYLES[k],
@@ -94,6 +119,7 @@ def depth_figure(atlas, metric: str = "symmetry", *, canvas: Canvas = new_figure
     drawn = [m for m in atlas.models if any(key[0] == m for key in lines)]
     palette = dict(zip(drawn, colours(len(drawn)), strict=True))
     band = max(0.05, 0.22 / math.sqrt(max(1, len(drawn))))
+    towers = _towers(kind_of, lines)
     layer_form = metric in LAYER_FORM
     with style():
         fig = canvas(0.9 + 2.5 * len(kinds), _width(len(drawn)))
@@ -113,7 +139,8 @@ def depth_figure(atlas, metric: str = "symmetry", *, canvas: Canvas = new_figure
                 if len(points) == 1:
                     ax.errorbar(x, med, yerr=[med - q1, q3 - med], color=c, marker="o", markersize=3, capsize=2)
                     continue
-                ax.plot(x, med, color=c, linestyle=LINESTYLES[kind], linewidth=1.3)
+                marker = towers.get((model, block))
+                ax.plot(x, med, color=c, linestyle=LINESTYLES[kind], linewidth=1.3, marker=marker, markersize=3)
                 if not layer_form:
                     ax.fill_between(x, q1, q3, color=c, alpha=band, linewidth=0)
             ax.set_title(f"{KIND_TITLES[kind]} ({n} {'model' if n == 1 else 'models'})", loc="left")
@@ -121,7 +148,7 @@ def depth_figure(atlas, metric: str = "symmetry", *, canvas: Canvas = new_figure
             ax.grid(True, axis="y")
             ax.set_xlim(-0.02, 1.02)
         axes[-1].set_xlabel("normalised depth l / (L − 1)   (0: first layer, 1: last)")
-        _legend(fig, atlas, palette, kinds, markers=False)
+        _legend(fig, atlas, palette, kinds, markers=False, towers=towers)
         what = ("the layer form Σ_h W_Q^h W_K^{h//rep}ᵀ per layer" if layer_form else
                 "median over each layer's heads (line), quartiles (band)")
         suptitle(fig, f"{name or atlas.folder}: {metric} against depth\n{what}")

@@ -4,6 +4,7 @@ entries: analysis documents of made-up models, summarised by the atlas's own sta
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -107,3 +108,23 @@ def test_synthetic_documents_are_what_analyze_writes():
     records, facts = entry_stats("m", doc)
     assert {r["metric"] for r in records} == {"symmetry", "overlap_qk", "symmetry_layer"}
     assert len(facts) == len(doc["model"]["blocks"])
+
+
+def test_two_towers_of_one_kind_are_told_apart():
+    """A CLIP-like model (text and vision encoders): two lines of one colour in the encoder panel, the second
+    marked, each named in the legend."""
+    from qkinspect.report.atlas import depth_figure
+    from qkinspect.zoo import AtlasResult
+
+    blocks = [{"name": "encoder", "label": tower, "n_layers": 3, "n_heads": 2, "n_kv_heads": 2, "d_model": 8,
+               "d_head": 4} for tower in ("text", "vision")]
+    heads = [{"block": b["label"], "layer": layer, "head": h, "kv_head": h, "symmetry": 0.1 * layer + h}
+             for b in blocks for layer in range(3) for h in range(2)]
+    doc = {"model": {"model_type": "clip", "format": "safetensors", "blocks": blocks}, "heads": heads, "layers": []}
+    records, facts = entry_stats("clip", doc)
+    assert [(f["block"], f["kind"]) for f in facts] == [("text", "encoder"), ("vision", "encoder")]
+    atlas = AtlasResult(Path("towers"), {}, ["clip"], records, facts)
+    fig = depth_figure(atlas, "symmetry")
+    (ax,) = [a for a in fig.axes if a.get_title(loc="left")]
+    assert [line.get_marker() for line in ax.get_lines()] == ["None", "o"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["clip", "clip [vision]"]
