@@ -88,12 +88,14 @@ def run_atlas(items: list[Checkpoint | SavedEntry], options: dict[str, Any], fol
     options = atlas_options({k: v for k, v in options.items() if k != "layer_form"})
     check_threads(threads)
     check_workers(workers)
-    if scheduler is not None:
-        from qkinspect.sweep.scheduler import check_address
-
-        check_address(scheduler)
-    check_folder(folder)
     models = [e for e in items if isinstance(e, Checkpoint)]
+    if scheduler is not None:
+        from qkinspect.sweep.scheduler import check_address, probe
+
+        address = check_address(scheduler)
+        if models:
+            probe(address)  # a scheduler that is not one is refused before the folder is made (run_sweep asks again)
+    check_folder(folder)
     # a saved analysis is checked now (bad input: before any work) and kept as `analyze -o` wrote it
     saved = [(e, {"kind": "analyze", **read_saved(e.path).to_dict()}) for e in items if isinstance(e, SavedEntry)]
     try:

@@ -294,8 +294,15 @@ def test_a_model_that_fails_is_reported_and_the_others_kept(cluster, zoo, cli, t
     (["BERT", "--metrics", "nope"], "unknown metric 'nope'"),
     (["BERT", "--precision", "float16"], "float16"),
     (["BERT", "--workers", "0"], "--workers"),
+    (["BERT", "--scheduler", "DEAD"], "cannot connect"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(zoo, cli, tmp_path, args, says):
+    import socket
+
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [f"tcp://127.0.0.1:{port}" if a == "DEAD" else a for a in args]
     (tmp_path / "EMPTY").write_text("# nothing\n\n")
     (tmp_path / "NOT_ANALYSIS.json").write_text('{"schema": "qkinspect/1", "kind": "sweep"}')
     subst = {"EMPTY": str(tmp_path / "EMPTY"), "NOT_ANALYSIS": str(tmp_path / "NOT_ANALYSIS.json"),
