@@ -234,7 +234,7 @@ def write_atlas_pdf(atlas, target: str | Path | IO[bytes], *, date: dt.datetime 
     number of pages."""
     from matplotlib.backends.backend_pdf import PdfPages
 
-    from qkinspect import __version__
+    from qkinspect.version import __version__
 
     if not atlas.records:
         raise InputError(f"{atlas.folder}: the atlas has no results yet")

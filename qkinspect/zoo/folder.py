@@ -48,13 +48,11 @@ def saved_path(folder: Path, name: str, doc_text: str) -> Path:
 def write_manifest(folder: Path, options: dict[str, Any], entries: list[dict[str, str]],
                    failures: list[Failure] = ()) -> None:
     """atlas.json: `entries` as {"name", "entry": "model"|"saved", "file" (saved: relative to the folder)}."""
-    from qkinspect import __version__
-    from qkinspect.records import SCHEMA
+    from qkinspect.records import envelope
     from qkinspect.sweep.store import write_json
 
-    write_json(folder / MANIFEST, {
-        "schema": SCHEMA, "kind": KIND, "tool": {"name": "qkinspect", "version": __version__}, "options": options,
-        "entries": entries, "failures": [{"model": f.name, "error": f.error} for f in failures]})
+    write_json(folder / MANIFEST, envelope(KIND, options=options, entries=entries,
+                                           failures=[{"model": f.name, "error": f.error} for f in failures]))
 
 
 def read_manifest(folder: Path) -> tuple[dict[str, Any], list[dict[str, str]], list[Failure]]:

@@ -28,9 +28,10 @@ from qkinspect.cli.options import (
     PrecisionOpt,
     Selection,
 )
-from qkinspect.cli.output import Document, envelope, note, warn
+from qkinspect.cli.output import Document, note, warn
 from qkinspect.errors import InputError, SweepFailed
 from qkinspect.limits import check_threads, check_workers
+from qkinspect.records import envelope
 
 ModelsArg = Annotated[list[str] | None, typer.Argument(
     help="Models: folders, weight files, GGUF files, hub ids (the local cache when offline), globs, and saved "
