@@ -162,6 +162,11 @@ def test_plot_and_report_read_the_atlas_folder(built, cli, tmp_path):
     cover = pages[0].extract_text()
     assert "qkinspect atlas report" in cover and "3 models, 3 with results, 0 failed; 5 blocks" in cover
     assert "normalised depth" in pages[1].extract_text()
+    r = cli("report", out, "--html", "-o", tmp_path / "a.html")
+    assert r.exit_code == 0, r.stderr
+    assert r.stderr.strip() == f"note: wrote an HTML atlas report to {tmp_path / 'a.html'}"
+    page = (tmp_path / "a.html").read_text()
+    assert page.count("<svg") == 11 - 1 and page.count("<tr>") == 1 + 5  # the figures; a row per model and block
     one_error_line(cli("plot", out, "--kind", "depth", "--metric", "nope", "-o", tmp_path / "x.png"),
                    "--metric nope: the atlas does not hold it")
     one_error_line(cli("plot", out, "--kind", "rank", "-o", tmp_path / "x.png"), "--kind depth or --kind size")

@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
         Example (a saved analysis among the models): qkinspect analyze ./my-bert --layer-form -o bert.json;
         qkinspect atlas bert.json ./my-gpt2 --out atlas/
         """
-        from qkinspect.zoo import entries
+        from qkinspect.zoo.inputs import entries
         from qkinspect.zoo.run import atlas_options, run_atlas
 
         if importlib.util.find_spec("distributed") is None:

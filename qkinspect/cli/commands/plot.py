@@ -240,7 +240,7 @@ def draw_atlas(folder: Path, kind: Kind, metric: str | None, output: Path, *, ti
     """An atlas folder's figure (`qkinspect atlas --out FOLDER`): `depth` (the default, also for --kind symmetry)
     or `size`, of `metric` (default: symmetry; symmetry_layer for size when the atlas has it), saved to `output`.
     Returns what was drawn, e.g. "symmetry depth"."""
-    from qkinspect.zoo import read_atlas
+    from qkinspect.zoo.result import read_atlas
 
     if kind not in (Kind.depth, Kind.size, Kind.symmetry):
         raise InputError(f"--kind {kind.value}: an atlas folder draws --kind depth or --kind size")

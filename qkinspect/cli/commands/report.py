@@ -70,10 +70,11 @@ def register(app: typer.Typer) -> None:
         from qkinspect.zoo.folder import is_atlas
 
         if is_atlas(model):  # an atlas folder (qkinspect atlas --out)
-            if html or experiment is not None:
-                raise InputError(f"{'--html' if html else '--experiment'}: an atlas's report is a PDF of its own")
-            n = write_atlas_report(Path(model), output, title=title)
-            note(f"wrote {pages(n)} atlas report to {output}")
+            if experiment is not None:
+                raise InputError(f"--experiment {experiment}: the experiment section is in a model's PDF report "
+                                 "only, not an atlas's")
+            n = write_atlas_report(Path(model), output, html=html, title=title)
+            note(f"wrote an HTML atlas report to {output}" if html else f"wrote {pages(n)} atlas report to {output}")
             return
         is_sweep = model is not None and (Path(model) / "sweep.json").is_file()
         runs = read_runs(experiment, html=html, sweep=is_sweep)
@@ -163,13 +164,20 @@ def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title:
     return write_rendered(output, lambda buffer: write_sweep_pdf(sweep, buffer, title=title))
 
 
-def write_atlas_report(folder: Path, output: Path, *, title: str | None = None) -> int:
-    """The report of an atlas folder, written atomically as a PDF; returns the number of pages."""
-    from qkinspect.zoo import read_atlas
+def write_atlas_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
+    """The report of an atlas folder, written atomically as a PDF (returns the number of pages) or, with `html`,
+    as one HTML page (returns 1)."""
+    from qkinspect.zoo.result import read_atlas
 
     atlas = read_atlas(folder)
     if not atlas.records:
         raise InputError(f"{folder}: the atlas has no results yet")
+    if html:
+        from qkinspect.report.analysis.html import render_atlas_html
+
+        page = render_atlas_html(atlas, name=title)
+        atomic_write(output, lambda f: f.write(page))
+        return 1
     from qkinspect.report.atlas import write_atlas_pdf
 
     return write_rendered(output, lambda buffer: write_atlas_pdf(atlas, buffer, title=title))
