@@ -3,7 +3,7 @@
 from qkinspect.errors import QkinspectError
 from qkinspect.version import __version__
 
-__all__ = ["__version__", "QkinspectError", "analyze", "atlas", "load", "read_atlas", "track"]
+__all__ = ["__version__", "QkinspectError", "analyze", "atlas", "directions", "load", "read_atlas", "track"]
 
 
 def __getattr__(name: str):
@@ -12,10 +12,18 @@ def __getattr__(name: str):
         from qkinspect.analysis import analyze
 
         return analyze
-    if name in ("atlas", "read_atlas"):
-        from qkinspect import zoo
+    if name == "atlas":
+        from qkinspect.zoo.run import atlas
 
-        return getattr(zoo, name)
+        return atlas
+    if name == "read_atlas":
+        from qkinspect.zoo.result import read_atlas
+
+        return read_atlas
+    if name == "directions":
+        from qkinspect.head_directions import directions
+
+        return directions
     if name == "load":
         from qkinspect.loading import load
 
