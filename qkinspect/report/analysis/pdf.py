@@ -23,7 +23,7 @@ from qkinspect.report.analysis import text
 from qkinspect.report.analysis.figures import figure, shows_raw_qk
 from qkinspect.report.analysis.summary import qk_norm_caveat, summary
 from qkinspect.report.grid import blocks_of, renamed
-from qkinspect.report.pages import TextPages, page_canvas, put_caption
+from qkinspect.report.pages import TextPages, figure_page, page_canvas, put_caption
 from qkinspect.report.style import PAGE, style
 from qkinspect.report.tables import layer_tables
 from qkinspect.version import __version__
@@ -50,12 +50,13 @@ def plan_figures(result: AnalysisResult) -> list[FigurePlan]:
 
 
 def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
-              experiment: tuple[dict, Path] | None = None, title: str | None = None) -> int:
+              experiment: tuple[dict, Path] | None = None, title: str | None = None, composition=None) -> int:
     """Write the report to `target` (a path or a binary file); returns the number of pages.
     The caller makes the write atomic (the CLI writes a temporary file and renames it). `experiment`, the
     document `qkinspect experiment` wrote (qkinspect.experiment.saved.read_experiment) and its path, adds the experiment
     section after the summary: its words, its figure and the cheapest and costliest heads. `title` names the
-    model in the report's title, footer and figure titles (the cover still gives its identity).
+    model in the report's title, footer and figure titles (the cover still gives its identity). `composition`, a
+    CompositionResult (qkinspect.composition), adds the composition section after the figures.
 
     Raises:
         InputError: the analysis holds no head records.
@@ -76,6 +77,10 @@ def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: d
         pages.new_page()
         text.definitions(pages, result)
         skipped = _figures(pages, shown)
+        if composition is not None:
+            from qkinspect.report.composition import composition_section
+
+            composition_section(pages, composition, lambda draw, caption: figure_page(pages, draw, caption))
         pages.new_page()
         text.tables_intro(pages, skipped)
         for t in layer_tables(result):
