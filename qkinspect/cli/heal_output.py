@@ -25,13 +25,18 @@ HealTokensOpt = Annotated[int, typer.Option(
     "--heal-batch", metavar="N", help="Tokens per healing step (in whole windows).")]
 HealTextOpt = Annotated[Path | None, typer.Option(
     "--heal-text", metavar="FILE", help="UTF-8 text to heal on (default: the --text after its scored tokens).")]
+HealEvalOpt = Annotated[int | None, typer.Option(
+    "--heal-eval-every", metavar="N", help="Score the healed runs and the control every N steps (and at the last): "
+                                           "the cost curve in the JSON (plot --kind healing).")]
+HealFloat32Opt = Annotated[bool, typer.Option(
+    "--heal-float32", help="Train in float32 even where bfloat16 autocast would be used (AMX CPUs, CUDA).")]
 HealTrackOpt = Annotated[Path | None, typer.Option(
     "--heal-track", metavar="DIR", help="Write each healing run's metric trajectory as a sweep folder under DIR "
                                         "(qkinspect plot DIR/control --kind trajectory).")]
 
 
 def heal_options(steps: int, train: HealTrain, lr: float, batch_tokens: int, text: Path | None,
-                 track: Path | None, seed: int = 0):
+                 track: Path | None, seed: int = 0, eval_every: int | None = None, float32: bool = False):
     """The library's HealOptions from the CLI's, or None without --heal."""
     if not steps:
         return None
@@ -39,7 +44,8 @@ def heal_options(steps: int, train: HealTrain, lr: float, batch_tokens: int, tex
     from qkinspect.experiment.measure import read_text
 
     return HealOptions(steps=steps, train=train.value, lr=lr, batch_tokens=batch_tokens,
-                       text=None if text is None else read_text(text), track=track, seed=seed)
+                       text=None if text is None else read_text(text), track=track, seed=seed,
+                       eval_every=eval_every, float32=float32)
 
 
 def healing_json(healing) -> dict[str, Any] | None:
@@ -50,6 +56,7 @@ def healing_json(healing) -> dict[str, Any] | None:
     out["runs"] = [{k: v for k, v in r.items() if k != "train_loss"} | {"train_loss": list(r["train_loss"])}
                    for r in out["runs"]]
     out["control_train_loss"] = list(healing.control_train_loss)
+    out["control_curve"] = [asdict(p) for p in healing.control_curve]
     return out
 
 
@@ -73,7 +80,8 @@ def render_healing(console, healing) -> None:
     if healing is None:
         return
     h = healing
-    console.print(f"healing: {h.steps} steps of {h.batch_windows} windows, lr {h.lr:g}, trained {h.trained} "
+    dtype = "" if h.precision is None else f", {h.precision.dtype} on {h.device}"
+    console.print(f"healing: {h.steps} steps of {h.batch_windows} windows{dtype}, lr {h.lr:g}, trained {h.trained} "
                   f"({h.trained_parameters:,} of {h.parameters:,} parameters), on {h.text} ({h.train_tokens} tokens,"
                   f" {h.epochs:.2f} passes); control after healing {h.control_loss:.4f} "
                   f"({h.control_gain:+.4f} from the baseline)", highlight=False, soft_wrap=True)

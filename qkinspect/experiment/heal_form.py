@@ -25,7 +25,9 @@ never written twice. A write-back that does arithmetic on the values (not a pure
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
 import torch
@@ -107,10 +109,11 @@ class EditForm(nn.Module):
                 if n in t:
                     t[n] = t[n][src]
         if self.kind in TIES:
+            signed = self.kind == "symmetric"  # the other ties' signs are all +1: no multiply
             s = self.signs.unsqueeze(-2)  # (n, 1, d)
-            t["W_Q"] = _rows_set(t["W_Q"], h, t["W_K"][kv] * s)
+            t["W_Q"] = _rows_set(t["W_Q"], h, t["W_K"][kv] * s if signed else t["W_K"][kv])
             if "b_Q" in t and "b_K" in t:
-                t["b_Q"] = _rows_set(t["b_Q"], h, t["b_K"][kv] * self.signs)
+                t["b_Q"] = _rows_set(t["b_Q"], h, t["b_K"][kv] * self.signs if signed else t["b_K"][kv])
             if self.kind == "share_qkv":
                 t["W_V"] = _rows_set(t["W_V"], kv, t["W_K"][kv])
         elif self.kind == "rank":
@@ -123,8 +126,16 @@ class EditForm(nn.Module):
         return t
 
     def flat(self) -> Tensor:
+        """Every canonical tensor, constraint applied, in one vector (`module_maps` order). Inside `cached` it is
+        computed once and shared by all the module weights gathered from it."""
+        cache = self.__dict__.get("_cache")
+        if cache is not None and cache[0] is not None:
+            return cache[0]
         t = self.tensors()
-        return torch.cat([t[n].reshape(-1) for n in self.names])
+        flat = torch.cat([t[n].reshape(-1) for n in self.names])
+        if cache is not None:
+            cache[0] = flat
+        return flat
 
     def violation(self, t: dict[str, Tensor]) -> float:
         """How far canonical tensors `t` (as the model's modules hold them) are from the edit's set, relative to
@@ -139,6 +150,21 @@ class EditForm(nn.Module):
         if self.kind == "rank":
             return _rank_excess(t["W_Q"][h], self)
         return 0.0
+
+
+@contextlib.contextmanager
+def cached(forms: Iterable[EditForm]) -> Iterator[None]:
+    """Within the block, each form computes its constrained tensors once (one forward and its backward, or one
+    scoring pass with the weights fixed); with `torch.nn.utils.parametrize.cached` the module weights too."""
+    forms = list(forms)
+    for f in forms:
+        f.__dict__["_cache"] = [None]
+    try:
+        with parametrize.cached():
+            yield
+    finally:
+        for f in forms:
+            f.__dict__.pop("_cache", None)
 
 
 def _rank_excess(Wq: Tensor, form: EditForm) -> float:
@@ -176,7 +202,10 @@ def _group_ties(groups: Tensor, heads: list[int], own_v: bool) -> tuple[Tensor, 
 
 
 def _rows_set(full: Tensor, rows: Tensor, values: Tensor) -> Tensor:
-    """`full` with `rows` replaced by `values`, differentiably (out of place)."""
+    """`full` with `rows` replaced by `values`, differentiably (out of place); `values` itself where `rows` are
+    all of `full`'s rows in order (every head edited: no copy of `full`)."""
+    if len(rows) == len(full) and bool((rows == torch.arange(len(full), device=rows.device)).all()):
+        return values.to(full.dtype)
     return full.index_copy(0, rows, values.to(full.dtype))
 
 
@@ -229,46 +258,59 @@ def module_maps(hf, layer: AttentionLayer) -> dict[str, Tensor]:
     placed = torch.cat([m[m >= 0] for m in maps.values()]) if maps else torch.empty(0, dtype=torch.int64)
     if placed.numel() != total or not torch.equal(placed.sort().values, torch.arange(total)):
         raise InputError(f"healing: the {hf.family} write-back does not place every attention weight once")
-    return maps
+    small = torch.int32 if total < 2**31 else torch.int64  # half the memory: the maps live as long as the healing
+    return {name: m.to(small) for name, m in maps.items()}
 
 
 class _Gathered(nn.Module):
     """A module weight whose elements come from an EditForm (where `index` >= 0) or its own original."""
 
-    def __init__(self, form: EditForm, index: Tensor):
+    def __init__(self, form: EditForm, index: Tensor, dtype: torch.dtype):
         super().__init__()
-        self.form = form
-        self.register_buffer("index", index.clamp_min(0))
-        self.register_buffer("take", index >= 0)
+        self.form, self.dtype, self.shape = form, dtype, index.shape
+        self.whole = bool((index >= 0).all())  # every element from the form: the original is not kept
+        # the map itself where it covers the whole weight (shared by every run of the layer), no copy of it
+        self.register_buffer("index", (index if self.whole else index.clamp_min(0)).reshape(-1))
+        self.register_buffer("take", None if self.whole else index >= 0)
 
     def forward(self, X: Tensor) -> Tensor:
-        return torch.where(self.take, self.form.flat()[self.index].to(X.dtype), X)
+        taken = self.form.flat().index_select(0, self.index).view(self.shape).to(self.dtype)
+        return taken if self.whole else torch.where(self.take, taken, X)
 
 
 def parametrise(block: nn.Module, maps: dict[str, Tensor], form: EditForm) -> list[nn.Parameter]:
     """Put `form` behind the block's written parameters named in `maps`; returns the parameters left to train
-    (the form's, and the originals of the elements the form does not cover)."""
+    (the form's, and the originals of the elements the form does not cover). An original whose every element
+    comes from the form is emptied (the form holds the values), so the edited layers are held once."""
     params: list[nn.Parameter] = list(form.parameters())
     for name, index in maps.items():
         path, _, attr = name.rpartition(".")
         module = block.get_submodule(path)
-        parametrize.register_parametrization(module, attr, _Gathered(form, index.to(getattr(module, attr).device)))
+        weight = getattr(module, attr)
+        gathered = _Gathered(form, index.to(weight.device), weight.dtype)
+        parametrize.register_parametrization(module, attr, gathered)
         original = module.parametrizations[attr].original
-        if bool((index >= 0).all()):
-            original.requires_grad_(False)  # every element comes from the form
+        if gathered.whole:
+            original.requires_grad_(False)
+            original.data = original.data.new_empty(0)
         else:
             params.append(original)
     return params
 
 
 def canonical_from(block: nn.Module, maps: dict[str, Tensor], form: EditForm) -> dict[str, Tensor]:
-    """The canonical tensors as the block's modules hold them now (read back through `maps`)."""
-    flat = torch.empty(sum(getattr(form, n).numel() for n in form.names), dtype=torch.float32)
+    """The canonical tensors as the block's modules hold them now (read back through `maps`), on the maps'
+    device."""
+    device = next(iter(maps.values())).device if maps else torch.device("cpu")
+    flat = torch.empty(sum(getattr(form, n).numel() for n in form.names), dtype=torch.float32, device=device)
     for name, index in maps.items():
         path, _, attr = name.rpartition(".")
-        w = getattr(block.get_submodule(path), attr).detach().to("cpu", torch.float32)
-        take = index >= 0
-        flat[index[take]] = w[take]
+        w = getattr(block.get_submodule(path), attr).detach().to(device, torch.float32)
+        if bool(index.min() >= 0):  # the weight is canonical elements only: no mask to build (the usual case)
+            flat[index.reshape(-1)] = w.reshape(-1)
+        else:
+            take = index >= 0
+            flat[index[take]] = w[take]
     out, offset = {}, 0
     for n in form.names:
         shape = getattr(form, n).shape

@@ -223,7 +223,9 @@ def run_experiment(
     healing = None
     if heal:
         exact = {(r.edit, r.layer, r.head): r.dloss for r in runs}
-        healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts)
+        ses = [r.dloss_se for r in runs if r.dloss_se]
+        healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts,
+                            threshold=min(ses) if ses else None)
     return ExperimentResult(
         model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
         windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),
