@@ -59,6 +59,22 @@ class PeakRSS:
         return self.peak
 
 
+class CudaPeak:
+    """The same for the GPU's memory (what PyTorch allocated)."""
+
+    def __init__(self, device):
+        self.device = device
+
+    @property
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def mark(self) -> int:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return torch.cuda.memory_allocated(self.device)
+
+
 def plain_step(model, inputs, bf16: bool, device) -> float:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
@@ -91,9 +107,10 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
-    rss = PeakRSS()
+    device = torch.device(args.device)
+    rss = CudaPeak(device) if device.type == "cuda" else PeakRSS()  # memory where the model is
     _, _, hf = open_experiment(args.model or smollm2(), None, None, None, None, device=args.device)
-    model, device = hf.model, torch.device(args.device)
+    model = hf.model
     chosen = parse_indices(args.layers, "--layers") or list(range(len(hf.layers)))
     heads = list(range(model.config.num_attention_heads))
     ids = windows(hf, default_text(), args.batch * 2, args.window)[-(args.batch // args.window):].to(device)

@@ -174,3 +174,20 @@ def test_cli_curve_in_the_document_and_the_figure(folders, tmp_path):
     assert png.stat().st_size > 0
     r = CliRunner().invoke(app, ["experiment", str(folders["gpt2"]), "--heal", "2", "--heal-eval-every", "0"])
     assert r.exit_code == 2 and "--heal-eval-every" in r.output
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (torch.cuda.is_available() is False)")
+def test_cuda_healing_curve_matches_the_cpu_in_float32(folders):
+    """--device cuda: the same run in float32 gives the CPU's curve to float rounding, and bfloat16 autocast is
+    measured there (CUDA computes it natively) and said."""
+    kw = dict(scope="layer", layers=[1], tokens=128, window=32, batch_tokens=64, reference=False)
+    opts = HealOptions(steps=4, lr=1e-3, batch_tokens=64, text=_text(), eval_every=2, float32=True)
+    cpu = run_experiment(str(folders["gpt2"]), "share_qk", heal=opts, **kw).healing
+    gpu = run_experiment(str(folders["gpt2"]), "share_qk", heal=opts, device="cuda", **kw).healing
+    assert gpu.device.startswith("cuda") and gpu.runs[0].violation < 1e-6
+    for a, b in zip(cpu.runs[0].curve, gpu.runs[0].curve, strict=True):
+        assert a.step == b.step and b.loss == pytest.approx(a.loss, rel=2e-3)
+        assert b.diff == pytest.approx(a.diff, abs=2e-3 * max(1.0, abs(a.diff)))
+    auto = run_experiment(str(folders["gpt2"]), "share_qk", device="cuda", **kw,
+                          heal=HealOptions(steps=2, lr=1e-2, batch_tokens=64, text=_text())).healing
+    assert "CUDA" in auto.precision.reason and auto.precision.bfloat16_loss is not None
