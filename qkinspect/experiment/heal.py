@@ -259,9 +259,10 @@ class Healer:
         self.device = next(self.model.parameters()).device
         with open_model(self.model) as m:
             key = m.info.blocks[0].key
-            layers = [_on_cpu(m.layer(key, i)) for i in range(m.info.blocks[0].n_layers)]  # the edits run on CPU
+            layers = [on_cpu(m.layer(key, i)) for i in range(m.info.blocks[0].n_layers)]  # the edits run on CPU
         trained: list[nn.Parameter] = []
         self.forms: dict[int, tuple[EditForm, dict[str, Tensor]]] = {}
+        self.whole: dict[int, dict[str, bool]] = {}  # per edited layer: which module weights the form fills whole
         for i, layer in enumerate(layers):
             block = self.hf.layers[i]
             if i in edits:
@@ -271,6 +272,7 @@ class Healer:
                 if key not in layouts:  # the layout depends on the layer and its tensors' shapes, not their values
                     layouts[key] = module_maps(self.hf, edited)
                 maps = {name: m.to(self.device) for name, m in layouts[key].items()}  # on the CPU: no copy
+                self.whole[i] = {name: bool((m >= 0).all()) for name, m in layouts[key].items()}
                 write_layer(self.hf, edited)
                 expanded = edited.spec.n_kv_heads != layer.spec.n_kv_heads
                 form = EditForm(edited, edit, heads, layer.kv_index() if expanded else None).to(self.device)
@@ -298,11 +300,14 @@ class Healer:
         self.model = self.hf = self.forms = self.params = None  # type: ignore[assignment]
 
     def _violation(self) -> float:
-        v = 0.0
+        """The largest departure from the edit's set over the edited layers, read back from the modules (one
+        synchronisation for all layers)."""
+        if not self.forms:
+            return 0.0
         with torch.no_grad(), cached(self._forms()):
-            for i, (form, maps) in self.forms.items():
-                v = max(v, form.violation(canonical_from(self.hf.layers[i], maps, form)))
-        return v
+            v = [form.violation(canonical_from(self.hf.layers[i], maps, form, self.whole[i]))
+                 for i, (form, maps) in self.forms.items()]
+        return float(torch.stack([x.float() for x in v]).max())
 
     def _forms(self) -> list[EditForm]:
         return [form for form, _ in self.forms.values()]
@@ -345,7 +350,7 @@ class Healer:
         self.model.eval()
 
 
-def _on_cpu(layer):
+def on_cpu(layer):
     """An AttentionLayer with its tensors on the CPU (a copy only where they are elsewhere)."""
     from dataclasses import fields, replace
 

@@ -58,6 +58,9 @@ class EditForm(nn.Module):
             self.register_parameter(n, nn.Parameter(getattr(layer, n).detach().to(torch.float32).clone()))
         h = torch.tensor(heads, dtype=torch.int64)
         self.register_buffer("heads", h)
+        # whether the edited rows are every row in order (no copy of the rest needed), decided here, not per step
+        self.all_q = heads == list(range(layer.W_Q.shape[0]))
+        self.all_kv = layer.kv_index()[h].tolist() == list(range(layer.W_V.shape[0]))
         self.register_buffer("kv", layer.kv_index()[h].clone())
         self.tied = groups is not None
         if groups is not None:
@@ -111,18 +114,18 @@ class EditForm(nn.Module):
         if self.kind in TIES:
             signed = self.kind == "symmetric"  # the other ties' signs are all +1: no multiply
             s = self.signs.unsqueeze(-2)  # (n, 1, d)
-            t["W_Q"] = _rows_set(t["W_Q"], h, t["W_K"][kv] * s if signed else t["W_K"][kv])
+            t["W_Q"] = _rows_set(t["W_Q"], h, t["W_K"][kv] * s if signed else t["W_K"][kv], self.all_q)
             if "b_Q" in t and "b_K" in t:
-                t["b_Q"] = _rows_set(t["b_Q"], h, t["b_K"][kv] * self.signs if signed else t["b_K"][kv])
+                t["b_Q"] = _rows_set(t["b_Q"], h, t["b_K"][kv] * self.signs if signed else t["b_K"][kv], self.all_q)
             if self.kind == "share_qkv":
-                t["W_V"] = _rows_set(t["W_V"], kv, t["W_K"][kv])
+                t["W_V"] = _rows_set(t["W_V"], kv, t["W_K"][kv], self.all_kv)
         elif self.kind == "rank":
             real = (self.A * self.kept_dirs.unsqueeze(-2)) @ self.C  # (n, D, kmax) @ (n, kmax, k0) -> (n, D, k0)
             new = t["W_Q"][h] * self.free_cols.unsqueeze(-2)  # (n, D, d): kept pairs free, the rest zero
             new = new.index_copy(-1, self.real_cols, real)
-            t["W_Q"] = _rows_set(t["W_Q"], h, new)
+            t["W_Q"] = _rows_set(t["W_Q"], h, new, self.all_q)
         elif self.kind == "ablate":
-            t["W_O"] = _rows_set(t["W_O"], h, torch.zeros_like(t["W_O"][h]))
+            t["W_O"] = _rows_set(t["W_O"], h, torch.zeros_like(t["W_O"][h]), self.all_q)
         return t
 
     def flat(self) -> Tensor:
@@ -131,25 +134,27 @@ class EditForm(nn.Module):
         cache = self.__dict__.get("_cache")
         if cache is not None and cache[0] is not None:
             return cache[0]
-        t = self.tensors()
-        flat = torch.cat([t[n].reshape(-1) for n in self.names])
+        with torch.autocast(self.heads.device.type, enabled=False):  # the weights stay float32 under autocast
+            t = self.tensors()
+            flat = torch.cat([t[n].reshape(-1) for n in self.names])
         if cache is not None:
             cache[0] = flat
         return flat
 
-    def violation(self, t: dict[str, Tensor]) -> float:
+    def violation(self, t: dict[str, Tensor]) -> Tensor:
         """How far canonical tensors `t` (as the model's modules hold them) are from the edit's set, relative to
         the edited heads' scale: 0 for the ties and ablate up to rounding; for rank:K, σ_{K+1}/σ_1 of the heads'
-        forms, their rotary blocks included (0 up to rounding)."""
+        forms, their rotary blocks included (0 up to rounding). A 0-d tensor on t's device (no synchronisation:
+        the caller reads all layers' at once)."""
         h, kv = self.heads, self.kv
         if self.kind in TIES:
             Wq, Wk = t["W_Q"][h], t["W_K"][kv] * self.signs.unsqueeze(-2)
-            return float((Wq - Wk).abs().max() / Wq.abs().max().clamp_min(1e-30))
+            return (Wq - Wk).abs().max() / Wq.abs().max().clamp_min(1e-30)
         if self.kind == "ablate":
-            return float(t["W_O"][h].abs().max() / t["W_O"].abs().max().clamp_min(1e-30))
+            return t["W_O"][h].abs().max() / t["W_O"].abs().max().clamp_min(1e-30)
         if self.kind == "rank":
             return _rank_excess(t["W_Q"][h], self)
-        return 0.0
+        return torch.zeros((), device=h.device)
 
 
 @contextlib.contextmanager
@@ -167,21 +172,22 @@ def cached(forms: Iterable[EditForm]) -> Iterator[None]:
             f.__dict__.pop("_cache", None)
 
 
-def _rank_excess(Wq: Tensor, form: EditForm) -> float:
+def _rank_excess(Wq: Tensor, form: EditForm) -> Tensor:
     """σ_{r+1}/σ_1 of the real block's query factor (r the kept directions) and the largest dropped pair's
-    weight: both 0 up to rounding while the rank constraint holds."""
+    weight: both 0 up to rounding while the rank constraint holds (a 0-d tensor, computed without a sync)."""
     real = Wq[..., form.real_cols].double()
     S = torch.linalg.svdvals(real)  # (n, r)
-    k = form.kept_dirs.sum(-1).long()
-    excess = 0.0
-    for i in range(len(S)):
-        if int(k[i]) < S.shape[-1] and float(S[i, 0]) > 0:
-            excess = max(excess, float(S[i, int(k[i])] / S[i, 0]))
+    k = form.kept_dirs.sum(-1).long()  # (n,)
+    r = S.shape[-1]
+    if r:
+        beyond = S.gather(-1, k.clamp(max=r - 1).unsqueeze(-1)).squeeze(-1) / S[:, 0].clamp_min(1e-300)  # (n,)
+        excess = torch.where((k < r) & (S[:, 0] > 0), beyond, torch.zeros_like(beyond)).max()
+    else:  # no unrotated block: the rotary pairs alone carry the rank
+        excess = torch.zeros((), dtype=S.dtype, device=S.device)
     dropped = (1 - form.free_cols).clone()
     dropped[:, form.real_cols] = 0
-    if bool(dropped.any()):
-        excess = max(excess, float((Wq * dropped.unsqueeze(-2)).abs().max() / Wq.abs().max().clamp_min(1e-30)))
-    return excess
+    moved = (Wq * dropped.unsqueeze(-2)).abs().max() / Wq.abs().max().clamp_min(1e-30)
+    return torch.maximum(excess.to(moved.dtype), moved)
 
 
 def _group_ties(groups: Tensor, heads: list[int], own_v: bool) -> tuple[Tensor, Tensor]:
@@ -201,10 +207,10 @@ def _group_ties(groups: Tensor, heads: list[int], own_v: bool) -> tuple[Tensor, 
     return k_from, v_from
 
 
-def _rows_set(full: Tensor, rows: Tensor, values: Tensor) -> Tensor:
-    """`full` with `rows` replaced by `values`, differentiably (out of place); `values` itself where `rows` are
-    all of `full`'s rows in order (every head edited: no copy of `full`)."""
-    if len(rows) == len(full) and bool((rows == torch.arange(len(full), device=rows.device)).all()):
+def _rows_set(full: Tensor, rows: Tensor, values: Tensor, every: bool) -> Tensor:
+    """`full` with `rows` replaced by `values`, differentiably (out of place); `values` itself where `every` (the
+    rows are all of `full`'s, in order: every head edited, no copy of `full`)."""
+    if every:
         return values.to(full.dtype)
     return full.index_copy(0, rows, values.to(full.dtype))
 
@@ -298,15 +304,16 @@ def parametrise(block: nn.Module, maps: dict[str, Tensor], form: EditForm) -> li
     return params
 
 
-def canonical_from(block: nn.Module, maps: dict[str, Tensor], form: EditForm) -> dict[str, Tensor]:
+def canonical_from(block: nn.Module, maps: dict[str, Tensor], form: EditForm,
+                   whole: dict[str, bool] | None = None) -> dict[str, Tensor]:
     """The canonical tensors as the block's modules hold them now (read back through `maps`), on the maps'
-    device."""
+    device. `whole`: which maps hold canonical elements only (computed here where not given)."""
     device = next(iter(maps.values())).device if maps else torch.device("cpu")
     flat = torch.empty(sum(getattr(form, n).numel() for n in form.names), dtype=torch.float32, device=device)
     for name, index in maps.items():
         path, _, attr = name.rpartition(".")
         w = getattr(block.get_submodule(path), attr).detach().to(device, torch.float32)
-        if bool(index.min() >= 0):  # the weight is canonical elements only: no mask to build (the usual case)
+        if whole[name] if whole is not None else bool(index.min() >= 0):  # canonical elements only: no mask
             flat[index.reshape(-1)] = w.reshape(-1)
         else:
             take = index >= 0

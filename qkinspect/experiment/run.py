@@ -15,7 +15,7 @@ from pathlib import Path
 from qkinspect.errors import CheckpointError, InputError, UnsupportedModelError
 from qkinspect.experiment.amounts import check_amounts, check_estimate
 from qkinspect.experiment.edits import PREDICTORS, Edit, apply_edit, parse_edit
-from qkinspect.experiment.heal import Healing, HealOptions, check_healable, heal_runs
+from qkinspect.experiment.heal import Healing, HealOptions, check_healable, heal_runs, on_cpu
 from qkinspect.experiment.hf import load_hf, written
 from qkinspect.experiment.hf_guard import boundary, check_token_ids
 from qkinspect.experiment.in_memory import hf_in_memory, keeps_mode
@@ -256,7 +256,7 @@ def open_experiment(model, revision, layers, heads, tokenizer, device: str | Non
         _check_range("layers", layers, spec.n_layers)
         _check_range("heads", heads, spec.n_heads)
         wanted = sorted(set(layers)) if layers is not None else list(range(spec.n_layers))
-        originals = {i: m.layer(spec.key, i) for i in wanted}
+        originals = {i: on_cpu(m.layer(spec.key, i)) for i in wanted}  # the edits are computed on the CPU
         if m.info.format == "memory":
             hf = hf_in_memory(m.resolved, tokenizer)
             _check_in_place(hf, device)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from qkinspect.errors import InputError
 from qkinspect.report.style import Canvas, new_figure
@@ -22,11 +23,14 @@ def run_label(run: dict[str, Any]) -> str:
     return f"{run['edit']} L{run['layer']}" + ("" if run["head"] is None else f" H{run['head']}")
 
 
-def _band(ax, curve: list[dict[str, Any]], colour: str, label: str) -> None:
+STYLES = ("-", "--", ":", "-.")  # one per unit (layer), the colour one per edit
+
+
+def _band(ax, curve: list[dict[str, Any]], colour: str, label: str, ls: str = "-") -> None:
     steps = np.array([p["step"] for p in curve], dtype=float)
     y = np.array([p["diff"] for p in curve], dtype=float)
     se = np.array([np.nan if p["se"] is None else p["se"] for p in curve], dtype=float)
-    ax.plot(steps, y, color=colour, lw=1.3, marker="o", ms=2.5, label=label)
+    ax.plot(steps, y, color=colour, lw=1.3, ls=ls, marker="o", ms=2.5, label=label)
     if np.isfinite(se).any():
         ax.fill_between(steps, y - se, y + se, color=colour, alpha=0.2, lw=0)
 
@@ -46,18 +50,23 @@ def healing_figure(doc: dict[str, Any], canvas: Canvas = new_figure, title: str 
                          "--heal-eval-every N -o FILE.json")
     fig = canvas(3.4)
     left, right = fig.subplots(1, 2, width_ratios=[2, 1])
-    for k, r in enumerate(runs):
-        _band(left, r["curve"], f"C{k % 10}", run_label(r))
+    edits = list(dict.fromkeys(r["edit"] for r in runs))
+    units = list(dict.fromkeys((r["layer"], r["head"]) for r in runs))
+    for r in runs:
+        _band(left, r["curve"], f"C{edits.index(r['edit']) % 10}", run_label(r),
+              STYLES[units.index((r["layer"], r["head"])) % len(STYLES)])
     left.axhline(0, color="grey", lw=0.8)
     left.set_xlabel("healing steps")
     left.set_ylabel("Δloss: healed edit − healed control")
     left.set_title("the edit's cost while healing (band ± 1 s.e.)")
-    left.legend(fontsize="x-small", frameon=False, ncols=1 + (len(runs) > 6))
+    left.legend(fontsize="x-small", frameon=False, ncols=1 + (len(runs) > 6), handlelength=3)
     _band(right, control, "black", "control")
     right.axhline(0, color="grey", lw=0.8)
     right.set_xlabel("healing steps")
     right.set_ylabel("Δloss: control − unedited")
     right.set_title("the control (no edit)")
+    for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     name = Path(str(doc.get("model", {}).get("name", ""))).name
     precision = (h.get("precision") or {}).get("dtype", "float32")
     suptitle(fig, title or f"{name}: healing, {h['steps']} steps of {h['batch_windows']} windows, trained "
