@@ -38,7 +38,15 @@ from qkinspect.experiment.heal_curve import (
     point,
     scored_tokens,
 )
-from qkinspect.experiment.heal_form import CANON, EditForm, cached, canonical_from, module_maps, parametrise
+from qkinspect.experiment.heal_form import (
+    CANON,
+    EditForm,
+    Strided,
+    cached,
+    canonical_from,
+    module_maps,
+    parametrise,
+)
 from qkinspect.experiment.hf import CAUSAL, MASKED, HFModel, write_layer
 from qkinspect.experiment.measure import Scorer, Text, windows
 
@@ -261,7 +269,7 @@ class Healer:
             key = m.info.blocks[0].key
             layers = [on_cpu(m.layer(key, i)) for i in range(m.info.blocks[0].n_layers)]  # the edits run on CPU
         trained: list[nn.Parameter] = []
-        self.forms: dict[int, tuple[EditForm, dict[str, Tensor]]] = {}
+        self.forms: dict[int, tuple[EditForm, dict[str, Tensor | Strided]]] = {}
         self.whole: dict[int, dict[str, bool]] = {}  # per edited layer: which module weights the form fills whole
         for i, layer in enumerate(layers):
             block = self.hf.layers[i]
@@ -272,7 +280,8 @@ class Healer:
                 if key not in layouts:  # the layout depends on the layer and its tensors' shapes, not their values
                     layouts[key] = module_maps(self.hf, edited)
                 maps = {name: m.to(self.device) for name, m in layouts[key].items()}  # on the CPU: no copy
-                self.whole[i] = {name: bool((m >= 0).all()) for name, m in layouts[key].items()}
+                self.whole[i] = {name: isinstance(m, Strided) or bool((m >= 0).all())
+                                 for name, m in layouts[key].items()}
                 write_layer(self.hf, edited)
                 expanded = edited.spec.n_kv_heads != layer.spec.n_kv_heads
                 form = EditForm(edited, edit, heads, layer.kv_index() if expanded else None).to(self.device)
@@ -337,10 +346,14 @@ class Healer:
                     with autocast(self.device, bf16):
                         loss = self.model(**_with_labels(inputs, self.kind)).loss
                     loss.backward()
+                    # the module weights this step computed with (read from the cache, not recomputed): every
+                    # update is checked by the next step's forward, the last one after the loop
+                    self.violation = max(self.violation, self._violation())
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 self.losses.append(float(loss.detach()))
-                self.violation = max(self.violation, self._violation())
+                if k + 1 == self.opts.steps:
+                    self.violation = max(self.violation, self._violation())
                 sync()
                 self.step_seconds.append(time.perf_counter() - t0)  # the step with its constraint check
                 if on_step is not None:

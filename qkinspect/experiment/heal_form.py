@@ -161,7 +161,7 @@ class EditForm(nn.Module):
 def cached(forms: Iterable[EditForm]) -> Iterator[None]:
     """Within the block, each form computes its constrained tensors once (one forward and its backward, or one
     scoring pass with the weights fixed); with `torch.nn.utils.parametrize.cached` the module weights too."""
-    forms = list(forms)
+    forms = [f for f in forms if "_cache" not in f.__dict__]  # nested: the outer block's cache stays
     for f in forms:
         f.__dict__["_cache"] = [None]
     try:
@@ -224,9 +224,10 @@ def _signs(layer: AttentionLayer, h: Tensor, kv: Tensor) -> Tensor:
 # -- where the canonical tensors land in the family's modules ---------------------------------------------------
 
 
-def module_maps(hf, layer: AttentionLayer) -> dict[str, Tensor]:
+def module_maps(hf, layer: AttentionLayer) -> dict[str, Tensor | Strided]:
     """For each parameter the write-back puts into layer `layer.layer`'s block (by its name in the block), the
-    index of the canonical element (in `EditForm.flat` order) each of its elements holds, -1 where none.
+    index of the canonical element (in `EditForm.flat` order) each of its elements holds, -1 where none; a
+    `Strided` placement instead where the parameter is one canonical tensor with permuted axes.
 
     Raises:
         InputError: the family's write-back does not place each canonical element once, unchanged.
@@ -265,21 +266,69 @@ def module_maps(hf, layer: AttentionLayer) -> dict[str, Tensor]:
     if placed.numel() != total or not torch.equal(placed.sort().values, torch.arange(total)):
         raise InputError(f"healing: the {hf.family} write-back does not place every attention weight once")
     small = torch.int32 if total < 2**31 else torch.int64  # half the memory: the maps live as long as the healing
-    return {name: m.to(small) for name, m in maps.items()}
+    shapes = {}  # the canonical tensor starting at each offset: its shape
+    offset = 0
+    for n, size in zip(names, sizes, strict=True):
+        shapes[offset] = tuple(getattr(layer, n).shape)
+        offset += size
+    return {name: strided(m, shapes) or m.to(small) for name, m in maps.items()}
+
+
+class Strided:
+    """A module weight that is one canonical tensor, its axes permuted and reshaped (the usual layout: a Linear's
+    weight is W_Q (n, D, d) as (n·d, D)): read as a view of `EditForm.flat`, with no index map kept."""
+
+    def __init__(self, start: int, shape: tuple[int, ...], perm: tuple[int, ...], out: tuple[int, ...]):
+        self.start, self.shape, self.perm, self.out = start, shape, perm, out
+        self.size = math.prod(shape)
+
+    def to(self, device) -> Strided:
+        return self
+
+    def view(self, flat: Tensor) -> Tensor:
+        """The canonical tensor's elements as they sit in `flat`, in the weight's axis order (a view)."""
+        return flat[self.start:self.start + self.size].view(self.shape).permute(self.perm)
+
+    def read(self, flat: Tensor) -> Tensor:
+        return self.view(flat).reshape(self.out)
+
+
+def strided(index: Tensor, shapes: dict[int, tuple[int, ...]]) -> Strided | None:
+    """`index` (a module weight's canonical positions) as a Strided placement where it is one canonical tensor
+    (starting at an offset in `shapes`) with permuted axes, else None."""
+    import itertools
+
+    if index.numel() == 0 or bool((index < 0).any()):
+        return None
+    start = int(index.min())
+    shape = shapes.get(start)
+    if shape is None or math.prod(shape) != index.numel() or int(index.max()) != start + index.numel() - 1:
+        return None
+    local = torch.arange(index.numel(), dtype=torch.int64).view(shape)
+    for perm in itertools.permutations(range(len(shape))):
+        if torch.equal(local.permute(perm).reshape(index.shape) + start, index.to(torch.int64)):
+            return Strided(start, shape, perm, tuple(index.shape))
+    return None
 
 
 class _Gathered(nn.Module):
     """A module weight whose elements come from an EditForm (where `index` >= 0) or its own original."""
 
-    def __init__(self, form: EditForm, index: Tensor, dtype: torch.dtype):
+    def __init__(self, form: EditForm, index: Tensor | Strided, dtype: torch.dtype):
         super().__init__()
-        self.form, self.dtype, self.shape = form, dtype, index.shape
+        self.form, self.dtype, self.strided = form, dtype, index if isinstance(index, Strided) else None
+        if self.strided is not None:  # a view of the form's tensors: no map
+            self.whole = True
+            return
+        self.shape = index.shape
         self.whole = bool((index >= 0).all())  # every element from the form: the original is not kept
         # the map itself where it covers the whole weight (shared by every run of the layer), no copy of it
         self.register_buffer("index", (index if self.whole else index.clamp_min(0)).reshape(-1))
         self.register_buffer("take", None if self.whole else index >= 0)
 
     def forward(self, X: Tensor) -> Tensor:
+        if self.strided is not None:
+            return self.strided.read(self.form.flat()).to(self.dtype)
         taken = self.form.flat().index_select(0, self.index).view(self.shape).to(self.dtype)
         return taken if self.whole else torch.where(self.take, taken, X)
 
@@ -304,16 +353,18 @@ def parametrise(block: nn.Module, maps: dict[str, Tensor], form: EditForm) -> li
     return params
 
 
-def canonical_from(block: nn.Module, maps: dict[str, Tensor], form: EditForm,
+def canonical_from(block: nn.Module, maps: dict[str, Tensor | Strided], form: EditForm,
                    whole: dict[str, bool] | None = None) -> dict[str, Tensor]:
     """The canonical tensors as the block's modules hold them now (read back through `maps`), on the maps'
     device. `whole`: which maps hold canonical elements only (computed here where not given)."""
-    device = next(iter(maps.values())).device if maps else torch.device("cpu")
+    device = form.heads.device
     flat = torch.empty(sum(getattr(form, n).numel() for n in form.names), dtype=torch.float32, device=device)
     for name, index in maps.items():
         path, _, attr = name.rpartition(".")
         w = getattr(block.get_submodule(path), attr).detach().to(device, torch.float32)
-        if whole[name] if whole is not None else bool(index.min() >= 0):  # canonical elements only: no mask
+        if isinstance(index, Strided):
+            index.view(flat).copy_(w.reshape(index.view(flat).shape))
+        elif whole[name] if whole is not None else bool(index.min() >= 0):  # canonical elements only: no mask
             flat[index.reshape(-1)] = w.reshape(-1)
         else:
             take = index >= 0

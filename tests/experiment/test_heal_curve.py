@@ -194,3 +194,47 @@ def test_cuda_healing_curve_matches_the_cpu_in_float32(folders):
     auto = run_experiment(str(folders["gpt2"]), "share_qk", device="cuda", **kw,
                           heal=HealOptions(steps=2, lr=1e-2, batch_tokens=64, text=_text())).healing
     assert "CUDA" in auto.precision.reason and auto.precision.bfloat16_loss is not None
+
+
+def test_strided_placements_read_what_the_index_maps_read():
+    """A module weight that is one canonical tensor with permuted axes is read as a view (no index map kept); the
+    view gives exactly the elements the map would gather, and anything else stays a map."""
+    import itertools
+
+    from qkinspect.experiment.heal_form import strided
+
+    shape, start = (3, 4, 5), 7
+    flat = torch.randn(100)
+    for perm in itertools.permutations(range(3)):
+        dims = [shape[p] for p in perm]
+        for out in ((dims[0] * dims[1], dims[2]), (dims[0], dims[1] * dims[2]), tuple(dims)):
+            index = (torch.arange(60).view(shape).permute(perm).reshape(out) + start).to(torch.int32)
+            st = strided(index, {start: shape})
+            assert st is not None and torch.equal(st.read(flat), flat[index.long()])
+            st.view(back := torch.zeros(100)).copy_(flat[index.long()].reshape(st.view(back).shape))
+            assert torch.equal(back[start:start + 60], flat[start:start + 60])  # and writes back where it read
+    index = torch.arange(60).view(3, 20) + start
+    swapped = index.clone()
+    swapped[0, 0], swapped[0, 1] = index[0, 1], index[0, 0]
+    assert strided(swapped, {start: shape}) is None  # not a permutation of axes
+    assert strided(index, {0: shape}) is None  # not where a canonical tensor starts
+    assert strided(torch.where(index == start, -1, index), {start: shape}) is None  # not every element
+
+
+def test_layouts_are_views_where_the_family_allows(folders):
+    from qkinspect.experiment.edits import Edit, apply_edit
+    from qkinspect.experiment.heal_form import Strided, module_maps
+    from qkinspect.experiment.hf import load_hf
+    from qkinspect.loading import open_model
+
+    for family, views in (("bert", True), ("gpt2", False)):  # separate projections; gpt2's fused c_attn
+        with open_model(str(folders[family])) as m:
+            hf = load_hf(m.resolved)
+            layer = apply_edit(m.layer(m.info.blocks[0].key, 1), Edit("share_qk"), [0]).layer
+        maps = module_maps(hf, layer)
+        kinds = {name: isinstance(v, Strided) for name, v in maps.items()}
+        assert any(kinds.values()) == views or family == "gpt2", kinds
+        if family == "bert":
+            assert kinds["attention.self.query.weight"] and kinds["attention.self.key.weight"], kinds
+        else:
+            assert not kinds["attn.c_attn.weight"], kinds
