@@ -87,6 +87,16 @@ def plain_step(model, inputs, bf16: bool, device) -> float:
     return time.perf_counter() - t0
 
 
+def float_copy(model):
+    """A float32 copy of `model` (`Module.float()` is refused for a model transformers dequantized from GGUF)."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for t in [*out.parameters(), *out.buffers()]:
+            if t.is_floating_point():
+                t.data = t.data.to(torch.float32)
+    return out.train()
+
+
 def main() -> None:
     from qkinspect.cli.options import parse_indices
     from qkinspect.experiment.edits.names import parse_edit
@@ -126,7 +136,7 @@ def main() -> None:
     # scored model alone, measured from the same starting point)
     floats = sum(p.numel() * 4 for p in model.parameters())
     base = rss.mark()
-    plain = copy.deepcopy(model).float().train()
+    plain = float_copy(model)
     for n, p in plain.named_parameters():  # attention: the attention blocks' weights (what healing trains)
         p.requires_grad_(args.train == "all" or (("attn" in n or "attention" in n) and "norm" not in n))
     trained = sum(p.numel() for p in plain.parameters() if p.requires_grad)
@@ -152,7 +162,7 @@ def main() -> None:
           f"{out['memory_ratio']:.2f} (target <= 1)")
 
     # time: each healing step beside a plain forward + backward of a float32 copy, alternating, per precision
-    plain = copy.deepcopy(model).float().train()
+    plain = float_copy(model)
     for n, p in plain.named_parameters():
         p.requires_grad_(args.train == "all" or (("attn" in n or "attention" in n) and "norm" not in n))
     for precision in precisions:
