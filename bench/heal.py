@@ -99,10 +99,11 @@ def float_copy(model):
 
 def main() -> None:
     from qkinspect.cli.options import parse_indices
-    from qkinspect.experiment.edits import parse_edit
-    from qkinspect.experiment.heal import Healer, HealOptions
+    from qkinspect.experiment.edits.names import parse_edit
+    from qkinspect.experiment.heal import Healer
     from qkinspect.experiment.heal_curve import bf16_hardware
-    from qkinspect.experiment.measure import default_text, windows
+    from qkinspect.experiment.model.scoring import default_text, windows
+    from qkinspect.experiment.requests import HealOptions
     from qkinspect.experiment.run import open_experiment
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -25,9 +25,9 @@ from experiment import smollm2  # noqa: E402  (bench/experiment.py: the SmolLM2 
 
 
 def main() -> None:
-    from qkinspect.cli.commands.experiment import experiment_document
     from qkinspect.cli.output import jsonable
-    from qkinspect.experiment.heal import HealOptions
+    from qkinspect.experiment.requests import HealOptions
+    from qkinspect.experiment.results import save_experiment
     from qkinspect.experiment.run import open_experiment, run_experiment
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,8 +72,7 @@ def main() -> None:
                                window=args.window, reference=False, tokenizer=hf.tokenizer, heal=opts)
             seconds = time.perf_counter() - t0
             step_s = max(step_s or 0.0, seconds / (trainings * args.steps))
-            doc = experiment_document(r).json
-            (args.out / f"heal_{train}_{scope}.json").write_text(json.dumps(jsonable(doc), allow_nan=False))
+            save_experiment(r, args.out / f"heal_{train}_{scope}.json")
             h = r.healing
             print(f"{train} {scope}: {seconds:.0f} s, {h.precision.dtype} ({h.precision.reason}); step "
                   f"{h.step_seconds:.3f} s; control {h.control_curve[0].loss:.3f} -> {h.control_loss:.3f}",

@@ -1,8 +1,7 @@
 """qkinspect: the query-key geometry of trained attention heads, from the weights alone."""
 
-__version__ = "0.1.0"
-
-from qkinspect.errors import QkinspectError  # noqa: E402
+from qkinspect.errors import QkinspectError
+from qkinspect.version import __version__
 
 __all__ = ["__version__", "QkinspectError", "analyze", "load", "track"]
 

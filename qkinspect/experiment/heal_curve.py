@@ -1,7 +1,7 @@
 """Healing as a curve: the healed models scored every N steps, and the precision healing trains in
 (docs/training.md, "Healing").
 
-- Scoring: a healed copy is scored exactly as the exact runs score the model (qkinspect.experiment.measure.Scorer,
+- Scoring: a healed copy is scored exactly as the exact runs score the model (qkinspect.experiment.model.scoring.Scorer,
   the same batches, masks and per-token losses), float32, every `eval_every` steps and at the last. An edited run's
   point pairs it token by token with the control at the same step; its standard error is the exact runs' block
   standard error (measure.block_se). The control's own point pairs it with the unedited model.
@@ -16,38 +16,15 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from qkinspect.experiment.measure import Scorer, block_se
+from qkinspect.experiment.model.scoring import Scorer, block_se
+from qkinspect.experiment.results import HealPoint, Precision
 
 CPUINFO = Path("/proc/cpuinfo")
-
-
-@dataclass(frozen=True)
-class HealPoint:
-    """One evaluation of a healed model on the scored windows, `step` optimizer steps in (0: before any)."""
-
-    step: int
-    loss: float
-    # an edited run: loss minus the control's loss at the same step (the edit's cost then); the control: loss minus
-    # the unedited model's (what fine-tuning alone did)
-    diff: float
-    se: float | None  # standard error of diff, paired token by token, block-clustered as the exact runs' Δloss
-
-
-@dataclass(frozen=True)
-class Precision:
-    """What the training steps computed in, and the measurement that decided it."""
-
-    dtype: str  # "float32" or "bfloat16" (autocast of the forward; parameters, optimizer and scoring float32)
-    reason: str
-    float32_loss: float | None = None  # the unedited float32 copy on the scored tokens
-    bfloat16_loss: float | None = None  # the same under bfloat16 autocast
-    threshold: float | None = None  # the smallest standard error among the experiment's exact runs
 
 
 def eval_steps(steps: int, every: int | None) -> list[int]:

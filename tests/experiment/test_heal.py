@@ -11,8 +11,8 @@ import torch
 
 from qkinspect.errors import InputError
 from qkinspect.experiment import heal as heal_mod
-from qkinspect.experiment.heal import HealOptions
-from qkinspect.experiment.measure import Text
+from qkinspect.experiment.model.scoring import Text
+from qkinspect.experiment.requests import HealOptions
 from qkinspect.experiment.run import run_experiment
 from tests.experiment import tiny_models
 
@@ -143,11 +143,11 @@ def test_results_and_options(folders, tmp_path):
     exact = next(x for x in r.runs if x.edit == "share_qk")
     assert run.unhealed == exact.dloss and run.recovered == pytest.approx(1 - run.diff / exact.dloss)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())  # the user's model untouched
-    with pytest.raises(InputError, match="--heal-train"):
+    with pytest.raises(InputError, match="heal.train='mlp'"):
         run_experiment(model, "share_qk", heal=HealOptions(steps=1, train="mlp"))
-    with pytest.raises(InputError, match="--heal 0"):
+    with pytest.raises(InputError, match="heal=0"):
         run_experiment(model, "share_qk", heal=HealOptions(steps=0))
-    with pytest.raises(InputError, match="rotary gauge"):
+    with pytest.raises(InputError, match="rotary='gauge'"):
         run_experiment(str(folders["llama"]), "share_qk", layers=[0], heads=[0], tokens=64, window=32,
                        rotary="offset0", heal=1)
 

@@ -10,8 +10,9 @@ import torch
 
 from qkinspect.experiment import heal as heal_mod
 from qkinspect.experiment import heal_curve
-from qkinspect.experiment.heal import HealOptions
-from qkinspect.experiment.heal_curve import Precision, choose_precision, eval_steps
+from qkinspect.experiment.heal_curve import choose_precision, eval_steps
+from qkinspect.experiment.requests import HealOptions
+from qkinspect.experiment.results import Precision
 from qkinspect.experiment.run import run_experiment
 from tests.experiment import tiny_models
 from tests.experiment.test_heal import _text
@@ -35,8 +36,8 @@ def _separately(hf_copy, folder, family, scorer_ids, batch_tokens, seed):
     runs' scoring), without healing's parametrisation or modules: (mean loss, per-token losses)."""
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
-    from qkinspect.experiment.hf import HFModel
-    from qkinspect.experiment.measure import Scorer
+    from qkinspect.experiment.model.runtime import HFModel
+    from qkinspect.experiment.model.scoring import Scorer
 
     cls = AutoModelForCausalLM if family == "gpt2" else AutoModelForMaskedLM
     fresh = cls.from_pretrained(folder).eval()
@@ -94,8 +95,8 @@ def test_every_point_is_a_separate_scoring_of_the_same_weights(folders, family, 
 
 
 def test_precision_is_measured_against_the_smallest_standard_error(folders, monkeypatch):
-    from qkinspect.experiment.hf import load_hf
-    from qkinspect.experiment.measure import Scorer, windows
+    from qkinspect.experiment.model.runtime import load_hf
+    from qkinspect.experiment.model.scoring import Scorer, windows
     from qkinspect.loading import open_model
 
     with open_model(str(folders["gpt2"])) as m:
@@ -201,7 +202,7 @@ def test_strided_placements_read_what_the_index_maps_read():
     view gives exactly the elements the map would gather, and anything else stays a map."""
     import itertools
 
-    from qkinspect.experiment.heal_form import strided
+    from qkinspect.experiment.edits.parametrised import strided
 
     shape, start = (3, 4, 5), 7
     flat = torch.randn(100)
@@ -222,9 +223,10 @@ def test_strided_placements_read_what_the_index_maps_read():
 
 
 def test_layouts_are_views_where_the_family_allows(folders):
-    from qkinspect.experiment.edits import Edit, apply_edit
-    from qkinspect.experiment.heal_form import Strided, module_maps
-    from qkinspect.experiment.hf import load_hf
+    from qkinspect.experiment.edits.apply import Edit, apply_edit
+    from qkinspect.experiment.edits.parametrised import Strided
+    from qkinspect.experiment.model.runtime import load_hf
+    from qkinspect.experiment.model.writeback import module_maps
     from qkinspect.loading import open_model
 
     for family, views in (("bert", True), ("gpt2", False)):  # separate projections; gpt2's fused c_attn

@@ -108,9 +108,10 @@ def register(app: typer.Typer) -> None:
                              if experiment is None
                              else "--experiment applies to --kind experiment, costmap or healing only")
         if experiment is not None:
-            from qkinspect.report.costmap import costmap_figure
-            from qkinspect.report.experiment import experiment_figure, read_experiment
-            from qkinspect.report.heal_curves import healing_figure
+            from qkinspect.experiment.saved import read_experiment
+            from qkinspect.report.experiment.costmap import costmap_figure
+            from qkinspect.report.experiment.figure import experiment_figure
+            from qkinspect.report.experiment.healing import healing_figure
             from qkinspect.report.style import style
 
             draw_runs = {Kind.costmap: costmap_figure, Kind.healing: healing_figure}.get(kind, experiment_figure)
@@ -202,7 +203,7 @@ def draw_figure(model: str | None, kind: str, output: Path, selection: Selection
                 check_selection(m.info, selection.blocks, (layer,), options=("--layer", "--heads"))
             result = run_analysis(m, selection)
     result_b = result_of(other, selection, kind=kind) if other is not None else None
-    from qkinspect.report.figures import figure  # matplotlib: after the checks, so that errors come fast
+    from qkinspect.report.analysis.figures import figure  # matplotlib: after the checks, so that errors come fast
     # the heads figure takes the first selected block
     fig = figure(result, kind, layer=layer, other=result_b, metric_name=metric, title=title)
     save_figure(fig, output)
@@ -212,8 +213,8 @@ def draw_trajectory(folder: Path, metric: str, output: Path, *, layers: str | No
                     blocks: list[str] | None = None, title: str | None = None) -> None:
     """The trajectory figure of a sweep folder's results (`qkinspect sweep --out FOLDER`), saved to `output`."""
     from qkinspect.cli.options import parse_blocks, parse_indices
+    from qkinspect.report.sweep.trajectory import sweep_trajectory
     from qkinspect.report.titles import retitle
-    from qkinspect.report.trajectory import sweep_trajectory
     from qkinspect.sweep import read_sweep
 
     fig = sweep_trajectory(read_sweep(folder), metric, layers=parse_indices(layers, "--layers"),
