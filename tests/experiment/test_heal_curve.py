@@ -195,6 +195,13 @@ def test_cuda_healing_curve_matches_the_cpu_in_float32(folders):
     auto = run_experiment(str(folders["gpt2"]), "share_qk", device="cuda", **kw,
                           heal=HealOptions(steps=2, lr=1e-2, batch_tokens=64, text=_text())).healing
     assert "CUDA" in auto.precision.reason and auto.precision.bfloat16_loss is not None
+    # a model in memory on the GPU: its edits are computed on the CPU and written back to the GPU
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folders["gpt2"]).cuda()
+    forced = run_experiment(model, "share_qk,rank:2", tokenizer=AutoTokenizer.from_pretrained(folders["gpt2"]),
+                            **kw, heal=HealOptions(steps=2, lr=1e-2, batch_tokens=64, text=_text()))
+    assert all(r.violation < 1e-6 for r in forced.healing.runs) and forced.healing.device.startswith("cuda")
 
 
 def test_strided_placements_read_what_the_index_maps_read():
