@@ -29,6 +29,11 @@ def test_eval_steps():
     assert eval_steps(4, 2) == [0, 2, 4]
     assert eval_steps(4, None) == [4]
     assert eval_steps(3, 10) == [0, 3]
+    from qkinspect.errors import InputError
+
+    for bad in (0, -1, True, 2.5):  # refused before anything loads, named as the library spells it
+        with pytest.raises(InputError, match=r"heal\.eval_every="):
+            run_experiment("no-such-model", "share_qk", heal=HealOptions(steps=2, eval_every=bad))
 
 
 def _separately(hf_copy, folder, family, scorer_ids, batch_tokens, seed):
