@@ -21,6 +21,7 @@ does not take the vocabulary apart (`qkinspect.loading.gguf_reader`).
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +94,7 @@ class GGUFSource(TensorSource):
         names = layer_names(layout, config)
         self._tensors = {hf: t for t in reader.tensors if (hf := hf_name(t.name, layout, names)) is not None}
         self._role = {hf: t.name.split(".")[2] for hf, t in self._tensors.items()}
+        self._tensors.update(vocab_tensors(reader.tensors, layout))  # no role: read as stored (norm + 1 undone)
         self._split = split_kv_b(reader.tensors, layout, path) if layout.mla else {}
         self._mla_widths = (int(config.get("qk_nope_head_dim", 0)), int(config.get("v_head_dim", 0)))
         H = int(config.get("num_attention_heads", config.get("n_head", 0)))
@@ -159,7 +161,7 @@ class GGUFSource(TensorSource):
 
     def _as_hf(self, stored_name: str, w: Tensor) -> Tensor:
         """Undo what llama.cpp's converter did to this tensor (see qkinspect.loading.gguf_arch)."""
-        role, (H, G), lay = self._role[stored_name], self._heads, self.layout
+        role, (H, G), lay = self._role.get(stored_name), self._heads, self.layout
         if lay.permuted_qk and role in ("attn_q", "attn_k"):
             w = unpermute_rows(w, H if role == "attn_q" else G)  # K is permuted with the KV-head count
         if lay.norm_plus_one and stored_name.endswith("norm.weight"):
@@ -171,8 +173,8 @@ class GGUFSource(TensorSource):
         return w
 
     def _transposed(self, stored_name: str, ndim: int) -> bool:
-        return self.layout.qkv == "transposed" and ndim == 2 and self._role[stored_name] in ("attn_qkv",
-                                                                                             "attn_output")
+        return self.layout.qkv == "transposed" and ndim == 2 and self._role.get(stored_name) in ("attn_qkv",
+                                                                                                 "attn_output")
 
     def metadata(self, key: str) -> str | None:
         """A string metadata field (e.g. ``general.name``), or None when absent or not text."""
@@ -182,9 +184,44 @@ class GGUFSource(TensorSource):
             return None
         return " ".join(value.split()) or None if isinstance(value, str) else None
 
+    def vocabulary(self, limit: int) -> tuple[list[str], str | None] | None:
+        """The tokens of ``tokenizer.ggml.tokens`` (at most `limit`) and ``tokenizer.ggml.model`` ("gpt2": byte-level
+        BPE, "llama": SentencePiece ...); None when the file has no token list."""
+        from qkinspect.loading.gguf_reader import string_array
+
+        field = None if self._reader is None else self._reader.fields.get("tokenizer.ggml.tokens")
+        if field is None:
+            return None
+        try:
+            tokens = string_array(self._reader, field, limit)
+        except (ValueError, IndexError, struct.error) as e:
+            raise CheckpointError(f"{self.path}: GGUF metadata 'tokenizer.ggml.tokens' is unreadable "
+                                  f"({one_line(e)})") from None
+        model = gguf_field(self._reader, "tokenizer.ggml.model", self.path, None)
+        return tokens, model if isinstance(model, str) else None
+
     def close(self) -> None:
         self._tensors, self._split = {}, {}
         self._reader = None
+
+
+def vocab_tensors(tensors: Any, layout: Layout) -> dict[str, Any]:
+    """The token embedding, the output (unembedding) and the final norm under the Hugging Face names of
+    `qkinspect.loading.vocab_names` (with the base-model prefix the layout's layer names carry); {} for a family
+    whose names are not mapped."""
+    from qkinspect.loading.vocab_names import GGUF_ROLES, VOCAB
+
+    names = VOCAB.get(layout.model_type)
+    if names is None:
+        return {}
+    base = layout.prefix.rsplit(".", 1)[0] + "." if "." in layout.prefix else ""
+    out = {}
+    for t in tensors:
+        field_name = GGUF_ROLES.get(t.name)
+        hf = None if field_name is None else getattr(names, field_name)
+        if hf is not None:
+            out[hf if field_name == "unembed" else base + hf] = t
+    return out
 
 
 def split_kv_b(tensors: Any, layout: Layout, path: Path) -> dict[str, tuple[Any, Any]]:
