@@ -162,7 +162,9 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
     healing = None
     if opts:
         exact = {(r.edit, r.layer, r.head): r.dloss for r in runs}
-        healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts)
+        ses = [r.dloss_se for r in runs if r.dloss_se]
+        healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts,
+                            threshold=min(ses) if ses else None)
     return ExperimentResult(
         model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
         windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),
@@ -192,7 +194,9 @@ def open_experiment(model, revision, layers, heads, tokenizer, device: str | Non
         check_model(info, edits, layers, heads, names)
         spec = info.blocks[0]
         wanted = sorted(set(layers)) if layers is not None else list(range(spec.n_layers))
-        originals = {i: m.layer(spec.key, i) for i in wanted}
+        from qkinspect.experiment.heal import on_cpu
+
+        originals = {i: on_cpu(m.layer(spec.key, i)) for i in wanted}  # the edits are computed on the CPU
         if m.info.format == "memory":
             hf = hf_in_memory(m.resolved, tokenizer)
             _check_in_place(hf, device)
