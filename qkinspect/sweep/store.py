@@ -25,6 +25,7 @@ from typing import Any
 
 from qkinspect.errors import InputError, OutputError
 from qkinspect.files import atomic_write
+from qkinspect.notebook import Tabular
 from qkinspect.reading import read_json
 from qkinspect.sweep.checkpoints import Checkpoint
 
@@ -43,9 +44,10 @@ class Failure:
 
 
 @dataclass
-class SweepFolder:
+class SweepFolder(Tabular):
     """What a sweep folder holds for its last sweep: options, checkpoints in step order, the results found (by
-    checkpoint identity) and the failures recorded."""
+    checkpoint identity) and the failures recorded. In a notebook it shows `qkinspect sweep`'s table, and
+    `to_pandas()` is its tidy rows per head (qkinspect.notebook)."""
 
     folder: Path
     options: dict[str, Any]
@@ -66,6 +68,13 @@ class SweepFolder:
                 row = {k: v for k, v in r.items() if k != "head_overlap"}  # a matrix, kept in the result file
                 out.append({"checkpoint": ck.name, "step": ck.step, **row})
         return out
+
+
+    def table_document(self):
+        """`qkinspect sweep`'s document of this folder (its rows per head and its table)."""
+        from qkinspect.cli.commands.sweep import sweep_document
+
+        return sweep_document(self)
 
 
 def normalized_options(options: dict[str, Any]) -> dict[str, Any]:
