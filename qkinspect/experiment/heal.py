@@ -31,6 +31,7 @@ from qkinspect.experiment.edits import Edit, apply_edit
 from qkinspect.experiment.heal_form import EditForm, canonical_from, module_maps, parametrise
 from qkinspect.experiment.hf import CAUSAL, MASKED, HFModel, write_layer
 from qkinspect.experiment.measure import Scorer, Text, windows
+from qkinspect.progress import phase
 
 TRAIN = ("attention", "all")
 TRAINED = {"attention": "the attention projections (q, k, v, o) of every layer", "all": "every parameter"}
@@ -111,7 +112,7 @@ Unit = list[tuple[int, list[int]]]
 
 def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: int, units: Sequence[Unit],
               edits: Sequence[Edit], scope: str, rotary: str, exact: dict[tuple, float], baseline: float,
-              opts: HealOptions, progress: Callable[[int, int], None] | None = None) -> Healing:
+              opts: HealOptions, progress: Callable[..., None] | None = None) -> Healing:
     """Heal every (unit, edit) and the control; `exact` maps (edit, layer, head) to the unhealed Δloss."""
     opts.check()
     check_healable(hf, rotary)
@@ -121,20 +122,20 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
     tracks: dict[str, str] = {}
     total = 1 + len(units) * len(edits)
     control = _Healer(hf, {}, opts, batches, rotary)
-    control.train(_tracker(opts, "control", control, tracks, notes))
+    control.train(_tracker(opts, "control", control, tracks, notes),
+                  _steps(progress, f"healing 1/{total}: control", opts.steps))
     c_sums, c_counts = window_losses(control.model, hf.kind, scorer.inputs)
     control_loss = float(c_sums.sum() / c_counts.sum())
     control.release()
     done = 1
-    if progress is not None:
-        progress(done, total)
     runs = []
     for unit in units:
         for edit in edits:
             t1 = time.perf_counter()
             healer = _Healer(hf, {i: (edit, hs) for i, hs in unit}, opts, batches, rotary)
             name = _run_name(edit, unit, scope)
-            healer.train(_tracker(opts, name, healer, tracks, notes))
+            healer.train(_tracker(opts, name, healer, tracks, notes),
+                         _steps(progress, f"healing {done + 1}/{total}: {name}", opts.steps))
             sums, counts = window_losses(healer.model, hf.kind, scorer.inputs)
             healer.release()  # one copy of the model at a time
             loss = float(sums.sum() / counts.sum())
@@ -148,8 +149,6 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
                 recovered=1 - diff / unhealed if unhealed else None, violation=healer.violation,
                 train_loss=tuple(healer.losses), seconds=time.perf_counter() - t1))
             done += 1
-            if progress is not None:
-                progress(done, total)
     return Healing(
         steps=opts.steps, train=opts.train, trained=TRAINED[opts.train], trained_parameters=control.n_trained,
         parameters=control.n_params, lr=float(opts.lr), text=train_text, train_tokens=n_train,
@@ -259,7 +258,10 @@ class _Healer:
                 v = max(v, form.violation(canonical_from(self.hf.layers[i], maps, form)))
         return v
 
-    def train(self, on_step: Callable[[nn.Module, int], None] | None = None) -> None:
+    def train(self, on_step: Callable[[nn.Module, int], None] | None = None,
+              tick: Callable[..., None] | None = None) -> None:
+        """`steps` optimizer steps; `on_step(model, k)` after each (and before the first), `tick(k, status)` with
+        the step's training loss."""
         opt = torch.optim.AdamW(self.params, lr=self.opts.lr, weight_decay=0.0)
         self.model.train()
         if on_step is not None:
@@ -274,6 +276,8 @@ class _Healer:
                 opt.zero_grad(set_to_none=True)
                 self.losses.append(float(out.loss.detach()))
                 self.violation = max(self.violation, self._violation())
+                if tick is not None:
+                    tick(k + 1, status=f"loss {self.losses[-1]:.4f}")
                 if on_step is not None:
                     on_step(self.model, k + 1)
         self.model.eval()
@@ -304,6 +308,11 @@ def _float32(model: nn.Module) -> nn.Module:
 
 def _with_labels(inputs: dict[str, Tensor], kind: str) -> dict[str, Tensor]:
     return {**inputs, "labels": inputs["input_ids"]} if kind == CAUSAL else inputs
+
+
+def _steps(progress, name: str, steps: int):
+    """The progress of one healing run: its steps, each with its training loss."""
+    return phase(progress, name, steps, "steps")
 
 
 def _tracker(opts: HealOptions, name: str, healer: _Healer, tracks: dict[str, str], notes: list[str]):

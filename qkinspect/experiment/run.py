@@ -21,6 +21,7 @@ from qkinspect.experiment.hf_guard import boundary, check_token_ids
 from qkinspect.experiment.in_memory import hf_in_memory, keeps_mode
 from qkinspect.experiment.measure import Scorer, Text, default_text, read_text, windows
 from qkinspect.layer import AttentionLayer, ModelInfo
+from qkinspect.progress import phase
 
 SCOPES = ("head", "layer", "model")
 REFERENCE = Edit("ablate")
@@ -118,7 +119,7 @@ def run_experiment(
     revision: str | None = None,
     batch_tokens: int = 2048,
     seed: int = 0,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[..., None] | None = None,
     heal: int | HealOptions | None = None,
     device: str | None = None,
     estimate: bool = False,
@@ -140,7 +141,9 @@ def run_experiment(
         reference: also run `ablate` on the same units, for Δloss / Δloss(ablate).
         rotary: "gauge" (edits exact at every offset) or "offset0" (see `apply_edit`).
         tokenizer: a tokenizer, or a folder / vocab.txt to read one from (default: the model's own).
-        progress: called as progress(done, total) after each run.
+        progress: a progress receiver (qkinspect.progress): told each phase (loading, baseline, the exact runs
+            in unit × edit, or the estimate's backward passes and verification, healing steps) and each unit done;
+            a plain progress(done, total) callable is called after each unit of every phase.
         heal: fine-tuning steps (or a HealOptions) after each edit, the edit kept as a parametrisation, beside an
             unedited control trained the same way (qkinspect.experiment.heal; docs/training.md). Default: none.
         device: where the model runs, "cpu", "cuda" or "cuda:N" (default: the CPU, or where a model in memory
@@ -181,6 +184,7 @@ def run_experiment(
         opts.check()  # before any work
         if estimate:
             raise InputError("--heal runs every edit exactly: it cannot be combined with --estimate")
+    phase(progress, "loading the model")
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device)
     if opts:
         check_healable(hf, rotary)
@@ -200,7 +204,7 @@ def run_experiment(
     with boundary(info.source, "transformers cannot run the model"):  # the unedited pass: the checkpoint's own
         scorer = Scorer(hf, ids, batch_tokens=batch_tokens, seed=seed)
         t0 = time.perf_counter()
-        base = scorer.baseline(cache={_start(unit) for unit in units})
+        base = scorer.baseline(cache={_start(unit) for unit in units}, progress=progress)
         t_base = time.perf_counter() - t0
     if estimate:
         from qkinspect.experiment import estimate as est
@@ -214,16 +218,16 @@ def run_experiment(
             rotary=rotary, baseline_seconds=t_base, seconds=summary.seconds + summary.verify_seconds,
             predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, estimate=summary)
     runs: list[Run] = []
-    total = len(units) * len(runs_edits)
+    tick = phase(progress, "exact runs", len(units) * len(runs_edits), f"{scope} × edit")
     for unit in units:
         for edit in runs_edits:
             runs.append(run_unit(scorer, hf, originals, unit, edit, scope, base, rotary))
-            if progress is not None:
-                progress(len(runs), total)
+            tick(len(runs), status=str(edit))
     healing = None
     if heal:
         exact = {(r.edit, r.layer, r.head): r.dloss for r in runs}
-        healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts)
+        healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts,
+                            progress=progress)
     return ExperimentResult(
         model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
         windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),

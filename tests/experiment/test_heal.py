@@ -62,14 +62,14 @@ def test_the_edit_holds_exactly_at_every_step(folders, family, edit, monkeypatch
     seen = []  # (step, W_Q, W_K) of the edited layer as the modules hold them, at every step of the edited run
     original_train = heal_mod._Healer.train
 
-    def train(self, on_step=None):
+    def train(self, on_step=None, tick=None):
         def hook(model, step):
             if self.forms:
                 seen.append((step, *_qk_heads(model, family, 1)))
             if on_step is not None:
                 on_step(model, step)
 
-        return original_train(self, hook)
+        return original_train(self, hook, tick)
 
     monkeypatch.setattr(heal_mod._Healer, "train", train)
     opts = HealOptions(steps=4, lr=3e-2, batch_tokens=64, text=_text())
@@ -217,8 +217,8 @@ def test_expanded_groups_keep_their_shared_keys_and_values(folders, monkeypatch)
     final = {}
     original_train = heal_mod._Healer.train
 
-    def train(self, on_step=None):
-        original_train(self, on_step)
+    def train(self, on_step=None, tick=None):
+        original_train(self, on_step, tick)
         if self.forms:
             a = self.model.model.layers[2].self_attn
             final["k"] = a.k_proj.weight.detach().view(4, 16, -1)

@@ -118,7 +118,7 @@ def register(app: typer.Typer) -> None:
         layer_list, head_list = parse_indices(layers, "--layers"), parse_indices(heads, "--heads")
         from qkinspect.experiment import run_experiment
 
-        with progress("editing heads") as p:
+        with progress("experiment") as p:
             result = run_experiment(
                 model, edit, scope=scope.value, layers=layer_list, heads=head_list, text=text, tokens=tokens,
                 window=window, reference=reference, rotary=rotary.value, tokenizer=tokenizer, revision=revision,

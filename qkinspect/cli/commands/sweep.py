@@ -27,7 +27,7 @@ from qkinspect.cli.options import (
     Selection,
     check_selection,
 )
-from qkinspect.cli.output import Document, check_output, emit, envelope, note, warn
+from qkinspect.cli.output import QUIET, Document, check_output, emit, envelope, note, warn
 from qkinspect.errors import InputError, SweepFailed
 from qkinspect.files import atomic_write_file, check_writable
 from qkinspect.limits import check_threads, check_workers
@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
         options = {k: v for k, v in sel.kwargs().items() if k != "device"} | {"layer_form": layer_form}
         try:
             outcome = run_sweep(checkpoints, options, out, scheduler=scheduler, workers=workers, threads=threads,
-                                device=sel.device, progress=ProgressLine(),
+                                device=sel.device, progress=None if QUIET["on"] else ProgressLine(),
                                 check=lambda info: check_checkpoint(info, sel),
                                 notice=lambda why: note(f"{why}; computing it again"))
         except KeyboardInterrupt:
