@@ -21,6 +21,7 @@ from qkinspect.experiment.hf_guard import boundary, check_token_ids
 from qkinspect.experiment.in_memory import hf_in_memory, keeps_mode
 from qkinspect.experiment.measure import Scorer, Text, default_text, read_text, windows
 from qkinspect.layer import AttentionLayer, ModelInfo
+from qkinspect.notebook import Tabular
 from qkinspect.progress import phase
 
 SCOPES = ("head", "layer", "model")
@@ -61,8 +62,9 @@ class Run:
 
 
 @dataclass(frozen=True)
-class ExperimentResult:
-    """Everything an experiment measured; `runs` in the order they ran (unit by unit, edit by edit)."""
+class ExperimentResult(Tabular):
+    """Everything an experiment measured; `runs` in the order they ran (unit by unit, edit by edit). In a notebook
+    it shows `qkinspect experiment`'s table; `to_pandas()` is a row per run (qkinspect.notebook)."""
 
     model: ModelInfo
     measure: str  # "causal", "masked" or "drift" (MEASURES names them)
@@ -79,6 +81,12 @@ class ExperimentResult:
     predictors: dict[str, str] = field(default_factory=dict)
     healing: Healing | None = None  # with heal=: the edits after fine-tuning, against a control (experiment.heal)
     estimate: Estimate | None = None  # --estimate: how it was made and how well it agreed with the exact runs
+
+    def table_document(self):
+        """`qkinspect experiment`'s document of this result (its CSV rows and its table)."""
+        from qkinspect.cli.commands.experiment import experiment_document
+
+        return experiment_document(self)
 
 
 @dataclass(frozen=True)
