@@ -229,7 +229,8 @@ class Progress:
             self.phases.append((name, total, unit))
             self.label, self._done, self._total, self._unit, self._status = name, 0, total, unit, ""
             if self._bar is not None:  # each phase's time counts from its start
-                self._bar.reset(self._task, total=total, completed=0, description=name)
+                self._bar.reset(self._task, total=total, completed=0, description=name, count=self._count(),
+                                status="")
             self._show()
 
     def __call__(self, done: int, total: int | None, status: str = "") -> None:

@@ -118,6 +118,8 @@ def test_the_bar_shows_each_phase_in_its_unit(terminal):
         assert (task.description, task.completed, task.total) == ("exact runs", 4, 27)
         assert task.fields["count"] == "4/27 head × edit" and task.fields["status"] == "share_qk"
         p.phase("healing 1/2: control", 10, "steps")
+        task = p._bar.tasks[0]  # a new phase: nothing of the last one's count or status is left on the bar
+        assert (task.fields["count"], task.fields["status"], task.completed) == ("0/10 steps", "", 0)
         p(3, 10, "loss 3.2100")
         task = p._bar.tasks[0]
         assert task.fields["count"] == "3/10 steps" and task.fields["status"] == "loss 3.2100"
