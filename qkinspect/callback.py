@@ -84,7 +84,7 @@ class Tracker:
         "qkinspect/seconds" (this measurement's time)."""
         import torch
 
-        import qkinspect
+        from qkinspect import analysis  # the module: nothing inside qkinspect goes through the package face
 
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InputError(f"step={step!r}: a training step is a non-negative integer")
@@ -92,7 +92,7 @@ class Tracker:
         device = self.device or _device_of(model)
         opts = {k: v for k, v in self.options.items() if v is not None}
         with torch.no_grad():
-            result = qkinspect.analyze(model, device=device, spectra=None, **opts)
+            result = analysis.analyze(model, device=device, spectra=None, **opts)
         seconds = time.perf_counter() - t0
         self._write(result, step, device, seconds)
         return {**summaries(result), f"{PREFIX}/seconds": seconds}

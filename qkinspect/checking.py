@@ -1,7 +1,7 @@
 """Checking a JSON document qkinspect reads back (an experiment's runs.json, a sweep's manifest and results) where
 it enters: each value's type and range, with one line naming the file and the key when it is wrong
 (`runs.json: runs[3].dloss is "abc", not a number`). The documents' own rules live beside their readers
-(report/runs_check.py, sweep/verify.py); this is the vocabulary they share.
+(experiment/saved.py, sweep/verify.py); this is the vocabulary they share.
 """
 
 from __future__ import annotations

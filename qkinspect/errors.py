@@ -38,3 +38,9 @@ class SweepFailed(QkinspectError):
     from bad input (2) and an internal error (1): the other checkpoints' results are written and output."""
 
     exit_code = 3
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (whitespace runs as one space), or its type's name when it has none:
+    what a one-line error quotes of a library's exception."""
+    return " ".join(str(e).split()) or type(e).__name__

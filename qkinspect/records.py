@@ -118,10 +118,10 @@ class AnalysisResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict following schema qkinspect/1 (docs/output.md). NaN becomes null."""
-        from qkinspect import __version__
         from qkinspect.metrics.registry import definitions
+        from qkinspect.version import __version__
 
-        return _clean({
+        return json_safe({
             "schema": SCHEMA,
             "tool": {"name": "qkinspect", "version": __version__},
             "model": model_dict(self.model),
@@ -161,6 +161,13 @@ class AnalysisResult:
         return html_table(lambda console: render_analysis(console, self, columns=default_columns(self)))
 
 
+def envelope(kind: str, **fields: Any) -> dict[str, Any]:
+    """The head of every JSON document qkinspect writes: schema, command kind, tool version, then `fields`."""
+    from qkinspect.version import __version__
+
+    return {"schema": SCHEMA, "kind": kind, "tool": {"name": "qkinspect", "version": __version__}, **fields}
+
+
 def model_dict(info: ModelInfo) -> dict[str, Any]:
     d = asdict(info)
     d["blocks"] = [{**asdict(b), "flags": b.flags()} for b in info.blocks]
@@ -177,15 +184,15 @@ def model_info(d: Mapping[str, Any]) -> ModelInfo:
                      blocks=blocks)
 
 
-def _clean(x: Any) -> Any:
+def json_safe(x: Any) -> Any:
     """Make a structure JSON-safe: NaN/inf -> None, numpy scalars -> Python, tuples -> lists."""
     np = sys.modules.get("numpy")  # no numpy values can exist before numpy is imported (`qkinspect info` never does)
     if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
+        return {str(k): json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
+        return [json_safe(v) for v in x]
     if np is not None and isinstance(x, np.ndarray):
-        return _clean(x.tolist())
+        return json_safe(x.tolist())
     if isinstance(x, float) or (np is not None and isinstance(x, np.floating)):
         v = float(x)
         return v if math.isfinite(v) else None

@@ -9,10 +9,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from qkinspect.errors import InputError
+from qkinspect.suggest import did_you_mean
 
 if TYPE_CHECKING:
     from qkinspect.layer import BlockSpec
@@ -77,27 +78,49 @@ def as_indexes(value: str | int | Iterable[int] | None, name: str) -> tuple[int,
     return tuple(sorted({int(i) for i in items}))
 
 
-def select_blocks(info, blocks: str | Iterable[str] | None) -> list[BlockSpec]:
-    """Blocks by key (label or kind) or by kind; InputError naming the model's blocks for an unknown one."""
-    if blocks is None:
-        return list(info.blocks)
-    wanted = [blocks] if isinstance(blocks, str) else list(blocks)
-    known = {b.key for b in info.blocks} | {b.name for b in info.blocks}
-    missing = [w for w in wanted if w not in known]
-    if missing:
-        have = ", ".join(dict.fromkeys(b.key for b in info.blocks))
-        raise InputError(f"blocks={', '.join(missing)}: this model's blocks are {have}")
-    return [b for b in info.blocks if b.key in wanted or b.name in wanted]
+LIBRARY_OPTIONS = ("blocks", "layers", "heads")  # how the library's callers name the selection (its arguments)
 
 
-def check_indexes(what: str, idx: str | int | Iterable[int] | None, sizes: dict[str, int]) -> tuple[int, ...] | None:
-    """Sorted unique indexes ("0-3,7", 3 or [0, 1]); InputError for one no selected block has."""
-    out = as_indexes(idx, what)
-    if out is None:
-        return None
-    top = max(sizes.values(), default=0)
-    bad = [i for i in out if i < 0 or i >= top]
-    if bad:
-        have = ", ".join(f"{k}: {n}" for k, n in sizes.items())
-        raise InputError(f"{what}={', '.join(map(str, bad))} out of range ({what} per block: {have})")
-    return out
+def check_selection(info, blocks: str | Iterable[str] | None, layers: Sequence[int] | None,
+                    heads: Sequence[int] | None = None, *,
+                    options: tuple[str, str, str] = LIBRARY_OPTIONS) -> list[BlockSpec]:
+    """The selected blocks (every block when `blocks` is None; a kind such as "encoder" selects every block of
+    that kind, e.g. CLIP's two towers); InputError for a block, layer or head the model does not have, naming
+    what it has and the option as the caller spells it: `options` are the block, layer and head options' names
+    ("--block", "--layers", "--heads" from the CLI, spectrum's "--layer" and "--head"; by default the library's
+    arguments: "layers=9 is out of range; ..."). The one selection check of qkinspect: the library, every command
+    and the experiment use it.
+
+    Example:
+        >>> [b.key for b in check_selection(model.info, ("encoder",), (0, 1), None)]  # doctest: +SKIP
+        ['encoder']
+    """
+    chosen = list(info.blocks)
+    if blocks:
+        wanted = [blocks] if isinstance(blocks, str) else list(blocks)
+        known = {b.name for b in info.blocks} | {b.key for b in info.blocks}
+        missing = [b for b in wanted if b not in known]
+        if missing:
+            have = ", ".join(dict.fromkeys(b.key for b in info.blocks))
+            hint = did_you_mean(missing[0], known)
+            raise InputError(f"{_said(options[0], ','.join(missing), ' ')}{hint}: this model's blocks are {have}")
+        chosen = [b for b in info.blocks if b.key in wanted or b.name in wanted]
+    _check_range(options[1], layers, {b.key: b.n_layers for b in chosen}, "layers")
+    _check_range(options[2], heads, {b.key: b.n_heads for b in chosen}, "heads")
+    return chosen
+
+
+def _check_range(option: str, wanted: Sequence[int] | None, sizes: dict[str, int], what: str) -> None:
+    if wanted is None:
+        return
+    if not len(wanted):
+        raise InputError(f"{option}: no {what} given (leave the option out for all)")
+    bad = min(wanted) if min(wanted) < 0 else max(wanted)
+    if bad < 0 or bad >= max(sizes.values(), default=0):
+        have = ", ".join(f"{k} has {what} 0-{n - 1}" for k, n in sizes.items())
+        raise InputError(f"{_said(option, bad, ': ')} is out of range; {have}")
+
+
+def _said(option: str, value: object, cli: str) -> str:
+    """`option` with `value`: "--layers: 9" / "--block x" (`cli` joins a CLI option to its value), "layers=9"."""
+    return f"{option}{cli}{value}" if option.startswith("--") else f"{option}={value}"

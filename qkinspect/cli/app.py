@@ -13,10 +13,10 @@ import traceback
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from qkinspect import __version__
 from qkinspect.cli.help_format import clean_usage_error, install
 from qkinspect.errors import QkinspectError
 from qkinspect.files import Terminated
+from qkinspect.version import __version__
 
 try:  # typer >= 0.26 vendors its own click
     from typer._click import exceptions as click_exc

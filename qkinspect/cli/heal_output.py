@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -32,25 +31,14 @@ HealTrackOpt = Annotated[Path | None, typer.Option(
 
 def heal_options(steps: int, train: HealTrain, lr: float, batch_tokens: int, text: Path | None,
                  track: Path | None, seed: int = 0):
-    """The library's HealOptions from the CLI's, or None without --heal."""
+    """The library's HealOptions from the CLI's, or None without --heal (the library checks them, and reads the
+    text once they are)."""
     if not steps:
         return None
-    from qkinspect.experiment.heal import HealOptions
-    from qkinspect.experiment.measure import read_text
+    from qkinspect.experiment.requests import HealOptions
 
-    return HealOptions(steps=steps, train=train.value, lr=lr, batch_tokens=batch_tokens,
-                       text=None if text is None else read_text(text), track=track, seed=seed)
-
-
-def healing_json(healing) -> dict[str, Any] | None:
-    """The `healing` section of the experiment's JSON document."""
-    if healing is None:
-        return None
-    out = asdict(healing)
-    out["runs"] = [{k: v for k, v in r.items() if k != "train_loss"} | {"train_loss": list(r["train_loss"])}
-                   for r in out["runs"]]
-    out["control_train_loss"] = list(healing.control_train_loss)
-    return out
+    return HealOptions(steps=steps, train=train.value, lr=lr, batch_tokens=batch_tokens, text=text, track=track,
+                       seed=seed)
 
 
 def _fmt(v: Any, spec: str) -> str:

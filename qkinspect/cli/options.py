@@ -21,7 +21,6 @@ import typer
 
 from qkinspect.errors import InputError
 from qkinspect.selection import MAX_INDEX, parse_indices  # noqa: F401 (re-exported)
-from qkinspect.suggest import did_you_mean
 
 
 class Format(str, Enum):
@@ -105,14 +104,14 @@ def parse_blocks(values: list[str] | None) -> tuple[str, ...] | None:
 
 
 def check_device(device: Device | str) -> str:
-    """Refuse cuda when no GPU is visible (before any work), with a clear message."""
+    """Refuse cuda when no GPU is visible (before any work), with a clear message (qkinspect.device, in --device's
+    name); torch is imported only when cuda is asked for, so that --help and cpu runs stay light."""
     name = device.value if isinstance(device, Device) else device
-    if name == "cuda":
-        import torch
+    if name == "cpu":
+        return name
+    from qkinspect.device import check_device as check
 
-        if not torch.cuda.is_available():
-            raise InputError("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
-    return name
+    return check(name, "--device")
 
 
 @dataclass(frozen=True)
@@ -164,29 +163,15 @@ class Selection:
 def check_selection(info, blocks: tuple[str, ...] | None, layers: tuple[int, ...] | None,
                     heads: tuple[int, ...] | None = None, *,
                     options: tuple[str, str] = ("--layers", "--heads")) -> tuple[str, ...] | None:
-    """Refuse blocks, layers or heads the model does not have (InputError naming what it has); return the
-    selected blocks' keys (a kind such as "encoder" selects every block of that kind, e.g. CLIP's two towers).
-    `options` name the layer and head options in errors (spectrum's are --layer and --head).
+    """The library's selection check (qkinspect.selection.check_selection) in the CLI's option names; returns the
+    selected blocks' keys, or None when no --block was given. `options` name the layer and head options in errors
+    (spectrum's are --layer and --head).
 
     Example:
-        >>> check_selection(model.info, ("encoder",), (0, 1), None)
+        >>> check_selection(model.info, ("encoder",), (0, 1), None)  # doctest: +SKIP
         ('encoder',)
     """
-    chosen = list(info.blocks)
-    if blocks:
-        chosen = [b for b in info.blocks if b.key in blocks or b.name in blocks]
-        known = {b.name for b in info.blocks} | {b.key for b in info.blocks}
-        missing = [b for b in blocks if b not in known]
-        if missing:
-            have = ", ".join(dict.fromkeys(b.key for b in info.blocks))
-            hint = did_you_mean(missing[0], known)
-            raise InputError(f"--block {','.join(missing)}{hint}: this model's blocks are {have}")
-    _check_range(options[0], layers, {b.key: b.n_layers for b in chosen}, "layers")
-    _check_range(options[1], heads, {b.key: b.n_heads for b in chosen}, "heads")
+    from qkinspect.selection import check_selection as check
+
+    chosen = check(info, blocks, layers, heads, options=("--block", *options))
     return tuple(b.key for b in chosen) if blocks else None
-
-
-def _check_range(option: str, wanted: tuple[int, ...] | None, sizes: dict[str, int], what: str) -> None:
-    if wanted and max(wanted) >= max(sizes.values()):
-        have = ", ".join(f"{k} has {what} 0-{n - 1}" for k, n in sizes.items())
-        raise InputError(f"{option}: {max(wanted)} is out of range; {have}")

@@ -77,14 +77,6 @@ def check_output(fmt: str | Enum | None, output: Path | None) -> None:
         check_writable(output)
 
 
-def envelope(kind: str, **fields: Any) -> dict[str, Any]:
-    """The head of every JSON document the CLI writes: schema, command kind, tool version, then `fields`."""
-    from qkinspect import __version__
-    from qkinspect.records import SCHEMA
-
-    return {"schema": SCHEMA, "kind": kind, "tool": {"name": "qkinspect", "version": __version__}, **fields}
-
-
 # -- serialisers -----------------------------------------------------------------------------------------------
 
 def jsonable(x: Any) -> Any:

@@ -32,15 +32,15 @@ def run_analysis(model, selection: Selection, *, revision: str | None = None, **
 
 
 def _analyze_opened(m, selection: Selection, options: dict[str, Any]):
-    import qkinspect
-
     kwargs = selection.kwargs()
     kwargs["blocks"] = check_selection(m.info, selection.blocks, selection.layers, selection.heads)
     chosen = [b for b in m.info.blocks if kwargs["blocks"] is None or b.key in kwargs["blocks"]]
     if selection.fold_qk_norm and not any(b.qk_norm for b in chosen):
         raise InputError("--fold-qk-norm: the selected blocks have no q/k norm")
+    from qkinspect import analysis  # torch: only once the selection is checked (the module, not the package face)
+
     with progress("analysing heads") as p:
-        result = qkinspect.analyze(m, progress=p, **kwargs, **options)
+        result = analysis.analyze(m, progress=p, **kwargs, **options)
     for w in result.warnings:
         warn(w)
     if result.processing.recomputed_float64:  # information, asking nothing: one note (JSON: processing)

@@ -18,6 +18,9 @@ the text; the standard error `se` is that of the Monte-Carlo curvature term over
 Drift (encoders without a head) is 0 with zero gradient at the clean model; its second-order term is
 (1/2N) Σ_t |P_t J_t Δo|² / |h_t|² (P_t: the projection orthogonal to the final hidden state h_t), estimated with
 Gaussian probes: G_k = ∂/∂o Σ_t ξ_tk · h_t / |h_t|, ξ ~ N(0, I).
+
+The verified heads (`choose`) are run exactly by `qkinspect.experiment.exact`, as `run_experiment` runs every head
+without an estimate; their agreement with the estimate is Spearman's ρ (`qkinspect.experiment.results`).
 """
 
 from __future__ import annotations
@@ -33,9 +36,12 @@ import torch
 from torch import Tensor, nn
 
 from qkinspect.errors import UnsupportedModelError
-from qkinspect.experiment.edits import Edit, apply_edit
-from qkinspect.experiment.hf import DRIFT, HFModel, written
-from qkinspect.experiment.measure import Scorer, _Cached, logits_and_targets
+from qkinspect.experiment.edits.apply import Edit, apply_edit
+from qkinspect.experiment.exact import make_units, run_unit
+from qkinspect.experiment.model.runtime import DRIFT, HFModel
+from qkinspect.experiment.model.scoring import CachedStates, Scorer, logits_and_targets
+from qkinspect.experiment.model.writeback import written
+from qkinspect.experiment.results import Agreement, Estimate, Run, spearman
 from qkinspect.layer import AttentionLayer
 from qkinspect.progress import phase
 
@@ -119,7 +125,7 @@ def _from_layer(hf: HFModel, states: Tensor | None, start: int, as_tuple: bool) 
     saved = [layers[k] for k in range(start)]
     try:
         for k in range(start):
-            layers[k] = _Cached(states, as_tuple)
+            layers[k] = CachedStates(states, as_tuple)
         yield
     finally:
         for k, m in enumerate(saved):
@@ -349,22 +355,11 @@ def choose(found: list[HeadEstimate], n: int, seed: int = 0) -> tuple[list[HeadE
     return sorted(picked.values(), key=lambda x: (x.layer, x.head)), {(x.layer, x.head) for x in sample}
 
 
-def spearman(x: list[float], y: list[float]) -> float | None:
-    """Spearman's rank correlation; None with fewer than 3 points or a constant side."""
-    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
-        return None
-    from scipy.stats import spearmanr
-
-    return float(spearmanr(x, y).statistic)
-
-
 def estimated_runs(scorer: Scorer, originals: dict[int, AttentionLayer], heads: list[int], edits: list[Edit],
                    base: float, *, rotary: str, probes: int, verify: int, seed: int,
                    progress: Callable[..., None] | None = None):
     """run_experiment's --estimate: a Run per (layer, head, edit) holding the estimate, exact where verified."""
     import time
-
-    from qkinspect.experiment.run import Agreement, Estimate, Run, make_units, run_unit
 
     n_verify = min(verify, len(originals) * len(heads)) * len(edits)
     t0 = time.perf_counter()

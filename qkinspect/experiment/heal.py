@@ -2,7 +2,7 @@
 (docs/training.md, "Healing").
 
 For each run (unit x edit) of an experiment: a float32 copy of the model gets the edit written into its layers
-and kept as a parametrisation (qkinspect.experiment.heal_form), then trains `steps` optimizer steps (AdamW) on
+and kept as a parametrisation (qkinspect.experiment.edits.parametrised), then trains `steps` optimizer steps (AdamW) on
 windows of training text that share no token with the scored windows; the control, an unedited copy with the same
 parameters trainable, trains on the same batches in the same order from the same seed. Both are scored on the
 experiment's scored windows; the healed cost of the edit is loss(edited, healed) - loss(control, healed), paired
@@ -16,10 +16,8 @@ layers); "all", every parameter. The copies are the model's own classes; the use
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,85 +25,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkinspect.errors import InputError
-from qkinspect.experiment.edits import Edit, apply_edit
-from qkinspect.experiment.heal_form import EditForm, canonical_from, module_maps, parametrise
-from qkinspect.experiment.hf import CAUSAL, MASKED, HFModel, write_layer
-from qkinspect.experiment.measure import Scorer, Text, windows
+from qkinspect.experiment.edits.apply import Edit, apply_edit
+from qkinspect.experiment.edits.parametrised import EditForm, canonical_from, parametrise
+from qkinspect.experiment.model.runtime import CAUSAL, MASKED, HFModel
+from qkinspect.experiment.model.scoring import Scorer, Text, windows
+from qkinspect.experiment.model.writeback import module_maps, write_layer
+from qkinspect.experiment.requests import TRAINED, HealOptions
+from qkinspect.experiment.results import HealedRun, Healing
 from qkinspect.progress import phase
-
-TRAIN = ("attention", "all")
-TRAINED = {"attention": "the attention projections (q, k, v, o) of every layer", "all": "every parameter"}
-
-
-@dataclass(frozen=True)
-class HealOptions:
-    """How to heal: `steps` AdamW steps at `lr` (constant, no weight decay) on batches of about `batch_tokens`
-    tokens of `text` (None: the scored text after the scored tokens), training `train` ("attention" or "all").
-    `track`: a folder for the metric trajectories during healing (one sweep folder per run), measured every
-    `track_every` steps."""
-
-    steps: int
-    train: str = "attention"
-    lr: float = 1e-4
-    text: Text | None = None
-    batch_tokens: int = 1024
-    track: Path | None = None
-    track_every: int = 10
-    seed: int = 0
-
-    def check(self) -> None:
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise InputError(f"--heal {self.steps!r}: the number of fine-tuning steps must be at least 1")
-        if self.train not in TRAIN:
-            raise InputError(f"--heal-train {self.train!r}: expected one of {', '.join(TRAIN)}")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise InputError(f"--heal-lr {self.lr!r}: the learning rate must be a positive number")
-        if self.batch_tokens < 2 or self.track_every < 1:
-            raise InputError("--heal-batch must be at least 2 and the tracking interval at least 1")
-
-
-@dataclass(frozen=True)
-class HealedRun:
-    """One edit on one unit after healing, against the healed control."""
-
-    edit: str
-    scope: str
-    layer: int | None
-    head: int | None
-    heads: int
-    loss: float  # the edited model after healing, on the scored windows
-    control_loss: float  # the control after healing, on the same windows
-    diff: float  # loss - control_loss: the edit's cost after healing
-    se: float | None  # standard error of diff (paired by token, spread between windows); None with one window
-    unhealed: float | None  # the edit's Δloss before healing (the exact run), for comparison
-    recovered: float | None  # 1 - diff / unhealed: the share of the cost healing won back (control subtracted)
-    violation: float  # the largest departure from the edit's set seen at any step (0 up to float rounding)
-    train_loss: tuple[float, ...]  # training loss per step
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Healing:
-    """The control and every healed run, and how they were trained."""
-
-    steps: int
-    train: str
-    trained: str  # what `train` means, in words
-    trained_parameters: int  # parameters the control trained
-    parameters: int  # the model's parameters
-    lr: float
-    text: str
-    train_tokens: int  # distinct training tokens (windows x window)
-    batch_windows: int
-    epochs: float  # how many times the training windows were gone through
-    control_loss: float
-    control_gain: float  # control_loss - baseline (negative: fine-tuning alone lowered the loss)
-    control_train_loss: tuple[float, ...]
-    runs: tuple[HealedRun, ...]
-    seconds: float
-    tracks: dict[str, str] = field(default_factory=dict)  # run name -> its sweep folder
-    notes: tuple[str, ...] = ()
-
 
 Unit = list[tuple[int, list[int]]]
 
@@ -113,9 +40,8 @@ Unit = list[tuple[int, list[int]]]
 def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: int, units: Sequence[Unit],
               edits: Sequence[Edit], scope: str, rotary: str, exact: dict[tuple, float], baseline: float,
               opts: HealOptions, progress: Callable[..., None] | None = None) -> Healing:
-    """Heal every (unit, edit) and the control; `exact` maps (edit, layer, head) to the unhealed Δloss."""
-    opts.check()
-    check_healable(hf, rotary)
+    """Heal every (unit, edit) and the control; `exact` maps (edit, layer, head) to the unhealed Δloss. The caller
+    has checked the request (requests.check_request) and the model (check_healable)."""
     t0 = time.perf_counter()
     batches, n_train, per, train_text = _train_batches(hf, source, tokens, window, opts)
     notes: list[str] = []
@@ -157,13 +83,12 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
         seconds=time.perf_counter() - t0, tracks=tracks, notes=tuple(dict.fromkeys(notes)))
 
 
-def check_healable(hf: HFModel, rotary: str) -> None:
-    """InputError (before any run) where healing cannot train: no LM head, or edits outside the rotary gauge."""
+def check_healable(hf: HFModel) -> None:
+    """InputError (before any run) where the loaded model cannot be healed: no LM head (the rest of a heal request,
+    the rotary gauge included, is checked before loading: qkinspect.experiment.requests)."""
     if hf.kind not in (CAUSAL, MASKED):
         raise InputError("--heal trains on the model's own loss: it needs a causal or masked LM head (this model is "
                          "measured by drift)")
-    if rotary != "gauge":
-        raise InputError("--heal keeps edits in the rotary gauge; use --rotary gauge")
 
 
 def _run_name(edit: Edit, unit: Unit, scope: str) -> str:

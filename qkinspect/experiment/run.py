@@ -7,110 +7,22 @@ it come from one unedited pass) and restored exactly before the next run.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from qkinspect.errors import CheckpointError, InputError, UnsupportedModelError
-from qkinspect.experiment.amounts import check_amounts, check_estimate
-from qkinspect.experiment.edits import PREDICTORS, Edit, apply_edit, parse_edit
-from qkinspect.experiment.heal import Healing, HealOptions, check_healable, heal_runs
-from qkinspect.experiment.hf import load_hf, written
-from qkinspect.experiment.hf_guard import boundary, check_token_ids
-from qkinspect.experiment.in_memory import hf_in_memory, keeps_mode
-from qkinspect.experiment.measure import Scorer, Text, default_text, read_text, windows
-from qkinspect.layer import AttentionLayer, ModelInfo
-from qkinspect.notebook import Tabular
+from qkinspect.experiment.edits.names import Edit
+from qkinspect.experiment.requests import LIBRARY_NAMES, HealOptions, Names, Request, check_model, check_request
+from qkinspect.experiment.results import ExperimentResult, Run, beyond_error
+
+if TYPE_CHECKING:
+    from qkinspect.experiment.model.scoring import Text
 from qkinspect.progress import phase
 
-SCOPES = ("head", "layer", "model")
 REFERENCE = Edit("ablate")
-# A difference is "beyond its error" when it is at least this many standard errors from 0 (about 95 %, two-sided).
-SIGNIFICANT = 2.0
-# Per-head claims need about a thousand scored tokens (docs/experiments.md, "Error bars"): 1024 tokens in windows of
-# 256 score 1020 predictions.
-MIN_SCORED = 1000
 VERIFY = 12  # --estimate: heads per edit run exactly to check it, unless --verify says otherwise
 
 
-@dataclass(frozen=True)
-class Run:
-    """One edited model and its loss. `layer`/`head` are None where the scope covers more than one."""
-
-    edit: str
-    scope: str
-    layer: int | None
-    head: int | None
-    heads: int  # how many heads the run edited
-    loss: float | None  # None: not run exactly (an estimated head that was not verified)
-    dloss: float | None  # loss - baseline
-    # dloss / dloss of `ablate` on the same heads; None without that run, or when ablating does not cost loss
-    # beyond its error (dloss(ablate) <= SIGNIFICANT standard errors)
-    ratio: float | None
-    predicted: float | None  # the weight-space figure PREDICTORS[edit] (mean over the edited heads)
-    offset0: bool  # a rotary edit that is exact at offset 0 only
-    seconds: float  # the whole run: edit, write-back, forward from the first edited layer
-    forward_seconds: float  # the forward alone
-    dloss_se: float | None = None  # the standard error of dloss (paired with the baseline, block-clustered)
-    # --estimate (qkinspect.experiment.estimate): the estimated dloss, its Monte-Carlo standard error, how far the
-    # edit moves the head's output (|Δo_h| / |o_h|) and whether that makes the estimate unreliable
-    dloss_estimate: float | None = None
-    dloss_estimate_se: float | None = None
-    moved: float | None = None
-    unreliable: bool | None = None
-
-
-@dataclass(frozen=True)
-class ExperimentResult(Tabular):
-    """Everything an experiment measured; `runs` in the order they ran (unit by unit, edit by edit). In a notebook
-    it shows `qkinspect experiment`'s table; `to_pandas()` is a row per run (qkinspect.notebook)."""
-
-    model: ModelInfo
-    measure: str  # "causal", "masked" or "drift" (MEASURES names them)
-    text: str
-    tokens: int  # tokens fed to the model per pass
-    scored: int  # predictions (causal), masked tokens (masked) or tokens (drift) per pass
-    windows: int
-    window: int
-    baseline: float
-    runs: tuple[Run, ...]
-    rotary: str
-    baseline_seconds: float
-    seconds: float  # all edit runs together
-    predictors: dict[str, str] = field(default_factory=dict)
-    healing: Healing | None = None  # with heal=: the edits after fine-tuning, against a control (experiment.heal)
-    estimate: Estimate | None = None  # --estimate: how it was made and how well it agreed with the exact runs
-
-    def table_document(self):
-        """`qkinspect experiment`'s document of this result (its CSV rows and its table)."""
-        from qkinspect.cli.commands.experiment import experiment_document
-
-        return experiment_document(self)
-
-
-@dataclass(frozen=True)
-class Agreement:
-    """How an edit's estimate agreed with its exact runs on the verified heads: Spearman's ρ over all of them
-    (chosen to include the extremes, which makes ρ look better than over typical heads) and over the random part
-    of the sample alone (None with fewer than 3 heads or a constant side)."""
-
-    edit: str
-    verified: int
-    rho: float | None
-    sampled: int
-    rho_sampled: float | None
-
-
-@dataclass(frozen=True)
-class Estimate:
-    probes: int
-    seconds: float  # the estimate of every head and edit (edits, reruns, backward passes)
-    verify_seconds: float  # the exact runs of the verified heads
-    agreement: tuple[Agreement, ...]
-
-
-@keeps_mode
 def run_experiment(
     model: str | Path | None = None,
     edits: str | Sequence[str] = "share_qk",
@@ -133,6 +45,7 @@ def run_experiment(
     estimate: bool = False,
     probes: int | None = None,
     verify: int | None = None,
+    names: Names = LIBRARY_NAMES,
 ) -> ExperimentResult:
     """Edit heads of `model` and measure the loss on text, one run per (unit, edit).
 
@@ -164,6 +77,11 @@ def run_experiment(
         verify: with `estimate`, run this many heads per edit exactly (the predicted cheapest and costliest, the
             flagged, and a random sample) and report the rank agreement (`ExperimentResult.estimate.agreement`);
             None: VERIFY with `estimate`; 0 checks nothing.
+        names: how errors name the options (`qkinspect.experiment.requests`): these arguments' names by default;
+            the CLI passes its own.
+
+    Every option is checked before anything is loaded, and the selection and the edits against the model's
+    description (its config) before its weights are read.
 
     Returns:
         ExperimentResult.
@@ -175,27 +93,41 @@ def run_experiment(
         >>> r = run_experiment("SmolLM2.gguf", "share_qk", layers=[3], tokens=512)  # doctest: +SKIP
         >>> [(x.head, round(x.dloss, 3)) for x in r.runs if x.edit == "share_qk"]  # doctest: +SKIP
     """
-    chosen = _parse_edits(edits)
-    if scope not in SCOPES:
-        raise InputError(f"--scope {scope!r}: expected one of {', '.join(SCOPES)}")
-    if rotary not in ("gauge", "offset0"):
-        raise InputError(f"--rotary {rotary!r}: expected gauge or offset0")
-    check_amounts(tokens, window)
-    check_estimate(scope, estimate, probes, verify)
-    verify = (VERIFY if estimate else 0) if verify is None else verify
-    from qkinspect.analysis import _check_device
+    request = check_request(edits, scope=scope, rotary=rotary, tokens=tokens, window=window, estimate=estimate,
+                            probes=probes, verify=verify, heal=heal, device=device, seed=seed,
+                            default_verify=VERIFY, names=names)
+    from qkinspect.experiment.model.in_memory import eval_mode  # torch: only once the request is checked
 
-    device = None if device is None else _check_device(device)
+    with eval_mode(model):  # a model in memory runs in eval mode and gets its modules' training flags back
+        return _run(model, request, scope=scope, layers=layers, heads=heads, text=text, tokens=tokens,
+                    window=window, reference=reference, rotary=rotary, tokenizer=tokenizer, revision=revision,
+                    batch_tokens=batch_tokens, seed=seed, progress=progress, estimate=estimate, probes=probes,
+                    names=names)
+
+
+def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: int, window: int, reference: bool,
+         rotary: str, tokenizer, revision, batch_tokens: int, seed: int, progress, estimate: bool,
+         probes: int | None, names: Names) -> ExperimentResult:
+    """run_experiment once its request is checked."""
+    import time
+    from dataclasses import replace
+
+    from qkinspect.errors import CheckpointError
+    from qkinspect.experiment.edits.apply import PREDICTORS
+    from qkinspect.experiment.exact import first_layer, make_units, run_unit
+    from qkinspect.experiment.heal import check_healable, heal_runs
+    from qkinspect.experiment.model.guard import boundary, check_token_ids
+    from qkinspect.experiment.model.scoring import Scorer, Text, default_text, read_text, windows
+
+    chosen, verify, device, opts = list(request.edits), request.verify, request.device, request.heal
     source = text if isinstance(text, Text) else default_text() if text is None else read_text(text, tokens)
-    opts = heal if isinstance(heal, HealOptions) or not heal else HealOptions(steps=heal, seed=seed)
-    if opts:
-        opts.check()  # before any work
-        if estimate:
-            raise InputError("--heal runs every edit exactly: it cannot be combined with --estimate")
+    if opts and opts.text is not None and not isinstance(opts.text, Text):
+        opts = replace(opts, text=read_text(opts.text))
     phase(progress, "loading the model")
-    info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device)
+    info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device, edits=chosen,
+                                          names=names)
     if opts:
-        check_healable(hf, rotary)
+        check_healable(hf)
     spec = info.blocks[0]
     head_list = list(heads) if heads is not None else list(range(spec.n_heads))
     with boundary(hf.tokenizer_source, f"the tokenizer cannot read {source.name}", native=True):
@@ -212,10 +144,10 @@ def run_experiment(
     with boundary(info.source, "transformers cannot run the model"):  # the unedited pass: the checkpoint's own
         scorer = Scorer(hf, ids, batch_tokens=batch_tokens, seed=seed)
         t0 = time.perf_counter()
-        base = scorer.baseline(cache={_start(unit) for unit in units}, progress=progress)
+        base = scorer.baseline(cache={first_layer(unit) for unit in units}, progress=progress)
         t_base = time.perf_counter() - t0
     if estimate:
-        from qkinspect.experiment import estimate as est
+        from qkinspect.experiment import estimate as est  # torch's autograd: only with --estimate
 
         runs_e, summary = est.estimated_runs(scorer, originals, head_list, runs_edits, base, rotary=rotary,
                                              probes=probes or est.PROBES, verify=verify, seed=seed,
@@ -232,7 +164,7 @@ def run_experiment(
             runs.append(run_unit(scorer, hf, originals, unit, edit, scope, base, rotary))
             tick(len(runs), status=str(edit))
     healing = None
-    if heal:
+    if opts:
         exact = {(r.edit, r.layer, r.head): r.dloss for r in runs}
         healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts,
                             progress=progress)
@@ -243,28 +175,20 @@ def run_experiment(
         predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, healing=healing)
 
 
-def _parse_edits(edits: str | Sequence[str]) -> list[Edit]:
-    texts = edits.split(",") if isinstance(edits, str) else list(edits)
-    out = list(dict.fromkeys(parse_edit(t) for t in texts if t.strip()))
-    if not out:
-        raise InputError("--edit: name at least one edit")
-    return out
-
-
-def open_experiment(model, revision, layers, heads, tokenizer, device: str | None = None):
+def open_experiment(model, revision, layers, heads, tokenizer, device: str | None = None, edits: Sequence[Edit] = (),
+                    names: Names = LIBRARY_NAMES):
     """The model's identity, its chosen layers in the canonical layout (qkinspect's loader), and the transformers
-    model (the same files, through transformers' own classes)."""
+    model (the same files, through transformers' own classes). The selection and `edits` are checked against the
+    model's description (`requests.check_model`) before any weight is read."""
+    from qkinspect.errors import UnsupportedModelError
+    from qkinspect.experiment.model.in_memory import hf_in_memory
+    from qkinspect.experiment.model.runtime import load_hf
     from qkinspect.loading import open_model
 
     with open_model(model, revision=revision) as m:
         info = m.info
-        if len(info.blocks) != 1 or info.blocks[0].name not in ("encoder", "decoder"):
-            keys = ", ".join(b.key for b in info.blocks)
-            raise UnsupportedModelError(f"{info.source}: experiment runs models with one self-attention block; "
-                                        f"this one has {keys}")
+        check_model(info, edits, layers, heads, names)
         spec = info.blocks[0]
-        _check_range("layers", layers, spec.n_layers)
-        _check_range("heads", heads, spec.n_heads)
         wanted = sorted(set(layers)) if layers is not None else list(range(spec.n_layers))
         originals = {i: m.layer(spec.key, i) for i in wanted}
         if m.info.format == "memory":
@@ -286,54 +210,10 @@ def _check_in_place(hf, device: str | None) -> None:
     here = next(hf.model.parameters()).device
     want = None if device is None else torch.device(device)
     if want is not None and (want.type != here.type or (want.index is not None and want.index != here.index)):
+        from qkinspect.errors import InputError
+
         raise InputError(f"device={device!r}: this model in memory is on {here}, and it runs where it is "
                          f"(move it first: model.to({device!r}))")
-
-
-def _check_range(what: str, wanted: Sequence[int] | None, n: int) -> None:
-    if wanted is not None and (not list(wanted) or min(wanted) < 0 or max(wanted) >= n):
-        raise InputError(f"--{what} {','.join(map(str, wanted))}: this model has {what} 0-{n - 1}")
-
-
-Unit = list[tuple[int, list[int]]]  # (layer, heads) pairs edited together in one run
-
-
-def make_units(scope: str, layers: list[int], heads: list[int]) -> list[Unit]:
-    if scope == "head":
-        return [[(i, [h])] for i in layers for h in heads]
-    if scope == "layer":
-        return [[(i, heads)] for i in layers]
-    return [[(i, heads) for i in layers]]
-
-
-def _start(unit: Unit) -> int:
-    """The first layer a unit edits: the run starts there."""
-    return min(i for i, _ in unit)
-
-
-def run_unit(scorer: Scorer, hf, originals: dict[int, AttentionLayer], unit: Unit, edit: Edit, scope: str,
-             base: float, rotary: str, start: int | None = None) -> Run:
-    """Edit `unit`, run the model from its first edited layer (or from `start`: 0 runs everything, as a naive
-    loop would), restore it, and record the run."""
-    t0 = time.perf_counter()
-    results = [apply_edit(originals[i], edit, hs, rotary=rotary) for i, hs in unit]  # type: ignore[arg-type]
-    with written(hf, [r.layer for r in results]):
-        t1 = time.perf_counter()
-        loss = scorer.score(start=_start(unit) if start is None else start)
-        t_forward = time.perf_counter() - t1
-    figures = [v for r in results for v in r.predicted.values()]
-    return Run(
-        edit=str(edit), scope=scope, layer=unit[0][0] if scope != "model" else None,
-        head=unit[0][1][0] if scope == "head" else None,
-        heads=len(figures), loss=loss, dloss=loss - base, ratio=None,
-        predicted=sum(figures) / len(figures) if figures else None,
-        offset0=any(r.offset0_only for r in results), seconds=time.perf_counter() - t0,
-        forward_seconds=t_forward, dloss_se=scorer.paired_se())
-
-
-def beyond_error(dloss: float | None, se: float | None) -> bool:
-    """Whether `dloss` is further than SIGNIFICANT standard errors from 0 (False without a standard error)."""
-    return dloss is not None and se is not None and abs(dloss) > SIGNIFICANT * se
 
 
 def _with_ratios(runs: list[Run]) -> list[Run]:

@@ -62,11 +62,11 @@ def load(spec: str | Path | Any = None, *, layers: str | int | Iterable[int] | N
         >>> for layer in load("path/to/bert", layers="0-1"):  # doctest: +SKIP
         ...     print(layer.layer, layer.W_K.shape)
     """
-    from qkinspect.selection import check_indexes, select_blocks
+    from qkinspect.selection import as_indexes, check_selection
 
     with open_model(spec, **kwargs) as m:
-        chosen = select_blocks(m.info, blocks)
-        wanted = check_indexes("layers", layers, {b.key: b.n_layers for b in chosen})
+        wanted = as_indexes(layers, "layers")
+        chosen = check_selection(m.info, blocks, wanted)
         yield from m.layers([b.key for b in chosen], wanted, prefetch=prefetch)
 
 

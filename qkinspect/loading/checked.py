@@ -14,14 +14,13 @@ key instead of failing later as an internal error:
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import CheckpointError
-from qkinspect.reading import MAX_JSON_BYTES, depth, read_bytes
+from qkinspect.reading import MAX_JSON_BYTES, depth, os_reason, read_bytes
 
 # Counts a config may hold (any family, any nesting level): integers >= 1. Those in NULLABLE may also be null,
 # which the config classes read as "use the default" (e.g. num_key_value_heads = num_attention_heads).
@@ -42,13 +41,6 @@ MAX_DEPTH = 64  # nesting a config or index may have (real ones have 3 or 4 leve
 # 8 bytes a layer), so a count of 2**40 would exhaust memory before any tensor is looked at; real models have at most
 # thousands of layers and tens of thousands of channels.
 MAX_COUNT = 1 << 20
-
-
-def os_reason(e: OSError) -> str:
-    """The plain reason for an OSError: "Permission denied", "No such file or directory", "is a folder" ..."""
-    if isinstance(e, IsADirectoryError) or e.errno == errno.EISDIR:
-        return "is a folder, not a file"
-    return e.strerror or str(e) or type(e).__name__
 
 
 def read_text(path: Path) -> str:

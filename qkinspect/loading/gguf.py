@@ -21,10 +21,11 @@ does not take the vocabulary apart (`qkinspect.loading.gguf_reader`).
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qkinspect.errors import CheckpointError, UnsupportedModelError
+from qkinspect.errors import CheckpointError, UnsupportedModelError, one_line
 from qkinspect.loading.checked import check_counts, positive_int
 from qkinspect.loading.gguf_arch import ARCHES, Layout, Meta, layer_names
 from qkinspect.loading.source import TensorSource
@@ -93,6 +94,7 @@ class GGUFSource(TensorSource):
         names = layer_names(layout, config)
         self._tensors = {hf: t for t in reader.tensors if (hf := hf_name(t.name, layout, names)) is not None}
         self._role = {hf: t.name.split(".")[2] for hf, t in self._tensors.items()}
+        self._tensors.update(vocab_tensors(reader.tensors, layout))  # no role: read as stored (norm + 1 undone)
         self._split = split_kv_b(reader.tensors, layout, path) if layout.mla else {}
         self._mla_widths = (int(config.get("qk_nope_head_dim", 0)), int(config.get("v_head_dim", 0)))
         H = int(config.get("num_attention_heads", config.get("n_head", 0)))
@@ -144,7 +146,7 @@ class GGUFSource(TensorSource):
             w = torch.from_numpy(np.array(data, dtype=np.float32))  # a copy: never a view of the file mapping
             return w.reshape(_shape(t))
         except Exception as e:
-            raise CheckpointError(f"{self.path}: cannot read tensor {t.name!r} ({_one_line(e)})") from None
+            raise CheckpointError(f"{self.path}: cannot read tensor {t.name!r} ({one_line(e)})") from None
 
     def _split_dims(self, stored_name: str) -> tuple[int, int, int, int]:
         """(H, r, dn, dv) of a split kv_b: attn_k_b is (H, r, dn) in numpy order (each head's k_nope block
@@ -159,7 +161,7 @@ class GGUFSource(TensorSource):
 
     def _as_hf(self, stored_name: str, w: Tensor) -> Tensor:
         """Undo what llama.cpp's converter did to this tensor (see qkinspect.loading.gguf_arch)."""
-        role, (H, G), lay = self._role[stored_name], self._heads, self.layout
+        role, (H, G), lay = self._role.get(stored_name), self._heads, self.layout
         if lay.permuted_qk and role in ("attn_q", "attn_k"):
             w = unpermute_rows(w, H if role == "attn_q" else G)  # K is permuted with the KV-head count
         if lay.norm_plus_one and stored_name.endswith("norm.weight"):
@@ -171,20 +173,55 @@ class GGUFSource(TensorSource):
         return w
 
     def _transposed(self, stored_name: str, ndim: int) -> bool:
-        return self.layout.qkv == "transposed" and ndim == 2 and self._role[stored_name] in ("attn_qkv",
-                                                                                             "attn_output")
+        return self.layout.qkv == "transposed" and ndim == 2 and self._role.get(stored_name) in ("attn_qkv",
+                                                                                                 "attn_output")
 
     def metadata(self, key: str) -> str | None:
         """A string metadata field (e.g. ``general.name``), or None when absent or not text."""
         try:
-            value = _field(self._reader, key, self.path, None) if self._reader is not None else None
+            value = gguf_field(self._reader, key, self.path, None) if self._reader is not None else None
         except CheckpointError:  # an unreadable name is no reason to refuse the weights
             return None
         return " ".join(value.split()) or None if isinstance(value, str) else None
 
+    def vocabulary(self, limit: int) -> tuple[list[str], str | None] | None:
+        """The tokens of ``tokenizer.ggml.tokens`` (at most `limit`) and ``tokenizer.ggml.model`` ("gpt2": byte-level
+        BPE, "llama": SentencePiece ...); None when the file has no token list."""
+        from qkinspect.loading.gguf_reader import string_array
+
+        field = None if self._reader is None else self._reader.fields.get("tokenizer.ggml.tokens")
+        if field is None:
+            return None
+        try:
+            tokens = string_array(self._reader, field, limit)
+        except (ValueError, IndexError, struct.error) as e:
+            raise CheckpointError(f"{self.path}: GGUF metadata 'tokenizer.ggml.tokens' is unreadable "
+                                  f"({one_line(e)})") from None
+        model = gguf_field(self._reader, "tokenizer.ggml.model", self.path, None)
+        return tokens, model if isinstance(model, str) else None
+
     def close(self) -> None:
         self._tensors, self._split = {}, {}
         self._reader = None
+
+
+def vocab_tensors(tensors: Any, layout: Layout) -> dict[str, Any]:
+    """The token embedding, the output (unembedding) and the final norm under the Hugging Face names of
+    `qkinspect.loading.vocab_names` (with the base-model prefix the layout's layer names carry); {} for a family
+    whose names are not mapped."""
+    from qkinspect.loading.vocab_names import GGUF_ROLES, VOCAB
+
+    names = VOCAB.get(layout.model_type)
+    if names is None:
+        return {}
+    base = layout.prefix.rsplit(".", 1)[0] + "." if "." in layout.prefix else ""
+    out = {}
+    for t in tensors:
+        field_name = GGUF_ROLES.get(t.name)
+        hf = None if field_name is None else getattr(names, field_name)
+        if hf is not None:
+            out[hf if field_name == "unembed" else base + hf] = t
+    return out
 
 
 def split_kv_b(tensors: Any, layout: Layout, path: Path) -> dict[str, tuple[Any, Any]]:
@@ -232,8 +269,8 @@ def open_gguf(path: Path) -> tuple[Any, GGUFSource]:
         CheckpointError: the file is corrupt or truncated, or its metadata lacks a required key.
         UnsupportedModelError: its ``general.architecture`` has no mapping here.
     """
-    reader = _reader(path)
-    arch = str(_field(reader, "general.architecture", path))
+    reader = gguf_file_reader(path)
+    arch = str(gguf_field(reader, "general.architecture", path))
     if arch not in ARCHES:
         raise UnsupportedModelError(
             f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(ARCHES))}"
@@ -253,7 +290,7 @@ def gguf_config_dict(reader: Any, arch: str, path: Path) -> dict[str, Any]:
     layout = ARCHES[arch]
 
     def read(key: str, default: Any, per_layer: bool) -> Any:
-        value = _field(reader, key, path, _REQUIRED if default is ... else default)
+        value = gguf_field(reader, key, path, _REQUIRED if default is ... else default)
         if key.endswith(_COUNTS) and value is not default:  # metadata enters here: whole numbers, 1 to MAX_COUNT
             for v in value if isinstance(value, list) else [value]:
                 positive_int(v, path, key)
@@ -263,9 +300,9 @@ def gguf_config_dict(reader: Any, arch: str, path: Path) -> dict[str, Any]:
     try:
         data = layout.config(meta)
     except (TypeError, ValueError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: GGUF metadata for {arch!r} is invalid ({_one_line(e)})") from None
+        raise CheckpointError(f"{path}: GGUF metadata for {arch!r} is invalid ({one_line(e)})") from None
     except UnsupportedModelError as e:  # a form qkinspect does not read (said without the path)
-        raise UnsupportedModelError(f"{path}: GGUF {arch!r}: {_one_line(e)}") from None
+        raise UnsupportedModelError(f"{path}: GGUF {arch!r}: {one_line(e)}") from None
     data = {"model_type": layout.model_type, "architectures": [layout.architecture], **data}
     check_counts(data, path)  # what the counts imply together (key/value heads dividing the query heads)
     return data
@@ -290,12 +327,13 @@ def light_config(data: dict[str, Any], path: Path) -> Any:
                 return AutoConfig.for_model(data["model_type"], **{k: v for k, v in data.items() if k != "model_type"})
         except Exception as e:
             raise CheckpointError(f"{path}: transformers cannot build a config from this GGUF metadata "
-                                  f"({_one_line(e)})") from None
+                                  f"({one_line(e)})") from None
 
     return LightConfig(data, data["model_type"], real)
 
 
-def _reader(path: Path) -> Any:
+def gguf_file_reader(path: Path) -> Any:
+    """The file's GGUF reader (metadata and tensor index, arrays read lazily)."""
     from qkinspect.loading.gguf_reader import LazyArrayReader
 
     try:
@@ -303,7 +341,7 @@ def _reader(path: Path) -> Any:
     except FileNotFoundError:
         raise CheckpointError(f"{path}: file is missing") from None
     except Exception as e:  # the reader raises ValueError, struct/numpy errors ... on corrupt input
-        raise CheckpointError(f"{path}: not a readable GGUF file, corrupt or truncated ({_one_line(e)})") from None
+        raise CheckpointError(f"{path}: not a readable GGUF file, corrupt or truncated ({one_line(e)})") from None
     size = path.stat().st_size
     for t in reader.tensors:
         if int(t.data_offset) + int(t.n_bytes) > size:
@@ -311,7 +349,7 @@ def _reader(path: Path) -> Any:
     return reader
 
 
-def _field(reader: Any, key: str, path: Path, default: Any = _REQUIRED) -> Any:
+def gguf_field(reader: Any, key: str, path: Path, default: Any = _REQUIRED) -> Any:
     f = reader.fields.get(key)
     if f is None:
         if default is _REQUIRED:
@@ -320,7 +358,7 @@ def _field(reader: Any, key: str, path: Path, default: Any = _REQUIRED) -> Any:
     try:
         return f.contents()
     except Exception as e:
-        raise CheckpointError(f"{path}: GGUF metadata {key!r} is unreadable ({_one_line(e)})") from None
+        raise CheckpointError(f"{path}: GGUF metadata {key!r} is unreadable ({one_line(e)})") from None
 
 
 def _uniform(value: Any, key: str, path: Path) -> int:
@@ -343,8 +381,6 @@ def _has_tensor(reader: Any, suffix: str) -> bool:
     return any(t.name.endswith(suffix) for t in reader.tensors)
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 __all__ = ["open_gguf", "GGUFSource", "gguf_config", "gguf_config_dict", "hf_name", "unpermute_rows",

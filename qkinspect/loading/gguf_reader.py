@@ -53,9 +53,30 @@ class LazyArrayReader(GGUFReader):
         return offs
 
 
+def string_array(reader: Any, field: Any, limit: int) -> list[str]:
+    """The strings of a metadata string array (which `LazyArrayReader` stepped over), read from the file: at most
+    `limit` of them (ValueError beyond), each UTF-8 (undecodable bytes replaced)."""
+    if list(field.types) != [GGUFValueType.ARRAY, GGUFValueType.STRING]:
+        raise ValueError(f"not an array of strings ({'/'.join(t.name for t in field.types)})")
+    n = array_length(field)
+    if n > limit:
+        raise ValueError(f"{n:,} strings, more than {limit:,}")
+    order = "<" if (sys.byteorder == "little") == (reader.byte_order == "I") else ">"
+    buf, size, length = memoryview(reader.data), len(reader.data), struct.Struct(order + "Q")
+    offs = int(field.offset) + 8 + int(field.parts[0][0]) + 4 + 4 + 8  # key length, key, type, item type, count
+    out = []
+    for _ in range(n):
+        k = length.unpack_from(buf, offs)[0]
+        if offs + 8 + k > size:
+            raise ValueError("metadata string array runs past the end of the file")
+        out.append(bytes(buf[offs + 8:offs + 8 + k]).decode("utf-8", errors="replace"))
+        offs += 8 + k
+    return out
+
+
 def array_length(field: Any) -> int:
     """The number of elements of a metadata array field (read by either reader)."""
     return int(field.parts[4][0])  # parts: key length, key, value type, item type, element count, ...
 
 
-__all__ = ["LazyArrayReader", "array_length"]
+__all__ = ["LazyArrayReader", "array_length", "string_array"]

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING
 
-from qkinspect.errors import CheckpointError, QkinspectError
+from qkinspect.errors import CheckpointError, QkinspectError, one_line
 from qkinspect.layer import AttentionLayer, ModelInfo
 from qkinspect.loading.adapters.base import Adapter
 from qkinspect.loading.resolve import Resolved
@@ -191,7 +191,7 @@ class LoadedModel:
             raise
         except (ValueError, AssertionError, RuntimeError, IndexError) as e:  # shapes inside the adapter (a
             # reshape torch refuses) or AttentionLayer's own checks: the checkpoint disagrees with itself
-            raise CheckpointError(f"{self.info.source}: {block} layer {layer}: {_one_line(e)}") from None
+            raise CheckpointError(f"{self.info.source}: {block} layer {layer}: {one_line(e)}") from None
 
     def layers(
         self, blocks: Iterable[str] | None = None, layers: Iterable[int] | None = None, *, prefetch: bool = False,
@@ -283,7 +283,3 @@ def _computed_in(layer: AttentionLayer, dtypes: frozenset[torch.dtype], read: It
     tensors += [t for norm in (layer.norm_q, layer.norm_kv) if norm is not None for t in (norm.weight, norm.bias)]
     return any(isinstance(t, Tensor) and t.dtype in dtypes and not t.is_meta
                and t.untyped_storage().data_ptr() not in storages for t in tensors)
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qkinspect.errors import CheckpointError, UnsupportedModelError
+from qkinspect.errors import CheckpointError, UnsupportedModelError, one_line
 from qkinspect.loading.source import TensorSource, storage_dtype
 
 if TYPE_CHECKING:  # torch is imported where weights are dequantized, not where a config is checked
@@ -228,7 +228,7 @@ class DequantizingSource(TensorSource):
         try:
             out = compressor.decompress(local, scheme)["weight"]
         except Exception as e:
-            raise CheckpointError(f"{self.path}: cannot dequantize {stored_name!r} ({fmt}: {_one_line(e)})") from None
+            raise CheckpointError(f"{self.path}: cannot dequantize {stored_name!r} ({fmt}: {one_line(e)})") from None
         return out.to(torch.float32)
 
 
@@ -281,7 +281,7 @@ def ct_schemes(qc: dict, path: Path) -> list[tuple[list[str], str, Any]]:
         try:
             scheme = QuantizationScheme.model_validate({k: v for k, v in group.items() if k != "format"})
         except Exception as e:
-            raise CheckpointError(f"{path}: compressed-tensors group {name!r} is invalid ({_one_line(e)})") from None
+            raise CheckpointError(f"{path}: compressed-tensors group {name!r} is invalid ({one_line(e)})") from None
         out.append((list(scheme.targets), fmt, scheme))
     return out
 
@@ -307,8 +307,6 @@ def dequantizing(source: TensorSource, qc: dict | None, path: Path) -> TensorSou
     return source if qc is None else DequantizingSource(source, qc, path)
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 __all__ = ["check_quantization", "declared_quantization", "dequantizing", "DequantizingSource", "fp8_dequantize",

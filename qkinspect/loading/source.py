@@ -15,8 +15,9 @@ from collections.abc import Hashable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qkinspect.errors import CheckpointError
-from qkinspect.loading.checked import inside, os_reason, read_json
+from qkinspect.errors import CheckpointError, one_line
+from qkinspect.loading.checked import inside, read_json
+from qkinspect.reading import os_reason
 
 if TYPE_CHECKING:  # torch is imported where tensors are read, not to open a checkpoint (`qkinspect info`)
     import torch
@@ -177,7 +178,7 @@ class SafetensorsSource(ShardedSource):
         except CheckpointError:
             raise
         except Exception as e:
-            raise CheckpointError(f"{f}: cannot read tensor {stored_name!r} ({_one_line(e)})") from None
+            raise CheckpointError(f"{f}: cannot read tensor {stored_name!r} ({one_line(e)})") from None
 
     def close(self) -> None:
         self._handles.clear()
@@ -270,7 +271,7 @@ def _open_safetensors(f: Path):
     except (PermissionError, IsADirectoryError) as e:  # other OSErrors here come from the file's contents
         raise CheckpointError(f"{f}: cannot read it ({os_reason(e)})") from None
     except Exception as e:  # safetensors raises its own error types for corrupt or truncated files
-        raise CheckpointError(f"{f}: not a readable safetensors file, corrupt or truncated ({_one_line(e)})") from None
+        raise CheckpointError(f"{f}: not a readable safetensors file, corrupt or truncated ({one_line(e)})") from None
 
 
 def shards_from_index(index: Path) -> list[Path]:
@@ -334,8 +335,6 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
 
 
 __all__ = ["TensorSource", "SafetensorsSource", "DictSource", "shards_from_index", "storage_dtype",

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qkinspect.errors import CheckpointError
-from qkinspect.loading.checked import os_reason
 from qkinspect.loading.source import ShardedSource, storage_dtype
+from qkinspect.reading import os_reason
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -5,6 +5,7 @@ overlap ~ d_head / d_model). Each is computed only when its metric is."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -12,9 +13,18 @@ import torch
 from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.metrics.heads import HEAD_METRICS
 from qkinspect.metrics.products import HeadProducts
-from qkinspect.records import Baseline
 
 BASELINE_METRICS = ("symmetry", "shared_qk_distance", "overlap_qk", "overlap_qv", "overlap_kv")
+
+
+class Chance(NamedTuple):
+    """One metric's statistic over Gaussian heads of a block (the analysis records it as `records.Baseline`)."""
+
+    block: str
+    metric: str
+    mean: float
+    std: float  # with Bessel's correction
+    n: int
 
 
 def samples(spec: BlockSpec) -> int:
@@ -34,7 +44,7 @@ def gaussian_layer(spec: BlockSpec, n: int, seed: int = 0, dtype: torch.dtype = 
 
 
 def gaussian_baselines(spec: BlockSpec, metrics, *, block: str | None = None, n: int | None = None, seed: int = 0,
-                       dtype: torch.dtype = torch.float32, device: str = "cpu") -> list[Baseline]:
+                       dtype: torch.dtype = torch.float32, device: str = "cpu") -> list[Chance]:
     """Baselines (mean, std with Bessel's correction, n) of the requested BASELINE_METRICS for one block.
 
     Example:
@@ -51,5 +61,5 @@ def gaussian_baselines(spec: BlockSpec, metrics, *, block: str | None = None, n:
         v = HEAD_METRICS[name](p).detach().to("cpu", torch.float64).numpy()
         v = v[np.isfinite(v)]
         if v.size:
-            out.append(Baseline(block or spec.key, name, float(v.mean()), float(v.std(ddof=1)), int(v.size)))
+            out.append(Chance(block or spec.key, name, float(v.mean()), float(v.std(ddof=1)), int(v.size)))
     return out

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qkinspect import limits
 from qkinspect.errors import InputError, QkinspectError
 from qkinspect.layer import ModelInfo, shape_differences
 from qkinspect.limits import check_threads, check_workers
@@ -164,7 +165,7 @@ def connect(scheduler: str | None, workers: int | None, threads: int | None,
         with contextlib.closing(client):
             yield client, threads
         return
-    cores = task._cores()
+    cores = limits.cores()
     n = workers or max(1, min(cores, n_tasks))
     with _workers_deaf_to_ctrl_c():
         # The scheduler always serves HTTP (health, metrics); a free port on loopback, not 8787 (maybe taken).

@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -28,19 +27,11 @@ from qkinspect.files import atomic_write
 from qkinspect.notebook import Tabular
 from qkinspect.reading import read_json
 from qkinspect.sweep.checkpoints import Checkpoint
+from qkinspect.sweep.keys import OPTION_NAMES, RESULT_KIND, Failure, normalized_options, result_key  # noqa: F401
+from qkinspect.sweep.verify import ResultRefused, check_manifest, check_result
 
 MANIFEST = "sweep.json"
 RESULTS = "results"
-RESULT_KIND = "sweep-result"
-OPTION_NAMES = ("layers", "heads", "blocks", "metrics", "precision", "fold_ln", "fold_qk_norm", "layer_form")
-
-
-@dataclass(frozen=True)
-class Failure:
-    """A checkpoint the sweep could not analyse, after the engine's retry."""
-
-    name: str
-    error: str
 
 
 @dataclass
@@ -69,27 +60,11 @@ class SweepFolder(Tabular):
                 out.append({"checkpoint": ck.name, "step": ck.step, **row})
         return out
 
-
     def table_document(self):
         """`qkinspect sweep`'s document of this folder (its rows per head and its table)."""
         from qkinspect.cli.commands.sweep import sweep_document
 
         return sweep_document(self)
-
-
-def normalized_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The options that change the numbers, JSON-ready (tuples as lists), every name present."""
-    unknown = set(options) - set(OPTION_NAMES)
-    if unknown:
-        raise InputError(f"sweep: unknown analysis options {', '.join(sorted(unknown))}")
-    defaults = {"precision": "float32", "fold_ln": False, "fold_qk_norm": False, "layer_form": False}
-    merged = {name: options.get(name, defaults.get(name)) for name in OPTION_NAMES}
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in merged.items()}
-
-
-def result_key(ck: Checkpoint, options: dict[str, Any]) -> str:
-    text = json.dumps({"checkpoint": ck.identity, "options": normalized_options(options)}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def result_path(folder: Path, ck: Checkpoint, key: str) -> Path:
@@ -105,8 +80,6 @@ def load_result(folder: Path, ck: Checkpoint, key: str, options: dict[str, Any])
         InputError (verify.ResultRefused): the file is there but is not that result: a link, a FIFO or a device,
             unreadable or invalid JSON, a schema error, or the result of another checkpoint or other options.
     """
-    from qkinspect.sweep.verify import ResultRefused, check_result
-
     path = result_path(folder, ck, key)
     if not os.path.lexists(path):
         return None
@@ -118,8 +91,8 @@ def load_result(folder: Path, ck: Checkpoint, key: str, options: dict[str, Any])
 
 def result_document(ck: Checkpoint, key: str, options: dict[str, Any], payload: dict[str, Any],
                     device: str) -> dict[str, Any]:
-    from qkinspect import __version__
     from qkinspect.records import SCHEMA
+    from qkinspect.version import __version__
 
     return {"schema": SCHEMA, "kind": RESULT_KIND, "tool": {"name": "qkinspect", "version": __version__},
             "key": key, "checkpoint": ck.as_dict(), "options": normalized_options(options), "device": device,
@@ -161,8 +134,8 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
 
 def write_manifest(folder: Path, checkpoints: list[Checkpoint], options: dict[str, Any],
                    failures: list[Failure] = ()) -> None:
-    from qkinspect import __version__
     from qkinspect.records import SCHEMA
+    from qkinspect.version import __version__
 
     cks = [{**ck.as_dict(), "key": (key := result_key(ck, options)),
             "file": str(result_path(folder, ck, key).relative_to(folder))} for ck in checkpoints]
@@ -183,8 +156,6 @@ def read_sweep(folder: Path) -> SweepFolder:
     path = folder / MANIFEST
     if not os.path.lexists(path):
         raise InputError(f"{folder}: not a sweep folder (no {MANIFEST}; run `qkinspect sweep ... --out {folder}`)")
-    from qkinspect.sweep.verify import check_manifest
-
     cks, options, failures = check_manifest(read_json(path, what="a sweep manifest"), path)
     results = {}
     for ck, key in cks:

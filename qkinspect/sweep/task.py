@@ -11,6 +11,8 @@ import socket
 import time
 from typing import Any
 
+from qkinspect.limits import cores
+
 
 def describe(spec: str, revision: str | None) -> dict[str, Any]:
     """The model's identity and attention shapes (schema qkinspect/1's `model`), read without any weights."""
@@ -29,21 +31,17 @@ def analyze_checkpoint(spec: str, revision: str | None, options: dict[str, Any],
 
     `threads` (torch intra-op threads) defaults to this machine's cores shared among the worker's task slots.
     """
-    import qkinspect
+    from qkinspect import analysis  # the module: nothing inside qkinspect goes through the package face
 
     t0 = time.perf_counter()
     threads = threads or _share_of_cores()
-    result = qkinspect.analyze(spec, revision=revision, device=device, spectra=None, threads=threads, **options)
+    result = analysis.analyze(spec, revision=revision, device=device, spectra=None, threads=threads, **options)
     if not result.heads:
         from qkinspect.errors import InputError
 
         raise InputError(f"{spec}: the selection matched no heads")
     return {"result": result.to_dict(), "worker": _worker_name(), "threads": threads,
             "seconds": time.perf_counter() - t0}
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _share_of_cores() -> int:
@@ -54,7 +52,7 @@ def _share_of_cores() -> int:
         slots = get_worker().state.nthreads
     except (ImportError, ValueError, AttributeError):
         slots = 1
-    return max(1, _cores() // max(1, slots))
+    return max(1, cores() // max(1, slots))
 
 
 def _worker_name() -> str:

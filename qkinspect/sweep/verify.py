@@ -26,6 +26,7 @@ from typing import Any
 from qkinspect.checking import MAX_INDEX, Checker, model_blocks, show
 from qkinspect.errors import InputError
 from qkinspect.sweep.checkpoints import Checkpoint
+from qkinspect.sweep.keys import OPTION_NAMES, RESULT_KIND, Failure, normalized_options, result_key
 
 MAX_CHECKPOINTS = 1 << 20
 MAX_RECORDS = 1 << 16  # head (or layer) records in one result: the largest models have ~16 000 heads
@@ -44,8 +45,6 @@ class ResultRefused(InputError):
 
 def check_options(c: Checker, options: Any, key: str = "options") -> dict[str, Any]:
     """The sweep's analysis options (store.normalized_options' form) with the types the analysis takes."""
-    from qkinspect.sweep.store import OPTION_NAMES
-
     opts = c.obj(options, key)
     if set(opts) != set(OPTION_NAMES):
         missing, extra = set(OPTION_NAMES) - set(opts), set(opts) - set(OPTION_NAMES)
@@ -76,8 +75,6 @@ def check_manifest(doc: Any, path: object):
     """(checkpoints with their result keys, options, failures) from a sweep.json; InputError naming the file and
     the key when it is not a sweep manifest or a checkpoint's key is not the one its identity and the options
     give."""
-    from qkinspect.sweep.store import Failure, normalized_options, result_key
-
     c = Checker(path)
     if not isinstance(doc, dict) or doc.get("kind") != "sweep":
         raise InputError(f"{path}: not a qkinspect sweep manifest (no \"kind\": \"sweep\")")
@@ -115,8 +112,6 @@ def check_manifest(doc: Any, path: object):
 def check_result(doc: Any, path: object, ck: Checkpoint, key: str, options: dict[str, Any]) -> dict[str, Any]:
     """`doc` when it is the result of `ck` with `options` under `key` (see the module's docstring); ResultRefused
     naming the file and the key otherwise."""
-    from qkinspect.sweep.store import RESULT_KIND
-
     c = Checker(path, ResultRefused)
     if not isinstance(doc, dict) or doc.get("kind") != RESULT_KIND:
         raise ResultRefused(f"{path}: not a qkinspect sweep result (no \"kind\": \"{RESULT_KIND}\")")

@@ -16,11 +16,10 @@ from safetensors.torch import load_file, save_file
 
 from qkinspect.cli import safetensors_writer
 from qkinspect.cli.commands.extract import CONVENTION, TENSORS, extract_heads
-from qkinspect.cli.output import envelope
 from qkinspect.errors import CheckpointError
 from qkinspect.loading import open_model
 from qkinspect.loading.model import LoadedModel
-from qkinspect.records import model_dict
+from qkinspect.records import envelope, model_dict
 
 N_LAYERS = 8
 

@@ -134,7 +134,7 @@ def test_figures_and_reports_fold(cli, monkeypatch, qwen3, tmp_path, command, ou
         seen.append(kwargs)
         return analyze(*args, **kwargs)
 
-    monkeypatch.setattr(qkinspect, "analyze", recording)
+    monkeypatch.setattr(qkinspect.analysis, "analyze", recording)
     extra = ["--html"] if command == "report" else []
     r = cli(command, qwen3, "--fold-qk-norm", "--layers", "0", *extra, "-o", tmp_path / out)
     assert r.exit_code == 0, r.stderr

@@ -141,9 +141,10 @@ RUN_NUMBERS = ("baseline", "loss", "dloss", "dloss_ratio_ablate", "predicted")
 @given(changes=json_mutations(BASE_RUNS) | value_mutations(BASE_RUNS, RUN_NUMBERS, odd_numbers),
        ops=st.none() | byte_edits(3000))
 def test_fuzz_runs_json(changes, ops):
-    from qkinspect.report.experiment import experiment_figure, read_experiment
+    from qkinspect.experiment.saved import read_experiment
+    from qkinspect.report.analysis.pdf import _experiment
+    from qkinspect.report.experiment.figure import experiment_figure
     from qkinspect.report.pages import TextPages
-    from qkinspect.report.pdf import _experiment
 
     with tempfile.TemporaryDirectory() as d:
         work = Path(d)

@@ -71,7 +71,7 @@ def test_empty_selection_names_the_model(cli, tiny_bert, monkeypatch):
     def nothing(*a, **kw):  # a selection that passes the range checks yet matches nothing (mixed blocks)
         return dataclasses.replace(real(*a, **kw), heads=[])
 
-    monkeypatch.setattr(qkinspect, "analyze", nothing)
+    monkeypatch.setattr(qkinspect.analysis, "analyze", nothing)
     line = one_error_line(cli("analyze", tiny_bert, "--layers", "1", "--heads", "2"))
     assert line == f"error: {tiny_bert.name}: the selection (--layers 1 --heads 2) matched no heads of this model"
 

@@ -141,8 +141,8 @@ def test_experiment_text_from_an_endless_fifo(cli, tiny_bert, tmp_path):
 
 
 def test_only_the_text_tokens_need_is_read(tmp_path):
-    from qkinspect.experiment.amounts import BYTES_PER_TOKEN
-    from qkinspect.experiment.measure import read_text as read_experiment_text
+    from qkinspect.experiment.model.scoring import read_text as read_experiment_text
+    from qkinspect.experiment.requests import BYTES_PER_TOKEN
     from qkinspect.reading import MAX_TEXT_BYTES
 
     big = tmp_path / "big.txt"
@@ -173,7 +173,7 @@ def test_experiment_amounts_are_capped_before_any_work(cli, tmp_path, option, va
 def test_run_experiment_caps_too(tmp_path):
     from qkinspect.experiment import run_experiment
 
-    with pytest.raises(InputError, match="--tokens 1000000000000: at most"):
+    with pytest.raises(InputError, match="tokens=1000000000000: at most"):
         run_experiment(tmp_path / "no-such-model", "share_qk", tokens=10**12)
 
 

@@ -70,7 +70,7 @@ def test_table_fits_80_columns_without_cutting(llama, monkeypatch):
 @pytest.mark.parametrize("args,message", [
     (("--edit", "share_kq"), "unknown edit 'share_kq'"),
     (("--edit", "rank:x"), "rank takes a whole number"),
-    (("--layers", "9"), "--layers 9: this model has layers 0-2"),
+    (("--layers", "9"), "--layers: 9 is out of range; decoder has layers 0-2"),
     (("--window", "1000"), "at most 64 positions"),
     (("--scope", "all"), "all"),
 ])

@@ -9,7 +9,7 @@ from pypdf import PdfReader
 from typer.testing import CliRunner
 
 from qkinspect.cli.app import app
-from qkinspect.report.costmap import costmap_figure, estimate_grid
+from qkinspect.report.experiment.costmap import costmap_figure, estimate_grid
 from tests.experiment import tiny_models as tiny
 
 

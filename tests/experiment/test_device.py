@@ -52,7 +52,7 @@ def test_cli_device_cpu(models):
 @pytest.mark.parametrize("family,edit", [("llama", "share_qk,rank:8"), ("gpt2", "share_qk"), ("bert", "symmetric"),
                                          ("olmo2", "tie_q"), ("phi3", "share_qk")])
 def test_cuda_measures_what_the_cpu_measures(models, family, edit):
-    from qkinspect.experiment.hf import written
+    from qkinspect.experiment.model.writeback import written
     from qkinspect.experiment.run import open_experiment
 
     _, layers, hf = open_experiment(models[family], None, [1], None, None, device="cuda")
@@ -86,7 +86,7 @@ def test_cuda_estimates_what_the_cpu_estimates(models):
     labels (drawn on the CPU from the same seed; a label at a rounding boundary may differ, hence 5 %)."""
     from qkinspect.experiment import parse_edit
     from qkinspect.experiment.estimate import estimate_heads
-    from qkinspect.experiment.measure import Scorer, default_text, windows
+    from qkinspect.experiment.model.scoring import Scorer, default_text, windows
     from qkinspect.experiment.run import open_experiment
 
     found = {}

@@ -527,7 +527,7 @@ def test_rope_offset0_is_flagged(rope_layer):
 
 def test_rope_layout_of_mla():
     """DeepSeek MLA rotates the last rotary_dims of each head (extra["mla"]["rotary_position"] == "last")."""
-    from qkinspect.experiment.edit_rotary import rotary_layout
+    from qkinspect.experiment.edits.rotary import rotary_layout
 
     layer = rotary(make_layer(12, H=2, G=2, D=10, d=6), 4, "interleaved")
     lay = rotary_layout(replace(layer, extra={**layer.extra, "mla": {"rotary_position": "last"}}))

@@ -10,8 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkinspect.experiment.measure import BLOCK, block_se, token_blocks
-from qkinspect.experiment.run import Run, _with_ratios
+from qkinspect.experiment.model.scoring import BLOCK, block_se, token_blocks
+from qkinspect.experiment.results import Run
+from qkinspect.experiment.run import _with_ratios
 
 
 def _reference_se(diff: list[float], blocks: list[int]) -> float:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkinspect.experiment.edits import apply_edit, parse_edit
+from qkinspect.experiment.edits.apply import apply_edit, parse_edit
 from qkinspect.experiment.estimate import (
     _get,
     combine,
@@ -22,8 +22,9 @@ from qkinspect.experiment.estimate import (
     projected,
     sites,
 )
-from qkinspect.experiment.hf import DRIFT, written
-from qkinspect.experiment.measure import Scorer, default_text, logits_and_targets, windows
+from qkinspect.experiment.model.runtime import DRIFT
+from qkinspect.experiment.model.scoring import Scorer, default_text, logits_and_targets, windows
+from qkinspect.experiment.model.writeback import written
 from tests.experiment import tiny_models as tiny
 from tests.experiment.test_run import opened
 
@@ -269,9 +270,9 @@ def test_estimate_refusals(models):
     from qkinspect.errors import InputError
     from qkinspect.experiment import run_experiment
 
-    with pytest.raises(InputError, match="--scope head"):
+    with pytest.raises(InputError, match="scope='head'"):
         run_experiment(models["llama"], "share_qk", scope="layer", estimate=True)
-    with pytest.raises(InputError, match="--verify applies to --estimate"):
+    with pytest.raises(InputError, match="verify applies to estimate"):
         run_experiment(models["llama"], "share_qk", verify=3)
-    with pytest.raises(InputError, match="--probes 1"):
+    with pytest.raises(InputError, match="probes=1"):
         run_experiment(models["llama"], "share_qk", estimate=True, probes=1)

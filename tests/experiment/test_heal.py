@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from qkinspect.errors import InputError
 from qkinspect.experiment import heal as heal_mod
 from qkinspect.experiment.heal import HealOptions, paired_difference
-from qkinspect.experiment.measure import Text
+from qkinspect.experiment.model.scoring import Text
 from qkinspect.experiment.run import run_experiment
 from tests.experiment import tiny_models
 
@@ -145,19 +145,19 @@ def test_results_and_options(folders, tmp_path):
     exact = next(x for x in r.runs if x.edit == "share_qk")
     assert run.unhealed == exact.dloss and run.recovered == pytest.approx(1 - run.diff / exact.dloss)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())  # the user's model untouched
-    with pytest.raises(InputError, match="--heal-train"):
+    with pytest.raises(InputError, match="heal.train='mlp'"):
         run_experiment(model, "share_qk", heal=HealOptions(steps=1, train="mlp"))
-    with pytest.raises(InputError, match="--heal 0"):
+    with pytest.raises(InputError, match="heal=0"):
         run_experiment(model, "share_qk", heal=HealOptions(steps=0))
-    with pytest.raises(InputError, match="rotary gauge"):
+    with pytest.raises(InputError, match="rotary='gauge'"):
         run_experiment(str(folders["llama"]), "share_qk", layers=[0], heads=[0], tokens=64, window=32,
                        rotary="offset0", heal=1)
 
 
 def test_healed_losses_are_the_scorer_losses(folders):
     """window_losses of an unedited, untrained model give the experiment's own baseline."""
-    from qkinspect.experiment.hf import load_hf
-    from qkinspect.experiment.measure import Scorer, windows
+    from qkinspect.experiment.model.runtime import load_hf
+    from qkinspect.experiment.model.scoring import Scorer, windows
     from qkinspect.loading import open_model
 
     for family in ("llama", "bert"):

@@ -10,7 +10,9 @@ from typer.testing import CliRunner
 
 from qkinspect.cli.app import app
 from qkinspect.errors import InputError
-from qkinspect.report.experiment import dloss_grid, experiment_figure, read_experiment, spearman
+from qkinspect.experiment.results import spearman
+from qkinspect.experiment.saved import read_experiment
+from qkinspect.report.experiment.figure import dloss_grid, experiment_figure
 from tests.experiment import tiny_models as tiny
 
 
@@ -32,7 +34,8 @@ def synthetic(layers=3, heads=4) -> dict:
 def test_spearman_against_a_dense_reference():
     assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(1 - 6 * 2 / (4 * 15))  # 1 - 6Σd²/(n(n²-1))
     assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1)
-    assert np.isnan(spearman([1, 2], [2, 1])) and np.isnan(spearman([1, 1, 1], [1, 2, 3]))
+    # undefined (fewer than 3 points, a constant side) is None, never NaN: the library's one convention
+    assert spearman([1, 2], [2, 1]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
 
 
 def test_grid_and_figure_from_runs():

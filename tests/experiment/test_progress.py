@@ -4,15 +4,23 @@ training loss); the CLI's bar shows them on a terminal only, and never under --q
 
 from __future__ import annotations
 
+import random
+import string
 import sys
 
 import pytest
 
-from qkinspect.experiment.heal import HealOptions
+from qkinspect.experiment.model.scoring import Text
+from qkinspect.experiment.requests import HealOptions
 from qkinspect.experiment.run import run_experiment
 from qkinspect.progress import phase
 from tests.experiment import tiny_models
-from tests.experiment.test_heal import _text
+
+
+def training_text():
+    rnd = random.Random(0)
+    return Text("random words", " ".join("".join(rnd.choices(string.ascii_lowercase, k=rnd.randint(2, 7)))
+                                         for _ in range(1200)))
 
 
 class Recorder:
@@ -70,7 +78,7 @@ def test_the_estimate_counts_its_backward_passes_and_its_verification(llama):
 def test_each_healing_run_counts_its_steps_with_the_training_loss(llama):
     rec = Recorder()
     run_experiment(llama, "share_qk", scope="layer", layers=[1], tokens=96, window=32, reference=False,
-                   text=_text(), heal=HealOptions(steps=3, lr=3e-2, batch_tokens=64), progress=rec)
+                   text=training_text(), heal=HealOptions(steps=3, lr=3e-2, batch_tokens=64), progress=rec)
     assert rec.names()[3:] == ["healing 1/2: control", "healing 2/2: share_qk-L1"]
     for p in rec.phases[3:]:
         assert (p["total"], p["unit"]) == (3, "steps")

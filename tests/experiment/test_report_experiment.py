@@ -12,8 +12,8 @@ from scipy.stats import spearmanr
 from typer.testing import CliRunner
 
 from qkinspect.cli.app import app
-from qkinspect.report import experiment_summary as es
-from qkinspect.report.experiment_pages import dfmt
+from qkinspect.report.experiment import summary as es
+from qkinspect.report.experiment.pages import dfmt
 from qkinspect.report.style import fmt
 from tests.experiment import tiny_models as tiny
 

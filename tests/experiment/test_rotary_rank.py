@@ -86,7 +86,7 @@ def test_partial_rotary_drops_need_not_nest():
     """With unrotated dims beside the pairs the best choice can trade two real directions for one pair, so the
     kept sets of K and K+1 need not nest (the change is still monotone): real σ² = 10, 1 and two pairs of 6.
     rank:2 keeps both real directions (11 > 6), rank:3 one pair and the first direction (16 > 11)."""
-    from qkinspect.experiment.edits import _budget
+    from qkinspect.experiment.edits.apply import _budget
 
     s2 = torch.tensor([[10.0, 1.0]], dtype=torch.float64)
     w = torch.tensor([[6.0, 6.0]], dtype=torch.float64)
@@ -119,7 +119,8 @@ def test_written_back_rank_scores_are_the_kept_pairs(tmp_path, K):
     vectors) and nothing else."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    from qkinspect.experiment.hf import load_hf, written
+    from qkinspect.experiment.model.runtime import load_hf
+    from qkinspect.experiment.model.writeback import written
     from qkinspect.loading import open_model
     from tests.experiment import tiny_models as tiny
 

@@ -8,8 +8,9 @@ import torch
 
 from qkinspect.errors import InputError, UnsupportedModelError
 from qkinspect.experiment import expand_kv, run_experiment
-from qkinspect.experiment.hf import load_hf, written
-from qkinspect.experiment.measure import Scorer, Text, default_text, windows
+from qkinspect.experiment.model.runtime import load_hf
+from qkinspect.experiment.model.scoring import Scorer, Text, default_text, windows
+from qkinspect.experiment.model.writeback import written
 from qkinspect.loading import open_model
 from tests.experiment import tiny_models as tiny
 
@@ -187,9 +188,9 @@ def test_bad_requests_are_refused_in_one_line(models, tmp_path):
 
     with pytest.raises(InputError, match="unknown edit"):
         run_experiment(models["llama"], "share_kq")
-    with pytest.raises(InputError, match="--scope"):
+    with pytest.raises(InputError, match="scope='everything'"):
         run_experiment(models["llama"], "share_qk", scope="everything")
-    with pytest.raises(InputError, match="--layers 7: this model has layers 0-2"):
+    with pytest.raises(InputError, match="layers=7 is out of range; decoder has layers 0-2"):
         run_experiment(models["llama"], "share_qk", layers=[7])
     with pytest.raises(InputError, match="at most 64 positions"):
         run_experiment(models["bert"], "ablate", window=128)

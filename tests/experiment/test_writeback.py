@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from qkinspect.experiment import apply_edit, parse_edit, run_experiment
-from qkinspect.experiment.edits import EditError
-from qkinspect.experiment.hf import load_hf, written
-from qkinspect.experiment.measure import Scorer, default_text, windows
+from qkinspect.experiment.edits.apply import EditError
+from qkinspect.experiment.model.runtime import load_hf
+from qkinspect.experiment.model.scoring import Scorer, default_text, windows
+from qkinspect.experiment.model.writeback import written
 from qkinspect.loading import open_model
 from tests.experiment import tiny_models as tiny
 

@@ -15,7 +15,7 @@ VOCAB = SPECIAL + CHARS + [f"##{c}" for c in CHARS]  # every lower-case word spl
 
 def save_tokenizer(folder: Path) -> Path:
     """A WordPiece tokenizer over single characters, saved into `folder` (AutoTokenizer reads it back)."""
-    from qkinspect.experiment.hf import wordpiece
+    from qkinspect.experiment.model.runtime import wordpiece
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = folder / "vocab.txt"
@@ -135,7 +135,7 @@ def qwen2_moe(folder: Path, seed: int = 0) -> Path:
     return _save(_random_qkv_biases(model), folder)
 
 
-# -- the families written back by qkinspect.experiment.writeback and the q/k-norm Llama-types -----------------
+# -- the families written back by qkinspect.experiment.model.writeback and the q/k-norm Llama-types -----------------
 
 _SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
               vocab_size=len(VOCAB), max_position_embeddings=64)

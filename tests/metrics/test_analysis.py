@@ -122,8 +122,8 @@ def test_head_overlap_matrix(minilm):
 @pytest.mark.parametrize("kwargs, match", [
     ({"metrics": ["nope"]}, "unknown metric"),
     ({"precision": "float16"}, "precision"),
-    ({"layers": [6]}, "layers=6 out of range"),
-    ({"heads": [12]}, "heads=12 out of range"),
+    ({"layers": [6]}, "layers=6 is out of range"),
+    ({"heads": [12]}, "heads=12 is out of range"),
     ({"blocks": ["decoder"]}, "this model's blocks are encoder"),
     ({"spectra": ("qq",)}, "unknown spectrum"),
     ({"device": "tpu"}, "device"),
@@ -229,7 +229,7 @@ def test_library_selections_take_what_the_cli_takes(minilm):
     ({"layers": "0-x"}, "layers='0-x': '0-x' is not an index"),
     ({"heads": "3-1"}, "heads='3-1': '3-1' is not a valid range"),
     ({"layers": ["a"]}, "layers=['a']: every index must be an integer"),
-    ({"layers": 9}, "layers=9 out of range"),
+    ({"layers": 9}, "layers=9 is out of range"),
 ])
 def test_library_errors_name_the_argument(minilm, kwargs, message):
     with pytest.raises(InputError) as e:

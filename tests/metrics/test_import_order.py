@@ -77,3 +77,122 @@ def test_imported_in_dependency_order_each_loads_nothing_above_it():
     )
     r = subprocess.run([sys.executable, "-c", script, *names], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+# -- the whole package -----------------------------------------------------------------------------------------
+
+PACKAGE = ROOT / "qkinspect"
+
+
+def modules(folder: Path = PACKAGE, package: str = "qkinspect") -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package by its own name, for its __init__)."""
+    out = {}
+    for p in sorted(folder.rglob("*.py")):
+        parts = [package, *p.relative_to(folder).with_suffix("").parts]
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def imported(source: str, known: set[str]) -> list[tuple[str, str | None]]:
+    """(module, name) for each import of a module in `known`, anywhere in `source` (module level, functions,
+    TYPE_CHECKING): `from pkg import sub` names the module pkg.sub when it is one, else pkg and the name."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names if a.name in known]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in known:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                out.append((sub, None) if sub in known else (node.module, a.name))
+    return out
+
+
+def package_graph(folder: Path = PACKAGE, package: str = "qkinspect") -> dict[str, set[str]]:
+    files = modules(folder, package)
+    return {name: {m for m, _ in imported(p.read_text(encoding="utf-8"), set(files))} - {name}
+            for name, p in files.items()}
+
+
+def test_no_module_of_qkinspect_imports_in_a_circle():
+    """Function-level imports included: one that breaks a circle at import time still makes the code read both
+    ways (estimate <-> run, hf <-> writeback and sweep's store <-> verify once did)."""
+    order(package_graph())
+
+
+def test_the_whole_package_check_sees_a_circle(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "__init__.py").write_text("")
+    (tmp_path / "a" / "run.py").write_text("def f():\n    from pkg.a import estimate\n")
+    (tmp_path / "a" / "estimate.py").write_text("from pkg.a.run import f\n")
+    with pytest.raises(pytest.fail.Exception, match="import circle"):
+        order(package_graph(tmp_path, "pkg"))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A module that needs another's `_name` has found a missing public one, or a piece that belongs elsewhere.
+    The one exception: a package's own `_private` modules (`loading/adapters/_decoder.py`) serve that package."""
+    files = modules()
+    bad = []
+    for name, p in files.items():
+        for module, what in imported(p.read_text(encoding="utf-8"), set(files)):
+            leaf = module.rsplit(".", 1)[-1]
+            own = module.rsplit(".", 1)[0] == name.rsplit(".", 1)[0]  # a module of the importer's own package
+            if what is not None and _private(what) and not (_private(leaf) and own):
+                bad.append(f"{name} imports {module}.{what}")
+            if _private(leaf) and not own:
+                bad.append(f"{name} imports {module}, private to its package")
+        bad += [f"{name} uses {module}.{attr}" for module, attr in _private_attributes(p, files) if module != name]
+    assert not bad, bad
+
+
+def _private_attributes(path: Path, files: dict[str, Path]) -> list[tuple[str, str]]:
+    """(module, name) for each `alias._name` where `alias` is a qkinspect module the file imported by name
+    (`from qkinspect.sweep import task` ... `task._cores()`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            aliases |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names
+                        if f"{node.module}.{a.name}" in files}
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname: a.name for a in node.names if a.asname and a.name in files}
+    return [(aliases[n.value.id], n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id in aliases and _private(n.attr)]
+
+
+def test_nothing_inside_qkinspect_goes_through_the_package_face():
+    """`qkinspect/__init__` is the face for users; a module inside that calls `qkinspect.analyze` reaches up
+    through it (callback.py and cli/run.py once did)."""
+    files = modules()
+    users = [name for name, p in files.items() if name not in ("qkinspect", "qkinspect.__main__")
+             and "qkinspect" in {m for m, _ in imported(p.read_text(encoding="utf-8"), set(files))}]
+    assert not users, users
+
+
+def test_metrics_import_nothing_above_them():
+    """DESIGN's one way: the metrics take tensors and layers, and know nothing of records, loading or output."""
+    below = {"qkinspect.errors", "qkinspect.layer", "qkinspect.suggest"}
+    files = modules()
+    bad = {name: sorted(up) for name, deps in package_graph().items() if name.startswith("qkinspect.metrics")
+           if (up := {d for d in deps if not d.startswith("qkinspect.metrics")} - below)}
+    assert not bad, bad
+    assert files  # the package was found
+
+
+def test_report_computes_no_statistic_and_bench_imports_no_cli():
+    """report/ only reads and arranges (a rank correlation is the library's: experiment.results); bench/ calls the
+    library, never the CLI, to write what it writes."""
+    for p in sorted((PACKAGE / "report").rglob("*.py")):
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        assert not any(n.split(".")[0] in ("scipy", "statsmodels") for n in names), p
+    for p in sorted((ROOT / "bench").glob("*.py")):
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        assert not any(n == "qkinspect.cli" or n.startswith("qkinspect.cli.") for n in names), p

@@ -10,7 +10,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from qkinspect.report.experiment import experiment_figure
+from qkinspect.report.experiment.figure import experiment_figure
 from qkinspect.report.heatmap import CellNumbers
 from qkinspect.report.style import PAGE, style
 from tests.report.inside import texts_outside
@@ -72,7 +72,7 @@ def test_numbers_are_written_where_cells_are_large():
 
 def test_the_report_page_draws_no_smudge():
     """On the report's A4 page, in the PDF: the same rule, measured by the PDF renderer."""
-    from qkinspect.report.pdf import _page_canvas
+    from qkinspect.report.analysis.pdf import _page_canvas
 
     page = Figure(figsize=PAGE, layout="constrained")
     experiment_figure(runs_doc("head", 6, 9), canvas=_page_canvas(page, {}))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from qkinspect.errors import InputError
-from qkinspect.report import figures
+from qkinspect.report.analysis import figures
 from qkinspect.report.style import DPI, PAGE, WIDTH, style
 from tests.report import synthetic
 from tests.report.png import expected_size, ink_fraction, png_size

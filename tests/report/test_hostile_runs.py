@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from qkinspect.cli.app import app
 from qkinspect.errors import InputError
-from qkinspect.report.experiment import experiment_figure, read_experiment
-from qkinspect.report.runs_check import MAX_CELLS, check_experiment
+from qkinspect.experiment.saved import MAX_CELLS, check_experiment, read_experiment
+from qkinspect.report.experiment.figure import experiment_figure
 from tests.one_line import one_error_line
 
 

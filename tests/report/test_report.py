@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from pypdf import PdfReader
 
-from qkinspect.report.pdf import plan_figures, write_pdf
+from qkinspect.report.analysis.pdf import plan_figures, write_pdf
+from qkinspect.report.analysis.text import CAPTIONS
 from qkinspect.report.style import fmt
-from qkinspect.report.text import CAPTIONS
 
 FRONT_PAGES = 3  # cover, summary, definitions (each at least one page)
 

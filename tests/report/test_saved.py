@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from qkinspect.report import figures
+from qkinspect.report.analysis import figures
 from qkinspect.saved import read_saved
 
 METRICS = "default,shared_qk_distance,head_overlap"  # what the report measures

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from qkinspect.report.summary import summary
+from qkinspect.report.analysis.summary import summary
 from tests.report import synthetic
 
 
@@ -88,7 +88,7 @@ def _qk_norm(result, folded: bool):
 
 
 def test_raw_q_k_norm_forms_are_said_not_to_be_what_attention_computes():
-    from qkinspect.report.summary import qk_norm_notice
+    from qkinspect.report.analysis.summary import qk_norm_notice
 
     plain = synthetic.result(synthetic.block(n_layers=1, n_heads=2))
     assert qk_norm_notice(plain) == "" and "Not what attention computes" not in _text(plain)
@@ -103,7 +103,7 @@ def test_raw_q_k_norm_forms_are_said_not_to_be_what_attention_computes():
 def test_the_report_cover_and_summary_carry_the_q_k_norm_notice(tmp_path):
     from pypdf import PdfReader
 
-    from qkinspect.report.pdf import write_pdf
+    from qkinspect.report.analysis.pdf import write_pdf
 
     out = tmp_path / "r.pdf"
     write_pdf(_qk_norm(synthetic.result(synthetic.block(n_layers=1, n_heads=2)), folded=False), out)

@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from qkinspect.report import figures
+from qkinspect.report.analysis import figures
 from qkinspect.report.style import style
 from qkinspect.report.titles import fit, retitle
 from tests.report import synthetic
@@ -72,8 +72,8 @@ def test_fit_wraps_breaks_and_shortens():
 
 
 def test_experiment_and_trajectory_figures(tmp_path):
-    from qkinspect.report.experiment import experiment_figure
-    from qkinspect.report.trajectory import trajectory
+    from qkinspect.report.experiment.figure import experiment_figure
+    from qkinspect.report.sweep.trajectory import trajectory
     from tests.experiment.test_plot_experiment import synthetic as runs
 
     doc = runs()
@@ -88,7 +88,7 @@ def test_experiment_and_trajectory_figures(tmp_path):
 @pytest.mark.parametrize("which", [1, 2])
 def test_every_pdf_page_keeps_its_text_inside(long_results, monkeypatch, which):
     """Each page the report writes (text pages and figure pages) is checked as the PDF backend receives it."""
-    import qkinspect.report.pdf as pdf_mod
+    import qkinspect.report.analysis.pdf as pdf_mod
 
     real = pdf_mod.PdfPages
     bad: list[tuple[int, list[str]]] = []
@@ -138,7 +138,7 @@ def _sweep(long: str):
 
 
 def test_every_sweep_report_page_keeps_its_text_inside(monkeypatch):
-    import qkinspect.report.sweep_pdf as sweep_mod
+    import qkinspect.report.sweep.pdf as sweep_mod
 
     real = sweep_mod.__dict__.get("PdfPages")
     from matplotlib.backends import backend_pdf

@@ -178,7 +178,7 @@ def test_the_trajectory_medians_are_the_rows_medians(swept):
     """The bold lines are the per-layer medians over heads at each step (read back from the drawn figure)."""
     import numpy as np
 
-    from qkinspect.report.trajectory import trajectory
+    from qkinspect.report.sweep.trajectory import trajectory
     from qkinspect.sweep import read_sweep
 
     rows = read_sweep(swept[0]).rows()

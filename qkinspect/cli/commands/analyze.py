@@ -24,7 +24,8 @@ from qkinspect.cli.options import (
     RevisionOpt,
     Selection,
 )
-from qkinspect.cli.output import Document, check_output, emit, envelope
+from qkinspect.cli.output import Document, check_output, emit
+from qkinspect.records import envelope
 
 
 class By(str, Enum):

@@ -23,8 +23,9 @@ from qkinspect.cli.options import (
     PrecisionOpt,
     Selection,
 )
-from qkinspect.cli.output import Document, check_output, emit, envelope
+from qkinspect.cli.output import Document, check_output, emit
 from qkinspect.errors import InputError
+from qkinspect.records import envelope
 
 ModelA = Annotated[str, typer.Argument(help="The reference checkpoint (A).", show_default=False, metavar="MODEL_A")]
 ModelB = Annotated[str, typer.Argument(help="The checkpoint compared with it (B); differences are B − A.",

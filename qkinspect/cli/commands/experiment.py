@@ -17,7 +17,6 @@ from qkinspect.cli.heal_output import (
     HealTrain,
     HealTrainOpt,
     heal_options,
-    healing_json,
     render_healing,
 )
 from qkinspect.cli.options import (
@@ -29,10 +28,9 @@ from qkinspect.cli.options import (
     ModelArg,
     OutputOpt,
     RevisionOpt,
-    check_device,
     parse_indices,
 )
-from qkinspect.cli.output import Document, check_output, emit, envelope, progress
+from qkinspect.cli.output import Document, check_output, emit, progress
 
 
 class Scope(str, Enum):
@@ -103,85 +101,26 @@ def register(app: typer.Typer) -> None:
         SmolLM2-135M-Instruct.Q4_1.gguf --edit share_qk --scope layer --layers 3 --heal 50
         """
         check_output(fmt, output)
-        where = check_device(device)
-        from qkinspect.experiment.amounts import check_estimate
-        from qkinspect.experiment.edit_names import parse_edit
-
-        check_estimate(scope.value, estimate, probes, verify)
-
-        for e in edit.split(","):  # refuse a misspelt edit before loading anything (torch, transformers)
-            if e.strip():
-                parse_edit(e)
-        from qkinspect.experiment.amounts import check_amounts
-
-        check_amounts(tokens, window)
         layer_list, head_list = parse_indices(layers, "--layers"), parse_indices(heads, "--heads")
-        from qkinspect.experiment import run_experiment
+        from qkinspect.experiment import run_experiment  # torch-free until the request is checked
+        from qkinspect.experiment.requests import CLI_NAMES
 
         with progress("experiment") as p:
             result = run_experiment(
                 model, edit, scope=scope.value, layers=layer_list, heads=head_list, text=text, tokens=tokens,
                 window=window, reference=reference, rotary=rotary.value, tokenizer=tokenizer, revision=revision,
-                progress=p, device=where, estimate=estimate, probes=probes, verify=verify,
-                heal=heal_options(heal, heal_train, heal_lr, heal_batch_tokens, heal_text, heal_track))
+                progress=p, device=device.value, estimate=estimate, probes=probes, verify=verify,
+                heal=heal_options(heal, heal_train, heal_lr, heal_batch_tokens, heal_text, heal_track),
+                names=CLI_NAMES)
         emit(experiment_document(result), fmt, output)
 
 
-def run_rows(result) -> list[dict[str, Any]]:
-    """One tidy row per run (the CSV and NDJSON rows)."""
-    return [{"model": result.model.name, "measure": result.measure, "edit": r.edit, "scope": r.scope,
-             "layer": r.layer, "head": r.head, "heads": r.heads, "loss": r.loss, "dloss": r.dloss,
-             "dloss_se": r.dloss_se, "dloss_ratio_ablate": r.ratio, "dloss_estimate": r.dloss_estimate,
-             "dloss_estimate_se": r.dloss_estimate_se, "moved": r.moved, "unreliable": r.unreliable,
-             "predicted": r.predicted, "predictor": result.predictors.get(r.edit), "offset0_only": r.offset0,
-             "seconds": r.seconds} for r in result.runs]
-
-
-def estimate_dict(result) -> dict[str, Any] | None:
-    """The JSON `estimate` object: how the estimate was made and its agreement with the verified heads."""
-    e = result.estimate
-    if e is None:
-        return None
-    return {"probes": e.probes, "seconds": e.seconds, "verify_seconds": e.verify_seconds,
-            "agreement": [{"edit": a.edit, "verified": a.verified, "rho": a.rho, "sampled": a.sampled,
-                           "rho_sampled": a.rho_sampled} for a in e.agreement]}
-
-
-def notes(result) -> list[str]:
-    """What the reader must know before trusting per-head numbers."""
-    from qkinspect.experiment.run import MIN_SCORED
-
-    out = []
-    if any(r.scope == "head" for r in result.runs) and result.scored < MIN_SCORED:
-        out.append(f"only {result.scored} tokens were scored: per-head Δloss needs at least {MIN_SCORED} "
-                   "(--tokens) to rise above its noise; read each against its standard error")
-    if result.estimate is not None and not result.estimate.agreement:
-        out.append("the estimate was not checked against exact runs (--verify 0)")
-    return out
-
-
 def experiment_document(result) -> Document:
-    """JSON: the model, what was measured on which text, the baseline, and every run."""
-    from qkinspect.experiment.measure import MEASURES
-    from qkinspect.records import model_dict
+    """The library's document (qkinspect.experiment.results), its rows, and the table that shows them."""
+    from qkinspect.experiment.results import experiment_json, run_rows
 
     rows = run_rows(result)
-    body = {
-        "model": model_dict(result.model),
-        "measure": {"kind": result.measure, "name": MEASURES[result.measure], "text": result.text,
-                    "tokens": result.tokens, "scored": result.scored, "windows": result.windows,
-                    "window": result.window, "rotary": result.rotary},
-        "baseline": result.baseline,
-        "predictors": result.predictors,
-        "timing": {"baseline_seconds": result.baseline_seconds, "runs_seconds": result.seconds},
-        "estimate": estimate_dict(result),
-        "notes": notes(result),
-        "runs": [{k: v for k, v in r.items() if k not in ("model", "measure")} for r in rows],
-    }
-    if getattr(result, "healing", None) is not None:
-        body["healing"] = healing_json(result.healing)
-    return Document(json=envelope("experiment", **body), rows=rows,
-                    render=lambda console: _render(console, result, rows))
+    return Document(json=experiment_json(result), rows=rows, render=lambda console: _render(console, result, rows))
 
 
 def _fmt(v: Any, spec: str = ".4f") -> str:
@@ -192,7 +131,8 @@ def _render(console, result, rows: list[dict[str, Any]]) -> None:
     from rich.text import Text
 
     from qkinspect.cli.tables import Column, fit_tables
-    from qkinspect.experiment.measure import MEASURES
+    from qkinspect.experiment.model.scoring import MEASURES
+    from qkinspect.experiment.results import notes as result_notes
 
     baseline = 0.0 if abs(result.baseline) < 5e-5 else result.baseline  # no "-0.0000" for a drift of ~0
     console.print(Text(result.model.name, style="bold") + Text(
@@ -237,5 +177,5 @@ def _render(console, result, rows: list[dict[str, Any]]) -> None:
     for name, what in result.predictors.items():
         console.print(f"predicted for {name}: {what}", highlight=False, soft_wrap=True)
     render_healing(console, getattr(result, "healing", None))
-    for n in notes(result):
+    for n in result_notes(result):
         console.print(f"note: {n}", highlight=False, soft_wrap=True)

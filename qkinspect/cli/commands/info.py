@@ -7,7 +7,8 @@ from typing import Any
 import typer
 
 from qkinspect.cli.options import FormatOpt, ModelArg, OutputOpt, RevisionOpt
-from qkinspect.cli.output import Document, check_output, emit, envelope
+from qkinspect.cli.output import Document, check_output, emit
+from qkinspect.records import envelope
 
 
 def register(app: typer.Typer) -> None:

@@ -105,8 +105,9 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--kind {kind.value} needs --experiment FILE.json (from qkinspect experiment -o)"
                              if experiment is None else "--experiment applies to --kind experiment or costmap only")
         if experiment is not None:
-            from qkinspect.report.costmap import costmap_figure
-            from qkinspect.report.experiment import experiment_figure, read_experiment
+            from qkinspect.experiment.saved import read_experiment
+            from qkinspect.report.experiment.costmap import costmap_figure
+            from qkinspect.report.experiment.figure import experiment_figure
             from qkinspect.report.style import style
 
             draw_runs = costmap_figure if kind is Kind.costmap else experiment_figure
@@ -198,7 +199,7 @@ def draw_figure(model: str | None, kind: str, output: Path, selection: Selection
                 check_selection(m.info, selection.blocks, (layer,), options=("--layer", "--heads"))
             result = run_analysis(m, selection)
     result_b = result_of(other, selection, kind=kind) if other is not None else None
-    from qkinspect.report.figures import figure  # matplotlib: after the checks, so that errors come fast
+    from qkinspect.report.analysis.figures import figure  # matplotlib: after the checks, so that errors come fast
     # the heads figure takes the first selected block
     fig = figure(result, kind, layer=layer, other=result_b, metric_name=metric, title=title)
     save_figure(fig, output)
@@ -208,8 +209,8 @@ def draw_trajectory(folder: Path, metric: str, output: Path, *, layers: str | No
                     blocks: list[str] | None = None, title: str | None = None) -> None:
     """The trajectory figure of a sweep folder's results (`qkinspect sweep --out FOLDER`), saved to `output`."""
     from qkinspect.cli.options import parse_blocks, parse_indices
+    from qkinspect.report.sweep.trajectory import sweep_trajectory
     from qkinspect.report.titles import retitle
-    from qkinspect.report.trajectory import sweep_trajectory
     from qkinspect.sweep import read_sweep
 
     fig = sweep_trajectory(read_sweep(folder), metric, layers=parse_indices(layers, "--layers"),

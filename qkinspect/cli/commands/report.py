@@ -104,7 +104,7 @@ def read_runs(path: Path | None, *, html: bool = False, sweep: bool = False) -> 
     if html or sweep:
         raise InputError(f"--experiment {path}: the experiment section is in a model's PDF report only"
                          + ("; leave out --html" if html else ", not a sweep's"))
-    from qkinspect.report.experiment import read_experiment
+    from qkinspect.experiment.saved import read_experiment
 
     return read_experiment(path), path
 
@@ -123,11 +123,11 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
     from qkinspect.cli.commands.plot import result_of
 
     result = result_of(model, selection, revision=revision, layer_form=layer_form)
-    from qkinspect.report.pdf import write_pdf  # matplotlib: after the checks, so that errors come fast
+    from qkinspect.report.analysis.pdf import write_pdf  # matplotlib: after the checks, so that errors come fast
 
     if experiment is not None:
         from qkinspect.records import model_dict
-        from qkinspect.report.experiment_summary import check_same_model
+        from qkinspect.report.experiment.summary import check_same_model
 
         check_same_model(experiment[0], model_dict(result.model), experiment[1])
     # rendered in memory, then written: a full disk is an OSError of that write, not an error inside matplotlib
@@ -137,14 +137,14 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
 def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
     """The report of a sweep folder, written atomically as a PDF (returns the number of pages) or, with `html`,
     as one HTML page (returns 1)."""
-    from qkinspect.report.sweep_pdf import write_sweep_pdf
+    from qkinspect.report.sweep.pdf import write_sweep_pdf
     from qkinspect.sweep import read_sweep
 
     sweep = read_sweep(folder)
     if not sweep.results:
         raise InputError(f"{folder}: the sweep has no results yet")
     if html:
-        from qkinspect.report.html import render_sweep_html
+        from qkinspect.report.analysis.html import render_sweep_html
 
         page = render_sweep_html(sweep, name=title)
         atomic_write(output, lambda f: f.write(page))
@@ -156,7 +156,7 @@ def write_html_report(model: str | None, output: Path, selection: Selection, *, 
                       revision: str | None = None, title: str | None = None) -> None:
     """Analyse `model` (or read a saved analysis) and write the HTML report atomically to `output`."""
     from qkinspect.cli.commands.plot import result_of
-    from qkinspect.report.html import render_html
+    from qkinspect.report.analysis.html import render_html
 
     result = result_of(model, selection, revision=revision, layer_form=layer_form)
     page = render_html(result, title=title)

@@ -23,8 +23,9 @@ from qkinspect.cli.options import (
     check_selection,
     parse_blocks,
 )
-from qkinspect.cli.output import Document, check_output, emit, envelope
+from qkinspect.cli.output import Document, check_output, emit
 from qkinspect.errors import InputError
+from qkinspect.records import envelope
 
 if TYPE_CHECKING:
     import numpy as np

@@ -27,10 +27,11 @@ from qkinspect.cli.options import (
     Selection,
     check_selection,
 )
-from qkinspect.cli.output import QUIET, Document, check_output, emit, envelope, note, warn
+from qkinspect.cli.output import QUIET, Document, check_output, emit, note, warn
 from qkinspect.errors import InputError, SweepFailed
 from qkinspect.files import atomic_write_file, check_writable
 from qkinspect.limits import check_threads, check_workers
+from qkinspect.records import envelope
 
 
 class SweepFormat(str, Enum):

@@ -62,11 +62,23 @@ def heads_in(w: Tensor, n: int, d: int) -> Tensor:
     return w.reshape(n, d, D).transpose(1, 2)  # (n, d, D) -> (n, D, d)
 
 
+def rows_of_heads(W: Tensor) -> Tensor:
+    """(n, D, d) -> nn.Linear weight (n*d, D) [out, in]: the inverse of `heads_in` (the write-back's)."""
+    n, D, d = W.shape
+    return W.transpose(1, 2).reshape(n * d, D)  # (n, D, d) -> (n, d, D) -> (n*d, D)
+
+
 def heads_out(w: Tensor, n: int, d: int) -> Tensor:
     """nn.Linear output-projection weight (D, n*d) [out, in] -> (n, d, D)."""
     D, inp = w.shape
     assert inp == n * d, f"expected {n}*{d}={n * d} input columns, got {inp}"
     return w.T.reshape(n, d, D)  # (n*d, D) -> (n, d, D)
+
+
+def out_rows_of_heads(W_O: Tensor) -> Tensor:
+    """(H, d, D) -> nn.Linear weight (D, H*d) [out, in]: the inverse of `heads_out` (the write-back's)."""
+    H, d, D = W_O.shape
+    return W_O.reshape(H * d, D).T  # (H*d, D) -> (D, H*d)
 
 
 def bias_heads(b: Tensor | None, n: int, d: int) -> Tensor | None:

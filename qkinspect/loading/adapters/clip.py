@@ -13,7 +13,7 @@ def _tower(label: str, c: Any) -> BlockSpec:
     return self_attention_spec("encoder", c.num_hidden_layers, c.num_attention_heads, c.hidden_size, label=label)
 
 
-class _ClipTowers(ProjectionAdapter):
+class ClipTowers(ProjectionAdapter):
     """Each tower's layer i reads its own ``layer_norm1``. Blocks are keyed "text" and "vision"
     (BlockSpec.label): both are encoders, of different widths. A two-tower checkpoint names its towers'
     tensors ``text_model.`` and ``vision_model.``; a one-tower checkpoint names them without (transformers 5)
@@ -34,7 +34,7 @@ class _ClipTowers(ProjectionAdapter):
 
 
 @register
-class ClipAdapter(_ClipTowers):
+class ClipAdapter(ClipTowers):
     model_types = ("clip",)
     tower_prefix = {"text": "text_model.", "vision": "vision_model."}
 
@@ -43,7 +43,7 @@ class ClipAdapter(_ClipTowers):
 
 
 @register
-class ClipTextAdapter(_ClipTowers):
+class ClipTextAdapter(ClipTowers):
     model_types = ("clip_text_model",)
 
     def towers(self) -> dict[str, Any]:
@@ -51,7 +51,7 @@ class ClipTextAdapter(_ClipTowers):
 
 
 @register
-class ClipVisionAdapter(_ClipTowers):
+class ClipVisionAdapter(ClipTowers):
     model_types = ("clip_vision_model",)
 
     def towers(self) -> dict[str, Any]:

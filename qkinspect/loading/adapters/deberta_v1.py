@@ -6,7 +6,7 @@
     encoder.layer.{i}.attention.output.dense.{weight,bias}
 
 ``DisentangledSelfAttention.forward`` views the fused output as (B, T, H, 3d) and chunks its last dimension into
-q, k, v: the interleaved-per-head layout of `_fused`. W_Q/W_K describe the content-to-content term; with
+q, k, v: the interleaved-per-head layout of `fused`. W_Q/W_K describe the content-to-content term; with
 ``relative_attention`` the c2p/p2c terms are added to it. Every term is divided by sqrt(d * (1 + len(pos_att_type)))
 (DeBERTa v1 counts every entry of pos_att_type, unlike v2). ``talking_head`` mixes the heads' scores and
 probabilities (a learned H x H map): the per-head forms are those before mixing, flagged as attention_kind.
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from qkinspect.layer import AttentionLayer, BlockSpec, Norm
 from qkinspect.loading.adapters._decoder import check_shapes
-from qkinspect.loading.adapters._fused import interleaved_per_head, to_heads
 from qkinspect.loading.adapters._projections import self_attention_spec
 from qkinspect.loading.adapters.base import Adapter, bias_heads, heads_out
+from qkinspect.loading.adapters.fused import interleaved_per_head, to_heads
 from qkinspect.loading.adapters.registry import register
 
 if TYPE_CHECKING:

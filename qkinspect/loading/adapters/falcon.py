@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from qkinspect.loading.adapters._fused import (
+from qkinspect.loading.adapters.fused import (
     Blocks,
     FusedQKVAdapter,
     interleaved_per_group,

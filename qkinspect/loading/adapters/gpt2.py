@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.loading.adapters._decoder import check_shapes, norm_from, with_scale
-from qkinspect.loading.adapters._fused import Blocks, FusedQKVAdapter, sectioned, to_heads
 from qkinspect.loading.adapters.base import bias_heads, heads_in
+from qkinspect.loading.adapters.fused import Blocks, FusedQKVAdapter, sectioned, to_heads
 from qkinspect.loading.adapters.registry import register
 
 if TYPE_CHECKING:

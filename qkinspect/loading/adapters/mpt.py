@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from qkinspect.loading.adapters._fused import Blocks, FusedQKVAdapter, sectioned
+from qkinspect.loading.adapters.fused import Blocks, FusedQKVAdapter, sectioned
 from qkinspect.loading.adapters.registry import register
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """SigLIP: CLIP's two towers (text, vision; pre-LN ``layer_norm1``), plus the vision tower's attention-pooling head.
 
-Towers: as CLIP (`clip._ClipTowers`), blocks labelled "text" and "vision"; the text tower is bidirectional (no
+Towers: as CLIP (`clip.ClipTowers`), blocks labelled "text" and "vision"; the text tower is bidirectional (no
 causal mask, unlike CLIP's). Pooling head (``vision_use_head``, the default): one nn.MultiheadAttention whose single
 query is a learned ``probe`` and whose keys/values are the vision encoder's output after ``post_layernorm``::
 
@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from qkinspect.layer import AttentionLayer, BlockSpec, Norm
 from qkinspect.loading.adapters._decoder import check_shapes
-from qkinspect.loading.adapters._fused import sectioned, to_heads
 from qkinspect.loading.adapters.base import heads_out
-from qkinspect.loading.adapters.clip import _ClipTowers
+from qkinspect.loading.adapters.clip import ClipTowers
+from qkinspect.loading.adapters.fused import sectioned, to_heads
 from qkinspect.loading.adapters.registry import register
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def pooling_spec(vision: Any) -> BlockSpec:
                      d_model_kv=D)
 
 
-class _SiglipTowers(_ClipTowers):
+class _SiglipTowers(ClipTowers):
     """CLIP's towers, plus the "pooling" block where the checkpoint has a vision tower with its head."""
 
     def blocks(self) -> list[BlockSpec]:

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import CheckpointError, QkinspectError
-from qkinspect.loading.checked import inside, os_reason, read_json
+from qkinspect.loading.checked import inside, read_json
+from qkinspect.reading import os_reason
 
 # Files a transformers tokenizer may read from a folder (transformers 4 and 5, fast and slow classes).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -271,10 +272,10 @@ GGUF_TOKEN_IDS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_t
 def check_gguf_tokenizer(path: Path) -> bool:
     """A GGUF file's tokenizer metadata as transformers reads it: a token list that is not empty, and special
     token ids that index it; refused with the key named. False when the file has no tokenizer."""
-    from qkinspect.loading.gguf import _field, _reader
+    from qkinspect.loading.gguf import gguf_field, gguf_file_reader
     from qkinspect.loading.gguf_reader import array_length
 
-    reader = _reader(path)
+    reader = gguf_file_reader(path)
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if tokens is None:
         return False
@@ -282,7 +283,7 @@ def check_gguf_tokenizer(path: Path) -> bool:
     if n < 1:
         raise CheckpointError(f"{path}: GGUF metadata 'tokenizer.ggml.tokens' is empty")
     for key in GGUF_TOKEN_IDS:
-        value = _field(reader, f"tokenizer.ggml.{key}", path, None)
+        value = gguf_field(reader, f"tokenizer.ggml.{key}", path, None)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:

@@ -9,10 +9,10 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from qkinspect.experiment import edit_forms as forms
-from qkinspect.experiment.edit_names import EDITS, Edit, EditError, parse_edit  # noqa: F401 (re-exported)
-from qkinspect.experiment.edit_rotary import RotaryLayout, rotary_layout
-from qkinspect.layer import AttentionLayer
+from qkinspect.experiment.edits import forms
+from qkinspect.experiment.edits.names import EDITS, Edit, EditError, parse_edit  # noqa: F401 (re-exported)
+from qkinspect.experiment.edits.rotary import RotaryLayout, rotary_layout
+from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.metrics.factored import one_thread
 
 
@@ -118,20 +118,28 @@ def _heads(layer: AttentionLayer, heads: Sequence[int] | None) -> list[int]:
     return idx
 
 
-def _check(layer: AttentionLayer, edit: Edit, idx: list[int]) -> None:
-    s, name, where = layer.spec, edit.name, f"{layer.block} layer {layer.layer}"
+def check_edit(spec: BlockSpec, edit: Edit, where: str, qk_norm: bool | None = None) -> None:
+    """EditError where `edit` is not defined for a layer of `spec`: what the block's description (a config, no
+    weight) says already, so that `run_experiment` refuses it before loading the model. `qk_norm`: whether the
+    layer has q/k norms (default: the block's flag)."""
+    s, name = spec, edit.name
     if name == "rank" and not 0 <= (edit.k or 0) <= s.d_head:
         raise EditError(f"{where}: rank:{edit.k} needs 0 <= K <= d_head = {s.d_head}")
     if name in _SQUARE and s.kv_width != s.d_model:
         raise EditError(f"{where}: {name} needs queries and keys to read the same input (d_model {s.d_model}, "
                         f"key input {s.kv_width})")
-    if name in _REBASE and (s.qk_norm or layer.q_norm is not None or layer.k_norm is not None):
+    if name in _REBASE and (s.qk_norm if qk_norm is None else qk_norm):
         raise EditError(f"{where}: {name} is not defined under q/k norms (the norm of q = x W_Q depends on W_Q "
                         "itself, so no edit of W_Q W_Kᵀ is exact); tie_q, tie_k and ablate are defined")
-    if name in ("share_qkv", "ablate") and layer.W_O is None:
-        raise EditError(f"{where}: {name} needs the output projection W_O, which this layer does not have")
     if name == "share_qkv" and s.v_head != s.d_head:
         raise EditError(f"{where}: share_qkv needs value heads as wide as query heads ({s.v_head} != {s.d_head})")
+
+
+def _check(layer: AttentionLayer, edit: Edit, idx: list[int]) -> None:
+    s, name, where = layer.spec, edit.name, f"{layer.block} layer {layer.layer}"
+    check_edit(s, edit, where, qk_norm=s.qk_norm or layer.q_norm is not None or layer.k_norm is not None)
+    if name in ("share_qkv", "ablate") and layer.W_O is None:
+        raise EditError(f"{where}: {name} needs the output projection W_O, which this layer does not have")
     kv = layer.kv_index()[idx]
     used = [layer.W_Q[idx], layer.W_K[kv]] + ([layer.W_V[kv], layer.W_O[idx]] if name == "share_qkv" else [])
     if not all(bool(t.isfinite().all()) for t in used):

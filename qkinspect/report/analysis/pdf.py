@@ -3,7 +3,7 @@ per-layer tables. Pages are A4; all text is TrueType text, so the PDF is searcha
 
 Example:
     >>> import qkinspect
-    >>> from qkinspect.report.pdf import write_pdf
+    >>> from qkinspect.report.analysis.pdf import write_pdf
     >>> n_pages = write_pdf(qkinspect.analyze(None), "report.pdf")
 """
 
@@ -17,16 +17,16 @@ from typing import IO
 from matplotlib.backends.backend_pdf import PdfPages
 from matplotlib.figure import Figure
 
-from qkinspect import __version__
 from qkinspect.errors import InputError
 from qkinspect.records import AnalysisResult
-from qkinspect.report import text
-from qkinspect.report.figures import figure
+from qkinspect.report.analysis import text
+from qkinspect.report.analysis.figures import figure
+from qkinspect.report.analysis.summary import summary
 from qkinspect.report.grid import blocks_of, renamed
 from qkinspect.report.pages import MARGIN, TextPages, wrap
 from qkinspect.report.style import PAGE, style
-from qkinspect.report.summary import summary
 from qkinspect.report.tables import layer_tables
+from qkinspect.version import __version__
 
 CAPTION_SIZE = 8.5
 CAPTION_SPACE = 1.3  # inches kept under each figure for its caption
@@ -54,7 +54,7 @@ def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: d
               experiment: tuple[dict, Path] | None = None, title: str | None = None) -> int:
     """Write the report to `target` (a path or a binary file); returns the number of pages.
     The caller makes the write atomic (the CLI writes a temporary file and renames it). `experiment`, the
-    document `qkinspect experiment` wrote (report.experiment.read_experiment) and its path, adds the experiment
+    document `qkinspect experiment` wrote (qkinspect.experiment.saved.read_experiment) and its path, adds the experiment
     section after the summary: its words, its figure and the cheapest and costliest heads. `title` names the
     model in the report's title, footer and figure titles (the cover still gives its identity).
 
@@ -104,8 +104,9 @@ def _figures(pages: TextPages, result: AnalysisResult) -> list[str]:
 
 def _experiment(pages: TextPages, doc: dict, path: Path) -> None:
     """The experiment section: its words, its figure (when it has one to draw) and its head tables."""
-    from qkinspect.report import costmap, experiment_pages
-    from qkinspect.report.experiment import experiment_figure
+    from qkinspect.report.experiment import costmap
+    from qkinspect.report.experiment import pages as experiment_pages
+    from qkinspect.report.experiment.figure import experiment_figure
 
     pages.new_page()
     if costmap.estimated_edits(doc):  # an estimated map (experiment --estimate): the section is built on it

@@ -3,7 +3,8 @@
 A fused weight stacks the q, k and v output rows of one nn.Linear ([out, in]; GPT-2's Conv1D stores the
 transpose). The layouts split those rows; each function works on any tensor whose first dimension is the rows,
 so the same reshape serves the weight (rows, D) and the bias (rows,). They return per-head row blocks
-(n, d, ...); `to_heads` turns a weight's blocks into the canonical (n, D, d). No @register here.
+(n, d, ...); `to_heads` turns a weight's blocks into the canonical (n, D, d). Beside each layout the write-back
+uses, its inverse (`unsectioned`, `uninterleaved_per_head`: qkinspect.experiment.model.writeback). No @register here.
 
 | layout | rows | families |
 |---|---|---|
@@ -33,10 +34,25 @@ def sectioned(w: Tensor, H: int, G: int, d: int) -> Blocks:
     return q.unflatten(0, (H, d)), k.unflatten(0, (G, d)), v.unflatten(0, (G, d))
 
 
+def unsectioned(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The inverse of `sectioned`: q (H, d, ...), k (G, d, ...), v (G, d, ...) -> [q | k | v] rows
+    (H*d + 2*G*d, ...)."""
+    import torch  # the adapters stay torch-free at import: the loader picks one before torch is needed
+
+    return torch.cat([q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)])  # (n, d, ...) -> (n*d, ...), stacked
+
+
 def interleaved_per_head(w: Tensor, H: int, d: int) -> Blocks:
     """(head, 3, d) rows: (H*3*d, ...) -> q, k, v each (H, d, ...)."""
     t = w.unflatten(0, (H, 3, d))  # (H*3*d, ...) -> (H, 3, d, ...)
     return t[:, 0], t[:, 1], t[:, 2]
+
+
+def uninterleaved_per_head(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The inverse of `interleaved_per_head`: q, k, v each (H, d, ...) -> (head, 3, d) rows (H*3*d, ...)."""
+    import torch
+
+    return torch.stack([q, k, v], 1).flatten(0, 2)  # 3 x (H, d, ...) -> (H, 3, d, ...) -> (H*3*d, ...)
 
 
 def interleaved_per_group(w: Tensor, G: int, rep: int, d: int) -> Blocks:

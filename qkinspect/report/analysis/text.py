@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import asdict
 
-from qkinspect import __version__
 from qkinspect.records import AnalysisResult
+from qkinspect.report.analysis.summary import Section
 from qkinspect.report.pages import TextPages
 from qkinspect.report.style import NUMBER_NOTE
-from qkinspect.report.summary import Section
 from qkinspect.report.tables import Table
+from qkinspect.version import __version__
 
 CAPTIONS = {
     "symmetry": "Symmetry score s = ⟨M, Mᵀ⟩ / ‖M‖² of M = W_Q W_Kᵀ for every head (rows: layers, columns: heads). "
@@ -57,7 +57,7 @@ def cover(pages: TextPages, result: AnalysisResult, date: dt.datetime, title: st
     pages.pairs([(f"{r[0]} flags", r[-1]) for r in t.rows])
     pages.heading("Processing", size=11)
     pages.pairs([(k, _value(v)) for k, v in asdict(result.processing).items() if k != "metrics"])
-    from qkinspect.report.summary import qk_norm_notice
+    from qkinspect.report.analysis.summary import qk_norm_notice
 
     if notice := qk_norm_notice(result):
         pages.paragraph(notice, color="#a00000")

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from qkinspect.report import experiment_summary as es
+from qkinspect.report.experiment import summary as es
 from qkinspect.report.pages import TextPages
 from qkinspect.report.style import fmt
 from qkinspect.report.tables import Table

@@ -9,8 +9,8 @@ from typing import IO
 from matplotlib.figure import Figure
 
 from qkinspect.report.style import PAGE, style
+from qkinspect.report.sweep.trajectory import sweep_trajectory
 from qkinspect.report.titles import fit
-from qkinspect.report.trajectory import sweep_trajectory
 
 # Drawn when the sweep computed them, in this order; otherwise its first per-head metrics.
 METRICS = ("symmetry", "shared_qk_distance", "qk_effective_rank", "qk_stable_rank", "overlap_qk", "directionality")
@@ -29,7 +29,7 @@ def write_sweep_pdf(sweep, target: str | Path | IO[bytes], *, date: dt.datetime 
     `title` names what was swept in the cover and figure titles (default: the folder and its checkpoints)."""
     from matplotlib.backends.backend_pdf import PdfPages
 
-    from qkinspect import __version__
+    from qkinspect.version import __version__
 
     metrics = sweep_metrics(sweep)
     with style(), PdfPages(target, metadata={"Title": f"qkinspect sweep report: {title or sweep.folder}"}) as pdf:

@@ -1,5 +1,6 @@
-"""Where an experiment's JSON (runs.json, from `qkinspect experiment -o`) enters `plot` and `report`: checked once,
-whole, so that nothing downstream meets a value it cannot use (docs/security.md).
+"""A saved experiment read back: the JSON `qkinspect experiment -o runs.json` writes
+(qkinspect.experiment.results), where it enters `plot` and `report`: checked once, whole, so that nothing downstream
+meets a value it cannot use (docs/security.md).
 
 A runs.json is input like any other: it may be hand-edited, truncated, or written to make the tool misbehave. The
 check refuses, with one line naming the file and the key (`runs.json: runs[3].dloss is "abc", not a number`):
@@ -17,16 +18,25 @@ Fields it does not know are kept and ignored (newer versions may add some).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from qkinspect.checking import MAX_INDEX, MAX_VALUE, Checker, model_blocks, show
 from qkinspect.errors import InputError
+from qkinspect.experiment.requests import SCOPES
 
 MAX_RUNS = 1 << 20  # runs in one document
 MAX_CELLS = 1 << 20  # layers × heads of one edit's heatmap (a 7B model has 1 024; the largest ones ~16 000)
 
-SCOPES = ("head", "layer", "model")
 NUMBERS = ("loss", "dloss", "dloss_ratio_ablate", "predicted", "seconds")
+
+
+def read_experiment(path: Path) -> dict[str, Any]:
+    """The document `qkinspect experiment -o FILE.json` wrote, checked whole (`check_experiment`); InputError (one
+    line naming the file and the key) for anything else."""
+    from qkinspect.reading import read_json
+
+    return check_experiment(read_json(path, what="an experiment document"), path)
 
 
 def check_experiment(doc: Any, path: object) -> dict[str, Any]:
@@ -71,7 +81,7 @@ def _model(c: Checker, model: Any) -> tuple[int, int]:
 
 
 def _run(c: Checker, run: Any, key: str, layers: int, heads: int) -> None:
-    from qkinspect.experiment.edit_names import parse_edit
+    from qkinspect.experiment.edits.names import parse_edit
 
     run = c.obj(run, key)
     edit = c.text(run.get("edit"), f"{key}.edit")

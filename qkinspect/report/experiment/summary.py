@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from qkinspect.errors import InputError
+from qkinspect.experiment.results import SIGNIFICANT, beyond_error
 
 FREE_RATIO = 0.1  # a head whose edit costs at most this fraction of removing it shares "almost for free"
-SIGNIFICANT = 2.0  # standard errors: a difference within this many of 0 is not told from noise
 SHARE = "share_qk"  # the edit the section's questions are about: one matrix for queries and keys
 IDENTITY = ("source", "revision", "model_type", "format", "architecture")
 BLOCK_SHAPE = ("name", "n_layers", "n_heads", "n_kv_heads", "d_model", "d_head")
@@ -43,7 +43,7 @@ class HeadCost:
     @property
     def beyond_error(self) -> bool:
         """Whether dloss is further than SIGNIFICANT standard errors from 0."""
-        return self.se is not None and abs(self.dloss) > SIGNIFICANT * self.se
+        return beyond_error(self.dloss, self.se)
 
 
 @dataclass(frozen=True)
@@ -129,15 +129,13 @@ def costly_heads(heads: list[HeadCost]) -> list[HeadCost]:
 def prediction(doc: dict[str, Any], edit: str) -> Prediction | None:
     """Spearman's ρ and its two-sided p-value over the edit's head-scope runs; None with fewer than 3 heads
     or a constant side (ρ is then undefined)."""
-    from scipy.stats import spearmanr
+    from qkinspect.experiment.results import rank_correlation
 
     pts = [(h.predicted, h.dloss) for h in head_costs(doc, edit) if h.predicted is not None]
-    x, y = [p[0] for p in pts], [p[1] for p in pts]
-    if len(pts) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
+    r = rank_correlation([p[0] for p in pts], [p[1] for p in pts])
+    if r is None:
         return None
-    r = spearmanr(x, y)
-    return Prediction(edit, str((doc.get("predictors") or {}).get(edit, "prediction")), len(pts),
-                      float(r.statistic), float(r.pvalue))
+    return Prediction(edit, str((doc.get("predictors") or {}).get(edit, "prediction")), len(pts), *r)
 
 
 def meaning(p: Prediction) -> str:

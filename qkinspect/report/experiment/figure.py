@@ -1,6 +1,7 @@
 """The experiment figure, drawn from the JSON that `qkinspect experiment` writes: Δloss per head as a layer × head
-heatmap for each edit, the weight-space prediction against Δloss (with Spearman's rank correlation), and Δloss
-against K for `rank:K` edits. Only reading and arranging runs here (DESIGN.md §1)."""
+heatmap for each edit, the weight-space prediction against Δloss (with Spearman's rank correlation, the library's:
+qkinspect.experiment.results), and Δloss against K for `rank:K` edits. Only reading and arranging runs here. The
+document is read and checked by qkinspect.experiment.saved.read_experiment."""
 
 from __future__ import annotations
 
@@ -11,19 +12,11 @@ from typing import Any
 import numpy as np
 
 from qkinspect.errors import InputError
+from qkinspect.experiment.results import spearman
 from qkinspect.report.grid import Grid
 from qkinspect.report.heatmap import colorbar, diverging_norm_unbounded, draw
 from qkinspect.report.style import Canvas, new_figure
 from qkinspect.report.titles import suptitle
-
-
-def read_experiment(path: Path) -> dict[str, Any]:
-    """The document `qkinspect experiment -o FILE.json` wrote, checked whole (report.runs_check); InputError (one
-    line naming the file and the key) for anything else."""
-    from qkinspect.reading import read_json
-    from qkinspect.report.runs_check import check_experiment
-
-    return check_experiment(read_json(path, what="an experiment document"), path)
 
 
 def _head_runs(doc: dict[str, Any], edit: str) -> list[dict[str, Any]]:
@@ -43,15 +36,6 @@ def runs_grid(runs: list[dict[str, Any]], edit: str, field: str) -> Grid:
     for r in runs:
         values[layers.index(r["layer"]), heads.index(r["head"])] = r[field]
     return Grid(block="", metric=edit, layers=layers, heads=heads, values=values)
-
-
-def spearman(x: list[float], y: list[float]) -> float:
-    """Spearman's rank correlation (NaN with fewer than 3 points or a constant side)."""
-    from scipy.stats import spearmanr
-
-    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
-        return math.nan
-    return float(spearmanr(x, y).statistic)
 
 
 def _edits(doc: dict[str, Any]) -> list[str]:
@@ -177,7 +161,7 @@ def _scatter(ax, doc: dict[str, Any], edits: list[str]) -> None:
             continue
         x, y = zip(*pts, strict=True)
         rho = spearman(list(x), list(y))
-        ax.scatter(x, y, s=10, alpha=0.7, label=f"{e} (Spearman ρ = {rho:.2f})")
+        ax.scatter(x, y, s=10, alpha=0.7, label=f"{e} (Spearman ρ = {math.nan if rho is None else rho:.2f})")
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("weight-space prediction")
     ax.set_ylabel("Δloss")

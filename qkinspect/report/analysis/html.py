@@ -2,7 +2,7 @@
 
 Example:
     >>> import qkinspect
-    >>> from qkinspect.report.html import render_html
+    >>> from qkinspect.report.analysis.html import render_html
     >>> page = render_html(qkinspect.analyze(None, metrics=["default", "head_overlap"]))
 """
 
@@ -13,16 +13,16 @@ import io
 from dataclasses import asdict
 from html import escape
 
-from qkinspect import __version__
 from qkinspect.errors import InputError
 from qkinspect.records import AnalysisResult
-from qkinspect.report.figures import figure
+from qkinspect.report.analysis.figures import figure
+from qkinspect.report.analysis.pdf import plan_figures
+from qkinspect.report.analysis.summary import summary
+from qkinspect.report.analysis.text import blocks_table, gauge_words, metric_definitions
 from qkinspect.report.grid import renamed
-from qkinspect.report.pdf import plan_figures
 from qkinspect.report.style import NUMBER_NOTE, style
-from qkinspect.report.summary import summary
 from qkinspect.report.tables import Table, layer_tables
-from qkinspect.report.text import blocks_table, gauge_words, metric_definitions
+from qkinspect.version import __version__
 
 CSS = """body{font-family:"DejaVu Sans",sans-serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.45}
 table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{padding:.15em .7em;text-align:right}
@@ -49,8 +49,8 @@ def render_sweep_html(sweep, *, date: dt.datetime | None = None, name: str | Non
     """A sweep's report (qkinspect.sweep.read_sweep) as one HTML string: the cover's facts, every checkpoint and
     failure in a table, and one trajectory figure per metric (inline SVG), as in the PDF; `name` (a --title) names
     what was swept."""
-    from qkinspect.report.sweep_pdf import cover_lines, sweep_metrics
-    from qkinspect.report.trajectory import sweep_trajectory
+    from qkinspect.report.sweep.pdf import cover_lines, sweep_metrics
+    from qkinspect.report.sweep.trajectory import sweep_trajectory
 
     metrics = sweep_metrics(sweep)
     (title, _), *facts = cover_lines(sweep, metrics, __version__, date or dt.datetime.now(dt.timezone.utc))

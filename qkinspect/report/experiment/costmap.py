@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from qkinspect.errors import InputError
-from qkinspect.report.experiment import runs_grid
+from qkinspect.report.experiment.figure import runs_grid
 from qkinspect.report.grid import Grid
 from qkinspect.report.heatmap import colorbar, draw
 from qkinspect.report.style import Canvas, new_figure

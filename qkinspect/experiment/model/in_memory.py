@@ -1,10 +1,10 @@
 """Experiments on a model in memory (docs/experiments.md, "Models in memory").
 
 The user's own transformers model is run and edited in place: the write-back swaps in new projection modules and
-swaps the originals back (qkinspect.experiment.hf), so after the experiment every parameter is the same object with
-the same values, bit for bit. While it runs, the model is in eval mode; each module's training flag is restored
-afterwards. A (config, state_dict) pair is built into the family's transformers class with the state dict's own
-tensors (`load_state_dict(assign=True)`: not copied, never written to).
+swaps the originals back (qkinspect.experiment.model.writeback), so after the experiment every parameter is the
+same object with the same values, bit for bit. While it runs, the model is in eval mode; each module's training
+flag is restored afterwards. A (config, state_dict) pair is built into the family's transformers class with the
+state dict's own tensors (`load_state_dict(assign=True)`: not copied, never written to).
 """
 
 from __future__ import annotations
@@ -18,7 +18,15 @@ from typing import Any
 from torch import nn
 
 from qkinspect.errors import CheckpointError, InputError
-from qkinspect.experiment.hf import CAUSAL, DRIFT, MASKED, HFModel, _quiet_transformers, _tokenizer, family_of
+from qkinspect.experiment.model.runtime import (
+    CAUSAL,
+    DRIFT,
+    MASKED,
+    HFModel,
+    family_of,
+    load_tokenizer,
+    quiet_transformers,
+)
 
 
 def hf_in_memory(resolved, tokenizer: Any = None) -> HFModel:
@@ -55,8 +63,8 @@ def _memory_tokenizer(tokenizer: Any, resolved) -> Any:
             raise InputError(f"{resolved.origin}: a model in memory needs tokenizer= (a tokenizer, or a folder or "
                              "vocab.txt to read one from)")
         tokenizer = Path(named)
-    with _quiet_transformers():
-        return _tokenizer(tokenizer, None)[0]  # never None here: the model's own files are not read
+    with quiet_transformers():
+        return load_tokenizer(tokenizer, None)[0]  # never None here: the model's own files are not read
 
 
 def _built(resolved, family: str) -> nn.Module:
@@ -67,7 +75,7 @@ def _built(resolved, family: str) -> nn.Module:
     state = resolved.source.tensors
     head = AutoModelForMaskedLM if family == "bert" else AutoModelForCausalLM
     for auto in (head, AutoModel):
-        with _quiet_transformers():
+        with quiet_transformers():
             try:
                 model = auto.from_config(resolved.config)
             except (ValueError, KeyError, TypeError) as e:

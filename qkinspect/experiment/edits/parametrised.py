@@ -6,7 +6,7 @@ edit's constraint applied, so that every optimizer step stays inside the edit's 
 - share_qk, tie_q, tie_k, share_qkv: an edited query head has no W_Q of its own: W_Q[h] := W_K[g(h)] (share_qk and
   share_qkv give each edited head its own key head, so this is one matrix W per head; share_qkv also W_V := W).
   Under the rotary gauge this is the same statement: share_qk's W = W Wᴴ per block writes identical columns into
-  W_Q and W_K (edit_forms.share_qk), so the rotation sees one matrix.
+  W_Q and W_K (forms.share_qk), so the rotation sees one matrix.
 - symmetric: W_Q[h] := W_K[h] diag(s), s the fixed ±1 signs the edit chose per column (per rotary pair both
   columns share a sign), so W_Q W_Kᵀ stays symmetric (Hermitian per rotary block).
 - rank:K: the query factor of the real block is A C (D x k, k x k0) with k the real directions the edit kept, the
@@ -17,8 +17,8 @@ Where the edit gave grouped-query heads keys of their own (expanded K/V), only t
 share_qkv, values) are their own: the other heads of a group keep one shared key, and every value not edited stays
 its group's, so healing trains no more key/value parameters than the model had.
 
-`module_maps` finds where each canonical element lands in the family's modules by writing a layer of index
-probes with the family's own write-back (qkinspect.experiment.hf.write_layer): the module weights are then gathered
+`qkinspect.experiment.model.writeback.module_maps` finds where each canonical element lands in the family's modules
+by writing a layer of index probes with the family's own write-back: the module weights are then gathered
 from `EditForm`'s tensors with `torch.nn.utils.parametrize`, for every family the write-back knows, and a layout is
 never written twice. A write-back that does arithmetic on the values (not a pure re-layout) is refused.
 """
@@ -26,20 +26,18 @@ never written twice. A write-back that does arithmetic on the values (not a pure
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from qkinspect.errors import InputError
-from qkinspect.experiment.edit_names import Edit
-from qkinspect.experiment.edit_rotary import rotary_layout
+from qkinspect.experiment.edits.names import Edit
+from qkinspect.experiment.edits.rotary import rotary_layout
 from qkinspect.layer import AttentionLayer
 
 CANON = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
 TIES = ("share_qk", "tie_q", "tie_k", "share_qkv", "symmetric")
-_DIGIT = 12  # bits per probe pass: values 1..4096 are exact in float32
+PROBE_BITS = 12  # bits per probe pass: values 1..4096 are exact in float32
 
 
 class EditForm(nn.Module):
@@ -184,52 +182,6 @@ def _signs(layer: AttentionLayer, h: Tensor, kv: Tensor) -> Tensor:
     """The ±1 per column with W_Q[h] = W_K[kv] diag(s) in a symmetric edit's output (zero columns: +1)."""
     dot = (layer.W_Q[h].double() * layer.W_K[kv].double()).sum(-2)  # (n, d)
     return torch.where(dot < 0, -1.0, 1.0).to(torch.float32)
-
-
-# -- where the canonical tensors land in the family's modules ---------------------------------------------------
-
-
-def module_maps(hf, layer: AttentionLayer) -> dict[str, Tensor]:
-    """For each parameter the write-back puts into layer `layer.layer`'s block (by its name in the block), the
-    index of the canonical element (in `EditForm.flat` order) each of its elements holds, -1 where none.
-
-    Raises:
-        InputError: the family's write-back does not place each canonical element once, unchanged.
-    """
-    from qkinspect.experiment.hf import write_layer
-
-    names = [n for n in CANON if getattr(layer, n) is not None]
-    sizes = [getattr(layer, n).numel() for n in names]
-    total = sum(sizes)
-    passes = max(1, math.ceil(math.log2(total + 1) / _DIGIT))
-    block = hf.layers[layer.layer]
-    maps: dict[str, Tensor] = {}
-    for p in range(passes):
-        ids = torch.arange(total, dtype=torch.int64)
-        digit = ((ids >> (_DIGIT * p)) & ((1 << _DIGIT) - 1)) + 1  # 1..4096: 0 means "not canonical"
-        parts = torch.split(digit.to(torch.float32), sizes)
-        probe = replace(layer, **{n: part.view(getattr(layer, n).shape) for n, part in zip(names, parts,
-                                                                                            strict=True)})
-        before = {id(t) for t in block.parameters()}
-        undo = write_layer(hf, probe)
-        try:
-            for name, t in block.named_parameters():
-                if id(t) in before:
-                    continue
-                v = t.detach().to("cpu", torch.float64)
-                if not bool((v == v.round()).all()) or float(v.min()) < 0 or float(v.max()) > 1 << _DIGIT:
-                    raise InputError(f"healing: the {hf.family} write-back changes values ({name}); it cannot "
-                                     "keep an edit as a parametrisation")
-                got = v.to(torch.int64) - 1
-                prev = maps.get(name)
-                maps[name] = got << (_DIGIT * p) if prev is None else torch.where(
-                    (prev >= 0) & (got >= 0), prev + (got << (_DIGIT * p)), torch.full_like(prev, -1))
-        finally:
-            undo()
-    placed = torch.cat([m[m >= 0] for m in maps.values()]) if maps else torch.empty(0, dtype=torch.int64)
-    if placed.numel() != total or not torch.equal(placed.sort().values, torch.arange(total)):
-        raise InputError(f"healing: the {hf.family} write-back does not place every attention weight once")
-    return maps
 
 
 class _Gathered(nn.Module):

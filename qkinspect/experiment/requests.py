@@ -1,0 +1,189 @@
+"""What an experiment is asked to do, checked once, before any model is loaded: the edits, the scope, the rotary
+choice, the amounts (`tokens`, `window`, `probes`, `verify`), healing's options, the device; then, from the model's
+description alone (its config: no weight is read), the selection and whether each edit is defined for its layers.
+Torch-free, so that a bad value is refused at once.
+
+Errors name each option as the caller spells it (`Names`): the library's argument names by default
+(`tokens=1`), the CLI's options when the CLI passes `CLI_NAMES` (`--tokens 1`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qkinspect.errors import InputError
+from qkinspect.experiment.edits.names import Edit, parse_edit
+
+if TYPE_CHECKING:
+    from qkinspect.layer import ModelInfo
+
+SCOPES = ("head", "layer", "model")  # scope
+ROTARY = ("gauge", "offset0")  # rotary
+MAX_TOKENS = 1 << 24  # tokens and window: at most this many (16,777,216)
+BYTES_PER_TOKEN = 64  # text read for N tokens: its first 64·N bytes (at least 1 MiB, at most 64 MiB)
+MAX_PROBES = 4096
+TRAIN = ("attention", "all")  # heal's train
+TRAINED = {"attention": "the attention projections (q, k, v, o) of every layer", "all": "every parameter"}
+
+
+@dataclass(frozen=True)
+class Text:
+    """A text to measure or heal on (`scoring.default_text`, `scoring.read_text`)."""
+
+    name: str  # how the output names it
+    text: str
+
+
+@dataclass(frozen=True)
+class Names:
+    """How the caller names each option in errors: `run_experiment`'s arguments by default."""
+
+    edit: str = "edits"
+    scope: str = "scope"
+    layers: str = "layers"
+    heads: str = "heads"
+    tokens: str = "tokens"
+    window: str = "window"
+    rotary: str = "rotary"
+    device: str = "device"
+    estimate: str = "estimate"
+    probes: str = "probes"
+    verify: str = "verify"
+    heal: str = "heal"
+    heal_train: str = "heal.train"
+    heal_lr: str = "heal.lr"
+    heal_batch: str = "heal.batch_tokens"
+
+    def said(self, option: str, value: Any) -> str:
+        """`option` given `value`, as the caller wrote it: "--tokens 1" (CLI) or "tokens=1" (library)."""
+        name = getattr(self, option)
+        return f"{name} {value}" if name.startswith("--") else f"{name}={value!r}"
+
+
+LIBRARY_NAMES = Names()
+CLI_NAMES = Names(**{f.name: "--" + f.name.replace("_", "-") for f in fields(Names)} | {
+    "heal_batch": "--heal-batch"})
+
+
+@dataclass(frozen=True)
+class HealOptions:
+    """How to heal: `steps` AdamW steps at `lr` (constant, no weight decay) on batches of about `batch_tokens`
+    tokens of `text` (a `Text`, a file read once the request is checked, or None: the scored text after the
+    scored tokens), training `train` ("attention" or "all").
+    `track`: a folder for the metric trajectories during healing (one sweep folder per run), measured every
+    `track_every` steps."""
+
+    steps: int
+    train: str = "attention"
+    lr: float = 1e-4
+    text: Text | str | Path | None = None
+    batch_tokens: int = 1024
+    track: Path | None = None
+    track_every: int = 10
+    seed: int = 0
+
+    def check(self, names: Names = LIBRARY_NAMES) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise InputError(f"{names.said('heal', self.steps)}: the number of fine-tuning steps must be at least 1")
+        if self.train not in TRAIN:
+            raise InputError(f"{names.said('heal_train', self.train)}: expected one of {', '.join(TRAIN)}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise InputError(f"{names.said('heal_lr', self.lr)}: the learning rate must be a positive number")
+        if self.batch_tokens < 2 or self.track_every < 1:
+            raise InputError(f"{names.heal_batch} must be at least 2 and the tracking interval at least 1")
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked request: the edits (each once, in order), the number of heads to verify (0 without an
+    estimate), the healing options (None: no healing) and the device's name (None: where the model is)."""
+
+    edits: tuple[Edit, ...]
+    verify: int
+    heal: HealOptions | None
+    device: str | None
+
+
+def check_request(edits: str | Sequence[str], *, scope: str, rotary: str, tokens: int, window: int,
+                  estimate: bool, probes: int | None, verify: int | None, heal: int | HealOptions | None,
+                  device: str | None, seed: int = 0, default_verify: int = 12,
+                  names: Names = LIBRARY_NAMES) -> Request:
+    """Every option that can be checked without the model, in one place; InputError naming the first bad one as
+    the caller spells it (`names`)."""
+    chosen = parse_edits(edits, names)
+    if scope not in SCOPES:
+        raise InputError(f"{names.said('scope', scope)}: expected one of {', '.join(SCOPES)}")
+    if rotary not in ROTARY:
+        raise InputError(f"{names.said('rotary', rotary)}: expected gauge or offset0")
+    check_amounts(tokens, window, names)
+    check_estimate(scope, estimate, probes, verify, names)
+    opts = heal if isinstance(heal, HealOptions) or not heal else HealOptions(steps=heal, seed=seed)
+    if opts:
+        opts.check(names)
+        if estimate:
+            raise InputError(f"{names.heal} runs every edit exactly: it cannot be combined with {names.estimate}")
+        if rotary != "gauge":
+            raise InputError(f"{names.heal} keeps edits in the rotary gauge; use {names.said('rotary', 'gauge')}")
+    where = None
+    if device is not None:
+        from qkinspect.device import check_device
+
+        where = check_device(device, names.device)
+    return Request(tuple(chosen), (default_verify if estimate else 0) if verify is None else verify, opts or None,
+                   where)
+
+
+def check_amounts(tokens: int, window: int, names: Names = LIBRARY_NAMES) -> None:
+    """InputError unless 2 <= tokens, window <= MAX_TOKENS."""
+    if tokens < 2 or window < 2:
+        raise InputError(f"{names.said('tokens', tokens)} / {names.said('window', window)}: both must be at least 2")
+    for option, value in (("tokens", tokens), ("window", window)):
+        if value > MAX_TOKENS:
+            raise InputError(f"{names.said(option, value)}: at most {MAX_TOKENS} (2**24) tokens")
+
+
+def check_estimate(scope: str, estimate: bool, probes: int | None, verify: int | None,
+                   names: Names = LIBRARY_NAMES) -> None:
+    if estimate and scope != "head":
+        raise InputError(f"{names.estimate} estimates heads one by one: use it with {names.said('scope', 'head')}, "
+                         f"not {scope}")
+    if not estimate and (verify or probes is not None):
+        raise InputError(f"{names.verify if verify else names.probes} applies to {names.estimate} only")
+    if probes is not None and not 2 <= probes <= MAX_PROBES:
+        raise InputError(f"{names.said('probes', probes)}: expected 2 to {MAX_PROBES} (the curvature term's "
+                         "standard error needs two)")
+    if verify is not None and verify < 0:
+        raise InputError(f"{names.said('verify', verify)}: expected a number of heads, 0 or more")
+
+
+def parse_edits(edits: str | Sequence[str], names: Names = LIBRARY_NAMES) -> list[Edit]:
+    """The edits asked for ("share_qk,rank:8" or a list of edit texts), each once, in order."""
+    texts = edits.split(",") if isinstance(edits, str) else list(edits)
+    out = list(dict.fromkeys(parse_edit(t) for t in texts if t.strip()))
+    if not out:
+        raise InputError(f"{names.edit}: name at least one edit")
+    return out
+
+
+def check_model(info: ModelInfo, edits: Sequence[Edit], layers: Sequence[int] | None, heads: Sequence[int] | None,
+                names: Names = LIBRARY_NAMES) -> None:
+    """What the model's description (its config: no weight is read) already refuses: a model with more than one
+    self-attention block, layers or heads it does not have, and an edit its layers cannot take
+    (`qkinspect.experiment.edits.apply.check_edit`), named on the first chosen layer as the run would name it."""
+    from qkinspect.errors import UnsupportedModelError
+    from qkinspect.selection import check_selection
+
+    if len(info.blocks) != 1 or info.blocks[0].name not in ("encoder", "decoder"):
+        keys = ", ".join(b.key for b in info.blocks)
+        raise UnsupportedModelError(f"{info.source}: experiment runs models with one self-attention block; "
+                                    f"this one has {keys}")
+    (spec,) = check_selection(info, None, layers, heads, options=("", names.layers, names.heads))
+    from qkinspect.experiment.edits.apply import check_edit
+
+    first = min(layers) if layers else 0
+    for edit in edits:
+        check_edit(spec, edit, f"{spec.key} layer {first}")

@@ -1,0 +1,242 @@
+"""The experiment's records, and its JSON document: what `run_experiment` returns (`ExperimentResult`, its `Run`s,
+the estimate's `Estimate` and `Agreement`s, healing's `Healing` and `HealedRun`s) and what `qkinspect experiment`
+writes from them (`experiment_json`, `run_rows`), as `qkinspect.records` is for the analysis. The document is read
+back, checked, by `qkinspect.experiment.saved`.
+
+Torch-free: the records hold Python numbers only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qkinspect.layer import ModelInfo
+from qkinspect.notebook import Tabular
+from qkinspect.records import envelope, json_safe, model_dict
+
+# A difference is "beyond its error" when it is at least this many standard errors from 0 (about 95 %, two-sided).
+SIGNIFICANT = 2.0
+# Per-head claims need about a thousand scored tokens (docs/experiments.md, "Error bars"): 1024 tokens in windows of
+# 256 score 1020 predictions.
+MIN_SCORED = 1000
+
+
+def beyond_error(dloss: float | None, se: float | None) -> bool:
+    """Whether `dloss` is further than SIGNIFICANT standard errors from 0 (False without a standard error)."""
+    return dloss is not None and se is not None and abs(dloss) > SIGNIFICANT * se
+
+
+def rank_correlation(x: list[float], y: list[float]) -> tuple[float, float] | None:
+    """Spearman's rank correlation of `x` and `y` and its two-sided p-value (scipy's); None with fewer than 3
+    points or a constant side, where ρ is undefined. The one Spearman of qkinspect: undefined is None (JSON null,
+    "-" in tables), never NaN, so that no caller prints "nan" or compares with one."""
+    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
+        return None
+    from scipy.stats import spearmanr
+
+    r = spearmanr(x, y)
+    return float(r.statistic), float(r.pvalue)
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+    """Spearman's ρ of `x` and `y`; None where it is undefined (`rank_correlation`)."""
+    r = rank_correlation(x, y)
+    return None if r is None else r[0]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One edited model and its loss. `layer`/`head` are None where the scope covers more than one."""
+
+    edit: str
+    scope: str
+    layer: int | None
+    head: int | None
+    heads: int  # how many heads the run edited
+    loss: float | None  # None: not run exactly (an estimated head that was not verified)
+    dloss: float | None  # loss - baseline
+    # dloss / dloss of `ablate` on the same heads; None without that run, or when ablating does not cost loss
+    # beyond its error (dloss(ablate) <= SIGNIFICANT standard errors)
+    ratio: float | None
+    predicted: float | None  # the weight-space figure PREDICTORS[edit] (mean over the edited heads)
+    offset0: bool  # a rotary edit that is exact at offset 0 only
+    seconds: float  # the whole run: edit, write-back, forward from the first edited layer
+    forward_seconds: float  # the forward alone
+    dloss_se: float | None = None  # the standard error of dloss (paired with the baseline, block-clustered)
+    # --estimate (qkinspect.experiment.estimate): the estimated dloss, its Monte-Carlo standard error, how far the
+    # edit moves the head's output (|Δo_h| / |o_h|) and whether that makes the estimate unreliable
+    dloss_estimate: float | None = None
+    dloss_estimate_se: float | None = None
+    moved: float | None = None
+    unreliable: bool | None = None
+
+
+@dataclass(frozen=True)
+class ExperimentResult(Tabular):
+    """Everything an experiment measured; `runs` in the order they ran (unit by unit, edit by edit). In a notebook
+    it shows `qkinspect experiment`'s table; `to_pandas()` is a row per run (qkinspect.notebook)."""
+
+    model: ModelInfo
+    measure: str  # "causal", "masked" or "drift" (MEASURES names them)
+    text: str
+    tokens: int  # tokens fed to the model per pass
+    scored: int  # predictions (causal), masked tokens (masked) or tokens (drift) per pass
+    windows: int
+    window: int
+    baseline: float
+    runs: tuple[Run, ...]
+    rotary: str
+    baseline_seconds: float
+    seconds: float  # all edit runs together
+    predictors: dict[str, str] = field(default_factory=dict)
+    healing: Healing | None = None  # with heal=: the edits after fine-tuning, against a control (experiment.heal)
+    estimate: Estimate | None = None  # --estimate: how it was made and how well it agreed with the exact runs
+
+    def table_document(self):
+        """`qkinspect experiment`'s document of this result (its CSV rows and its table)."""
+        from qkinspect.cli.commands.experiment import experiment_document
+
+        return experiment_document(self)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How an edit's estimate agreed with its exact runs on the verified heads: Spearman's ρ over all of them
+    (chosen to include the extremes, which makes ρ look better than over typical heads) and over the random part
+    of the sample alone (None with fewer than 3 heads or a constant side)."""
+
+    edit: str
+    verified: int
+    rho: float | None
+    sampled: int
+    rho_sampled: float | None
+
+
+@dataclass(frozen=True)
+class Estimate:
+    probes: int
+    seconds: float  # the estimate of every head and edit (edits, reruns, backward passes)
+    verify_seconds: float  # the exact runs of the verified heads
+    agreement: tuple[Agreement, ...]
+
+
+@dataclass(frozen=True)
+class HealedRun:
+    """One edit on one unit after healing, against the healed control."""
+
+    edit: str
+    scope: str
+    layer: int | None
+    head: int | None
+    heads: int
+    loss: float  # the edited model after healing, on the scored windows
+    control_loss: float  # the control after healing, on the same windows
+    diff: float  # loss - control_loss: the edit's cost after healing
+    se: float | None  # standard error of diff (paired by token, spread between windows); None with one window
+    unhealed: float | None  # the edit's Δloss before healing (the exact run), for comparison
+    recovered: float | None  # 1 - diff / unhealed: the share of the cost healing won back (control subtracted)
+    violation: float  # the largest departure from the edit's set seen at any step (0 up to float rounding)
+    train_loss: tuple[float, ...]  # training loss per step
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Healing:
+    """The control and every healed run, and how they were trained."""
+
+    steps: int
+    train: str
+    trained: str  # what `train` means, in words
+    trained_parameters: int  # parameters the control trained
+    parameters: int  # the model's parameters
+    lr: float
+    text: str
+    train_tokens: int  # distinct training tokens (windows x window)
+    batch_windows: int
+    epochs: float  # how many times the training windows were gone through
+    control_loss: float
+    control_gain: float  # control_loss - baseline (negative: fine-tuning alone lowered the loss)
+    control_train_loss: tuple[float, ...]
+    runs: tuple[HealedRun, ...]
+    seconds: float
+    tracks: dict[str, str] = field(default_factory=dict)  # run name -> its sweep folder
+    notes: tuple[str, ...] = ()
+
+
+# -- the JSON document ------------------------------------------------------------------------------------------
+
+def experiment_json(result: ExperimentResult) -> dict[str, Any]:
+    """The JSON document (`qkinspect experiment -f json`, docs/experiments.md#output): the model, what was measured
+    on which text, the baseline, and every run."""
+    from qkinspect.experiment.model.scoring import MEASURES
+
+    rows = run_rows(result)
+    body = {
+        "model": model_dict(result.model),
+        "measure": {"kind": result.measure, "name": MEASURES[result.measure], "text": result.text,
+                    "tokens": result.tokens, "scored": result.scored, "windows": result.windows,
+                    "window": result.window, "rotary": result.rotary},
+        "baseline": result.baseline,
+        "predictors": result.predictors,
+        "timing": {"baseline_seconds": result.baseline_seconds, "runs_seconds": result.seconds},
+        "estimate": estimate_dict(result),
+        "notes": notes(result),
+        "runs": [{k: v for k, v in r.items() if k not in ("model", "measure")} for r in rows],
+    }
+    if result.healing is not None:
+        body["healing"] = healing_json(result.healing)
+    return envelope("experiment", **body)
+
+
+def save_experiment(result: ExperimentResult, path: str | Path) -> None:
+    """Write `experiment_json(result)` to `path` as `qkinspect experiment -o FILE.json` does (atomically, NaN as
+    null): what `plot --kind experiment` and `report --experiment` read back (`qkinspect.experiment.saved`)."""
+    from qkinspect.files import atomic_write
+
+    doc = json_safe(experiment_json(result))
+    atomic_write(Path(path), lambda f: json.dump(doc, f, indent=2, allow_nan=False))
+
+
+def run_rows(result: ExperimentResult) -> list[dict[str, Any]]:
+    """One tidy row per run (the CSV and NDJSON rows)."""
+    return [{"model": result.model.name, "measure": result.measure, "edit": r.edit, "scope": r.scope,
+             "layer": r.layer, "head": r.head, "heads": r.heads, "loss": r.loss, "dloss": r.dloss,
+             "dloss_se": r.dloss_se, "dloss_ratio_ablate": r.ratio, "dloss_estimate": r.dloss_estimate,
+             "dloss_estimate_se": r.dloss_estimate_se, "moved": r.moved, "unreliable": r.unreliable,
+             "predicted": r.predicted, "predictor": result.predictors.get(r.edit), "offset0_only": r.offset0,
+             "seconds": r.seconds} for r in result.runs]
+
+
+def estimate_dict(result: ExperimentResult) -> dict[str, Any] | None:
+    """The JSON `estimate` object: how the estimate was made and its agreement with the verified heads."""
+    e = result.estimate
+    if e is None:
+        return None
+    return {"probes": e.probes, "seconds": e.seconds, "verify_seconds": e.verify_seconds,
+            "agreement": [{"edit": a.edit, "verified": a.verified, "rho": a.rho, "sampled": a.sampled,
+                           "rho_sampled": a.rho_sampled} for a in e.agreement]}
+
+
+def notes(result: ExperimentResult) -> list[str]:
+    """What the reader must know before trusting per-head numbers."""
+    out = []
+    if any(r.scope == "head" for r in result.runs) and result.scored < MIN_SCORED:
+        out.append(f"only {result.scored} tokens were scored: per-head Δloss needs at least {MIN_SCORED} "
+                   "(--tokens) to rise above its noise; read each against its standard error")
+    if result.estimate is not None and not result.estimate.agreement:
+        out.append("the estimate was not checked against exact runs (--verify 0)")
+    return out
+
+
+def healing_json(healing: Healing | None) -> dict[str, Any] | None:
+    """The `healing` section of the experiment's JSON document."""
+    if healing is None:
+        return None
+    out = asdict(healing)
+    out["runs"] = [{k: v for k, v in r.items() if k != "train_loss"} | {"train_loss": list(r["train_loss"])}
+                   for r in out["runs"]]
+    out["control_train_loss"] = list(healing.control_train_loss)
+    return out

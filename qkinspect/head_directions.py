@@ -1,0 +1,345 @@
+"""`qkinspect.directions`: each head's top singular directions of W_OV and W_QK, read as tokens (docs/directions.md).
+
+For every selected head (query head h reads key/value head h // (H / H_kv), never tiled), the SVD of W_OV = W_V W_O
+and W_QK = W_Q W_Kᵀ comes from the factors (`metrics.directions.factored_svd`: QR, then the d × d core). Each side
+is scored against a token matrix: W_OV's write side against the unembedding with the final norm's gain γ folded in
+((γ ∘ w_t) · v), W_OV's read side and both sides of W_QK against the token embedding (e_t · u). A layer's
+directions are scored together, one (V, D) × (D, m) product per token matrix. Only the embedding, the unembedding
+(when not tied) and the final norm gain are read beside the attention layers (a GGUF dequantises only those).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from qkinspect.direction_records import DirectionRecord, DirectionsResult, Readout
+from qkinspect.errors import CheckpointError, InputError
+from qkinspect.layer import AttentionLayer, BlockSpec
+from qkinspect.metrics.directions import GAP, best_tokens, factored_svd, subspaces
+from qkinspect.metrics.factored import RANK_RTOL
+from qkinspect.selection import as_indexes, check_selection
+
+PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
+MAX_DIRECTIONS = 4096
+MAX_TOKENS = 1000
+
+
+def directions(
+    model=None,
+    *,
+    layers: str | int | Iterable[int] | None = None,
+    heads: str | int | Iterable[int] | None = None,
+    blocks: str | Iterable[str] | None = None,
+    top_directions: int = 3,
+    top_tokens: int = 10,
+    fold_ln: bool = False,
+    fold_qk_norm: bool = False,
+    precision: str = "float32",
+    device: str = "cpu",
+    revision: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> DirectionsResult:
+    """The top singular directions of each selected head's W_OV and W_QK, read as tokens.
+
+    Args:
+        model: a path, hub id or GGUF file; None for the bundled demo model; an opened LoadedModel; or a model in
+            memory (a transformers PreTrainedModel, or a (config, state_dict) pair: token ids only, no text).
+        layers, heads, blocks: the selection, as `qkinspect.analyze` takes it; None for all.
+        top_directions: K, the directions per matrix (a run of near-equal singular values that reaches past K is
+            kept whole, as one subspace).
+        top_tokens: tokens per direction, per sign.
+        fold_ln: fold each layer's input norm gain into W_Q, W_K, W_V first (default: the weights as stored).
+        fold_qk_norm: fold q/k-norm gains into W_Q and W_K (Qwen3, OLMo2, Gemma3).
+        precision: "float32" or "float64".
+        device: "cpu", "cuda" or "cuda:N".
+        revision: hub revision when `model` is a hub id.
+        progress: called as progress(done, total) after each layer.
+
+    Returns:
+        DirectionsResult: records (tokens per direction, sign and side), what the tokens were read through, notes.
+
+    Raises:
+        InputError: a bad argument or selection. UnsupportedModelError: a family whose vocabulary tensors are not
+        mapped. CheckpointError: no embedding tensor, shapes or vocabulary sizes that disagree, an unreadable
+        tokenizer.
+
+    Example:
+        >>> import qkinspect
+        >>> result = qkinspect.directions(None, layers="0", heads="0", top_directions=1)  # the demo model
+        >>> sorted({(r.matrix, r.side) for r in result.records})
+        [('ov', 'read'), ('ov', 'write'), ('qk', 'key'), ('qk', 'query')]
+    """
+    run = _Run.make(top_directions, top_tokens, precision, device, fold_ln, fold_qk_norm)
+    with _opened(model, revision) as m:
+        head_sel, layer_sel = as_indexes(heads, "heads"), as_indexes(layers, "layers")
+        chosen = check_selection(m.info, blocks, layer_sel, head_sel)
+        if fold_qk_norm and not any(b.qk_norm for b in chosen):
+            raise InputError("fold_qk_norm=True: the selected blocks have no q/k norm")
+        vocab = read_vocab(m, chosen, run.dtype, run.device)
+        keys = [b.key for b in chosen]
+        total = sum(1 for _ in m.plan(keys, layer_sel))
+        records: list[DirectionRecord] = []
+        if progress is not None:
+            progress(0, total)
+        for done, layer in enumerate(m.layers(keys, layer_sel, dtype=run.dtype), start=1):
+            records += run.layer_records(run.processed(layer), head_sel, vocab)
+            del layer
+            if progress is not None:
+                progress(done, total)
+        info = m.info
+    return DirectionsResult(info, records, vocab.readout, run.processing(blocks, layer_sel, head_sel),
+                            run.notes(chosen, vocab))
+
+
+@contextlib.contextmanager
+def _opened(model, revision: str | None) -> Iterator:
+    from qkinspect.loading import LoadedModel, open_model
+
+    if isinstance(model, LoadedModel):
+        yield model
+        return
+    with open_model(model, revision=revision) as m:
+        yield m
+
+
+# -- the token matrices ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Vocab:
+    """The token matrices (V, D) on the compute device: `embed` for read/query/key sides, `unembed` for the write
+    side (the same tensor when tied), `gain` (D,) the final norm's multiplier (None: nothing folded); `text`
+    the token strings by id (None: ids only)."""
+
+    embed: Tensor
+    unembed: Tensor
+    gain: Tensor | None
+    text: object  # loading.tokens.Vocabulary or None
+    readout: Readout
+
+    def token(self, i: int) -> str | None:
+        return None if self.text is None else self.text.get(i)  # type: ignore[attr-defined]
+
+
+def read_vocab(m, chosen: list[BlockSpec], dtype: torch.dtype, device: str) -> Vocab:
+    """Read the embedding, the unembedding (when stored apart and not tied) and the final norm gain, checked
+    against each other, the config and the tokenizer."""
+    from qkinspect.loading.tokens import read_vocabulary
+    from qkinspect.loading.vocab_names import vocab_names
+
+    names = vocab_names(m.info.model_type)
+    src, where = m.source, m.info.source
+    embed_name = src.resolve(names.embed)
+    if embed_name is None:
+        raise CheckpointError(f"{where}: no token embedding tensor {names.embed!r}; directions are read through it")
+    tie = _tied(m.resolved)
+    un_name = None if tie is True else next((n for n in map(src.resolve, names.unembeds) if n is not None), None)
+    if un_name is None and tie is False and names.unembed is not None:
+        raise CheckpointError(f"{where}: the config unties the embeddings, but there is no unembedding tensor "
+                              f"{names.unembed!r}")
+    V, D = _shape(src, embed_name, where)  # every check from the headers first: a refusal reads no data
+    if un_name is not None and _shape(src, un_name, where) != (V, D):
+        raise CheckpointError(f"{where}: the unembedding {un_name!r} has shape {_shape(src, un_name, where)}, the "
+                              f"embedding {embed_name!r} {(V, D)}; they should agree")
+    declared = _declared_vocab(m.resolved.config)
+    if declared is not None and declared != V:
+        raise CheckpointError(f"{where}: the embedding {embed_name!r} has {V:,} rows, but the config's vocab_size "
+                              f"is {declared:,}")
+    for b in chosen:
+        widths = {b.d_model, b.kv_width}
+        if widths != {D}:
+            raise CheckpointError(f"{where}: the {b.key} block reads width {'/'.join(map(str, sorted(widths)))}, "
+                                  f"but the embedding {embed_name!r} has width {D}")
+    text = read_vocabulary(m.resolved)
+    if text is not None and len(text) > V:
+        raise CheckpointError(f"{text.source}: {len(text):,} tokens, but the embedding {embed_name!r} has only "
+                              f"{V:,} rows: the tokenizer does not belong to this model")
+    gain, norm_name = _final_gain(src, names, D, where)
+    E = _floating(src.get(embed_name), embed_name, where)
+    U = E if un_name is None else _floating(src.get(un_name), un_name, where)
+    readout = Readout(embed_name, un_name or embed_name, un_name is None, norm_name, V,
+                      None if text is None else text.source, None if text is None else len(text))
+    E = E.to(device=device, dtype=dtype)
+    U = E if un_name is None else U.to(device=device, dtype=dtype)
+    g = None if gain is None else gain.to(device=device, dtype=dtype)
+    return Vocab(E, U, g, text, readout)
+
+
+def _tied(resolved) -> bool | None:
+    """Whether the model ties its unembedding to the embedding: the config's tie_word_embeddings (its family's
+    default where the file does not say, as transformers reads it). A GGUF says nothing: its output tensor,
+    present or not, decides (None)."""
+    if resolved.format == "gguf":
+        return None
+    try:
+        value = getattr(resolved.config, "tie_word_embeddings", None)
+    except AttributeError:
+        return None
+    return value if isinstance(value, bool) else None
+
+
+def _declared_vocab(config) -> int | None:
+    data = getattr(config, "data", None)
+    value = data.get("vocab_size") if isinstance(data, dict) else getattr(config, "vocab_size", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _shape(src, stored: str, where: str) -> tuple[int, int]:
+    """A token matrix's (rows, width) from the file's header; CheckpointError unless it is one."""
+    shape = tuple(src.stored_shape(stored))
+    if len(shape) != 2 or min(shape) < 1:
+        raise CheckpointError(f"{where}: tensor {stored!r} has shape {shape}, not (vocabulary, width)")
+    return shape  # type: ignore[return-value]
+
+
+def _floating(t: Tensor, stored: str, where: str) -> Tensor:
+    if not t.is_floating_point():
+        raise CheckpointError(f"{where}: tensor {stored!r} is stored as {t.dtype}, not a floating-point type")
+    return t
+
+
+def _final_gain(src, names, D: int, where: str) -> tuple[Tensor | None, str | None]:
+    """The final norm's multiplier (1 + weight for Gemma), or (None, None) where the family has none or the
+    checkpoint stores none (a norm without weights)."""
+    if names.final_norm is None:
+        return None, None
+    stored = src.resolve(names.final_norm)
+    if stored is None:
+        return None, None
+    w = _floating(src.get(stored), stored, where)
+    if tuple(w.shape) != (D,):
+        raise CheckpointError(f"{where}: the final norm {stored!r} has shape {tuple(w.shape)}, expected ({D},)")
+    w = w.to(torch.float64)
+    return (w + 1 if names.unit_offset else w), stored
+
+
+# -- one run ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    k: int
+    n_tokens: int
+    dtype: torch.dtype
+    device: str
+    fold_ln: bool
+    fold_qk_norm: bool
+
+    @classmethod
+    def make(cls, k, n_tokens, precision, device, fold_ln, fold_qk_norm) -> _Run:
+        for name, value, top in (("top_directions", k, MAX_DIRECTIONS), ("top_tokens", n_tokens, MAX_TOKENS)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+                raise InputError(f"{name}={value!r}: give a whole number from 1 to {top}")
+        precision = str(getattr(precision, "value", precision))
+        if precision not in PRECISIONS:
+            raise InputError(f"precision={precision!r}: choose float32 or float64")
+        from qkinspect.device import check_device
+
+        return cls(k, n_tokens, PRECISIONS[precision], check_device(device), bool(fold_ln), bool(fold_qk_norm))
+
+    def processed(self, layer: AttentionLayer) -> AttentionLayer:
+        from qkinspect.metrics.fold import fold_ln, fold_qk_norm
+
+        if self.fold_ln:
+            layer = fold_ln(layer)
+        if self.fold_qk_norm and layer.q_norm is not None:
+            layer = fold_qk_norm(layer)
+        return layer
+
+    def layer_records(self, layer: AttentionLayer, heads: tuple[int, ...] | None, vocab: Vocab
+                      ) -> list[DirectionRecord]:
+        """The records of one layer's selected heads: both matrices, all four sides, scored in two products."""
+        H = layer.spec.n_heads
+        chosen = [h for h in range(H) if heads is None or h in heads]
+        if not chosen or layer.W_O is None:
+            return []
+        h_idx = torch.tensor(chosen)
+        kv = layer.kv_index()[h_idx]  # query head h reads key/value head h // (H / H_kv)
+        dev = dict(device=self.device, dtype=self.dtype)
+        forms = {
+            "ov": factored_svd(layer.W_V[kv].to(**dev), layer.W_O[h_idx].mT.to(**dev)),  # W_V (D, dv), W_Oᵀ (D, dv)
+            "qk": factored_svd(layer.W_Q[h_idx].to(**dev), layer.W_K[kv].to(**dev)),  # W_Q (D, d), W_K (D, d)
+        }
+        plan = []  # (head position, matrix, side, blocks, vectors (D, r))
+        for i in range(len(chosen)):
+            for matrix, (U, S, V) in forms.items():
+                groups = subspaces(S[i], self.k)
+                left, right = ("read", "write") if matrix == "ov" else ("query", "key")
+                plan.append((i, matrix, left, groups, U[i], S[i]))
+                plan.append((i, matrix, right, groups, V[i], S[i]))
+        return self._score(layer, chosen, kv.tolist(), plan, vocab)
+
+    def _score(self, layer, chosen, kv, plan, vocab: Vocab) -> list[DirectionRecord]:
+        """Score every planned side against its token matrix (write: unembedding ∘ gain; the rest: embedding)."""
+        out: dict[int, list[DirectionRecord]] = {}
+        for write in (False, True):
+            items = [(j, p) for j, p in enumerate(plan) if (p[2] == "write") == write]
+            cols, blocks = [], []
+            for _, (_, _, _, groups, vecs, _) in items:
+                base = sum(c.shape[1] for c in cols)
+                used = sorted({i for g in groups for i in g})
+                cols.append(vecs[:, used])
+                at = {i: base + n for n, i in enumerate(used)}
+                blocks += [tuple(at[i] for i in g) for g in groups]
+            if not blocks:
+                continue
+            W = torch.cat(cols, dim=1)  # (D, m)
+            T = vocab.unembed if write else vocab.embed
+            if write and vocab.gain is not None:
+                W = vocab.gain.to(W.dtype)[:, None] * W  # (γ ∘ w_t) · v = w_t · (γ ∘ v): the gain on the vector
+            (pos_v, pos_i), (neg_v, neg_i) = best_tokens(T, W, blocks, self.n_tokens)  # −v: v's lowest, negated
+            neg_at = {c: n for n, c in enumerate(k for k, b in enumerate(blocks) if len(b) == 1)}
+            col = 0
+            for j, (i, matrix, side, groups, _, S) in items:
+                recs = out.setdefault(j, [])
+                for g in groups:
+                    sig = tuple(float(S[x]) for x in g)
+                    head = dict(block=layer.block, layer=layer.layer, head=chosen[i], kv_head=kv[i], matrix=matrix,
+                                side=side, index=g[0], sigma=sig[0], indices=g, sigmas=sig)
+                    if len(g) == 1:
+                        recs.append(self._record(head, "+", pos_v[:, col], pos_i[:, col], vocab))
+                        recs.append(self._record(head, "-", neg_v[:, neg_at[col]], neg_i[:, neg_at[col]], vocab))
+                    else:
+                        recs.append(self._record(head, "±", pos_v[:, col], pos_i[:, col], vocab))
+                    col += 1
+        return [r for j in sorted(out) for r in out[j]]
+
+    @staticmethod
+    def _record(head: dict, sign: str, values: Tensor, ids: Tensor, vocab: Vocab) -> DirectionRecord:
+        ids_l = [int(x) for x in ids.tolist()]
+        return DirectionRecord(**head, sign=sign, token_ids=tuple(ids_l), tokens=tuple(vocab.token(i) for i in ids_l),
+                               scores=tuple(float(v) for v in values.tolist()))
+
+    def processing(self, blocks, layers, heads) -> dict:
+        return {"fold_ln": self.fold_ln, "fold_qk_norm": self.fold_qk_norm,
+                "precision": "float64" if self.dtype == torch.float64 else "float32", "device": self.device,
+                "top_directions": self.k, "top_tokens": self.n_tokens, "gap": GAP, "rank_rtol": RANK_RTOL,
+                "blocks": None if blocks is None else [blocks] if isinstance(blocks, str) else list(blocks),
+                "layers": None if layers is None else list(layers), "heads": None if heads is None else list(heads)}
+
+    def notes(self, chosen: list[BlockSpec], vocab: Vocab) -> list[str]:
+        out = []
+        rotary = [b.key for b in chosen if b.positional == "rope"]
+        if rotary:
+            out.append(f"rotary ({', '.join(rotary)}): W_QK is the zero-offset form (query and key at the same "
+                       f"position); at offset j−i the keys' side is rotated by R_(j−i)")
+        qk = [b.key for b in chosen if b.qk_norm]
+        if qk and not self.fold_qk_norm:
+            out.append(f"q/k norms ({', '.join(qk)}) not folded: W_QK is of the raw projections (fold_qk_norm folds "
+                       f"their gains)")
+        if not self.fold_ln:
+            out.append("input norms not folded: W_Q, W_K, W_V as stored (fold_ln folds each layer's gain)")
+        r = vocab.readout
+        if r.final_norm is None:
+            out.append("no final norm gain folded into the write side (the family or the checkpoint has none)")
+        if r.tokenizer is None:
+            out.append("no tokenizer found: token ids only")
+        return out
+
+
+__all__ = ["directions", "read_vocab"]

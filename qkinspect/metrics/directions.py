@@ -1,0 +1,152 @@
+"""Singular directions of a head's W_OV = W_V W_O and W_QK = W_Q W_Kᵀ from their factors, and tokens that read them.
+
+Row-vector convention (DESIGN.md §2): a head's output for input x is x W_OV, its score between a query x and a key
+y is x W_QK yᵀ. For a form M = A Bᵀ with factors A (D, d) and B (D', d): QR of each, A = Q_A R_A, B = Q_B R_B, so
+M = Q_A (R_A R_Bᵀ) Q_Bᵀ, and the SVD of the d × d core, R_A R_Bᵀ = U_c S V_cᵀ, gives M = (Q_A U_c) S (Q_B V_c)ᵀ.
+No D × D matrix is ever formed; the cost per head is O(D d²).
+
+- Left singular vectors u_i (columns of Q_A U_c): what the head reads (W_OV's read side; W_QK's query side).
+- Right singular vectors v_i: what it writes (W_OV's write side; W_QK's key side). x = u_i gives x M = σ_i v_iᵀ.
+- Sign: (u_i, v_i) is defined up to a common sign. `canonical_signs` fixes it (the largest-magnitude entry of v_i
+  positive) so results repeat; both signs are reported downstream, and + on one side goes with + on the other.
+- Degenerate directions: where σ_i / σ_{i+1} < GAP the two directions are not defined on their own (any rotation
+  inside their span is as good); `subspaces` groups such runs into blocks, to be read as a subspace.
+- Zero directions: σ_i <= RANK_RTOL · σ_max (the project's one rank cut) are dropped.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from qkinspect.metrics.factored import RANK_RTOL, one_thread
+
+GAP = 1.05  # σ_i / σ_{i+1} below this: directions i and i+1 are read together, as a subspace
+
+
+def factored_svd(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """SVD of M = A Bᵀ per head from its factors, signs canonical.
+
+    Args:
+        A: (n, D, d) left factors (W_V, or W_Q).
+        B: (n, D', d) right factors (W_Oᵀ, or W_K).
+
+    Returns:
+        U (n, D, r), S (n, r) decreasing, V (n, D', r), r = min(d, D, D'): M = U diag(S) Vᵀ.
+
+    Example:
+        >>> A, B = torch.randn(2, 8, 3, dtype=torch.float64), torch.randn(2, 8, 3, dtype=torch.float64)
+        >>> U, S, V = factored_svd(A, B)
+        >>> torch.allclose(U @ torch.diag_embed(S) @ V.mT, A @ B.mT)
+        True
+    """
+    if A.shape[0] != B.shape[0] or A.shape[-1] != B.shape[-1]:
+        raise ValueError(f"factors {tuple(A.shape)} and {tuple(B.shape)} do not pair head by head")
+    with one_thread():  # small decompositions one after another: threads would only wait at barriers
+        Qa, Ra = torch.linalg.qr(A)  # (n, D, d), (n, d, d)
+        Qb, Rb = torch.linalg.qr(B)  # (n, D', d), (n, d, d)
+        Uc, S, Vch = torch.linalg.svd(Ra @ Rb.mT)  # the (n, d, d) core
+    U, V = canonical_signs(Qa @ Uc, Qb @ Vch.mT)  # (n, D, d), (n, D', d)
+    return U, S, V
+
+
+def canonical_signs(U: Tensor, V: Tensor) -> tuple[Tensor, Tensor]:
+    """(U, V) with each pair (u_i, v_i) flipped so that v_i's entry of largest magnitude is positive."""
+    idx = V.abs().argmax(dim=-2, keepdim=True)  # (n, 1, r): where each v_i is largest
+    sign = torch.where(V.gather(-2, idx) < 0, -1.0, 1.0).to(V.dtype)  # (n, 1, r)
+    return U * sign, V * sign
+
+
+def subspaces(S: Tensor, k: int, gap: float = GAP) -> list[tuple[int, ...]]:
+    """The top directions of one head as blocks of indices: a block holds consecutive i with σ_i / σ_{i+1} < gap
+    (a single index where the direction stands alone). Blocks are taken in order until they cover `k` directions;
+    the block that reaches k is kept whole. Directions at or below RANK_RTOL · σ_max are left out.
+
+    Example:
+        >>> subspaces(torch.tensor([4.0, 2.0, 1.99, 1.0]), 2)
+        [(0,), (1, 2)]
+    """
+    s = [float(x) for x in S]
+    keep = [i for i, x in enumerate(s) if s and x > RANK_RTOL * s[0]]
+    out: list[tuple[int, ...]] = []
+    i, covered = 0, 0
+    while i < len(keep) and covered < k:
+        j = i
+        while j + 1 < len(keep) and s[j] < gap * s[j + 1]:
+            j += 1
+        out.append(tuple(range(i, j + 1)))
+        covered += j + 1 - i
+        i = j + 1
+    return out
+
+
+def token_scores(T: Tensor, W: Tensor, blocks: list[tuple[int, ...]]) -> Tensor:
+    """How every token reads each direction or subspace: T (V, D) token vectors, W (D, m) orthonormal columns,
+    `blocks` partitioning the columns -> (V, len(blocks)). A single column w: the dot product t·w (signed); a block
+    of columns W_b: the norm of the token's projection onto their span, ‖t W_b‖ (sign-free).
+
+    Example:
+        >>> T = torch.tensor([[1.0, 0.0, 0.0], [0.0, 3.0, 4.0]])
+        >>> token_scores(T, torch.eye(3), [(0,), (1, 2)])
+        tensor([[1., 0.],
+                [0., 5.]])
+    """
+    P = T @ W.to(T.dtype)  # (V, D) @ (D, m) -> (V, m)
+    if all(len(b) == 1 and b[0] == k for k, b in enumerate(blocks)) and len(blocks) == P.shape[1]:
+        return P  # single directions, in column order: the products are the scores
+    out = P.new_empty(P.shape[0], len(blocks))
+    alone = [k for k, b in enumerate(blocks) if len(b) == 1]
+    if alone:
+        out[:, alone] = P[:, [blocks[k][0] for k in alone]]
+    runs = [k for k, b in enumerate(blocks) if len(b) > 1]
+    if runs:  # ‖t W_b‖² = Σ_j (t·w_j)²: the squares summed per block by one product with a 0/1 matrix
+        cols = [c for k in runs for c in blocks[k]]
+        member = P.new_zeros(len(cols), len(runs))  # (run columns, runs)
+        at = 0
+        for j, k in enumerate(runs):
+            member[at:at + len(blocks[k]), j] = 1.0
+            at += len(blocks[k])
+        out[:, runs] = (P[:, cols].square_() @ member).sqrt_()
+    return out
+
+
+def top_tokens(scores: Tensor, n: int, largest: bool = True) -> tuple[Tensor, Tensor]:
+    """The n largest (or smallest) entries of each column of `scores` (V, m): (values (n, m), token ids (n, m)),
+    the most extreme first."""
+    values, ids = torch.topk(scores, min(n, scores.shape[0]), dim=0, largest=largest)
+    return values, ids
+
+
+CHUNK = 16384  # tokens scored at a time: the (chunk, m) scores stay small whatever the vocabulary
+
+
+def best_tokens(T: Tensor, W: Tensor, blocks: list[tuple[int, ...]], n: int, chunk: int = CHUNK
+                ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """The n best tokens of every block (`token_scores`), scored `chunk` tokens at a time: ((values, ids) of the
+    highest scores, (values, ids) of the lowest, negated: the tokens of −v), each (n, blocks); the lowest are given
+    for single directions only (columns in the order of the single blocks). A token's score is the same whichever
+    chunk holds it, so the result is that of one pass over all tokens."""
+    single = [k for k, b in enumerate(blocks) if len(b) == 1]
+    hi_v, hi_i, lo_v, lo_i = [], [], [], []
+    for a in range(0, T.shape[0], chunk):
+        scores = token_scores(T[a:a + chunk], W, blocks)  # (chunk, n_blocks)
+        v, i = top_tokens(scores, n)
+        hi_v.append(v)
+        hi_i.append(i + a)
+        if single:
+            v, i = top_tokens(scores if len(single) == len(blocks) else scores[:, single], n, largest=False)
+            lo_v.append(v)
+            lo_i.append(i + a)
+    hi = _merged(torch.cat(hi_v), torch.cat(hi_i), n, largest=True)
+    lo = _merged(torch.cat(lo_v), torch.cat(lo_i), n, largest=False) if single else (hi[0][:, :0], hi[1][:, :0])
+    return hi, (-lo[0], lo[1])
+
+
+def _merged(values: Tensor, ids: Tensor, n: int, largest: bool) -> tuple[Tensor, Tensor]:
+    """The n most extreme of the chunks' candidates (rows of `values`), with their token ids."""
+    v, at = torch.topk(values, min(n, values.shape[0]), dim=0, largest=largest)
+    return v, ids.gather(0, at)
+
+
+__all__ = ["GAP", "CHUNK", "factored_svd", "canonical_signs", "subspaces", "token_scores", "top_tokens",
+           "best_tokens"]

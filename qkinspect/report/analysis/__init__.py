@@ -1,0 +1,2 @@
+"""The analysis's figures (`figures`, `curves`), its plain-words summary (`summary`) and the model report: its
+text (`text`), PDF (`pdf`) and web page (`html`)."""

@@ -1,0 +1,1 @@
+"""A sweep's metric trajectories (`trajectory`) and its PDF report (`pdf`)."""

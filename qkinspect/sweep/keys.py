@@ -1,0 +1,40 @@
+"""What names a sweep's result: its kind, the analysis options that change the numbers (normalised), the result key
+they give with the checkpoint's identity, and a failure record. Shared by the folder's writer (`store`) and its
+checked reader (`verify`), which import it and not each other's internals.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from qkinspect.errors import InputError
+from qkinspect.sweep.checkpoints import Checkpoint
+
+RESULT_KIND = "sweep-result"
+OPTION_NAMES = ("layers", "heads", "blocks", "metrics", "precision", "fold_ln", "fold_qk_norm", "layer_form")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A checkpoint the sweep could not analyse, after the engine's retry."""
+
+    name: str
+    error: str
+
+
+def normalized_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The options that change the numbers, JSON-ready (tuples as lists), every name present."""
+    unknown = set(options) - set(OPTION_NAMES)
+    if unknown:
+        raise InputError(f"sweep: unknown analysis options {', '.join(sorted(unknown))}")
+    defaults = {"precision": "float32", "fold_ln": False, "fold_qk_norm": False, "layer_form": False}
+    merged = {name: options.get(name, defaults.get(name)) for name in OPTION_NAMES}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in merged.items()}
+
+
+def result_key(ck: Checkpoint, options: dict[str, Any]) -> str:
+    text = json.dumps({"checkpoint": ck.identity, "options": normalized_options(options)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
