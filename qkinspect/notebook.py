@@ -6,8 +6,8 @@ The pieces every result uses (the analysis, experiment, sweep and atlas results)
   result's `_repr_html_`;
 - `data_frame(rows)`: tidy rows (the CSV rows of the result) as a pandas DataFrame; pandas is imported here, and a
   clear error says how to install it where it is missing;
-- `Tabular`: a mixin giving `_repr_html_` and `to_pandas()` to a result that has a `table_document()` (rows and a
-  render function, as `qkinspect.cli.output.Document`).
+- `Tabular`: a mixin giving `_repr_html_` and `to_pandas()` to a result that has `table_rows()` and
+  `render_table(console)`.
 
 Example:
     >>> r = qkinspect.analyze()  # doctest: +SKIP
@@ -48,15 +48,19 @@ def data_frame(rows: Sequence[dict[str, Any]], what: str = "to_pandas()"):
 
 
 class Tabular:
-    """Mixin for a result with `table_document()` (an object with `rows` and `render(console)`): shown as its
-    tables in a notebook, and one DataFrame with `to_pandas()` (the rows of its CSV)."""
+    """Mixin for a result with `table_rows()` (its CSV rows) and `render_table(console)` (its terminal table):
+    shown as that table in a notebook, and one DataFrame of those rows with `to_pandas()`. The renderer must not
+    import the result's module back (the records sit below the CLI's tables)."""
 
-    def table_document(self):  # pragma: no cover - every subclass defines it
+    def table_rows(self) -> list[dict[str, Any]]:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def render_table(self, console) -> None:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
     def _repr_html_(self) -> str:
-        return html_table(self.table_document().render)
+        return html_table(self.render_table)
 
     def to_pandas(self):
         """The result's tidy rows (those of its CSV) as a pandas DataFrame (needs pandas)."""
-        return data_frame(self.table_document().rows)
+        return data_frame(self.table_rows())

@@ -95,11 +95,15 @@ class ExperimentResult(Tabular):
     healing: Healing | None = None  # with heal=: the edits after fine-tuning, against a control (experiment.heal)
     estimate: Estimate | None = None  # --estimate: how it was made and how well it agreed with the exact runs
 
-    def table_document(self):
-        """`qkinspect experiment`'s document of this result (its CSV rows and its table)."""
-        from qkinspect.cli.commands.experiment import experiment_document
+    def table_rows(self) -> list[dict[str, Any]]:
+        """The CSV's rows: one per run (`run_rows`)."""
+        return run_rows(self)
 
-        return experiment_document(self)
+    def render_table(self, console) -> None:
+        """`qkinspect experiment`'s table of this result."""
+        from qkinspect.cli.experiment_table import render_experiment
+
+        render_experiment(console, self, run_rows(self), notes(self))
 
 
 @dataclass(frozen=True)

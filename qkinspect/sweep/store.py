@@ -60,11 +60,15 @@ class SweepFolder(Tabular):
                 out.append({"checkpoint": ck.name, "step": ck.step, **row})
         return out
 
-    def table_document(self):
-        """`qkinspect sweep`'s document of this folder (its rows per head and its table)."""
-        from qkinspect.cli.commands.sweep import sweep_document
+    def table_rows(self) -> list[dict[str, Any]]:
+        """The tidy rows per head (`rows()`)."""
+        return self.rows()
 
-        return sweep_document(self)
+    def render_table(self, console) -> None:
+        """`qkinspect sweep`'s table of this folder."""
+        from qkinspect.cli.tables import render_sweep
+
+        render_sweep(console, self.rows())
 
 
 def result_path(folder: Path, ck: Checkpoint, key: str) -> Path:

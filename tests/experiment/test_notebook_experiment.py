@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qkinspect.cli.commands.experiment import run_rows
+from qkinspect.experiment.results import run_rows
 from qkinspect.experiment.run import run_experiment
 from tests.experiment import tiny_models
 from tests.test_notebook import rows_of, text_of

@@ -193,22 +193,6 @@ def write_table(doc: Document, name: str, output: Path | None) -> None:
 
 
 def _render(console, rows: list[dict[str, Any]], requested, by: str = "head") -> None:
-    """A row per checkpoint, step, block, layer and head (or per layer with --by layer), in `analyze`'s tables."""
-    from qkinspect.cli.tables import (
-        DEFAULT_COLUMNS,
-        LAYER_COLUMNS,
-        hidden_hint,
-        print_lines,
-        requested_head_metrics,
-        sweep_tables,
-    )
+    from qkinspect.cli.tables import render_sweep
 
-    labels = {"checkpoint", "step", "block", "layer", "head", "kv_head", "n_heads", "rank_q", "rank_k", "rank_v"}
-    have = list(dict.fromkeys(k for r in rows for k in r if k not in labels))
-    wanted = (requested_head_metrics(requested) if by == "head" else list(requested)) if requested else \
-        (DEFAULT_COLUMNS if by == "head" else LAYER_COLUMNS)
-    cols = [c for c in wanted if c in have] or have[:8]
-    tables, lines = sweep_tables(rows, cols, by=by, width=console.width)
-    for t in tables:
-        console.print(t)
-    print_lines(console, [*lines, hidden_hint(have, cols, by)])
+    render_sweep(console, rows, requested, by)
