@@ -107,7 +107,7 @@ def analyze(
             progress(0, total)
         stream = _layers(m, keys, layer_sel, need_o=run.needs_o, dtype=run.dtype, keep=run.keep)
         specs = [b for b in chosen if b.key in keys]
-        with _threads(threads), contextlib.closing(stream):  # closing stops the prefetch thread on an error
+        with torch_threads(threads), contextlib.closing(stream):  # closing stops the prefetch thread on an error
             at_once = _layers_at_once(run, specs, total)
             baselines = None
             if at_once > 1:  # the baseline on a worker too, while the first layer is read
@@ -198,7 +198,7 @@ def _workers(at_once: int) -> ThreadPoolExecutor:
 
 
 @contextlib.contextmanager
-def _threads(threads: int | None = None) -> Iterator[None]:
+def torch_threads(threads: int | None = None) -> Iterator[None]:
     """torch's intra-op threads set to `threads`, or raised to the CPUs this process may use (if lower), restored
     afterwards. Not more: the prefetch thread mostly waits on the disk, and more threads than cores slow the GEMMs
     down."""

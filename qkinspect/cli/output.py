@@ -77,6 +77,34 @@ def check_output(fmt: str | Enum | None, output: Path | None) -> None:
         check_writable(output)
 
 
+def check_parquet(fmt: str | Enum | None, output: Path | None) -> bool:
+    """Whether Parquet is asked for (`--format parquet`, or -o FILE.parquet with no format); refused before any
+    work when it cannot be written: Parquet needs -o FILE and pyarrow."""
+    name = fmt.value if isinstance(fmt, Enum) else fmt
+    if name != "parquet" and not (name is None and output is not None and output.suffix.lower() == ".parquet"):
+        return False
+    if output is None or str(output) == STDOUT:
+        raise InputError("--format parquet writes a file: give -o FILE.parquet")
+    import importlib.util
+
+    if importlib.util.find_spec("pyarrow") is None:
+        raise InputError("Parquet output needs pyarrow: pip install pyarrow")
+    check_writable(output)
+    return True
+
+
+def write_parquet(data: list[dict[str, Any]] | dict[str, Any], output: Path) -> None:
+    """Rows (a list of dicts) or columns (name -> array) as a Parquet file, written atomically."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from qkinspect.files import atomic_write_file
+
+    table = pa.Table.from_pylist(data) if isinstance(data, list) else pa.table(data)
+    atomic_write_file(output, lambda tmp: pq.write_table(table, tmp))
+    note(f"wrote parquet to {output}")
+
+
 # -- serialisers -----------------------------------------------------------------------------------------------
 
 def jsonable(x: Any) -> Any:

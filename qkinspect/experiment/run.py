@@ -113,7 +113,6 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
     from dataclasses import replace
 
     from qkinspect.errors import CheckpointError
-    from qkinspect.experiment.edits.apply import PREDICTORS
     from qkinspect.experiment.exact import first_layer, make_units, run_unit
     from qkinspect.experiment.heal import check_healable, heal_runs
     from qkinspect.experiment.model.guard import boundary, check_token_ids
@@ -156,7 +155,7 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
             model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
             windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs_e)),
             rotary=rotary, baseline_seconds=t_base, seconds=summary.seconds + summary.verify_seconds,
-            predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, estimate=summary)
+            predictors=_predictors(runs_edits, originals), estimate=summary)
     runs: list[Run] = []
     tick = phase(progress, "exact runs", len(units) * len(runs_edits), f"{scope} × edit")
     for unit in units:
@@ -166,13 +165,21 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
     healing = None
     if opts:
         exact = {(r.edit, r.layer, r.head): r.dloss for r in runs}
+        ses = [r.dloss_se for r in runs if r.dloss_se]
         healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts,
-                            progress=progress)
+                            threshold=min(ses) if ses else None, progress=progress)
     return ExperimentResult(
         model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
         windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),
         rotary=rotary, baseline_seconds=t_base, seconds=sum(r.seconds for r in runs),
-        predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, healing=healing)
+        predictors=_predictors(runs_edits, originals), healing=healing)
+
+
+def _predictors(edits: list[Edit], originals: dict) -> dict[str, str]:
+    from qkinspect.experiment.edits.apply import PREDICTORS
+    from qkinspect.experiment.edits.qknorm import predictor
+
+    return {str(e): predictor(PREDICTORS[e.name], e, originals.values()) for e in edits}
 
 
 def open_experiment(model, revision, layers, heads, tokenizer, device: str | None = None, edits: Sequence[Edit] = (),
@@ -190,7 +197,9 @@ def open_experiment(model, revision, layers, heads, tokenizer, device: str | Non
         check_model(info, edits, layers, heads, names)
         spec = info.blocks[0]
         wanted = sorted(set(layers)) if layers is not None else list(range(spec.n_layers))
-        originals = {i: m.layer(spec.key, i) for i in wanted}
+        from qkinspect.experiment.heal import on_cpu
+
+        originals = {i: on_cpu(m.layer(spec.key, i)) for i in wanted}  # the edits are computed on the CPU
         if m.info.format == "memory":
             hf = hf_in_memory(m.resolved, tokenizer)
             _check_in_place(hf, device)

@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 MODULES = ["qkinspect.analysis", "qkinspect.metrics.factored", "qkinspect.metrics.spectrum",
-           "qkinspect.metrics.registry", "qkinspect.metrics.layer_form"]
+           "qkinspect.metrics.registry", "qkinspect.metrics.layer_form", "qkinspect.composing"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -9,6 +9,8 @@ from typing import Annotated, Any
 import typer
 
 from qkinspect.cli.heal_output import (
+    HealEvalOpt,
+    HealFloat32Opt,
     HealLrOpt,
     HealOpt,
     HealTextOpt,
@@ -83,6 +85,7 @@ def register(app: typer.Typer) -> None:
         probes: ProbesOpt = None, verify: VerifyOpt = None, heal: HealOpt = 0,
         heal_train: HealTrainOpt = HealTrain.attention, heal_lr: HealLrOpt = 1e-4,
         heal_batch_tokens: HealTokensOpt = 1024, heal_text: HealTextOpt = None, heal_track: HealTrackOpt = None,
+        heal_eval_every: HealEvalOpt = None, heal_float32: HealFloat32Opt = False,
     ) -> None:
         """Edit attention heads (share one matrix for queries and keys, symmetrise, truncate the rank, ...), run
         the model on text and report each edit's cost: the loss change per head, per layer or for the model.
@@ -98,6 +101,9 @@ def register(app: typer.Typer) -> None:
 
         Example (healing: 50 fine-tuning steps with the edit kept, against a control): qkinspect experiment
         SmolLM2-135M-Instruct.Q4_1.gguf --edit share_qk --scope layer --layers 3 --heal 50
+
+        Example (the cost curve, scored every 10 steps): qkinspect experiment SmolLM2-135M-Instruct.Q4_1.gguf
+        --edit share_qk --scope layer --layers 3 --heal 100 --heal-eval-every 10 -o healed.json
         """
         check_output(fmt, output)
         layer_list, head_list = parse_indices(layers, "--layers"), parse_indices(heads, "--heads")
@@ -109,7 +115,8 @@ def register(app: typer.Typer) -> None:
                 model, edit, scope=scope.value, layers=layer_list, heads=head_list, text=text, tokens=tokens,
                 window=window, reference=reference, rotary=rotary.value, tokenizer=tokenizer, revision=revision,
                 progress=p, device=device.value, estimate=estimate, probes=probes, verify=verify,
-                heal=heal_options(heal, heal_train, heal_lr, heal_batch_tokens, heal_text, heal_track),
+                heal=heal_options(heal, heal_train, heal_lr, heal_batch_tokens, heal_text, heal_track,
+                                  eval_every=heal_eval_every, float32=heal_float32),
                 names=CLI_NAMES)
         emit(experiment_document(result), fmt, output)
 

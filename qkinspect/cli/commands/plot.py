@@ -44,6 +44,10 @@ class Kind(str, Enum):
     trajectory = "trajectory"
     experiment = "experiment"
     costmap = "costmap"
+    healing = "healing"
+    composition = "composition"
+    depth = "depth"
+    size = "size"
 
 
 KindOpt = Annotated[Kind, typer.Option("--kind", "-k", metavar="KIND", help="Which figure to draw: "
@@ -56,8 +60,9 @@ MetricOpt = Annotated[str | None, typer.Option(
 LayerOpt = Annotated[int | None, typer.Option(
     "--layer", metavar="N", help="--kind heads: the layer to show (default: every layer as small multiples).")]
 ExperimentOpt = Annotated[Path | None, typer.Option(
-    "--experiment", metavar="FILE.json", help="--kind experiment / costmap: the JSON `qkinspect experiment -o "
-                                               "FILE.json` wrote (costmap: with --estimate).")]
+    "--experiment", metavar="FILE.json", help="--kind experiment / costmap / healing: the JSON `qkinspect "
+                                               "experiment -o FILE.json` wrote (costmap: with --estimate; healing: "
+                                               "with --heal-eval-every).")]
 TitleOpt = Annotated[str | None, typer.Option(
     "--title", metavar="TEXT", help="The figure's title instead of the model's name and what is shown (wrapped to "
     "fit the figure, like every title).")]
@@ -89,28 +94,54 @@ def register(app: typer.Typer) -> None:
 
         Example: qkinspect plot --kind experiment --experiment runs.json -o experiment.png
 
+        Example (an atlas folder: a metric against normalised depth, one line per model; or the medians against
+        attention parameters): qkinspect plot atlas/ --kind depth --metric overlap_qk -o depth.png; qkinspect plot
+        atlas/ --kind size --metric symmetry_layer -o size.png
+
         Example (from a saved analysis, without the model): qkinspect analyze ./my-bert -o run.json; qkinspect plot
         run.json --kind rank -o rank.png
 
         Example (the estimated cost of every head): qkinspect plot --kind costmap --experiment map.json -o map.png
+
+        Example (heads composing, from the model or a saved `qkinspect composition -o c.json`): qkinspect plot
+        ./my-llama --kind composition -o composition.png
         """
         output = check_figure_path(output)
+        from qkinspect.zoo.folder import is_atlas
+
+        if is_atlas(model) or kind in (Kind.depth, Kind.size):
+            given = {"--layers": layers, "--block": block, "--layer": layer, "--compare": compare,
+                     "--experiment": experiment, "--revision": revision}
+            named = [k for k, v in given.items() if v]
+            if named:
+                raise InputError(f"{', '.join(named)}: not for an atlas folder's figures (--kind depth or size, "
+                                 "--metric, --title)")
+            drawn = draw_atlas(Path(model or "."), kind, metric, output, title=title)
+            note(f"wrote the {drawn} figure to {output}")
+            return
+        if kind is Kind.composition:
+            draw_composition(model, output, layers=layers, block=block, precision=precision, device=device,
+                             revision=revision, title=title)
+            note(f"wrote the composition figure to {output}")
+            return
         if kind is Kind.trajectory:
             draw_trajectory(Path(model or "."), metric or "symmetry", output, layers=layers, blocks=block,
                             title=title)
             note(f"wrote the {metric or 'symmetry'} trajectory to {output}")
             return
-        from_runs = kind in (Kind.experiment, Kind.costmap)
+        from_runs = kind in (Kind.experiment, Kind.costmap, Kind.healing)
         if from_runs != (experiment is not None):
             raise InputError(f"--kind {kind.value} needs --experiment FILE.json (from qkinspect experiment -o)"
-                             if experiment is None else "--experiment applies to --kind experiment or costmap only")
+                             if experiment is None
+                             else "--experiment applies to --kind experiment, costmap or healing only")
         if experiment is not None:
             from qkinspect.experiment.saved import read_experiment
             from qkinspect.report.experiment.costmap import costmap_figure
             from qkinspect.report.experiment.figure import experiment_figure
+            from qkinspect.report.experiment.healing import healing_figure
             from qkinspect.report.style import style
 
-            draw_runs = costmap_figure if kind is Kind.costmap else experiment_figure
+            draw_runs = {Kind.costmap: costmap_figure, Kind.healing: healing_figure}.get(kind, experiment_figure)
             with style():
                 save_figure(draw_runs(read_experiment(experiment), title=title), output)
             note(f"wrote the {kind.value} figure to {output}")
@@ -216,6 +247,41 @@ def draw_trajectory(folder: Path, metric: str, output: Path, *, layers: str | No
     fig = sweep_trajectory(read_sweep(folder), metric, layers=parse_indices(layers, "--layers"),
                            blocks=parse_blocks(blocks))
     save_figure(retitle(fig, title), output)
+
+
+def draw_composition(model, output: Path, *, title: str | None = None, **options) -> None:
+    """The composition figure (qkinspect.report.composition) of a model or a saved `qkinspect composition -o c.json`,
+    saved to `output`."""
+    from qkinspect.cli.commands.composition import composition_of
+    from qkinspect.report.composition import composition_figure
+    from qkinspect.report.style import style
+
+    result = composition_of(model, **options)
+    with style():
+        fig = composition_figure(result, title=title)
+    save_figure(fig, output)
+
+
+def draw_atlas(folder: Path, kind: Kind, metric: str | None, output: Path, *, title: str | None = None) -> str:
+    """An atlas folder's figure (`qkinspect atlas --out FOLDER`): `depth` (the default, also for --kind symmetry)
+    or `size`, of `metric` (default: symmetry; symmetry_layer for size when the atlas has it), saved to `output`.
+    Returns what was drawn, e.g. "symmetry depth"."""
+    from qkinspect.zoo.result import read_atlas
+
+    if kind not in (Kind.depth, Kind.size, Kind.symmetry):
+        raise InputError(f"--kind {kind.value}: an atlas folder draws --kind depth or --kind size")
+    atlas = read_atlas(folder)
+    from qkinspect.report.atlas import depth_figure, size_figure  # matplotlib: after the checks
+    from qkinspect.report.titles import retitle
+
+    if kind is Kind.size:
+        metric = metric or ("symmetry_layer" if "symmetry_layer" in atlas.metrics else "symmetry")
+        fig = size_figure(atlas, metric)
+    else:
+        metric = metric or "symmetry"
+        fig = depth_figure(atlas, metric)
+    save_figure(retitle(fig, title), output)
+    return f"{metric} {'size' if kind is Kind.size else 'depth'}"
 
 
 def save_figure(fig, output: Path) -> None:

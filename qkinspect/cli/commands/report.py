@@ -41,6 +41,10 @@ ExperimentOpt = Annotated[Path | None, typer.Option(
     "--format json -o RUNS.json` wrote for this same model (what sharing one matrix for queries and keys costs, "
     "which heads share it almost for free, whether the weight metric predicts it). PDF only.")]
 
+CompositionOpt = Annotated[Path | None, typer.Option(
+    "--composition", metavar="FILE.json", help="Add a composition section: the JSON `qkinspect composition MODEL "
+    "-o FILE.json` wrote for this same model (which heads feed which, against the null). PDF only.")]
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -49,6 +53,7 @@ def register(app: typer.Typer) -> None:
         fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False, layer_form: LayerFormOpt = False,
         precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, revision: RevisionOpt = None,
         html: HtmlOpt = False, experiment: ExperimentOpt = None, title: TitleOpt = None,
+        composition: CompositionOpt = None,
     ) -> None:
         """Write a PDF report: the model's identity, a one-page summary in plain words, the definitions, every
         figure with a caption and per-layer tables; its text is searchable. --html writes the same as one web page.
@@ -58,14 +63,30 @@ def register(app: typer.Typer) -> None:
         Example (a sweep's folder: what was swept, then each metric against training step): qkinspect report
         sweep/ -o sweep.pdf
 
+        Example (an atlas folder: its models, then each metric against depth and size): qkinspect report atlas/
+        -o atlas.pdf
+
         Example (with an experiment's runs.json): qkinspect report ./my-bert --experiment runs.json -o report.pdf
+
+        Example (with heads composing): qkinspect composition ./my-llama -o c.json; qkinspect report ./my-llama
+        --composition c.json -o report.pdf
 
         Example (from a saved analysis, without the model): qkinspect analyze ./my-bert --metrics
         default,shared_qk_distance,head_overlap -o run.json; qkinspect report run.json -o report.pdf
         """
         output = check_report_path(output, html=html)
+        from qkinspect.zoo.folder import is_atlas
+
+        if is_atlas(model):  # an atlas folder (qkinspect atlas --out)
+            if experiment is not None:
+                raise InputError(f"--experiment {experiment}: the experiment section is in a model's PDF report "
+                                 "only, not an atlas's")
+            n = write_atlas_report(Path(model), output, html=html, title=title)
+            note(f"wrote an HTML atlas report to {output}" if html else f"wrote {pages(n)} atlas report to {output}")
+            return
         is_sweep = model is not None and (Path(model) / "sweep.json").is_file()
         runs = read_runs(experiment, html=html, sweep=is_sweep)
+        composed = read_composition_option(composition, html=html, sweep=is_sweep)
         if is_sweep:  # a sweep's folder (qkinspect sweep --out)
             n = write_sweep_report(Path(model), output, html=html, title=title)
             note(f"wrote an HTML sweep report to {output}" if html else f"wrote {pages(n)} sweep report to {output}")
@@ -81,7 +102,8 @@ def register(app: typer.Typer) -> None:
             write_html_report(model, output, sel, layer_form=layer_form, revision=revision, title=title)
             note(f"wrote an HTML report to {output}")
             return
-        n = write_report(model, output, sel, layer_form=layer_form, revision=revision, experiment=runs, title=title)
+        n = write_report(model, output, sel, layer_form=layer_form, revision=revision, experiment=runs, title=title,
+                         composition=composed)
         note(f"wrote {pages(n)} report to {output}")
 
 
@@ -109,9 +131,21 @@ def read_runs(path: Path | None, *, html: bool = False, sweep: bool = False) -> 
     return read_experiment(path), path
 
 
+def read_composition_option(path: Path | None, *, html: bool = False, sweep: bool = False):
+    """The --composition document (None without it); InputError where it cannot go."""
+    if path is None:
+        return None
+    if html or sweep:
+        raise InputError(f"--composition {path}: the composition section is in a model's PDF report only"
+                         + ("; leave out --html" if html else ", not a sweep's"))
+    from qkinspect.composition_records import read_composition
+
+    return read_composition(path)
+
+
 def write_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
                  revision: str | None = None, experiment: tuple[dict, Path] | None = None,
-                 title: str | None = None) -> int:
+                 title: str | None = None, composition=None) -> int:
     """Analyse `model` (or read a saved analysis) and write the PDF report atomically to `output`; returns the
     number of pages. `experiment` (read_runs) adds the experiment section; InputError when it was run on another
     model.
@@ -121,6 +155,7 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
         12
     """
     from qkinspect.cli.commands.plot import result_of
+    from qkinspect.layer import shape_differences
 
     result = result_of(model, selection, revision=revision, layer_form=layer_form)
     from qkinspect.report.analysis.pdf import write_pdf  # matplotlib: after the checks, so that errors come fast
@@ -130,8 +165,11 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
         from qkinspect.report.experiment.summary import check_same_model
 
         check_same_model(experiment[0], model_dict(result.model), experiment[1])
+    if composition is not None and (diff := shape_differences(composition.model, result.model)):
+        raise InputError(f"--composition: computed on {composition.model.name}, another shape ({diff[0]})")
     # rendered in memory, then written: a full disk is an OSError of that write, not an error inside matplotlib
-    return write_rendered(output, lambda buffer: write_pdf(result, buffer, experiment=experiment, title=title))
+    return write_rendered(output, lambda buffer: write_pdf(result, buffer, experiment=experiment, title=title,
+                                                           composition=composition))
 
 
 def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
@@ -150,6 +188,25 @@ def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title:
         atomic_write(output, lambda f: f.write(page))
         return 1
     return write_rendered(output, lambda buffer: write_sweep_pdf(sweep, buffer, title=title))
+
+
+def write_atlas_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
+    """The report of an atlas folder, written atomically as a PDF (returns the number of pages) or, with `html`,
+    as one HTML page (returns 1)."""
+    from qkinspect.zoo.result import read_atlas
+
+    atlas = read_atlas(folder)
+    if not atlas.records:
+        raise InputError(f"{folder}: the atlas has no results yet")
+    if html:
+        from qkinspect.report.analysis.html import render_atlas_html
+
+        page = render_atlas_html(atlas, name=title)
+        atomic_write(output, lambda f: f.write(page))
+        return 1
+    from qkinspect.report.atlas import write_atlas_pdf
+
+    return write_rendered(output, lambda buffer: write_atlas_pdf(atlas, buffer, title=title))
 
 
 def write_html_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,

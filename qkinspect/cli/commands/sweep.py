@@ -27,9 +27,8 @@ from qkinspect.cli.options import (
     Selection,
     check_selection,
 )
-from qkinspect.cli.output import QUIET, Document, check_output, emit, note, warn
+from qkinspect.cli.output import QUIET, Document, check_output, check_parquet, emit, note, warn, write_parquet
 from qkinspect.errors import InputError, SweepFailed
-from qkinspect.files import atomic_write_file, check_writable
 from qkinspect.limits import check_threads, check_workers
 from qkinspect.records import envelope
 
@@ -61,7 +60,7 @@ ThreadsOpt = Annotated[int | None, typer.Option(
     "--threads", metavar="N",
     help="torch threads per checkpoint (default: the cores shared among the workers; at most 1024).")]
 SweepFormatOpt = Annotated[SweepFormat | None, typer.Option(
-    "--format", "-f", show_default=False,
+    "--format", "-f", show_default=False, metavar="FORMAT",
     help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
 
 
@@ -129,18 +128,12 @@ def check_checkpoint(info, sel: Selection) -> None:
 
 def check_sweep_output(fmt: SweepFormat | None, output: Path | None) -> str:
     """The format to write, refused (before any work) when it cannot be: Parquet needs -o FILE and pyarrow."""
-    parquet = fmt is SweepFormat.parquet or (fmt is None and output is not None and output.suffix == ".parquet")
-    if not parquet:
-        check_output(fmt, output)
-        from qkinspect.cli.output import choose_format
+    if check_parquet(fmt, output):
+        return "parquet"
+    check_output(fmt, output)
+    from qkinspect.cli.output import choose_format
 
-        return choose_format(fmt, output)
-    if output is None:
-        raise InputError("--format parquet writes a file: give -o FILE.parquet")
-    if importlib.util.find_spec("pyarrow") is None:
-        raise InputError("Parquet output needs pyarrow: pip install 'qkinspect[sweep]'")
-    check_writable(output)
-    return "parquet"
+    return choose_format(fmt, output)
 
 
 def steps_line(checkpoints) -> str:
@@ -156,11 +149,14 @@ def steps_line(checkpoints) -> str:
 
 
 class ProgressLine:
-    """One line on stderr per checkpoint finished: done/total, failures, elapsed, ETA."""
+    """One line on stderr per checkpoint finished: done/total, failures, elapsed, ETA (`label`: the command)."""
+
+    def __init__(self, label: str = "sweep"):
+        self.label = label
 
     def __call__(self, s) -> None:
         eta = "?" if s.eta is None else _duration(s.eta)
-        print(f"sweep: {s.done}/{s.total} done, {s.failed} failed, {_duration(s.elapsed)} elapsed, ETA {eta}"
+        print(f"{self.label}: {s.done}/{s.total} done, {s.failed} failed, {_duration(s.elapsed)} elapsed, ETA {eta}"
               f"  ({s.last})", file=sys.stderr, flush=True)
 
 
@@ -184,12 +180,7 @@ def write_table(doc: Document, name: str, output: Path | None) -> None:
     if name != "parquet":
         emit(doc, name, output)
         return
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.Table.from_pylist(doc.rows)
-    atomic_write_file(output, lambda tmp: pq.write_table(table, tmp))
-    note(f"wrote parquet to {output}")
+    write_parquet(doc.rows, output)
 
 
 def _render(console, rows: list[dict[str, Any]], requested, by: str = "head") -> None:

@@ -51,12 +51,13 @@ def plan_figures(result: AnalysisResult) -> list[FigurePlan]:
 
 
 def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
-              experiment: tuple[dict, Path] | None = None, title: str | None = None) -> int:
+              experiment: tuple[dict, Path] | None = None, title: str | None = None, composition=None) -> int:
     """Write the report to `target` (a path or a binary file); returns the number of pages.
     The caller makes the write atomic (the CLI writes a temporary file and renames it). `experiment`, the
     document `qkinspect experiment` wrote (qkinspect.experiment.saved.read_experiment) and its path, adds the experiment
     section after the summary: its words, its figure and the cheapest and costliest heads. `title` names the
-    model in the report's title, footer and figure titles (the cover still gives its identity).
+    model in the report's title, footer and figure titles (the cover still gives its identity). `composition`, a
+    CompositionResult (qkinspect.composition), adds the composition section after the figures.
 
     Raises:
         InputError: the analysis holds no head records.
@@ -77,6 +78,10 @@ def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: d
         pages.new_page()
         text.definitions(pages, result)
         skipped = _figures(pages, shown)
+        if composition is not None:
+            from qkinspect.report.composition import composition_section
+
+            composition_section(pages, composition, lambda draw, caption: _figure_page(pages, draw, caption))
         pages.new_page()
         text.tables_intro(pages, skipped)
         for t in layer_tables(result):
@@ -134,6 +139,16 @@ def _experiment(pages: TextPages, doc: dict, path: Path) -> None:
     for e in experiment_pages.es.edits(doc):
         if e != "ablate" and (t := experiment_pages.head_table(doc, e)) is not None:
             pages.table(t)
+
+
+def _figure_page(pages: TextPages, draw, caption: str) -> None:
+    """A page holding the figure `draw(canvas)` draws, with its caption under it."""
+    pages.flush()
+    page = Figure(figsize=PAGE, layout="constrained")
+    slot: dict = {}
+    draw(_page_canvas(page, slot))
+    _caption(slot["caption"], caption)
+    pages.add_page(page)
 
 
 def _page_canvas(page: Figure, slot: dict):

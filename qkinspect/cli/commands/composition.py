@@ -1,0 +1,217 @@
+"""`qkinspect composition`: Q-, K- and V-composition scores between every earlier and later head, beside their null."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from qkinspect.cli.options import (
+    BlockOpt,
+    Device,
+    DeviceOpt,
+    FoldQkNormOpt,
+    HeadsOpt,
+    LayersOpt,
+    ModelArg,
+    OutputOpt,
+    Precision,
+    PrecisionOpt,
+    RevisionOpt,
+    check_device,
+    parse_blocks,
+    parse_indices,
+    parse_names,
+)
+from qkinspect.cli.output import Document, emit, note, progress, warn
+from qkinspect.errors import InputError
+
+
+class CompositionFormat(str, Enum):
+    table = "table"
+    json = "json"
+    ndjson = "ndjson"
+    csv = "csv"
+    parquet = "parquet"
+
+
+FormatOpt = Annotated[CompositionFormat | None, typer.Option(
+    "--format", "-f", show_default=False, metavar="FORMAT",
+    help="Output format: table, json, ndjson, csv or parquet; default: from -o's extension (.parquet too), else table "
+         "on a terminal and json in a pipe.")]
+KindsOpt = Annotated[list[str] | None, typer.Option(
+    "--kinds", metavar="KINDS", help="Which compositions: q, k, v, comma-separated or repeated (default: all).")]
+TopOpt = Annotated[int, typer.Option("--top", metavar="N", help="Table: the N strongest pairs per kind.")]
+FoldOpt = Annotated[bool, typer.Option(
+    "--fold-ln/--no-fold-ln",
+    help="Fold each layer's input-norm gain into W_Q, W_K, W_V (the default), or measure the weights as stored.")]
+FromLayersOpt = Annotated[str | None, typer.Option(
+    "--from-layers", metavar="LIST", help="Earlier (writing) layers, e.g. 0-3 (default: --layers).")]
+ToLayersOpt = Annotated[str | None, typer.Option(
+    "--to-layers", metavar="LIST", help="Later (reading) layers (default: --layers).")]
+FromHeadsOpt = Annotated[str | None, typer.Option(
+    "--from-heads", metavar="LIST", help="Earlier heads (default: --heads).")]
+ToHeadsOpt = Annotated[str | None, typer.Option("--to-heads", metavar="LIST", help="Later heads (default: --heads).")]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def composition(
+        model: ModelArg = None, kinds: KindsOpt = None, top: TopOpt = 10, layers: LayersOpt = None,
+        heads: HeadsOpt = None, from_layers: FromLayersOpt = None, to_layers: ToLayersOpt = None,
+        from_heads: FromHeadsOpt = None, to_heads: ToHeadsOpt = None, block: BlockOpt = None,
+        fold_ln: FoldOpt = True, fold_qk_norm: FoldQkNormOpt = False, precision: PrecisionOpt = Precision.float32,
+        device: DeviceOpt = Device.cpu, revision: RevisionOpt = None, fmt: FormatOpt = None,
+        output: OutputOpt = None,
+    ) -> None:
+        """How strongly each earlier head's output feeds each later head's queries (q), keys (k) and values (v):
+        Elhage et al.'s composition scores from the weights, each beside the score of random heads (1/√d_model).
+
+        Example: qkinspect composition ./my-llama --kinds k --top 20
+
+        Example (every pair as rows): qkinspect composition model.gguf -o composition.parquet
+        """
+        from qkinspect.cli.options import check_selection
+        from qkinspect.composing import composition as compose
+        from qkinspect.loading import open_model
+
+        name = check_format(fmt, output)
+        if top < 1:
+            raise InputError(f"--top: {top} must be at least 1")
+        chosen = parse_names(kinds, "--kinds") or ("q", "k", "v")
+        if bad := [k for k in chosen if k not in ("q", "k", "v")]:
+            raise InputError(f"--kinds {','.join(bad)}: choose among q, k, v")
+        options = {"kinds": chosen, "blocks": parse_blocks(block)}
+        for opt, value in (("layers", layers), ("heads", heads), ("from_layers", from_layers),
+                           ("to_layers", to_layers), ("from_heads", from_heads), ("to_heads", to_heads)):
+            options[opt] = parse_indices(value, f"--{opt.replace('_', '-')}")
+        with open_model(model, revision=revision) as m:
+            for side in ("", "from_", "to_"):  # answered in the option the user typed, before any work
+                check_selection(m.info, options["blocks"], options[f"{side}layers"], options[f"{side}heads"],
+                                options=(f"--{side.replace('_', '-')}layers", f"--{side.replace('_', '-')}heads"))
+            with progress("composing heads") as p:
+                result = compose(m, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, precision=precision.value,
+                                 device=check_device(device), progress=p, **options)
+        for w in result.warnings:
+            warn(w)
+        for line in notes(result):
+            note(line)
+        write(result, top, name, output)
+
+
+def check_format(fmt: CompositionFormat | None, output: Path | None) -> str:
+    """The format to write, refused before any work when it cannot be."""
+    from qkinspect.cli.output import check_output, check_parquet, choose_format
+
+    if check_parquet(fmt, output):
+        return "parquet"
+    check_output(fmt, output)
+    return choose_format(fmt, output)
+
+
+def write(result, top: int, name: str, output: Path | None) -> None:
+    """The result in format `name`: Parquet from its columns, else through `emit` (the JSON document is made
+    only for JSON: NDJSON and CSV write the rows as they are made)."""
+    from qkinspect.cli.output import write_parquet
+
+    if name == "parquet":
+        write_parquet(result.columns(), output)
+        return
+    emit(composition_document(result, top, json=name == "json"), name, output)
+
+
+def notes(result) -> list[str]:
+    """What a reader must know about how the scores were made (stderr)."""
+    p = result.processing
+    out = [fold_line(p)]
+    if p.rotary:
+        out.append(f"{', '.join(p.rotary)}: rotary positions; W_Q W_Kᵀ is the zero-offset form")
+    if p.qk_norm_not_folded:
+        out.append(f"{', '.join(p.qk_norm_not_folded)}: q/k-norm gains not folded in (--fold-qk-norm folds them)")
+    return out
+
+
+def fold_line(p) -> str:
+    if not p.fold_ln:
+        return "weights as stored (--no-fold-ln)"
+    line = "each layer's input-norm gain folded into W_Q, W_K, W_V (--no-fold-ln: as stored)"
+    if p.not_folded:
+        shown = ", ".join(p.not_folded[:3]) + (f" and {len(p.not_folded) - 3} more" if len(p.not_folded) > 3 else "")
+        line += f"; no norm to fold for {shown}"
+    return line
+
+
+class _Rows:
+    """The records as dicts, made afresh on each pass (CSV reads the rows twice: header, then rows)."""
+
+    def __init__(self, result):
+        self.result = result
+
+    def __iter__(self):
+        return self.result.rows()
+
+
+def composition_document(result, top: int = 10, *, json: bool = True) -> Document:
+    """JSON: the result's document (kind "composition"; `json=False` leaves it empty); rows: one per (earlier head,
+    later head, kind), made as they are written; table: the `top` strongest pairs per kind."""
+    return Document(json=result.to_dict() if json else {}, rows=_Rows(result),  # type: ignore[arg-type]
+                    render=lambda console: render(console, result, top))
+
+
+def _head(block: str, layer: int, head: int, multi: bool) -> str:
+    short = {"encoder": "enc", "decoder": "dec", "cross": "cross"}.get(block, block)
+    return f"{short + ' ' if multi else ''}L{layer} H{head}"
+
+
+KIND_TITLE = {"q": "Q-composition: a writes what b's queries read",
+              "k": "K-composition: a writes what b's keys read",
+              "v": "V-composition: a writes what b's values read"}
+
+
+def render(console, result, top: int) -> None:
+    from qkinspect.cli.tables import Column, fit_tables, fmt_value, print_lines
+
+    p = result.processing
+    info = result.model
+    console.print(f"{info.name} ({info.model_type})  [{p.precision}"
+                  f"{', fold_ln' if p.fold_ln else ''}{', fold_qk_norm' if p.fold_qk_norm else ''}]",
+                  markup=False, highlight=False)
+    multi = result.multi_block
+    for kind in p.kinds:
+        recs = result.top(kind, top)
+        if not recs:
+            continue
+        cols = [Column("earlier a", [_head(r.from_block, r.from_layer, r.from_head, multi) for r in recs], left=True),
+                Column("later b", [_head(r.to_block, r.to_layer, r.to_head, multi) for r in recs], left=True)]
+        vals = [Column("score", [fmt_value(r.score, 4) for r in recs]),
+                Column("null", [fmt_value(r.baseline, 4) for r in recs]),
+                Column("ratio", [fmt_value(r.ratio, 2) for r in recs])]
+        for t in fit_tables(cols, vals, width=console.width, title=f"{KIND_TITLE[kind]} (top {len(recs)})"):
+            console.print(t)
+    lines = ["null = 1/√d_model, the RMS score of random Gaussian heads; ratio = score / null"]
+    if multi:
+        lines += [f"{q.from_block} -> {q.to_block} ({','.join(q.kinds)}): {q.rule}" for q in result.pairs]
+    print_lines(console, lines)
+
+
+def composition_of(model, *, layers=None, block=None, precision=Precision.float32, device=Device.cpu,
+                   revision=None):
+    """The composition to draw: read from a saved document (`qkinspect composition -o FILE.json`), or computed on
+    the model with the defaults (every pair, each layer's input norm folded)."""
+    from qkinspect.composition_records import is_composition_document, read_composition
+
+    if model is not None and is_composition_document(model):
+        if layers or block or precision is not Precision.float32 or device is not Device.cpu or revision:
+            raise InputError(f"{model} is a saved composition, drawn as it was saved: --layers, --block, "
+                             "--precision, --device and --revision apply when computing it from a model")
+        return read_composition(model)
+    from qkinspect.composing import composition as compose
+
+    with progress("composing heads") as p:
+        result = compose(model, layers=parse_indices(layers, "--layers"), blocks=parse_blocks(block),
+                         precision=precision.value, device=check_device(device), revision=revision, progress=p)
+    for w in result.warnings:
+        warn(w)
+    return result

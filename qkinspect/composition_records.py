@@ -1,0 +1,266 @@
+"""What `qkinspect.composition` returns: the scores of every (earlier head, later head, kind), the pairs of blocks
+that compose, and how the weights were processed; its records, JSON document and checked reader side by side.
+
+Scores are held per (earlier layer, later layer, kind) as an H_a x H_b array, so the 1.5 million scores of a
+32-layer, 32-head model's three kinds take 12 MB; records (one per earlier head, later head and kind) are made as
+they are read.
+
+Example:
+    >>> result = qkinspect.composition("path/to/model")  # doctest: +SKIP
+    >>> next(result.rows())  # doctest: +SKIP
+    {'from_layer': 0, 'from_head': 0, 'to_layer': 1, 'to_head': 0, 'kind': 'q', 'score': 0.061, ...}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qkinspect.errors import InputError
+from qkinspect.layer import ModelInfo
+from qkinspect.records import SCHEMA, model_dict, model_info
+
+KIND_TEXT = {"q": "queries", "k": "keys", "v": "values"}
+DEFINITIONS = {
+    "composition_q": "‖W_OV^a W_QK^b‖_F / (‖W_OV^a‖_F ‖W_QK^b‖_F), W_OV = W_V W_O, W_QK = W_Q W_Kᵀ (row vectors)",
+    "composition_k": "‖W_OV^a W_QK^bᵀ‖_F / (‖W_OV^a‖_F ‖W_QK^b‖_F)",
+    "composition_v": "‖W_OV^a W_OV^b‖_F / (‖W_OV^a‖_F ‖W_OV^b‖_F)",
+    "baseline": "1/√D: the root-mean-square score of Gaussian factors of any shapes (E[score²] = 1/D exactly), "
+                "D the width of the stream a writes and b reads",
+    "ratio": "score / baseline",
+}
+
+
+@dataclass(frozen=True)
+class BlockPair:
+    """Which kinds of composition exist from the heads of one block into those of another, and why."""
+
+    from_block: str
+    to_block: str
+    kinds: tuple[str, ...]
+    width: int  # the residual stream's width D (baseline 1/√D)
+    rule: str  # e.g. "layer i < layer j" or "every encoder layer: the decoder's keys and values read its output"
+
+
+@dataclass(frozen=True)
+class CompositionProcessing:
+    """How the scores were computed; recorded with every result."""
+
+    fold_ln: bool = True
+    fold_qk_norm: bool = False
+    precision: str = "float32"
+    device: str = "cpu"
+    kinds: tuple[str, ...] = ("q", "k", "v")
+    blocks: tuple[str, ...] | None = None
+    from_layers: tuple[int, ...] | None = None
+    from_heads: tuple[int, ...] | None = None
+    to_layers: tuple[int, ...] | None = None
+    to_heads: tuple[int, ...] | None = None
+    not_folded: tuple[str, ...] = ()  # "<block> layer <i> <side>" where the model gives no norm to fold
+    rotary: tuple[str, ...] = ()  # blocks with rotary positions: their W_QK is the zero-offset form
+    qk_norm_not_folded: tuple[str, ...] = ()  # blocks with q/k norms whose gains were not folded in
+    dequantized: str | None = None
+
+
+@dataclass(frozen=True)
+class CompositionRecord:
+    """One (earlier head, later head, kind)."""
+
+    from_block: str
+    from_layer: int
+    from_head: int
+    to_block: str
+    to_layer: int
+    to_head: int
+    kind: str
+    score: float
+    baseline: float
+
+    @property
+    def ratio(self) -> float:
+        return self.score / self.baseline
+
+    def row(self, blocks: bool = True) -> dict[str, Any]:
+        out = {"from_block": self.from_block, "from_layer": self.from_layer, "from_head": self.from_head,
+               "to_block": self.to_block, "to_layer": self.to_layer, "to_head": self.to_head, "kind": self.kind,
+               "score": self.score, "baseline": self.baseline, "ratio": self.ratio}
+        if not blocks:
+            del out["from_block"], out["to_block"]
+        return out
+
+
+Key = tuple[str, int, str, int, str]  # (from_block, from_layer, to_block, to_layer, kind)
+
+
+@dataclass
+class CompositionResult:
+    """Everything `qkinspect.composition` returns.
+
+    `scores[(from_block, from_layer, to_block, to_layer, kind)]`: an (H_a, H_b) float64 array over all heads of the
+    two layers (NaN for a head with a zero norm); `heads()` and `rows()` apply the head selection.
+    """
+
+    model: ModelInfo
+    processing: CompositionProcessing
+    pairs: list[BlockPair]
+    scores: dict[Key, np.ndarray] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def multi_block(self) -> bool:
+        """Whether records name blocks (a model with more than one attention block)."""
+        return len(self.model.blocks) > 1
+
+    def baseline(self, from_block: str, to_block: str) -> float:
+        for p in self.pairs:
+            if p.from_block == from_block and p.to_block == to_block:
+                return 1.0 / math.sqrt(p.width)
+        raise KeyError((from_block, to_block))
+
+    def heads(self, key: Key) -> tuple[np.ndarray, np.ndarray]:
+        """The selected (earlier, later) head indexes of one score array."""
+        p = self.processing
+        H_a, H_b = self.scores[key].shape
+        return _chosen(p.from_heads, H_a), _chosen(p.to_heads, H_b)
+
+    def records(self, kinds: tuple[str, ...] | None = None) -> Iterator[CompositionRecord]:
+        """One record per selected (earlier head, later head, kind), earlier layer first, then later layer, kind."""
+        for key, s in self.scores.items():
+            fb, fl, tb, tl, kind = key
+            if kinds is not None and kind not in kinds:
+                continue
+            base = self.baseline(fb, tb)
+            rows, cols = self.heads(key)
+            for a in rows.tolist():
+                for b in cols.tolist():
+                    yield CompositionRecord(fb, fl, a, tb, tl, b, kind, float(s[a, b]), base)
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """The records as tidy dicts (`from_block`/`to_block` only for a model with several blocks)."""
+        blocks = self.multi_block
+        return (r.row(blocks) for r in self.records())
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The rows as columns (numpy arrays), for Parquet and pandas without a dict per row."""
+        parts: dict[str, list[np.ndarray]] = {}
+        for key, s in self.scores.items():
+            fb, fl, tb, tl, kind = key
+            rows, cols = self.heads(key)
+            a, b = np.meshgrid(rows, cols, indexing="ij")  # (n_a, n_b) each
+            n = a.size
+            score = s[np.ix_(rows, cols)].ravel()
+            base = self.baseline(fb, tb)
+            for name, v in (("from_block", np.full(n, fb, dtype=object)), ("from_layer", np.full(n, fl)),
+                            ("from_head", a.ravel()), ("to_block", np.full(n, tb, dtype=object)),
+                            ("to_layer", np.full(n, tl)), ("to_head", b.ravel()),
+                            ("kind", np.full(n, kind, dtype=object)), ("score", score),
+                            ("baseline", np.full(n, base)), ("ratio", score / base)):
+                parts.setdefault(name, []).append(v)
+        names = [n for n in ("from_block", "from_layer", "from_head", "to_block", "to_layer", "to_head", "kind",
+                             "score", "baseline", "ratio") if self.multi_block or n not in ("from_block", "to_block")]
+        return {n: np.concatenate(parts[n]) if parts.get(n) else np.array([]) for n in names}
+
+    def to_pandas(self):
+        """The records as a pandas DataFrame (needs pandas).
+
+        Example:
+            >>> df = qkinspect.composition("path/to/model").to_pandas()  # doctest: +SKIP
+            >>> df[df.kind == "k"].nlargest(5, "score")  # doctest: +SKIP
+        """
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("to_pandas() needs pandas: pip install pandas") from None
+        return pd.DataFrame(self.columns())
+
+    def top(self, kind: str, n: int) -> list[CompositionRecord]:
+        """The `n` strongest selected pairs of one kind (largest ratio first; NaN never)."""
+        best: list[tuple[float, Key, int, int]] = []
+        for key, s in self.scores.items():
+            if key[4] != kind:
+                continue
+            rows, cols = self.heads(key)
+            sub = s[np.ix_(rows, cols)] / self.baseline(key[0], key[2])
+            flat = np.where(np.isfinite(sub), sub, -np.inf).ravel()
+            k = min(n, flat.size)
+            for i in np.argpartition(-flat, k - 1)[:k] if k else []:
+                if np.isfinite(flat[i]):
+                    best.append((float(flat[i]), key, int(rows[i // len(cols)]), int(cols[i % len(cols)])))
+        best.sort(key=lambda t: -t[0])
+        out = []
+        for _, (fb, fl, tb, tl, kd), a, b in best[:n]:
+            out.append(CompositionRecord(fb, fl, a, tb, tl, b, kd, float(self.scores[(fb, fl, tb, tl, kd)][a, b]),
+                                         self.baseline(fb, tb)))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: schema, tool, model, processing, definitions, block pairs, records, warnings."""
+        from qkinspect.version import __version__
+
+        return {"schema": SCHEMA, "kind": "composition", "tool": {"name": "qkinspect", "version": __version__},
+                "model": model_dict(self.model), "processing": asdict(self.processing), "definitions": DEFINITIONS,
+                "pairs": [asdict(p) for p in self.pairs], "records": list(self.rows()),
+                "warnings": list(self.warnings)}
+
+
+def _chosen(sel: tuple[int, ...] | None, n: int) -> np.ndarray:
+    return np.arange(n) if sel is None else np.array([h for h in sel if h < n], dtype=np.int64)
+
+
+def is_composition_document(spec: str | Path) -> bool:
+    """Whether `spec` names a JSON file whose head says it is a composition document (read no further)."""
+    path = Path(spec)
+    if path.suffix.lower() != ".json" or not path.is_file():
+        return False
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return b'"kind": "composition"' in head or b'"kind":"composition"' in head
+
+
+def read_composition(path: str | Path) -> CompositionResult:
+    """A composition document (`qkinspect composition -o FILE.json`) read back, checked as untrusted input.
+
+    Raises:
+        InputError: naming the file, for anything that is not such a document.
+    """
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise InputError(f"{path}: cannot read a composition document ({type(e).__name__})") from None
+    try:
+        return _from_dict(doc)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise InputError(f"{path}: not a valid composition document ({type(e).__name__}: {e})") from None
+
+
+def _from_dict(doc: Mapping[str, Any]) -> CompositionResult:
+    if doc.get("schema") != SCHEMA or doc.get("kind") != "composition":
+        raise ValueError(f"schema {doc.get('schema')!r}, kind {doc.get('kind')!r}: expected {SCHEMA}, composition")
+    info = model_info(doc["model"])
+    proc = {k: tuple(v) if isinstance(v, list) else v for k, v in doc["processing"].items()
+            if k in CompositionProcessing.__dataclass_fields__}
+    pairs = [BlockPair(str(p["from_block"]), str(p["to_block"]), tuple(map(str, p["kinds"])), int(p["width"]),
+                       str(p["rule"])) for p in doc["pairs"]]
+    shapes = {b.key: b.n_heads for b in info.blocks}
+    scores: dict[Key, np.ndarray] = {}
+    one_block = info.blocks[0].key if len(info.blocks) == 1 else None
+    for r in doc["records"]:
+        fb, tb = str(r.get("from_block", one_block)), str(r.get("to_block", one_block))
+        key = (fb, int(r["from_layer"]), tb, int(r["to_layer"]), str(r["kind"]))
+        if key not in scores:
+            scores[key] = np.full((shapes[fb], shapes[tb]), np.nan)
+        a, b, v = int(r["from_head"]), int(r["to_head"]), r["score"]
+        if key[4] not in KIND_TEXT or not (0 <= a < shapes[fb] and 0 <= b < shapes[tb]):
+            raise ValueError(f"record {r!r} names a kind or head this model does not have")
+        scores[key][a, b] = np.nan if v is None else float(v)
+    return CompositionResult(info, CompositionProcessing(**proc), pairs, scores, list(doc.get("warnings", [])))
