@@ -49,7 +49,11 @@ def main() -> None:
     args = ap.parse_args()
 
     t_start = time.perf_counter()
-    _, _, hf = open_experiment(args.model or smollm2(), None, None, None, None, device=args.device)
+    model_path = args.model or smollm2()
+    _, _, hf = open_experiment(model_path, None, None, None, None, device=args.device)
+    # The model is passed on as a model in memory: name it by the file it came from, not by the staging folder
+    # transformers read it from (a temporary path would title every document and figure).
+    hf.model.config.name_or_path = str(model_path)
     print(f"loaded in {time.perf_counter() - t_start:.1f} s on {args.device}", flush=True)
     single = [int(x) for x in args.layers.split(",")]
     n_edits = len(args.edits.split(","))

@@ -34,13 +34,14 @@ from qkinspect.experiment.model.scoring import Scorer, Text, windows
 from qkinspect.experiment.model.writeback import module_maps, write_layer
 from qkinspect.experiment.requests import TRAINED, HealOptions
 from qkinspect.experiment.results import HealedRun, Healing, HealPoint
+from qkinspect.progress import phase
 
 Unit = list[tuple[int, list[int]]]
 
 
 def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: int, units: Sequence[Unit],
               edits: Sequence[Edit], scope: str, rotary: str, exact: dict[tuple, float], baseline: float,
-              opts: HealOptions, progress: Callable[[int, int], None] | None = None,
+              opts: HealOptions, progress: Callable[..., None] | None = None,
               threshold: float | None = None) -> Healing:
     """Heal every (unit, edit) and the control; `exact` maps (edit, layer, head) to the unhealed Δloss, `threshold`
     is the smallest standard error of the exact runs (bfloat16 autocast must stay within it). The caller has checked
@@ -56,14 +57,13 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
     precision = choose_precision(scorer, control.hf, threshold, opts.float32)
     c_tokens: dict[int, Tensor] = {}
     control.train(_tracker(opts, "control", control, tracks, notes), precision.dtype == "bfloat16",
-                  at, lambda step: c_tokens.__setitem__(step, control.score(scorer)))
+                  at, lambda step: c_tokens.__setitem__(step, control.score(scorer)),
+                  _steps(progress, f"healing 1/{total}: control", opts.steps))
     blocks = scorer.blocks
     control_curve = tuple(point(k, c_tokens[k], scorer.base_tokens, blocks) for k in at)
     control_loss = control_curve[-1].loss
     control.release()
     done = 1
-    if progress is not None:
-        progress(done, total)
     runs, step_times = [], []
     for unit in units:
         for edit in edits:
@@ -75,7 +75,8 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
             def evaluate(step: int, healer=healer, curve=curve) -> None:
                 curve.append(point(step, healer.score(scorer), c_tokens[step], blocks))
 
-            healer.train(_tracker(opts, name, healer, tracks, notes), precision.dtype == "bfloat16", at, evaluate)
+            healer.train(_tracker(opts, name, healer, tracks, notes), precision.dtype == "bfloat16", at, evaluate,
+                         _steps(progress, f"healing {done + 1}/{total}: {name}", opts.steps))
             step_times += healer.step_seconds
             healer.release()  # one copy of the model at a time
             last = curve[-1]
@@ -88,8 +89,6 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
                 recovered=1 - last.diff / unhealed if unhealed else None, violation=healer.violation,
                 train_loss=tuple(healer.losses), seconds=time.perf_counter() - t1, curve=tuple(curve)))
             done += 1
-            if progress is not None:
-                progress(done, total)
     return Healing(
         steps=opts.steps, train=opts.train, trained=TRAINED[opts.train], trained_parameters=control.n_trained,
         parameters=control.n_params, lr=float(opts.lr), text=train_text, train_tokens=n_train,
@@ -223,9 +222,11 @@ class Healer:
             return scored_tokens(scorer, self.hf)
 
     def train(self, on_step: Callable[[nn.Module, int], None] | None = None, bf16: bool = False,
-              at: Sequence[int] = (), evaluate: Callable[[int], None] | None = None) -> None:
+              at: Sequence[int] = (), evaluate: Callable[[int], None] | None = None,
+              tick: Callable[..., None] | None = None) -> None:
         """`steps` optimizer steps (the forward under bfloat16 autocast where `bf16`); `on_step(model, k)` after
-        step k (0: before the first), `evaluate(k)` at the steps in `at`."""
+        step k (0: before the first), `evaluate(k)` at the steps in `at`, `tick(k, status)` with step k's training
+        loss (qkinspect.progress)."""
         opt = torch.optim.AdamW(self.params, lr=self.opts.lr, weight_decay=0.0)
         self.model.train()
         if on_step is not None:
@@ -248,6 +249,8 @@ class Healer:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 self.losses.append(float(loss.detach()))
+                if tick is not None:
+                    tick(k + 1, status=f"loss {self.losses[-1]:.4f}")
                 if k + 1 == self.opts.steps:
                     self.violation = max(self.violation, self._violation())
                 sync()
@@ -284,6 +287,11 @@ def _float32(model: nn.Module) -> nn.Module:
 
 def _with_labels(inputs: dict[str, Tensor], kind: str) -> dict[str, Tensor]:
     return {**inputs, "labels": inputs["input_ids"]} if kind == CAUSAL else inputs
+
+
+def _steps(progress, name: str, steps: int):
+    """The progress of one healing run: its steps, each with its training loss."""
+    return phase(progress, name, steps, "steps")
 
 
 def _tracker(opts: HealOptions, name: str, healer: Healer, tracks: dict[str, str], notes: list[str]):

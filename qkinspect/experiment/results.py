@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.layer import ModelInfo
+from qkinspect.notebook import Tabular
 from qkinspect.records import envelope, json_safe, model_dict
 
 # A difference is "beyond its error" when it is at least this many standard errors from 0 (about 95 %, two-sided).
@@ -105,8 +106,9 @@ class Run:
 
 
 @dataclass(frozen=True)
-class ExperimentResult:
-    """Everything an experiment measured; `runs` in the order they ran (unit by unit, edit by edit)."""
+class ExperimentResult(Tabular):
+    """Everything an experiment measured; `runs` in the order they ran (unit by unit, edit by edit). In a notebook
+    it shows `qkinspect experiment`'s table; `to_pandas()` is a row per run (qkinspect.notebook)."""
 
     model: ModelInfo
     measure: str  # "causal", "masked" or "drift" (MEASURES names them)
@@ -123,6 +125,16 @@ class ExperimentResult:
     predictors: dict[str, str] = field(default_factory=dict)
     healing: Healing | None = None  # with heal=: the edits after fine-tuning, against a control (experiment.heal)
     estimate: Estimate | None = None  # --estimate: how it was made and how well it agreed with the exact runs
+
+    def table_rows(self) -> list[dict[str, Any]]:
+        """The CSV's rows: one per run (`run_rows`)."""
+        return run_rows(self)
+
+    def render_table(self, console) -> None:
+        """`qkinspect experiment`'s table of this result."""
+        from qkinspect.cli.experiment_table import render_experiment
+
+        render_experiment(console, self, run_rows(self), notes(self))
 
 
 @dataclass(frozen=True)
