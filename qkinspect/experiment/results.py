@@ -8,7 +8,6 @@ Torch-free: the records hold Python numbers only.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,37 +44,6 @@ def spearman(x: list[float], y: list[float]) -> float | None:
     """Spearman's ρ of `x` and `y`; None where it is undefined (`rank_correlation`)."""
     r = rank_correlation(x, y)
     return None if r is None else r[0]
-
-
-# Spearman's ρ is shown with a 95 % interval from this many heads on; below, "too few to tell" (report.rho): Fisher's
-# z with Bonett & Wright's variance for Spearman (Psychometrika 65, 2000) holds its coverage from about 10 pairs.
-MIN_HEADS = 10  # fewer heads: no interval ("too few to tell")
-_Z = 1.959963984540054  # the standard normal's 97.5 % quantile: a two-sided 95 % interval
-
-
-def spearman_interval(rho: float, n: int) -> tuple[float, float] | None:
-    """The 95 % interval of Spearman's ρ over `n` pairs (Fisher z with Bonett & Wright's variance); None with
-    fewer than MIN_HEADS pairs, or a ρ that is not a number.
-
-    Example:
-        >>> lo, hi = spearman_interval(0.5, 20)
-        >>> round(lo, 2), round(hi, 2)
-        (0.05, 0.78)
-    """
-    if n < MIN_HEADS or rho is None or not math.isfinite(rho):
-        return None
-    r = max(-1.0, min(1.0, float(rho)))
-    if abs(r) == 1.0:  # z is infinite: take the interval of the nearest ρ the n heads can give below 1 (one
-        # adjacent pair of ranks swapped: 1 - 12 / (n³ - n)), closed at ±1
-        lo, hi = _interval(math.copysign(1.0 - 12.0 / (n**3 - n), r), n)
-        return (lo, 1.0) if r > 0 else (-1.0, hi)
-    return _interval(r, n)
-
-
-def _interval(r: float, n: int) -> tuple[float, float]:
-    se = math.sqrt((1.0 + r * r / 2.0) / (n - 3))
-    z = math.atanh(r)
-    return math.tanh(z - _Z * se), math.tanh(z + _Z * se)
 
 
 @dataclass(frozen=True)

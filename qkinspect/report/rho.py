@@ -1,6 +1,6 @@
 """How sure a rank correlation is, in words: every Spearman ρ qkinspect shows comes with its number of heads and a
 95 % interval, or, over fewer than MIN_HEADS heads, with "too few to tell" (docs/experiments.md, "Rank agreement").
-The interval is computed beside the one Spearman, in qkinspect.experiment.results (spearman_interval).
+The interval itself: qkinspect.experiment.rank_interval (pure arithmetic: no import circle through the CLI table).
 
 The interval is Fisher's z-transform with Bonett & Wright's variance for Spearman's ρ (Psychometrika 65, 2000):
 z = atanh(ρ), se = √((1 + ρ²/2) / (n − 3)), and the interval tanh(z ± 1.96 se). Fisher's own 1/(n − 3) is the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from qkinspect.experiment.results import MIN_HEADS, spearman_interval
+from qkinspect.experiment.rank_interval import MIN_HEADS, spearman_interval
 
 __all__ = ["MIN_HEADS", "rho_text", "spearman_interval"]
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qkinspect.experiment.results import MIN_HEADS, spearman_interval
+from qkinspect.experiment.rank_interval import MIN_HEADS, spearman_interval
 from qkinspect.report.rho import rho_text
 
 rhos = st.floats(-1.0, 1.0, allow_nan=False)

@@ -140,7 +140,7 @@ def prediction(doc: dict[str, Any], edit: str) -> Prediction | None:
 
 def meaning(p: Prediction) -> str:
     """What ρ and p say, in words (over fewer than report.rho.MIN_HEADS heads: that they are too few to tell)."""
-    from qkinspect.experiment.results import MIN_HEADS
+    from qkinspect.experiment.rank_interval import MIN_HEADS
 
     if p.n < MIN_HEADS:
         return (f"{p.n} heads are too few to tell whether {p.predictor} orders the heads by what {p.edit} costs "
