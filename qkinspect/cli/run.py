@@ -49,7 +49,7 @@ def _analyze_opened(m, selection: Selection, options: dict[str, Any]):
         p = result.processing
         note(recompute_note(p.recomputed_float64, len(result.heads), p.precision))
     if result.processing.qk_norm_not_folded:
-        from qkinspect.cli.tables import qk_norm_line
+        from qkinspect.terminal.tables import qk_norm_line
 
         note(qk_norm_line(result.processing.qk_norm_not_folded))
     if not result.heads:

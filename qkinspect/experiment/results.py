@@ -100,7 +100,7 @@ class ExperimentResult(Tabular):
 
     def render_table(self, console) -> None:
         """`qkinspect experiment`'s table of this result."""
-        from qkinspect.cli.experiment_table import render_experiment
+        from qkinspect.terminal.experiment import render_experiment
 
         render_experiment(console, self, run_rows(self), notes(self))
 

@@ -9,8 +9,8 @@ from rich.console import Console
 
 from qkinspect.cli.commands.compare import check_same_shapes, head_deltas
 from qkinspect.cli.run import sort_and_trim
-from qkinspect.cli.tables import baseline_lines, default_columns, render_analysis, scale_style
 from qkinspect.errors import InputError
+from qkinspect.terminal.tables import baseline_lines, default_columns, render_analysis, scale_style
 from tests.cli.fake import NAN, info, result
 
 SYM = {(0, 0): 0.2, (0, 1): NAN, (1, 0): 0.9, (1, 1): -0.4}
@@ -77,8 +77,8 @@ def test_render_analysis_text():
 @pytest.mark.parametrize("width", [40, 60, 80, 120])
 def test_tables_fold_instead_of_cutting(width):
     """Every number is printed whole at any width: columns that do not fit go to a second table."""
-    from qkinspect.cli.tables import DEFAULT_COLUMNS
     from qkinspect.records import HeadRecord
+    from qkinspect.terminal.tables import DEFAULT_COLUMNS
 
     r = result(SYM)
     values = {m: -123.456 + i for i, m in enumerate(DEFAULT_COLUMNS)}
@@ -94,7 +94,7 @@ def test_tables_fold_instead_of_cutting(width):
 
 
 def test_short_names():
-    from qkinspect.cli.tables import short_name
+    from qkinspect.terminal.tables import short_name
 
     assert short_name("delta_symmetry") == "Δsym"
     assert short_name("qk_effective_rank_median") == "erank_med"

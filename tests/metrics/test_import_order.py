@@ -173,6 +173,51 @@ def test_nothing_inside_qkinspect_goes_through_the_package_face():
     assert not users, users
 
 
+def cli_users(folder: Path = PACKAGE, package: str = "qkinspect") -> list[str]:
+    """'module imports x' for each import of `package`.cli or below it (whether that module exists or not) by a
+    module outside `package`.cli and `package`.__main__ (the CLI's entry): module level, inside functions, under
+    TYPE_CHECKING; `from package import cli` too."""
+    cli = f"{package}.cli"
+
+    def is_cli(name: str) -> bool:
+        return name == cli or name.startswith(cli + ".")
+
+    bad = []
+    for name, p in modules(folder, package).items():
+        if is_cli(name) or name == f"{package}.__main__":
+            continue
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            bad += [f"{name} imports {n}" for n in names if is_cli(n)][:1]
+    return bad
+
+
+def test_the_library_never_imports_the_cli():
+    """DESIGN's one way: cli/ parses options, calls the library and chooses the output; the library (a result's
+    notebook view included: qkinspect.terminal renders the tables) never reaches up into it."""
+    assert not cli_users()
+
+
+def test_the_cli_check_sees_an_import_inside_a_function(tmp_path):
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "__init__.py").write_text("")
+    (tmp_path / "cli" / "tables.py").write_text("from pkg import records\n")
+    (tmp_path / "__main__.py").write_text("from pkg.cli import tables\n")
+    (tmp_path / "records.py").write_text("class R:\n    def show(self):\n        from pkg.cli.tables import f\n")
+    assert cli_users(tmp_path, "pkg") == ["pkg.records imports pkg.cli.tables"]
+    (tmp_path / "records.py").write_text("def show():\n    from pkg.cli.gone import f\n")  # a module no longer there
+    assert cli_users(tmp_path, "pkg") == ["pkg.records imports pkg.cli.gone"]
+    (tmp_path / "records.py").write_text("from pkg import cli\n")
+    assert cli_users(tmp_path, "pkg") == ["pkg.records imports pkg.cli"]
+    (tmp_path / "records.py").write_text("class R:\n    pass\n")
+    assert cli_users(tmp_path, "pkg") == []
+
+
 def test_metrics_import_nothing_above_them():
     """DESIGN's one way: the metrics take tensors and layers, and know nothing of records, loading or output."""
     below = {"qkinspect.errors", "qkinspect.layer", "qkinspect.suggest"}

@@ -117,7 +117,7 @@ def atlas_document(result) -> Document:
 
 
 def render_atlas(console, result) -> None:
-    from qkinspect.cli.tables import print_lines
+    from qkinspect.terminal.tables import print_lines
 
     tables, lines = atlas_tables(result.rows(), width=console.width)
     for t in tables:
@@ -129,7 +129,7 @@ def atlas_tables(rows: list[dict[str, Any]], *, width: int = 80) -> tuple[list, 
     """A row per model and block: its layers, heads, positions and attention parameters, then the medians of the
     seeds' metrics (d_model, d_head and the rest are in the records and facts); model names wider than a quarter of
     `width` are numbered, the numbers spelt out in the returned lines (with the legend)."""
-    from qkinspect.cli.tables import Column, fit_tables, fmt_value, legend, short_name
+    from qkinspect.terminal.tables import Column, fit_tables, fmt_value, legend, short_name
 
     names = list(dict.fromkeys(r["model"] for r in rows))
     numbered = max(map(len, names), default=0) > width // 4

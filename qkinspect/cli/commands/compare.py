@@ -100,8 +100,8 @@ def _diff(x, y) -> float:
 
 
 def compare_document(a, b, *, requested=None) -> Document:
-    from qkinspect.cli.tables import default_columns
     from qkinspect.records import model_dict
+    from qkinspect.terminal.tables import default_columns
 
     rows = head_deltas(a, b)
     body = {"model_a": model_dict(a.model), "model_b": model_dict(b.model), "processing": a.processing,
@@ -115,7 +115,7 @@ def compare_document(a, b, *, requested=None) -> Document:
 def _render(console, a, b, rows: list[dict[str, Any]], cols: list[str]) -> None:
     from types import SimpleNamespace
 
-    from qkinspect.cli.tables import gauge_note, head_table, legend, model_line, print_lines
+    from qkinspect.terminal.tables import gauge_note, head_table, legend, model_line, print_lines
 
     console.print(f"A: {model_line(a.model, a.processing)}", markup=False, highlight=False)
     console.print(f"B: {model_line(b.model, b.processing)}", markup=False, highlight=False)

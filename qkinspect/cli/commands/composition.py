@@ -174,7 +174,7 @@ KIND_TITLE = {"q": "Q-composition: a writes what b's queries read",
 
 
 def render(console, result, top: int) -> None:
-    from qkinspect.cli.tables import Column, fit_tables, fmt_value, print_lines
+    from qkinspect.terminal.tables import Column, fit_tables, fmt_value, print_lines
 
     p = result.processing
     info = result.model

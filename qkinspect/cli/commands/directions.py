@@ -110,8 +110,8 @@ def render(console, result) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from qkinspect.cli.tables import model_line, print_lines
     from qkinspect.loading.tokens import printable
+    from qkinspect.terminal.tables import model_line, print_lines
 
     console.print(model_line(result.model), markup=False, highlight=False)
     by_head: dict[tuple, list[Any]] = {}

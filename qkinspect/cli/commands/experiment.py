@@ -130,7 +130,7 @@ def experiment_document(result) -> Document:
 
 
 def _render(console, result, rows: list[dict[str, Any]]) -> None:
-    from qkinspect.cli.experiment_table import render_experiment
     from qkinspect.experiment.results import notes as result_notes
+    from qkinspect.terminal.experiment import render_experiment
 
     render_experiment(console, result, rows, result_notes(result))

@@ -59,7 +59,7 @@ def human_bytes(n: int | None) -> str:
 def _render(console, info, rows: list[dict[str, Any]]) -> None:
     from rich.text import Text
 
-    from qkinspect.cli.tables import Column, fit_tables
+    from qkinspect.terminal.tables import Column, fit_tables
 
     console.print(Text(info.name, style="bold") + Text(f"  {info.model_type}"
                                                        + (f" ({info.architecture})" if info.architecture else "")))

@@ -118,7 +118,7 @@ def _rows(sv: np.ndarray, eig: np.ndarray | None) -> list[dict[str, Any]]:
 
 
 def _render(console, result, h, matrix: str, rows: list[dict[str, Any]]) -> None:
-    from qkinspect.cli.tables import COLUMN_GAP, Column, fit_tables, fmt_value, model_line
+    from qkinspect.terminal.tables import COLUMN_GAP, Column, fit_tables, fmt_value, model_line
 
     console.print(model_line(result.model, result.processing), markup=False, highlight=False)
     console.print(f"{h.block} layer {h.layer} head {h.head} (KV head {h.kv_head}): {MATRIX_TEXT[matrix]}",

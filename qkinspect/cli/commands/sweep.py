@@ -184,6 +184,6 @@ def write_table(doc: Document, name: str, output: Path | None) -> None:
 
 
 def _render(console, rows: list[dict[str, Any]], requested, by: str = "head") -> None:
-    from qkinspect.cli.tables import render_sweep
+    from qkinspect.terminal.tables import render_sweep
 
     render_sweep(console, rows, requested, by)

@@ -1,15 +1,11 @@
-"""The table `qkinspect experiment` prints, for the terminal and for a notebook (qkinspect.notebook): a module of
-its own, below the experiment's records, so that the records can show themselves without importing the CLI."""
+"""The table `qkinspect experiment` prints, for the terminal and for a notebook (qkinspect.notebook): library
+presentation, below the experiment's records, so that the records show themselves without the CLI."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from qkinspect.cli.heal_output import render_healing
-
-
-def _fmt(v: Any, spec: str = ".4f") -> str:
-    return "-" if v is None else format(v, spec)
+from qkinspect.terminal.healing import render_healing
 
 
 def render_experiment(console, result, rows: list[dict[str, Any]], notes: list[str]) -> None:
@@ -17,24 +13,24 @@ def render_experiment(console, result, rows: list[dict[str, Any]], notes: list[s
     then the legend, the estimate's agreement, the predictors, healing and `notes`."""
     from rich.text import Text
 
-    from qkinspect.cli.tables import Column, fit_tables
     from qkinspect.experiment.model.scoring import MEASURES
+    from qkinspect.terminal.tables import Column, fit_tables, fmt_spec
 
     baseline = 0.0 if abs(result.baseline) < 5e-5 else result.baseline  # no "-0.0000" for a drift of ~0
     console.print(Text(result.model.name, style="bold") + Text(
         f"  {MEASURES[result.measure]} on {result.text}: {result.tokens} tokens ({result.windows} × "
         f"{result.window}), baseline {baseline:.4f}"), soft_wrap=True)
     cells = {"edit": [r["edit"] for r in rows], "scope": [r["scope"] for r in rows],
-             "layer": [_fmt(r["layer"], "d") for r in rows], "head": [_fmt(r["head"], "d") for r in rows],
-             "loss": [_fmt(r["loss"]) for r in rows], "Δloss": [_fmt(r["dloss"], "+.4f") for r in rows],
-             "±": [_fmt(r["dloss_se"], ".4f") for r in rows],
-             "Δ/Δabl": [_fmt(r["dloss_ratio_ablate"], ".2f") for r in rows],
-             "pred": [_fmt(r["predicted"], ".3f") for r in rows]}
+             "layer": [fmt_spec(r["layer"], "d") for r in rows], "head": [fmt_spec(r["head"], "d") for r in rows],
+             "loss": [fmt_spec(r["loss"]) for r in rows], "Δloss": [fmt_spec(r["dloss"], "+.4f") for r in rows],
+             "±": [fmt_spec(r["dloss_se"], ".4f") for r in rows],
+             "Δ/Δabl": [fmt_spec(r["dloss_ratio_ablate"], ".2f") for r in rows],
+             "pred": [fmt_spec(r["predicted"], ".3f") for r in rows]}
     estimated = result.estimate is not None
     if estimated:  # an estimated map: the exact loss and ratio are empty but for the few verified heads
         del cells["loss"], cells["Δ/Δabl"]
-        cells["est"] = [_fmt(r["dloss_estimate"], "+.4f") for r in rows]
-        cells["±MC"] = [_fmt(r["dloss_estimate_se"], ".4f") for r in rows]
+        cells["est"] = [fmt_spec(r["dloss_estimate"], "+.4f") for r in rows]
+        cells["±MC"] = [fmt_spec(r["dloss_estimate_se"], ".4f") for r in rows]
         cells["flag"] = ["!" if r["unreliable"] else "" for r in rows]
     if any(r["offset0_only"] for r in rows):
         cells["off0"] = ["yes" if r["offset0_only"] else "" for r in rows]

@@ -1,5 +1,6 @@
-"""Rich tables for people: per-head metrics grouped by block and layer, colour-scaled symmetry and overlap,
-the random baseline, and a per-layer summary. Pure presentation: every number comes from the records.
+"""Rich tables for people, in a terminal and in a notebook: per-head metrics grouped by block and layer,
+colour-scaled symmetry and overlap, the random baseline, and a per-layer summary. Pure presentation: every number
+comes from the records; library code, so a result renders itself without the CLI (which only prints these).
 
 Tables fit the terminal without cutting a number: columns get short headers (`sym`, `erank`, `ovl_qk` …) with a
 legend line below (JSON and CSV keep the full names), columns that carry nothing are dropped (`kv` when it equals
@@ -102,6 +103,11 @@ def fmt_value(v: Any, digits: int = 3) -> str:
     if abs(v) >= 1000:
         return f"{v:.4g}"
     return f"{v:.{digits}f}"
+
+
+def fmt_spec(v: Any, spec: str = ".4f") -> str:
+    """A cell in the format `spec` (`"+.4f"`, `"d"` …), '-' for a missing value."""
+    return "-" if v is None else format(v, spec)
 
 
 def scale_style(metric: str, v: Any) -> str:
