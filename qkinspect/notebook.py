@@ -2,8 +2,8 @@
 terminal, and `to_pandas()` makes it one DataFrame (docs/notebook.md).
 
 The pieces every result uses (the analysis, experiment, sweep and atlas results):
-- `html_table(render)`: the HTML of what `render(console)` prints (the CLI's own rich tables, colours kept), for a
-  result's `_repr_html_`;
+- `html_table(render)`: the HTML of what `render(console)` prints (qkinspect.terminal's rich tables, the ones the
+  CLI prints, colours kept), for a result's `_repr_html_`;
 - `data_frame(rows)`: tidy rows (the CSV rows of the result) as a pandas DataFrame; pandas is imported here, and a
   clear error says how to install it where it is missing;
 - `Tabular`: a mixin giving `_repr_html_` and `to_pandas()` to a result that has `table_rows()` and
@@ -50,7 +50,7 @@ def data_frame(rows: Sequence[dict[str, Any]], what: str = "to_pandas()"):
 class Tabular:
     """Mixin for a result with `table_rows()` (its CSV rows) and `render_table(console)` (its terminal table):
     shown as that table in a notebook, and one DataFrame of those rows with `to_pandas()`. The renderer must not
-    import the result's module back (the records sit below the CLI's tables)."""
+    import the result's module back (the records sit below qkinspect.terminal's tables)."""
 
     def table_rows(self) -> list[dict[str, Any]]:  # pragma: no cover - every subclass defines it
         raise NotImplementedError

@@ -73,7 +73,7 @@ Canvas = Callable[..., Any]
 
 
 def fmt(x: float | None) -> str:
-    """Format a number the way the whole report (and the CLI's tables) does: 3 decimals (4 significant digits from
+    """Format a number the way the whole report (and the terminal's tables) does: 3 decimals (4 significant digits from
     1000 up), 'n/a' where undefined.
 
     Example:
