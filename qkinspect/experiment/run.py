@@ -113,8 +113,9 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
     from qkinspect.experiment.edits.apply import PREDICTORS
     from qkinspect.experiment.exact import first_layer, make_units, run_unit
     from qkinspect.experiment.heal import check_healable, heal_runs
-    from qkinspect.experiment.model.guard import boundary, check_token_ids
+    from qkinspect.experiment.model.guard import check_token_ids
     from qkinspect.experiment.model.scoring import Scorer, Text, default_text, read_text, windows
+    from qkinspect.loading.boundary import boundary
 
     chosen, verify, device, opts = list(request.edits), request.verify, request.device, request.heal
     source = text if isinstance(text, Text) else default_text() if text is None else read_text(text, tokens)

@@ -196,3 +196,35 @@ def test_report_computes_no_statistic_and_bench_imports_no_cli():
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
         assert not any(n == "qkinspect.cli" or n.startswith("qkinspect.cli.") for n in names), p
+
+
+LOWER = ("qkinspect.loading", "qkinspect.metrics")  # the floors every capability stands on
+UPPER = ("qkinspect.experiment", "qkinspect.report", "qkinspect.cli")  # what stands on them
+
+
+def _within(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def reaching_up(edges: dict[str, set[str]], lower: tuple[str, ...], upper: tuple[str, ...]) -> dict[str, list[str]]:
+    """module -> the modules of `upper` it imports (anywhere, functions included), for each module of `lower`."""
+    return {name: sorted(d for d in deps if _within(d, upper)) for name, deps in edges.items()
+            if _within(name, lower) and any(_within(d, upper) for d in deps)}
+
+
+def test_loading_and_metrics_import_nothing_from_the_floors_above():
+    """DESIGN's one way: loading/ and metrics/ serve experiment/, report/ and cli/, never the reverse (a
+    tokenizer-file check in loading.tokens once came from experiment.model.guard, inside a function)."""
+    assert not reaching_up(package_graph(), LOWER, UPPER)
+
+
+def test_the_layer_check_sees_a_lower_module_reaching_up(tmp_path):
+    for sub in ("loading", "experiment"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "__init__.py").write_text("")
+    (tmp_path / "loading" / "tokens.py").write_text("def f():\n    from pkg.experiment.guard import regular\n")
+    (tmp_path / "experiment" / "guard.py").write_text("from pkg.loading import tokens\n")
+    got = reaching_up(package_graph(tmp_path, "pkg"), ("pkg.loading",), ("pkg.experiment",))
+    assert got == {"pkg.loading.tokens": ["pkg.experiment.guard"]}
+    (tmp_path / "loading" / "tokens.py").write_text("import os\n")
+    assert not reaching_up(package_graph(tmp_path, "pkg"), ("pkg.loading",), ("pkg.experiment",))
