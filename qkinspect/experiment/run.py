@@ -118,17 +118,18 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
     from qkinspect.loading.boundary import boundary
 
     chosen, verify, device, opts = list(request.edits), request.verify, request.device, request.heal
-    source = text if isinstance(text, Text) else default_text() if text is None else read_text(text, tokens)
+    source = (text if isinstance(text, Text) else default_text() if text is None
+              else read_text(text, tokens, what=names.text))
     if opts and opts.text is not None and not isinstance(opts.text, Text):
-        opts = replace(opts, text=read_text(opts.text))
+        opts = replace(opts, text=read_text(opts.text, what=names.heal_text))
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device, edits=chosen,
                                           names=names)
     if opts:
-        check_healable(hf)
+        check_healable(hf, names)
     spec = info.blocks[0]
     head_list = list(heads) if heads is not None else list(range(spec.n_heads))
     with boundary(hf.tokenizer_source, f"the tokenizer cannot read {source.name}", native=True):
-        ids = windows(hf, source, tokens, window)
+        ids = windows(hf, source, tokens, window, names)
     fed = ids.unique().tolist()  # the ids the model will embed (the text's, and [CLS]/[SEP] around encoders')
     if hf.kind == "masked":
         if hf.tokenizer.mask_token_id is None:
@@ -164,7 +165,8 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
     healing = None
     if opts:
         exact = {(r.edit, r.layer, r.head): r.dloss for r in runs}
-        healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts)
+        healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts,
+                            names=names)
     return ExperimentResult(
         model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
         windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),
