@@ -13,16 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from qkinspect.errors import CheckpointError, QkinspectError
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as one short line, its type named where the message alone says little (KeyError: 'x')."""
-    text = " ".join(str(e).split())[:300]
-    if not text:
-        return type(e).__name__
-    plain = isinstance(e, (OSError, ValueError)) and type(e) not in (UnicodeDecodeError,)
-    return text if plain else f"{type(e).__name__}: {text}"
+from qkinspect.errors import CheckpointError, QkinspectError, one_line
 
 
 def is_panic(e: BaseException) -> bool:
@@ -47,7 +38,7 @@ def boundary(shown: Any, what: str, native: bool = False) -> Iterator[None]:
     except BaseException as e:
         if not isinstance(e, Exception) and not is_panic(e):
             raise
-        raise CheckpointError(f"{shown}: {what} ({one_line(e)})") from None
+        raise CheckpointError(f"{shown}: {what} ({one_line(e, typed=True)})") from None
 
 
 @contextlib.contextmanager
@@ -76,4 +67,4 @@ def quiet_native_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-__all__ = ["boundary", "is_panic", "one_line", "quiet_native_stderr"]
+__all__ = ["boundary", "is_panic", "quiet_native_stderr"]
