@@ -3,7 +3,9 @@
 from qkinspect.errors import QkinspectError
 from qkinspect.version import __version__
 
-__all__ = ["__version__", "QkinspectError", "analyze", "composition", "directions", "load", "track"]
+__all__ = [
+    "__version__", "QkinspectError", "analyze", "atlas", "composition", "directions", "load", "read_atlas", "track",
+]
 
 
 def __getattr__(name: str):
@@ -16,6 +18,14 @@ def __getattr__(name: str):
         from qkinspect.composing import composition
 
         return composition
+    if name == "atlas":
+        from qkinspect.zoo.run import atlas
+
+        return atlas
+    if name == "read_atlas":
+        from qkinspect.zoo.result import read_atlas
+
+        return read_atlas
     if name == "directions":
         from qkinspect.head_directions import directions
 

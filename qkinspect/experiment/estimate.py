@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from qkinspect.errors import UnsupportedModelError
 from qkinspect.experiment.edits.apply import Edit, apply_edit
+from qkinspect.experiment.edits.qknorm import check as check_qk_norm
 from qkinspect.experiment.exact import make_units, run_unit
 from qkinspect.experiment.model.runtime import DRIFT, HFModel
 from qkinspect.experiment.model.scoring import CachedStates, Scorer, logits_and_targets
@@ -260,6 +261,9 @@ def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
     start = layers[0]
     if start and start not in scorer.cache:
         raise ValueError(f"no cached states entering layer {start}; baseline(cache=...) must include it")
+    for i in layers:  # each head's estimate is of that head edited alone
+        for e in edits:
+            check_qk_norm(originals[i], e, heads[:1])
     results = {(i, str(e)): apply_edit(originals[i], e, heads, rotary=rotary) for i in layers for e in edits}
     n = scorer.counted
     H = originals[start].spec.n_heads

@@ -110,7 +110,6 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
     from dataclasses import replace
 
     from qkinspect.errors import CheckpointError
-    from qkinspect.experiment.edits.apply import PREDICTORS
     from qkinspect.experiment.exact import first_layer, make_units, run_unit
     from qkinspect.experiment.heal import check_healable, heal_runs
     from qkinspect.experiment.model.guard import check_token_ids
@@ -154,7 +153,7 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
             model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
             windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs_e)),
             rotary=rotary, baseline_seconds=t_base, seconds=summary.seconds + summary.verify_seconds,
-            predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, estimate=summary)
+            predictors=_predictors(runs_edits, originals), estimate=summary)
     runs: list[Run] = []
     total = len(units) * len(runs_edits)
     for unit in units:
@@ -171,7 +170,14 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
         model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
         windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),
         rotary=rotary, baseline_seconds=t_base, seconds=sum(r.seconds for r in runs),
-        predictors={str(e): PREDICTORS[e.name] for e in runs_edits}, healing=healing)
+        predictors=_predictors(runs_edits, originals), healing=healing)
+
+
+def _predictors(edits: list[Edit], originals: dict) -> dict[str, str]:
+    from qkinspect.experiment.edits.apply import PREDICTORS
+    from qkinspect.experiment.edits.qknorm import predictor
+
+    return {str(e): predictor(PREDICTORS[e.name], e, originals.values()) for e in edits}
 
 
 def open_experiment(model, revision, layers, heads, tokenizer, device: str | None = None, edits: Sequence[Edit] = (),

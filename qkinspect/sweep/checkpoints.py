@@ -99,7 +99,9 @@ def _expand(spec: str, revisions: list[str]) -> list[Checkpoint]:
 
 
 def _local(name: str, path: Path) -> Checkpoint:
-    return Checkpoint(str(path), None, name, f"{path.resolve()}#{_fingerprint(path)}")
+    # The spec the workers open is absolute: a result records the model's source as opened, and is checked against
+    # the checkpoint's path when the folder is read, perhaps from another working folder (sweep.verify).
+    return Checkpoint(str(path.absolute()), None, name, f"{path.resolve()}#{_fingerprint(path)}")
 
 
 def _fingerprint(path: Path) -> str:

@@ -75,7 +75,7 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
               scheduler: str | None = None, workers: int | None = None, threads: int | None = None,
               device: str = "cpu", progress: Callable[[Status], None] | None = None,
               check: Callable[[ModelInfo], None] | None = None,
-              notice: Callable[[str], None] | None = None) -> Outcome:
+              notice: Callable[[str], None] | None = None, same_shapes: bool = True) -> Outcome:
     """Analyse every checkpoint with `options` (as `qkinspect.analyze` takes them), one result file each in `folder`.
 
     Args:
@@ -89,10 +89,12 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
         check: called with the first checkpoint's ModelInfo before any analysis (e.g. to refuse a selection).
         notice: called, before any work, with why each result file found in the folder was refused (it is
             computed again); the reasons are also in `Outcome.refused`.
+        same_shapes: refuse checkpoints whose attention shapes differ (a sweep); False for models of any shape
+            (the atlas, qkinspect.zoo).
 
     Raises:
-        InputError: the checkpoints' attention shapes differ (before any analysis), the scheduler cannot be
-            reached, or `check` refuses. KeyboardInterrupt after cancelling the pending tasks.
+        InputError: the checkpoints' attention shapes differ (with `same_shapes`, before any analysis), the
+            scheduler cannot be reached, or `check` refuses. KeyboardInterrupt after cancelling the pending tasks.
     """
     folder = Path(folder)
     check_threads(threads)
@@ -113,11 +115,11 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
                       refused=refused)
     infos = {identity: model_info(doc["result"]["model"]) for identity, doc in stored.items()}
     if not todo:
-        _check_before_work(checkpoints, infos, check)
+        _check_before_work(checkpoints, infos, check, same_shapes)
     else:
         with connect(scheduler, workers, threads, len(todo)) as (client, task_threads):
             models = _describe(client, todo, outcome.failures)
-            _check_before_work(checkpoints, {**infos, **models}, check)
+            _check_before_work(checkpoints, {**infos, **models}, check, same_shapes)
             store.prepare(folder)
             store.write_manifest(folder, checkpoints, options)  # what an interrupted sweep leaves to read
             runnable = [p for p in todo if p[0].identity in models]
@@ -193,10 +195,13 @@ def _workers_deaf_to_ctrl_c() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _check_before_work(checkpoints: list[Checkpoint], infos: dict[str, ModelInfo], check) -> None:
-    """Shapes alike across every checkpoint that could be opened (in sweep order), then the caller's own check."""
+def _check_before_work(checkpoints: list[Checkpoint], infos: dict[str, ModelInfo], check,
+                       same_shapes: bool = True) -> None:
+    """Shapes alike across every checkpoint that could be opened (in sweep order) when `same_shapes`, then the
+    caller's own check."""
     known = [(ck, infos[ck.identity]) for ck in checkpoints if ck.identity in infos]
-    check_shapes(known)
+    if same_shapes:
+        check_shapes(known)
     if check is not None and known:
         check(known[0][1])
 

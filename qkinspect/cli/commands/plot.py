@@ -45,6 +45,8 @@ class Kind(str, Enum):
     experiment = "experiment"
     costmap = "costmap"
     composition = "composition"
+    depth = "depth"
+    size = "size"
 
 
 KindOpt = Annotated[Kind, typer.Option("--kind", "-k", metavar="KIND", help="Which figure to draw: "
@@ -90,6 +92,10 @@ def register(app: typer.Typer) -> None:
 
         Example: qkinspect plot --kind experiment --experiment runs.json -o experiment.png
 
+        Example (an atlas folder: a metric against normalised depth, one line per model; or the medians against
+        attention parameters): qkinspect plot atlas/ --kind depth --metric overlap_qk -o depth.png; qkinspect plot
+        atlas/ --kind size --metric symmetry_layer -o size.png
+
         Example (from a saved analysis, without the model): qkinspect analyze ./my-bert -o run.json; qkinspect plot
         run.json --kind rank -o rank.png
 
@@ -99,6 +105,18 @@ def register(app: typer.Typer) -> None:
         ./my-llama --kind composition -o composition.png
         """
         output = check_figure_path(output)
+        from qkinspect.zoo.folder import is_atlas
+
+        if is_atlas(model) or kind in (Kind.depth, Kind.size):
+            given = {"--layers": layers, "--block": block, "--layer": layer, "--compare": compare,
+                     "--experiment": experiment, "--revision": revision}
+            named = [k for k, v in given.items() if v]
+            if named:
+                raise InputError(f"{', '.join(named)}: not for an atlas folder's figures (--kind depth or size, "
+                                 "--metric, --title)")
+            drawn = draw_atlas(Path(model or "."), kind, metric, output, title=title)
+            note(f"wrote the {drawn} figure to {output}")
+            return
         if kind is Kind.composition:
             draw_composition(model, output, layers=layers, block=block, precision=precision, device=device,
                              revision=revision, title=title)
@@ -238,6 +256,28 @@ def draw_composition(model, output: Path, *, title: str | None = None, **options
     with style():
         fig = composition_figure(result, title=title)
     save_figure(fig, output)
+
+
+def draw_atlas(folder: Path, kind: Kind, metric: str | None, output: Path, *, title: str | None = None) -> str:
+    """An atlas folder's figure (`qkinspect atlas --out FOLDER`): `depth` (the default, also for --kind symmetry)
+    or `size`, of `metric` (default: symmetry; symmetry_layer for size when the atlas has it), saved to `output`.
+    Returns what was drawn, e.g. "symmetry depth"."""
+    from qkinspect.zoo.result import read_atlas
+
+    if kind not in (Kind.depth, Kind.size, Kind.symmetry):
+        raise InputError(f"--kind {kind.value}: an atlas folder draws --kind depth or --kind size")
+    atlas = read_atlas(folder)
+    from qkinspect.report.atlas import depth_figure, size_figure  # matplotlib: after the checks
+    from qkinspect.report.titles import retitle
+
+    if kind is Kind.size:
+        metric = metric or ("symmetry_layer" if "symmetry_layer" in atlas.metrics else "symmetry")
+        fig = size_figure(atlas, metric)
+    else:
+        metric = metric or "symmetry"
+        fig = depth_figure(atlas, metric)
+    save_figure(retitle(fig, title), output)
+    return f"{metric} {'size' if kind is Kind.size else 'depth'}"
 
 
 def save_figure(fig, output: Path) -> None:

@@ -63,6 +63,9 @@ def register(app: typer.Typer) -> None:
         Example (a sweep's folder: what was swept, then each metric against training step): qkinspect report
         sweep/ -o sweep.pdf
 
+        Example (an atlas folder: its models, then each metric against depth and size): qkinspect report atlas/
+        -o atlas.pdf
+
         Example (with an experiment's runs.json): qkinspect report ./my-bert --experiment runs.json -o report.pdf
 
         Example (with heads composing): qkinspect composition ./my-llama -o c.json; qkinspect report ./my-llama
@@ -72,6 +75,15 @@ def register(app: typer.Typer) -> None:
         default,shared_qk_distance,head_overlap -o run.json; qkinspect report run.json -o report.pdf
         """
         output = check_report_path(output, html=html)
+        from qkinspect.zoo.folder import is_atlas
+
+        if is_atlas(model):  # an atlas folder (qkinspect atlas --out)
+            if experiment is not None:
+                raise InputError(f"--experiment {experiment}: the experiment section is in a model's PDF report "
+                                 "only, not an atlas's")
+            n = write_atlas_report(Path(model), output, html=html, title=title)
+            note(f"wrote an HTML atlas report to {output}" if html else f"wrote {pages(n)} atlas report to {output}")
+            return
         is_sweep = model is not None and (Path(model) / "sweep.json").is_file()
         runs = read_runs(experiment, html=html, sweep=is_sweep)
         composed = read_composition_option(composition, html=html, sweep=is_sweep)
@@ -176,6 +188,25 @@ def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title:
         atomic_write(output, lambda f: f.write(page))
         return 1
     return write_rendered(output, lambda buffer: write_sweep_pdf(sweep, buffer, title=title))
+
+
+def write_atlas_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
+    """The report of an atlas folder, written atomically as a PDF (returns the number of pages) or, with `html`,
+    as one HTML page (returns 1)."""
+    from qkinspect.zoo.result import read_atlas
+
+    atlas = read_atlas(folder)
+    if not atlas.records:
+        raise InputError(f"{folder}: the atlas has no results yet")
+    if html:
+        from qkinspect.report.analysis.html import render_atlas_html
+
+        page = render_atlas_html(atlas, name=title)
+        atomic_write(output, lambda f: f.write(page))
+        return 1
+    from qkinspect.report.atlas import write_atlas_pdf
+
+    return write_rendered(output, lambda buffer: write_atlas_pdf(atlas, buffer, title=title))
 
 
 def write_html_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,

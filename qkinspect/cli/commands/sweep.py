@@ -149,11 +149,14 @@ def steps_line(checkpoints) -> str:
 
 
 class ProgressLine:
-    """One line on stderr per checkpoint finished: done/total, failures, elapsed, ETA."""
+    """One line on stderr per checkpoint finished: done/total, failures, elapsed, ETA (`label`: the command)."""
+
+    def __init__(self, label: str = "sweep"):
+        self.label = label
 
     def __call__(self, s) -> None:
         eta = "?" if s.eta is None else _duration(s.eta)
-        print(f"sweep: {s.done}/{s.total} done, {s.failed} failed, {_duration(s.elapsed)} elapsed, ETA {eta}"
+        print(f"{self.label}: {s.done}/{s.total} done, {s.failed} failed, {_duration(s.elapsed)} elapsed, ETA {eta}"
               f"  ({s.last})", file=sys.stderr, flush=True)
 
 

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from qkinspect.experiment.edits import forms
+from qkinspect.experiment.edits import qknorm as qkn
 from qkinspect.experiment.edits.names import EDITS, Edit, EditError, parse_edit  # noqa: F401 (re-exported)
 from qkinspect.experiment.edits.rotary import RotaryLayout, rotary_layout
 from qkinspect.layer import AttentionLayer, BlockSpec
@@ -53,7 +54,6 @@ PREDICTORS = {
 }
 _GIVES_OWN_KEY = ("share_qk", "tie_q", "symmetric", "share_qkv")  # GQA/MQA: these expand K/V
 _SQUARE = ("share_qk", "tie_q", "tie_k", "symmetric", "share_qkv")  # need D == Dk
-_REBASE = ("share_qk", "symmetric", "rank", "share_qkv")  # not defined through a q/k norm
 F64 = torch.float64
 
 
@@ -76,8 +76,8 @@ def apply_edit(layer: AttentionLayer, edit: Edit, heads: Sequence[int] | None = 
         key), `offset0_only`, and per edited head the figure `PREDICTORS[edit.name]`.
 
     Raises:
-        EditError: an edit not defined for this layer (cross-attention, q/k norms, no W_O, bad K, bad heads,
-            non-finite weights).
+        EditError: an edit not defined for this layer (cross-attention, no W_O, bad K, bad heads, non-finite
+            weights, what q/k norms cannot define: `qknorm.check`).
 
     Example:
         >>> res = apply_edit(layer, parse_edit("share_qk"), heads=[0, 3])  # doctest: +SKIP
@@ -94,6 +94,8 @@ def _apply(layer: AttentionLayer, edit: Edit, heads: Sequence[int] | None, rotar
     idx = _heads(layer, heads)
     _check(layer, edit, idx)
     offset0 = rotary == "offset0" and layer.spec.positional == "rope" and edit.name not in ("ablate", "tie_q", "tie_k")
+    # Through q/k norms the one-matrix edits are built on the unrotated form (docs/experiments.md)
+    offset0 |= layer.spec.positional == "rope" and qkn.normed(layer) and edit.name in qkn.ONE_MATRIX
     if edit.name == "ablate":
         W_O = layer.W_O.clone()
         W_O[idx] = 0
@@ -118,26 +120,24 @@ def _heads(layer: AttentionLayer, heads: Sequence[int] | None) -> list[int]:
     return idx
 
 
-def check_edit(spec: BlockSpec, edit: Edit, where: str, qk_norm: bool | None = None) -> None:
+def check_edit(spec: BlockSpec, edit: Edit, where: str) -> None:
     """EditError where `edit` is not defined for a layer of `spec`: what the block's description (a config, no
-    weight) says already, so that `run_experiment` refuses it before loading the model. `qk_norm`: whether the
-    layer has q/k norms (default: the block's flag)."""
+    weight) says already, so that `run_experiment` refuses it before loading the model. What q/k norms cannot
+    define depends on the layer's norms and the heads chosen (`qknorm.check`, when the layer is edited)."""
     s, name = spec, edit.name
     if name == "rank" and not 0 <= (edit.k or 0) <= s.d_head:
         raise EditError(f"{where}: rank:{edit.k} needs 0 <= K <= d_head = {s.d_head}")
     if name in _SQUARE and s.kv_width != s.d_model:
         raise EditError(f"{where}: {name} needs queries and keys to read the same input (d_model {s.d_model}, "
                         f"key input {s.kv_width})")
-    if name in _REBASE and (s.qk_norm if qk_norm is None else qk_norm):
-        raise EditError(f"{where}: {name} is not defined under q/k norms (the norm of q = x W_Q depends on W_Q "
-                        "itself, so no edit of W_Q W_Kᵀ is exact); tie_q, tie_k and ablate are defined")
     if name == "share_qkv" and s.v_head != s.d_head:
         raise EditError(f"{where}: share_qkv needs value heads as wide as query heads ({s.v_head} != {s.d_head})")
 
 
 def _check(layer: AttentionLayer, edit: Edit, idx: list[int]) -> None:
     s, name, where = layer.spec, edit.name, f"{layer.block} layer {layer.layer}"
-    check_edit(s, edit, where, qk_norm=s.qk_norm or layer.q_norm is not None or layer.k_norm is not None)
+    check_edit(s, edit, where)
+    qkn.check(layer, edit, idx)
     if name in ("share_qkv", "ablate") and layer.W_O is None:
         raise EditError(f"{where}: {name} needs the output projection W_O, which this layer does not have")
     kv = layer.kv_index()[idx]
@@ -187,10 +187,13 @@ _FORMS = {"share_qk": forms.share_qk, "share_qkv": forms.share_qk, "symmetric": 
 
 
 def _qk_edit(base: AttentionLayer, idx: list[int], layout: RotaryLayout, edit: Edit):
-    (Wq, Wk, bq, bk), qk = _per_block(layout, _FORMS[edit.name], *_factors(base, idx))
-    kw = _put(base, idx, W_Q=Wq, b_Q=bq)
-    if edit.name != "tie_k":  # tie_k changes only the queries
-        kw |= _put(base, idx, W_K=Wk, b_K=bk)
+    if edit.name in qkn.ONE_MATRIX and qkn.normed(base):
+        kw, qk, Wq = qkn.one_matrix_edit(base, idx, edit.name)
+    else:
+        (Wq, Wk, bq, bk), qk = _per_block(layout, _FORMS[edit.name], *_factors(base, idx))
+        kw = _put(base, idx, W_Q=Wq, b_Q=bq)
+        if edit.name != "tie_k":  # tie_k changes only the queries
+            kw |= _put(base, idx, W_K=Wk, b_K=bk)
     if edit.name != "share_qkv":
         return replace(base, **kw), qk, {}
     ov_kw, ov = _share_v(base, idx, Wq)
@@ -244,7 +247,13 @@ def _put(base: AttentionLayer, idx: list[int], **new: Tensor) -> dict[str, Tenso
 def _rank(base: AttentionLayer, idx: list[int], layout: RotaryLayout, edit: Edit):
     """M truncated to K dimensions by changing the queries only (M_K = U_K U_Kᵀ M). Rotary heads: the K dims
     the gauge allows, whole pairs (2 dims each, kept or dropped) and the top singular directions of the real
-    block, chosen to keep the most of the offset-averaged ||M||²."""
+    block, chosen to keep the most of the offset-averaged ||M||². Through q/k norms: the same on the folded
+    factors W_Q diag(g_q), W_K diag(g_k), unfolded afterwards (qknorm)."""
+    if qkn.normed(base):
+        Wq_f, Wk_f = qkn.fold_queries_keys(base)
+        folded = replace(base, W_Q=Wq_f, W_K=Wk_f, q_norm=None, k_norm=None, spec=replace(base.spec, qk_norm=False))
+        new, fig, details = _rank(folded, idx, layout, edit)
+        return replace(base, W_Q=qkn.unfold_queries(base, new.W_Q, idx)), fig, details
     Wq, Wk, _, _ = _factors(base, idx)
     (rq, cq), (rk, ck) = layout.split(Wq), layout.split(Wk)
     n, k0 = len(idx), rq.shape[-1]

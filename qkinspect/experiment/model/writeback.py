@@ -11,11 +11,11 @@ output.dense) and GPT-2 (fused Conv1D `c_attn`, sectioned by columns). A write-b
 place: it swaps in new projection modules and returns a function that swaps the originals back, so restoring is
 exact.
 
-q/k norms sit between the projection and the score. The edits change the projections only (their definitions read
-the raw `W_Q`, `W_K`, as `analyze` does without `--fold-qk-norm`); the norm modules stay the model's own, with one
-exception: OLMo2 normalises the whole key projection, so when an edit gives query heads their own keys the key
-norm's gain is repeated with them (head h gets its key/value head's gains). That copy changes nothing unedited: the
-RMS over the repeated projection equals the RMS over the original one.
+q/k norms sit between the projection and the score. The edits change the projections only (the form edits are
+defined through the norms: `experiment.edits.qknorm`); the norm modules stay the model's own, with one exception:
+OLMo2 normalises the whole key projection, so when an edit gives query heads their own keys the key norm's gain is
+repeated with them (head h gets its key/value head's gains). That copy changes nothing unedited: the RMS over the
+repeated projection equals the RMS over the original one.
 """
 
 from __future__ import annotations

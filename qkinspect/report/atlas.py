@@ -1,0 +1,252 @@
+"""The atlas's figures and report, drawn from its records (qkinspect.zoo.read_atlas); nothing is computed here.
+
+- `depth_figure`: a metric against normalised depth l / (L − 1), one panel per block kind (encoder self-attention,
+  decoder self-attention, cross-attention), a line per model and block through its per-layer medians over heads
+  with the quartile band around it; line style tells the kinds apart as well (encoder dashed, decoder solid,
+  cross dotted). A block of one layer is a point at depth 0.5 with its quartile bar.
+- `size_figure`: each model's median of a metric (over heads; for the layer form over layers) against its
+  attention parameter count (log axis), quartile bars; marker shape by block kind.
+- `write_atlas_pdf`: a cover (models, facts, failures) and these figures for the metrics the atlas holds.
+
+A model keeps its colour in every figure; with many models the legend goes beside the panels in columns and the
+bands fade, so 40 models stay readable.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from qkinspect.errors import InputError
+from qkinspect.report.style import PAGE, Canvas, new_figure, style
+from qkinspect.report.titles import fit, suptitle
+
+KINDS = ("encoder", "decoder", "cross")
+KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
+LINESTYLES = {"encoder": "--", "decoder": "-", "cross": ":"}
+MARKERS = {"encoder": "o", "decoder": "s", "cross": "^"}
+JITTER = {"encoder": 10 ** -0.01, "decoder": 1.0, "cross": 10 ** 0.01}  # ±2% in x, so bars do not overlap
+# Drawn by the report when the atlas has them, in this order.
+REPORT_METRICS = ("symmetry", "symmetry_layer", "directionality", "overlap_qk", "overlap_qv", "overlap_kv",
+                  "qk_effective_rank", "shared_qk_distance")
+SIZE_METRICS = ("symmetry_layer", "symmetry", "overlap_qk")
+LAYER_FORM = ("symmetry_layer", "directionality_layer")
+
+
+def colours(n: int) -> list:
+    """n distinguishable colours: tab10 up to 10 models, else tab20, tab20b and tab20c (60), then repeated."""
+    if n <= 10:
+        return [colormaps["tab10"](i) for i in range(n)]
+    pool = [colormaps[m](i) for m in ("tab20", "tab20b", "tab20c") for i in range(20)]
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+def _check_metric(atlas, metric: str) -> None:
+    if not atlas.records:
+        raise InputError(f"{atlas.folder}: the atlas has no results yet")
+    if metric not in atlas.metrics:
+        raise InputError(f"--metric {metric}: the atlas does not hold it; it has {', '.join(atlas.metrics)}")
+
+
+def _kind_of(atlas) -> dict[tuple[str, str], str]:
+    return {(f["model"], f["block"]): f["kind"] for f in atlas.facts}
+
+
+TOWER_MARKERS = ("o", "s", "^", "D", "v")
+
+
+def _towers(kind_of: dict[tuple[str, str], str], keys) -> dict[tuple[str, str], str]:
+    """(model, block) -> a marker for the blocks of a model that has several of one kind (CLIP's text and vision
+    encoders), so that its lines in one panel are told apart; the first of each kind has none."""
+    seen: dict[tuple[str, str], int] = {}
+    out = {}
+    for model, block in keys:
+        k = (model, kind_of.get((model, block), ""))
+        seen[k] = seen.get(k, 0) + 1
+        if seen[k] > 1:
+            out[(model, block)] = TOWER_MARKERS[(seen[k] - 2) % len(TOWER_MARKERS)]
+    return out
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= 48 else "…" + name[-47:]
+
+
+def _legend(fig, atlas, palette: dict[str, Any], kinds: Sequence[str], *, markers: bool,
+            towers: dict[tuple[str, str], str] | None = None) -> None:
+    """Models by colour, block kinds by line style (or marker), beside the panels; columns as the count needs.
+    `towers`: a model's further blocks of one kind, by marker (an entry each)."""
+    models = [m for m in atlas.models if m in palette]
+    handles = [Line2D([], [], color=palette[m], linewidth=2) for m in models]
+    labels = [_short(m) for m in models]
+    for (model, block), marker in (towers or {}).items():
+        handles.append(Line2D([], [], color=palette[model], linewidth=1, marker=marker, markersize=3))
+        labels.append(_short(f"{model} [{block}]"))
+    if len(kinds) > 1 or markers:
+        for k in kinds:
+            handles.append(Line2D([], [], color="0.2", linestyle="none" if markers else LINESTYLES[k],
+                                  marker=MARKERS[k] if markers else None))
+            labels.append(KIND_TITLES[k])
+    n = len(handles)
+    size = 7 if n <= 16 else 6 if n <= 40 else 5
+    ncol = 1 if n <= 24 else 2 if n <= 60 else 3
+    fig.legend(handles, labels, loc="outside right center", frameon=False, fontsize=size, ncol=ncol,
+               handlelength=2.2, borderaxespad=0.2)
+
+
+def _width(n_models: int) -> float:
+    return 7.0 if n_models <= 24 else 9.0
+
+
+def depth_figure(atlas, metric: str = "symmetry", *, canvas: Canvas = new_figure, name: str | None = None) -> Figure:
+    """`metric` against normalised depth: a line per model and block through its per-layer medians (over heads),
+    its quartile band around it; one panel per block kind. InputError when the atlas does not hold `metric`."""
+    _check_metric(atlas, metric)
+    rows = [r for r in atlas.records if r["metric"] == metric and r["scope"] == "layer"]
+    kind_of = _kind_of(atlas)
+    lines: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        lines.setdefault((r["model"], r["block"]), []).append(r)
+    kinds = [k for k in KINDS if any(kind_of.get(key) == k for key in lines)]
+    drawn = [m for m in atlas.models if any(key[0] == m for key in lines)]
+    palette = dict(zip(drawn, colours(len(drawn)), strict=True))
+    band = max(0.05, 0.22 / math.sqrt(max(1, len(drawn))))
+    towers = _towers(kind_of, lines)
+    layer_form = metric in LAYER_FORM
+    with style():
+        fig = canvas(0.9 + 2.5 * len(kinds), _width(len(drawn)))
+        axes = fig.subplots(len(kinds), 1, squeeze=False, sharex=True, sharey=True)[:, 0]
+        for ax, kind in zip(axes, kinds, strict=True):
+            n = 0
+            for (model, block), points in lines.items():
+                if kind_of.get((model, block)) != kind:
+                    continue
+                n += 1
+                points = sorted(points, key=lambda p: p["depth"])
+                x = np.array([p["depth"] for p in points])
+                med = np.array([p["median"] for p in points])
+                q1 = np.array([p["q1"] for p in points])
+                q3 = np.array([p["q3"] for p in points])
+                c = palette[model]
+                if len(points) == 1:
+                    ax.errorbar(x, med, yerr=[med - q1, q3 - med], color=c, marker="o", markersize=3, capsize=2)
+                    continue
+                marker = towers.get((model, block))
+                ax.plot(x, med, color=c, linestyle=LINESTYLES[kind], linewidth=1.3, marker=marker, markersize=3)
+                if not layer_form:
+                    ax.fill_between(x, q1, q3, color=c, alpha=band, linewidth=0)
+            ax.set_title(f"{KIND_TITLES[kind]} ({n} {'model' if n == 1 else 'models'})", loc="left")
+            ax.set_ylabel(metric)
+            ax.grid(True, axis="y")
+            ax.set_xlim(-0.02, 1.02)
+        axes[-1].set_xlabel("normalised depth l / (L − 1)   (0: first layer, 1: last)")
+        _legend(fig, atlas, palette, kinds, markers=False, towers=towers)
+        what = ("the layer form Σ_h W_Q^h W_K^{h//rep}ᵀ per layer" if layer_form else
+                "median over each layer's heads (line), quartiles (band)")
+        suptitle(fig, f"{name or atlas.folder}: {metric} against depth\n{what}")
+    return fig
+
+
+def size_figure(atlas, metric: str = "symmetry_layer", *, canvas: Canvas = new_figure,
+                name: str | None = None) -> Figure:
+    """Each model's (and block's) median of `metric` against its attention parameters, log x, quartile bars."""
+    _check_metric(atlas, metric)
+    kind_of = _kind_of(atlas)
+    params: dict[str, int] = {}
+    for f in atlas.facts:
+        params[f["model"]] = params.get(f["model"], 0) + f["attention_params"]
+    rows = [r for r in atlas.records if r["metric"] == metric and r["scope"] == "model"]
+    drawn = [m for m in atlas.models if any(r["model"] == m for r in rows)]
+    palette = dict(zip(drawn, colours(len(drawn)), strict=True))
+    kinds = [k for k in KINDS if any(kind_of.get((r["model"], r["block"])) == k for r in rows)]
+    over = "layers" if metric in LAYER_FORM else "heads"
+    with style():
+        fig = canvas(4.2, _width(len(drawn)))
+        ax = fig.subplots()
+        for r in rows:
+            kind = kind_of.get((r["model"], r["block"]), "encoder")
+            x = params[r["model"]] * JITTER[kind]  # a model's blocks side by side, not on top of each other
+            ax.errorbar([x], [r["median"]], yerr=[[r["median"] - r["q1"]], [r["q3"] - r["median"]]],
+                        color=palette[r["model"]], marker=MARKERS[kind], markersize=5, capsize=2, linewidth=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("attention parameters (W_Q, W_K, W_V, W_O of every block), log scale")
+        ax.set_ylabel(f"{metric} (median over {over})")
+        ax.grid(True, axis="y")
+        _legend(fig, atlas, palette, kinds, markers=True)
+        suptitle(fig, f"{name or atlas.folder}: {metric} against model size\nmedian over {over} (marker), "
+                      "quartiles (bar)")
+    return fig
+
+
+def atlas_metrics(atlas) -> list[str]:
+    have = atlas.metrics
+    return [m for m in REPORT_METRICS if m in have] or have[:4]
+
+
+def cover_lines(atlas, version: str, date: dt.datetime, title: str | None = None) -> list[tuple[str, int]]:
+    opts = ", ".join(f"{k} {v}" for k, v in atlas.options.items() if v not in (None, False))
+    models = {f["model"] for f in atlas.facts}
+    lines = [("qkinspect atlas report", 16), *([(title, 12)] if title else []),
+             (f"folder: {atlas.folder}", 10),
+             (f"{len(atlas.models)} models, {len(models)} with results, {len(atlas.failures)} failed; "
+              f"{len(atlas.facts)} blocks", 10),
+             (f"options: {opts or 'defaults'}", 10),
+             ("depth: l / (L − 1) of each block's own L (a block of one layer: 0.5); medians and quartiles over "
+              "heads; the layer form pairs query head h with key head h // (heads / kv heads)", 9),
+             (f"qkinspect {version}, {date:%Y-%m-%d %H:%M} UTC", 9), ("", 9), ("models and blocks:", 10)]
+    chance = {(b["model"], b["block"], b["metric"]): b["mean"] for b in atlas.baselines}
+    for f in atlas.facts[:70]:
+        sym = atlas.summary("symmetry", f["model"], f["block"])
+        qk = chance.get((f["model"], f["block"], "overlap_qk"))
+        lines.append((f"  {f['model']} [{f['block']}]: {f['family']}, {f['layers']} layers, {f['heads']}:"
+                      f"{f['kv_heads']} heads, d_model {f['d_model']}, d_head {f['d_head']}, {f['positional']}"
+                      f"{', q/k norm' if f['qk_norm'] else ''}, {f['attention_params']:,} attention parameters"
+                      + (f"; symmetry median {sym['median']:.3f}" if sym else "")
+                      + (f"; overlap by chance {qk:.3f}" if qk is not None else ""), 7))
+    if len(atlas.facts) > 70:
+        lines.append((f"  … and {len(atlas.facts) - 70} more", 7))
+    lines += [(f"failed: {f.name}: {f.error}"[:200], 7) for f in atlas.failures[:20]]
+    lines += [(f"note: {n}", 7) for n in atlas.notes[:20]]
+    return lines
+
+
+def _cover(lines: list[tuple[str, int]]) -> Figure:
+    fig = Figure(figsize=PAGE)
+    y = 0.95
+    for text, size in lines:
+        for line in fit(text, PAGE[0] * 0.84, size).split("\n"):
+            fig.text(0.08, y, line, fontsize=size, va="top")
+            y -= size / 72 / PAGE[1] * 1.5
+    return fig
+
+
+def write_atlas_pdf(atlas, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
+                    title: str | None = None) -> int:
+    """Write the atlas report as a PDF: the cover, a depth figure per metric, the size figures; returns the
+    number of pages."""
+    from matplotlib.backends.backend_pdf import PdfPages
+
+    from qkinspect.version import __version__
+
+    if not atlas.records:
+        raise InputError(f"{atlas.folder}: the atlas has no results yet")
+    metrics = atlas_metrics(atlas)
+    sizes = [m for m in SIZE_METRICS if m in atlas.metrics]
+    lines = cover_lines(atlas, __version__, date or dt.datetime.now(dt.timezone.utc), title)
+    lines.insert(5, (f"figures: {', '.join(metrics)} against depth; {', '.join(sizes)} against attention "
+                     "parameters", 9))
+    with style(), PdfPages(target, metadata={"Title": f"qkinspect atlas report: {title or atlas.folder}"}) as pdf:
+        pdf.savefig(_cover(lines))
+        for metric in metrics:
+            pdf.savefig(depth_figure(atlas, metric, name=title))
+        for metric in sizes:
+            pdf.savefig(size_figure(atlas, metric, name=title))
+        return 1 + len(metrics) + len(sizes)

@@ -1,0 +1,98 @@
+"""Which models an atlas covers: the MODEL arguments, the lines of a `--from` file, and every model the local
+Hugging Face cache holds (`--hf-cache`).
+
+A MODEL is anything `analyze` opens (a folder, a weight file, a GGUF file, a hub id: from the local cache when
+there is no network, a glob of folders) or a saved analysis (`qkinspect analyze -o run.json`), which enters the
+atlas as it was saved: nothing is recomputed. A model named twice (the same resolved files) is one entry.
+
+Example:
+    >>> found = entries(["./bert", "run.json"], from_file="models.txt")  # doctest: +SKIP
+    >>> [e.name for e in found]  # doctest: +SKIP
+    ['./bert', 'run.json', 'HuggingFaceTB/SmolLM2-135M']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from qkinspect.errors import InputError
+from qkinspect.reading import read_bytes
+from qkinspect.sweep.checkpoints import Checkpoint, discover
+
+MAX_LIST_BYTES = 4 << 20  # a --from file: one model a line
+
+
+@dataclass(frozen=True)
+class SavedEntry:
+    """A saved analysis given as a model: its file, and the name its records go by (the path as given)."""
+
+    path: Path
+    name: str
+
+
+def entries(models: list[str] | tuple[str, ...] = (), *, from_file: str | Path | None = None,
+            hf_cache: bool = False) -> list[Checkpoint | SavedEntry]:
+    """The entries in the order given: models to analyse (as sweep checkpoints) and saved analyses to take as
+    they are; a model or file named twice is one entry.
+
+    Raises:
+        InputError: no models at all, a model that names nothing, an unreadable `from_file`, an HF cache that
+            cannot be scanned.
+    """
+    from qkinspect.saved import is_saved
+
+    specs = [str(m) for m in models]
+    if from_file is not None:
+        specs += read_list(Path(from_file))
+    if hf_cache:
+        specs += hf_cache_models()
+    if not specs:
+        raise InputError("atlas: no models given (MODEL arguments, --from FILE or --hf-cache)")
+    found: dict[str, Checkpoint | SavedEntry] = {}
+    for spec in specs:
+        if is_saved(spec):
+            found.setdefault(f"saved:{Path(spec).resolve()}", SavedEntry(Path(spec), spec))
+            continue
+        for ck in discover([spec]):
+            found.setdefault(ck.identity, ck)
+    return list(found.values())
+
+
+def read_list(path: Path) -> list[str]:
+    """The models a `--from` file names: one a line; blank lines and lines starting with # are skipped."""
+    raw = read_bytes(path, what="a list of models", limit=MAX_LIST_BYTES)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"--from {path}: not UTF-8 text (byte {e.start})") from None
+    lines = [line.strip() for line in text.splitlines()]
+    models = [line for line in lines if line and not line.startswith("#")]
+    if not models:
+        raise InputError(f"--from {path}: names no model (one a line; # starts a comment)")
+    return models
+
+
+def hf_cache_models(cache_dir: str | Path | None = None) -> list[str]:
+    """The repo ids of every model the local Hugging Face cache holds (huggingface_hub.scan_cache_dir), sorted;
+    the cache is HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub (read when called).
+
+    Raises:
+        InputError: no cache there, or it cannot be scanned; a cache that holds no model.
+    """
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    from qkinspect.loading.resolve import hub_cache_dir
+
+    cache = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
+    try:
+        info = scan_cache_dir(cache)
+    except CacheNotFound:
+        raise InputError(f"--hf-cache: no Hugging Face cache at {cache} (set HF_HUB_CACHE or HF_HOME)") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"--hf-cache: cannot scan the Hugging Face cache at {cache} ({e})") from None
+    ids = sorted(r.repo_id for r in info.repos if r.repo_type == "model")
+    if not ids:
+        raise InputError(f"--hf-cache: the Hugging Face cache at {cache} holds no model")
+    return ids

@@ -1,0 +1,153 @@
+"""Building an atlas: the models analysed on the sweep's engine (Dask, resumable, one model per task), the saved
+analyses taken in as they are, the manifest written; the atlas is then read back from the folder.
+
+The engine is the sweep's (`qkinspect.sweep.run_sweep`) with shapes allowed to differ and the layer form always
+measured: each model is one task (`analyze` on that model, in one worker, one model in memory per worker at a
+time), its result written into DIR/models/ as it arrives; a re-run skips the models done; a model that cannot be
+opened or analysed is retried once, then recorded as failed while the others finish.
+
+Example:
+    >>> atlas = run_atlas(entries(["./bert", "gpt2.gguf", "run.json"]), {"metrics": ["default"]},
+    ...                   "atlas/").read()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qkinspect.errors import InputError
+from qkinspect.sweep.checkpoints import Checkpoint
+from qkinspect.sweep.store import Failure
+from qkinspect.zoo.inputs import SavedEntry, entries
+from qkinspect.zoo.result import AtlasResult, read_atlas
+
+OPTION_NAMES = ("metrics", "precision", "fold_ln")
+
+
+@dataclass
+class AtlasOutcome:
+    """What an atlas run did: models computed now, skipped (already in the folder), failed; saved analyses taken."""
+
+    folder: Path
+    computed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    saved: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+    def read(self) -> AtlasResult:
+        return read_atlas(self.folder)
+
+
+def atlas_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The analysis options of an atlas (metrics, precision, fold_ln) as the sweep takes them, layer form on;
+    InputError for an unknown option, metric or precision, before any work."""
+    from qkinspect.analysis import PRECISIONS
+    from qkinspect.metrics.registry import resolve_metrics
+    from qkinspect.sweep.store import normalized_options
+
+    unknown = set(options) - set(OPTION_NAMES)
+    if unknown:
+        raise InputError(f"atlas: unknown options {', '.join(sorted(unknown))}; it takes {', '.join(OPTION_NAMES)}")
+    metrics = options.get("metrics")
+    if isinstance(metrics, str):
+        metrics = [m for m in metrics.split(",") if m.strip()]
+    resolve_metrics(metrics)
+    precision = str(options.get("precision") or "float32")
+    if precision not in PRECISIONS:
+        raise InputError(f"precision={precision!r}: choose float32 or float64")
+    return normalized_options({"metrics": list(metrics) if metrics is not None else None, "precision": precision,
+                               "fold_ln": bool(options.get("fold_ln", False)), "layer_form": True})
+
+
+def run_atlas(items: list[Checkpoint | SavedEntry], options: dict[str, Any], folder: str | Path, *,
+              scheduler: str | None = None, workers: int | None = None, threads: int | None = None,
+              device: str = "cpu", progress: Callable | None = None,
+              notice: Callable[[str], None] | None = None) -> AtlasOutcome:
+    """Build the atlas of `items` (from `entries`) in `folder`.
+
+    Args:
+        options: metrics, precision, fold_ln (atlas_options); the layer form is always measured.
+        scheduler, workers, threads, device, progress, notice: as qkinspect.sweep.run_sweep takes them.
+
+    Raises:
+        InputError: a bad option, a saved analysis that is not one, an unreachable scheduler (before any work).
+        KeyboardInterrupt after cancelling the pending tasks (what is written is kept: run again to resume).
+    """
+    from qkinspect.limits import check_threads, check_workers
+    from qkinspect.saved import read_saved
+    from qkinspect.sweep import run_sweep
+    from qkinspect.sweep.store import check_folder, write_json
+    from qkinspect.zoo import folder as store
+
+    folder = Path(folder)
+    options = atlas_options({k: v for k, v in options.items() if k != "layer_form"})
+    check_threads(threads)
+    check_workers(workers)
+    models = [e for e in items if isinstance(e, Checkpoint)]
+    if scheduler is not None:
+        from qkinspect.sweep.scheduler import check_address, probe
+
+        address = check_address(scheduler)
+        if models:
+            probe(address)  # a scheduler that is not one is refused before the folder is made (run_sweep asks again)
+    check_folder(folder)
+    # a saved analysis is checked now (bad input: before any work) and kept as `analyze -o` wrote it
+    saved = [(e, {"kind": "analyze", **read_saved(e.path).to_dict()}) for e in items if isinstance(e, SavedEntry)]
+    try:
+        (folder / store.SAVED).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        from qkinspect.errors import OutputError
+
+        raise OutputError(f"{folder}: cannot create the atlas folder ({e.strerror or e})") from None
+    files = {}
+    for entry, doc in saved:
+        text = json.dumps(doc, sort_keys=True, allow_nan=False)
+        path = store.saved_path(folder, entry.name, text)
+        write_json(path, doc)
+        files[entry.name] = str(path.relative_to(folder))
+    manifest = [{"name": e.name, "entry": "model" if isinstance(e, Checkpoint) else "saved",
+                 "file": None if isinstance(e, Checkpoint) else files[e.name]} for e in items]
+    store.write_manifest(folder, options, manifest)  # what an interrupted atlas leaves to read
+    outcome = AtlasOutcome(folder, saved=[e.name for e, _ in saved])
+    if models:
+        done = run_sweep(models, options, folder / store.MODELS, scheduler=scheduler, workers=workers,
+                         threads=threads, device=device, progress=progress, notice=notice, same_shapes=False)
+        outcome.computed, outcome.skipped = done.computed, done.skipped
+        outcome.failures, outcome.refused = done.failures, done.refused
+    store.write_manifest(folder, options, manifest, outcome.failures)
+    return outcome
+
+
+def atlas(models: list[str] | tuple[str, ...] | str = (), *, out: str | Path, from_file: str | Path | None = None,
+          hf_cache: bool = False, metrics: list[str] | str | None = None, precision: str = "float32",
+          fold_ln: bool = False, device: str = "cpu", scheduler: str | None = None, workers: int | None = None,
+          threads: int | None = None, progress: Callable | None = None) -> AtlasResult:
+    """The atlas of many models of any family, shape and format: per model and block, each metric's distribution
+    over heads, the layer form, and per layer the median over heads at normalised depth l / (L − 1), with the
+    models' facts (docs/atlas.md).
+
+    Args:
+        models: folders, weight files, GGUF files, hub ids (the local cache when offline), globs, and saved
+            analyses (`qkinspect analyze -o run.json`, taken as they are).
+        out: the atlas folder (created; a re-run skips the models done).
+        from_file: a file naming one model a line. hf_cache: every model the local Hugging Face cache holds.
+        metrics, precision, fold_ln, device: as `qkinspect.analyze` takes them (the layer form is always on).
+        scheduler, workers, threads, progress: as `qkinspect.sweep.run_sweep` takes them (a script that starts
+            the local cluster needs an `if __name__ == "__main__":` guard).
+
+    Returns:
+        AtlasResult; the models that failed are in its `failures` (the others are there).
+
+    Example:
+        >>> atlas = qkinspect.atlas(["./bert", "SmolLM2-135M.gguf"], out="atlas/")  # doctest: +SKIP
+        >>> atlas.to_pandas().query("scope == 'layer' and metric == 'symmetry'")  # doctest: +SKIP
+    """
+    items = entries([models] if isinstance(models, str) else list(models), from_file=from_file, hf_cache=hf_cache)
+    options = {"metrics": metrics, "precision": precision, "fold_ln": fold_ln}
+    return run_atlas(items, options, out, scheduler=scheduler, workers=workers, threads=threads, device=device,
+                     progress=progress).read()

@@ -1,0 +1,147 @@
+"""The atlas's statistics of one model's analysis: pure functions of an `analyze` document (schema qkinspect/1).
+
+For every block of the model (an encoder–decoder model has three: encoder self-attention, decoder self-attention,
+cross-attention), and every metric the analysis holds:
+
+- `scope = "model"`: the metric's distribution over every head of the block (all its layers): median, first and
+  third quartiles, and `n`, the heads with a finite value; `layer` and `depth` are None.
+- `scope = "layer"`: per layer, the same over that layer's heads, at the layer's normalised depth.
+
+The layer form (`symmetry_layer`, `directionality_layer`: the layer's summed form Σ_h W_Q^h W_K^{h // rep}ᵀ, one value
+per layer) has `scope = "layer"` records of that one value (`n` = 1, q1 = q3 = median) and a `scope = "model"`
+record of its distribution over the layers (the paper's "median over layers").
+
+Normalised depth of layer `l` in a block of `L` layers is `l / (L − 1)`: 0 for the first layer, 1 for the last, so
+models of different depths line up. A block of one layer has no first-to-last axis: its layer is drawn at depth 0.5
+(`SINGLE_LAYER_DEPTH`), the middle, claiming neither end. `L` is the block's own layer count from the model's shape,
+also when the analysis measured only some of its layers.
+
+Quartiles are numpy's default (linear interpolation between order statistics, `np.percentile`); the median is the
+50th percentile of that definition, the usual median. Heads whose value is undefined (NaN, stored as null: e.g.
+symmetry of a cross-attention head whose query and key widths differ) are left out of `n`; a metric with no finite
+value in a block gives no records for that block.
+
+Example:
+    >>> records, facts = entry_stats("bert", qkinspect.analyze("bert", layer_form=True).to_dict())  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+RECORD_FIELDS = ("model", "block", "metric", "scope", "layer", "depth", "median", "q1", "q3", "n")
+FACT_FIELDS = ("model", "block", "kind", "family", "format", "layers", "heads", "kv_heads", "d_model", "d_head",
+               "positional", "qk_norm", "attention_params", "entry")
+LAYER_FORM = ("symmetry_layer", "directionality_layer")
+HEAD_LABELS = ("block", "layer", "head", "kv_head", "rank_q", "rank_k", "rank_v")
+SINGLE_LAYER_DEPTH = 0.5
+
+
+def depth(layer: int, n_layers: int) -> float:
+    """Normalised depth `layer / (n_layers − 1)`; SINGLE_LAYER_DEPTH for a block of one layer.
+
+    Example:
+        >>> depth(0, 12), depth(11, 12), depth(0, 1)
+        (0.0, 1.0, 0.5)
+    """
+    return SINGLE_LAYER_DEPTH if n_layers <= 1 else layer / (n_layers - 1)
+
+
+def quartiles(values: Sequence[float]) -> tuple[float | None, float | None, float | None, int]:
+    """(median, q1, q3, n) of the finite values; (None, None, None, 0) when there are none.
+
+    Example:
+        >>> quartiles([1.0, 2.0, 3.0, float("nan"), 4.0])
+        (2.5, 1.75, 3.25, 4)
+    """
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=np.float64)
+    if not x.size:
+        return None, None, None, 0
+    q1, median, q3 = np.percentile(x, [25.0, 50.0, 75.0])
+    return float(median), float(q1), float(q3), int(x.size)
+
+
+def attention_params(block: Mapping[str, Any]) -> int:
+    """Attention weights of a block (a `model.blocks[i]` dict): W_Q, W_K, W_V and W_O of every layer (once for a
+    block whose layers share one set of weights, as ALBERT's), biases and norms not counted.
+
+    Example:
+        >>> attention_params({"n_layers": 12, "n_heads": 12, "n_kv_heads": 12, "d_model": 768, "d_head": 64})
+        28311552
+    """
+    h, g, d = block["n_heads"], block["n_kv_heads"], block["d_head"]
+    dq = block["d_model"]
+    dk = block.get("d_model_kv") or dq
+    dv = block.get("d_head_v") or d
+    per_layer = h * dq * d + g * dk * d + g * dk * dv + h * dv * dq
+    return per_layer * (1 if block.get("shared_layers") else block["n_layers"])
+
+
+def block_key(block: Mapping[str, Any]) -> str:
+    return block.get("label") or block["name"]
+
+
+def facts(name: str, model: Mapping[str, Any], entry: str = "model") -> list[dict[str, Any]]:
+    """One row per block of the model: the model's facts beside its statistics (`kind`: encoder, decoder or
+    cross; `entry`: "model" for a model analysed by the atlas, "saved" for a saved analysis)."""
+    return [{"model": name, "block": block_key(b), "kind": b["name"], "family": model.get("model_type"),
+             "format": model.get("format"),
+             "layers": b["n_layers"], "heads": b["n_heads"], "kv_heads": b["n_kv_heads"], "d_model": b["d_model"],
+             "d_head": b["d_head"], "positional": b.get("positional"), "qk_norm": bool(b.get("qk_norm")),
+             "attention_params": attention_params(b), "entry": entry}
+            for b in model["blocks"]]
+
+
+def head_metrics(heads: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The per-head metrics the records hold, in the order they first appear."""
+    return list(dict.fromkeys(k for r in heads for k in r if k not in HEAD_LABELS))
+
+
+def entry_stats(name: str, doc: Mapping[str, Any], entry: str = "model") -> tuple[list[dict], list[dict]]:
+    """(records, facts) of one model's analysis document (`AnalysisResult.to_dict()`, a sweep result's
+    `result`, a saved analysis): records as RECORD_FIELDS dicts, block by block in the model's order, then metric
+    by metric (per-head metrics in the analysis's order, then the layer form), the model-scope record first."""
+    model = doc["model"]
+    heads, layers = doc.get("heads") or [], doc.get("layers") or []
+    records: list[dict[str, Any]] = []
+    metrics = head_metrics(heads)
+    for b in model["blocks"]:
+        key, n_layers = block_key(b), b["n_layers"]
+        mine = [r for r in heads if r["block"] == key]
+        by_layer: dict[int, list[Mapping[str, Any]]] = {}
+        for r in mine:
+            by_layer.setdefault(r["layer"], []).append(r)
+        for metric in metrics:
+            whole = quartiles([_num(r.get(metric)) for r in mine])
+            if whole[3] == 0:
+                continue
+            records.append(_record(name, key, metric, "model", None, None, whole))
+            for layer in sorted(by_layer):
+                stats = quartiles([_num(r.get(metric)) for r in by_layer[layer]])
+                if stats[3]:
+                    records.append(_record(name, key, metric, "layer", layer, depth(layer, n_layers), stats))
+        rows = sorted((r for r in layers if r["block"] == key), key=lambda r: r["layer"])
+        for metric in LAYER_FORM:
+            values = [(r["layer"], _num(r.get(metric))) for r in rows]
+            values = [(layer, v) for layer, v in values if v is not None and math.isfinite(v)]
+            if not values:
+                continue
+            records.append(_record(name, key, metric, "model", None, None, quartiles([v for _, v in values])))
+            for layer, v in values:
+                records.append(_record(name, key, metric, "layer", layer, depth(layer, n_layers), (v, v, v, 1)))
+    return records, facts(name, model, entry)
+
+
+def _record(model: str, block: str, metric: str, scope: str, layer: int | None, depth_: float | None,
+            stats: tuple) -> dict[str, Any]:
+    median, q1, q3, n = stats
+    return {"model": model, "block": block, "metric": metric, "scope": scope, "layer": layer, "depth": depth_,
+            "median": median, "q1": q1, "q3": q3, "n": n}
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
