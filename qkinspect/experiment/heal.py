@@ -25,12 +25,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkinspect.errors import InputError
-from qkinspect.experiment.edits.apply import Edit, apply_edit
+from qkinspect.experiment.edits.apply import apply_edit
+from qkinspect.experiment.edits.names import Edit
 from qkinspect.experiment.edits.parametrised import EditForm, canonical_from, parametrise
 from qkinspect.experiment.model.runtime import CAUSAL, MASKED, HFModel
-from qkinspect.experiment.model.scoring import Scorer, Text, windows
+from qkinspect.experiment.model.scoring import Scorer, windows
 from qkinspect.experiment.model.writeback import module_maps, write_layer
-from qkinspect.experiment.requests import LIBRARY_NAMES, TRAINED, HealOptions, Names
+from qkinspect.experiment.requests import LIBRARY_NAMES, TRAINED, HealOptions, Names, Text
 from qkinspect.experiment.results import HealedRun, Healing
 
 Unit = list[tuple[int, list[int]]]

@@ -16,7 +16,7 @@ from qkinspect.experiment.requests import LIBRARY_NAMES, HealOptions, Names, Req
 from qkinspect.experiment.results import ExperimentResult, Run, beyond_error
 
 if TYPE_CHECKING:
-    from qkinspect.experiment.model.scoring import Text
+    from qkinspect.experiment.requests import Text
 
 REFERENCE = Edit("ablate")
 VERIFY = 12  # --estimate: heads per edit run exactly to check it, unless --verify says otherwise
@@ -113,7 +113,8 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
     from qkinspect.experiment.exact import first_layer, make_units, run_unit
     from qkinspect.experiment.heal import check_healable, heal_runs
     from qkinspect.experiment.model.guard import check_token_ids
-    from qkinspect.experiment.model.scoring import Scorer, Text, default_text, read_text, windows
+    from qkinspect.experiment.model.scoring import Scorer, default_text, read_text, windows
+    from qkinspect.experiment.requests import Text
     from qkinspect.loading.boundary import boundary
 
     chosen, verify, device, opts = list(request.edits), request.verify, request.device, request.heal

@@ -228,3 +228,48 @@ def test_the_layer_check_sees_a_lower_module_reaching_up(tmp_path):
     assert got == {"pkg.loading.tokens": ["pkg.experiment.guard"]}
     (tmp_path / "loading" / "tokens.py").write_text("import os\n")
     assert not reaching_up(package_graph(tmp_path, "pkg"), ("pkg.loading",), ("pkg.experiment",))
+
+
+def defined(source: str) -> set[str]:
+    """The names a module defines itself at module level (functions, classes, assignments, at any depth of its
+    if/try blocks), not those it imports."""
+    out: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                out.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                visit([*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                       *(s for h in getattr(node, "handlers", []) for s in h.body)])
+
+    visit(ast.parse(source).body)
+    return out
+
+
+def borrowed(folder: Path = PACKAGE, package: str = "qkinspect") -> list[str]:
+    """`module imports name from other` wherever `other` is a module (not a package's face) that only imports
+    `name` itself: the name has a home, and callers import it from there."""
+    files = modules(folder, package)
+    faces = {name for name, p in files.items() if p.name == "__init__.py"}
+    own = {name: defined(p.read_text(encoding="utf-8")) for name, p in files.items()}
+    return [f"{name} imports {what} from {module}" for name, p in files.items()
+            for module, what in imported(p.read_text(encoding="utf-8"), set(files))
+            if what is not None and module not in faces and what not in own[module]]
+
+
+def test_names_are_imported_from_their_home():
+    """sweep.store once passed on sweep.keys' names (result_key, normalized_options, Failure), cli.options
+    selection's parse_indices, edits.apply edits.names' Edit, model.scoring requests' Text: one home a name."""
+    assert not borrowed()
+
+
+def test_the_home_check_sees_a_borrowed_name(tmp_path):
+    (tmp_path / "keys.py").write_text("def result_key():\n    pass\nif True:\n    KIND = 1\n")
+    (tmp_path / "store.py").write_text("from pkg.keys import result_key\n")
+    (tmp_path / "engine.py").write_text("def f():\n    from pkg.store import result_key\n")
+    (tmp_path / "other.py").write_text("from pkg.keys import KIND, result_key\n")
+    assert borrowed(tmp_path, "pkg") == ["pkg.engine imports result_key from pkg.store"]
