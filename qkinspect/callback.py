@@ -222,25 +222,35 @@ def _make_callback():
             if self.trainer is None and state.is_world_process_zero:
                 log.warning("QKCallback has no trainer: results go to %s, nothing to the trainer's loggers "
                             "(use QKCallback.attach(trainer, ...))", self.tracker.folder)
-            if self.at_start:
-                self._measure(state, model)
+            return self._measure(state, model, control) if self.at_start else control
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if state.global_step % self.every == 0:
-                self._measure(state, model)
+                return self._measure(state, model, control)
+            return control
 
         def on_train_end(self, args, state, control, model=None, **kwargs):
             if self.at_end:
-                self._measure(state, model)
+                return self._measure(state, model, control)
+            return control
 
-        def _measure(self, state, model) -> None:
+        def _measure(self, state, model, control):
+            """Measure and log; returns the control the trainer goes on with. `trainer.log` ends with the
+            callbacks' `on_log`, which clears `should_log` (the trainer's way to mark a step's logs as sent): the
+            trainer decides whether to log its own loss and learning rate *after* `on_step_end`, so the flag it had
+            set for this step is put back, or its own entry of the step would be lost."""
             step = int(state.global_step)
             if model is None or not state.is_world_process_zero or step in self.measured:
-                return
+                return control
             logs = self.tracker.measure(model, step)
             self.measured[step] = logs
-            if self.trainer is not None:
-                self.trainer.log(dict(logs))
+            if self.trainer is None:
+                return control
+            should_log = control.should_log
+            self.trainer.log(dict(logs))
+            after = self.trainer.control  # what the on_log callbacks returned (any flag they set is kept)
+            after.should_log = should_log
+            return after
 
     QKCallback.__module__ = __name__
     return QKCallback

@@ -145,16 +145,21 @@ class AnalysisResult:
             >>> df = qkinspect.analyze().to_pandas()  # doctest: +SKIP
             >>> df.groupby("layer")["symmetry"].median()  # doctest: +SKIP
         """
-        try:
-            import pandas as pd
-        except ImportError:
-            raise ImportError("to_pandas() needs pandas: pip install pandas") from None
+        from qkinspect.notebook import data_frame
+
         if by not in ("head", "layer"):
             from qkinspect.errors import InputError
 
             raise InputError(f"by={by!r}: choose 'head' or 'layer'")
         rows = self.head_rows() if by == "head" else self.layer_rows()
-        return pd.DataFrame([{"model": self.model.name, **r} for r in rows])
+        return data_frame([{"model": self.model.name, **r} for r in rows])
+
+    def _repr_html_(self) -> str:
+        """A notebook cell's view: the tables `qkinspect analyze` prints (qkinspect.notebook)."""
+        from qkinspect.cli.tables import default_columns, render_analysis
+        from qkinspect.notebook import html_table
+
+        return html_table(lambda console: render_analysis(console, self, columns=default_columns(self)))
 
 
 def envelope(kind: str, **fields: Any) -> dict[str, Any]:

@@ -38,6 +38,12 @@ def test_numbers_are_compared_to_their_printed_precision():
     assert not dx.same("sym 0.123", "sym 0.1230")
     assert not dx.same("12-page report", "13-page report")
     assert not dx.same("layer 0", "layer 0 extra")
+    # full precision (CSV, JSON): a float32 result's rounding, compared within FULL_PRECISION_TOL whatever the digits
+    assert dx.same("0,0.17653094232082367,3", "0,0.1765308976173401,3")
+    assert dx.same("0.17653094", "0.1765309")  # float32's shortest repr: the same value, one digit fewer
+    assert not dx.same("0.17653094232082367", "0.1765509976173401")  # 2e-5 apart: a changed result
+    assert not dx.same("0.17653094232082367", "0.17653")  # a table's rounding is no full-precision number
+    assert not dx.same("12345678", "12345679")  # an integer stays exact
 
 
 def test_the_docs_cite_only_files_that_ship():

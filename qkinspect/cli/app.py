@@ -177,12 +177,16 @@ def _root(
     version: bool = typer.Option(False, "--version", help="Print the version and exit.", callback=_version,
                                  is_eager=True),
     debug: bool = typer.Option(False, "--debug", help="Show a traceback on errors."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars (notes and warnings still print)."),
 ) -> None:
     """Inspect the query-key geometry of trained attention heads, from the weights alone.
 
     Example: qkinspect analyze            (the bundled demo model)
     """
     _state["debug"] = debug
+    from qkinspect.cli.output import QUIET
+
+    QUIET["on"] = quiet
 
 
 def _register_commands() -> None:

@@ -24,13 +24,18 @@ HealTokensOpt = Annotated[int, typer.Option(
     "--heal-batch", metavar="N", help="Tokens per healing step (in whole windows).")]
 HealTextOpt = Annotated[Path | None, typer.Option(
     "--heal-text", metavar="FILE", help="UTF-8 text to heal on (default: the --text after its scored tokens).")]
+HealEvalOpt = Annotated[int | None, typer.Option(
+    "--heal-eval-every", metavar="N", help="Score the healed runs and the control every N steps (and at the last): "
+                                           "the cost curve in the JSON (plot --kind healing).")]
+HealFloat32Opt = Annotated[bool, typer.Option(
+    "--heal-float32", help="Train in float32 even where bfloat16 autocast would be used (AMX CPUs, CUDA).")]
 HealTrackOpt = Annotated[Path | None, typer.Option(
     "--heal-track", metavar="DIR", help="Write each healing run's metric trajectory as a sweep folder under DIR "
                                         "(qkinspect plot DIR/control --kind trajectory).")]
 
 
 def heal_options(steps: int, train: HealTrain, lr: float, batch_tokens: int, text: Path | None,
-                 track: Path | None, seed: int = 0):
+                 track: Path | None, seed: int = 0, eval_every: int | None = None, float32: bool = False):
     """The library's HealOptions from the CLI's, or None without --heal (the library checks them, and reads the
     text once they are)."""
     if not steps:
@@ -38,7 +43,7 @@ def heal_options(steps: int, train: HealTrain, lr: float, batch_tokens: int, tex
     from qkinspect.experiment.requests import HealOptions
 
     return HealOptions(steps=steps, train=train.value, lr=lr, batch_tokens=batch_tokens, text=text, track=track,
-                       seed=seed)
+                       seed=seed, eval_every=eval_every, float32=float32)
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -61,7 +66,8 @@ def render_healing(console, healing) -> None:
     if healing is None:
         return
     h = healing
-    console.print(f"healing: {h.steps} steps of {h.batch_windows} windows, lr {h.lr:g}, trained {h.trained} "
+    dtype = "" if h.precision is None else f", {h.precision.dtype} on {h.device}"
+    console.print(f"healing: {h.steps} steps of {h.batch_windows} windows{dtype}, lr {h.lr:g}, trained {h.trained} "
                   f"({h.trained_parameters:,} of {h.parameters:,} parameters), on {h.text} ({h.train_tokens} tokens,"
                   f" {h.epochs:.2f} passes); control after healing {h.control_loss:.4f} "
                   f"({h.control_gain:+.4f} from the baseline)", highlight=False, soft_wrap=True)

@@ -194,11 +194,18 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
+QUIET = {"on": False}  # `qkinspect --quiet`: no progress bars (notes and warnings still print)
+
+
 class Progress:
-    """A `progress(done, total)` callable that shows a rich bar on stderr once work has run for `delay` seconds,
-    and only when stderr is a terminal (pipes and logs stay clean). The bar appears on time even while the first
-    step is still running (a timer starts it; rich's own refresh keeps the elapsed time moving), not only at the
-    next call."""
+    """A progress receiver (qkinspect.progress) that shows a rich bar on stderr once work has run for `delay`
+    seconds, and only when stderr is a terminal and the run is not `--quiet` (pipes and logs stay clean). The bar
+    appears on time even while the first step is still running (a timer starts it; rich's own refresh keeps the
+    elapsed time moving), not only at the next call.
+
+    Called as `progress(done, total)` it is one bar under `label`; told `phase(name, total, unit)` the bar takes
+    the phase's name, counts its units (`3/16 probes`; a phase it cannot count shows its elapsed time) and shows
+    the status text of each call (the training loss)."""
 
     def __init__(self, label: str, delay: float = 1.0):
         self.label, self.delay = label, delay
@@ -208,39 +215,63 @@ class Progress:
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
         self._closed = False
-        self._done, self._total = 0, 0
-        self._enabled = sys.stderr.isatty()
+        self._done, self._total, self._unit, self._status = 0, 0, "", ""
+        self._enabled = sys.stderr.isatty() and not QUIET["on"]
+        self.phases: list[tuple[str, int | None, str]] = []  # every phase begun, in order (what a test can check)
 
-    def __call__(self, done: int, total: int) -> None:
-        if not self._enabled:
-            return
+    def phase(self, name: str, total: int | None, unit: str = "") -> None:
         with self._lock:
-            self._done, self._total = done, total
-            if self._bar is None and done < total:
-                wait = self.delay - (time.monotonic() - self._t0)
-                if wait <= 0:
-                    self._start()
-                elif self._timer is None:
-                    self._timer = threading.Timer(wait, self._on_time)
-                    self._timer.daemon = True
-                    self._timer.start()
-            if self._bar is not None:
-                self._bar.update(self._task, completed=done, total=total)
+            self.phases.append((name, total, unit))
+            self.label, self._done, self._total, self._unit, self._status = name, 0, total, unit, ""
+            if self._bar is not None:  # each phase's time counts from its start
+                self._bar.reset(self._task, total=total, completed=0, description=name, count=self._count(),
+                                status="")
+            self._show()
+
+    def __call__(self, done: int, total: int | None, status: str = "") -> None:
+        with self._lock:
+            self._done, self._total, self._status = done, total, status
+            self._show()
+
+    def _pending(self) -> bool:
+        """Work is under way: a phase that cannot be counted, or one not finished."""
+        return self._total is None or self._done < self._total
+
+    def _show(self) -> None:
+        if not self._enabled or self._closed:
+            return
+        if self._bar is None and self._pending():
+            wait = self.delay - (time.monotonic() - self._t0)
+            if wait <= 0:
+                self._start()
+            elif self._timer is None:
+                self._timer = threading.Timer(wait, self._on_time)
+                self._timer.daemon = True
+                self._timer.start()
+        if self._bar is not None:
+            self._bar.update(self._task, description=self.label, completed=self._done, total=self._total,
+                             count=self._count(), status=self._status)
+
+    def _count(self) -> str:
+        """`3/16 probes`; nothing for a phase that cannot be counted (its bar pulses, its time runs)."""
+        return "" if self._total is None else f"{self._done}/{self._total} {self._unit}".rstrip()
 
     def _on_time(self) -> None:
         with self._lock:
-            if self._bar is None and not self._closed and self._done < self._total:
+            if self._bar is None and not self._closed and self._pending():
                 self._start()
 
     def _start(self) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as RichProgress
 
-        bar = RichProgress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        bar = RichProgress(TextColumn("{task.description}"), BarColumn(bar_width=20),
+                           TextColumn("{task.fields[count]}"), TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
                            console=Console(stderr=True), transient=True)
         bar.start()
-        self._task = bar.add_task(self.label, total=self._total, completed=self._done)
+        self._task = bar.add_task(self.label, total=self._total, completed=self._done, count=self._count(),
+                                  status=self._status)
         self._bar = bar  # last: a bar is never seen without its task
 
     def close(self) -> None:

@@ -368,3 +368,16 @@ def sweep_tables(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, by: 
     if numbered:
         lines.append("checkpoints: " + ", ".join(f"{ids[n]}={n}" for n in names))
     return fit_tables(labels, values, width=width, sections=sections), lines
+
+
+def render_sweep(console, rows: Sequence[dict[str, Any]], requested=None, by: str = "head") -> None:
+    """A row per checkpoint, step, block, layer and head (or per layer with --by layer), in `analyze`'s tables."""
+    labels = {"checkpoint", "step", "block", "layer", "head", "kv_head", "n_heads", "rank_q", "rank_k", "rank_v"}
+    have = list(dict.fromkeys(k for r in rows for k in r if k not in labels))
+    wanted = (requested_head_metrics(requested) if by == "head" else list(requested)) if requested else \
+        (DEFAULT_COLUMNS if by == "head" else LAYER_COLUMNS)
+    cols = [c for c in wanted if c in have] or have[:8]
+    tables, lines = sweep_tables(rows, cols, by=by, width=console.width)
+    for t in tables:
+        console.print(t)
+    print_lines(console, [*lines, hidden_hint(have, cols, by)])

@@ -45,6 +45,7 @@ from qkinspect.experiment.model.scoring import CachedStates, Scorer, logits_and_
 from qkinspect.experiment.model.writeback import written
 from qkinspect.experiment.results import Agreement, Estimate, Run, spearman
 from qkinspect.layer import AttentionLayer
+from qkinspect.progress import phase
 
 PROBES = 16  # default K (docs/experiments.md, "Estimates": measured on SmolLM2)
 # A head whose edit changes its output by more than this many times the output itself (|Δo_h| / |o_h|) is flagged:
@@ -251,7 +252,7 @@ def _objectives(hf: HFModel, out, inputs: dict[str, Tensor], n: int, probes: int
 
 def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: list[int], edits: list[Edit],
                    *, rotary: str = "gauge", probes: int = PROBES, seed: int = 0,
-                   progress: Callable[[int, int], None] | None = None) -> list[HeadEstimate]:
+                   progress: Callable[..., None] | None = None) -> list[HeadEstimate]:
     """Estimate Δloss of every edit on every head of `heads` in every layer of `originals`.
 
     `scorer` must have run its baseline with the states entering min(originals) cached (`baseline(cache=...)`).
@@ -279,6 +280,8 @@ def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
                for key, r in results.items()}
     chunks = [(b, rows) for b, batch in enumerate(scorer.batches)
               for rows in _row_chunks(batch.shape[0], max(1, GRAD_TOKENS // batch.shape[1]))]
+    passes = probes + (hf.kind != DRIFT)  # the clean loss's gradient (none for drift), then the K probes'
+    tick = phase(progress, "estimate: gradients", len(chunks) * passes, "backward passes")
     for done, (b, rows) in enumerate(chunks):
         inputs = {k: (v[rows] if isinstance(v, Tensor) else v) for k, v in scorer.inputs[b].items()}
         states = scorer.cache[start][b][rows] if start else None
@@ -305,6 +308,7 @@ def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
         targets = ([] if loss is None else [(None, loss)]) + list(enumerate(objectives))
         for t, (k, objective) in enumerate(targets):
             grads = torch.autograd.grad(objective, leaves, retain_graph=t + 1 < len(targets))
+            tick(done * passes + t + 1, status=f"chunk {done + 1}/{len(chunks)}" if len(chunks) > 1 else "")
             for j, i in enumerate(layers):
                 A = projected(grads[j], W_O[i])  # (M, H, d)
                 for e in edits:
@@ -316,8 +320,6 @@ def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
                         dots[key][k] += d
             del grads
         del res, objectives, loss, leaves, targets, cap, z_new
-        if progress is not None:
-            progress(done + 1, len(chunks))
     found: list[HeadEstimate] = []
     for i in layers:
         for h in heads:
@@ -360,25 +362,20 @@ def choose(found: list[HeadEstimate], n: int, seed: int = 0) -> tuple[list[HeadE
 
 def estimated_runs(scorer: Scorer, originals: dict[int, AttentionLayer], heads: list[int], edits: list[Edit],
                    base: float, *, rotary: str, probes: int, verify: int, seed: int,
-                   progress: Callable[[int, int], None] | None = None):
+                   progress: Callable[..., None] | None = None):
     """run_experiment's --estimate: a Run per (layer, head, edit) holding the estimate, exact where verified."""
     import time
 
     n_verify = min(verify, len(originals) * len(heads)) * len(edits)
-    chunks = [0]
-
-    def tell(d: int, n: int) -> None:
-        chunks[0] = n
-        if progress is not None:
-            progress(d, n + n_verify)
-
     t0 = time.perf_counter()
-    found = estimate_heads(scorer, originals, heads, edits, rotary=rotary, probes=probes, seed=seed, progress=tell)
+    found = estimate_heads(scorer, originals, heads, edits, rotary=rotary, probes=probes, seed=seed,
+                           progress=progress)
     t_est = time.perf_counter() - t0
     exact: dict[tuple[int, int, str], Run] = {}
     agreement = []
     t0 = time.perf_counter()
     done = 0
+    tick = phase(progress, "verifying the estimate", n_verify, "exact runs") if n_verify else None
     for e in edits:
         mine = [x for x in found if x.edit == str(e)]
         chosen, sampled = choose(mine, verify, seed) if verify else ([], set())
@@ -386,8 +383,7 @@ def estimated_runs(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
             (unit,) = make_units("head", [x.layer], [x.head])
             exact[(x.layer, x.head, x.edit)] = run_unit(scorer, scorer.hf, originals, unit, e, "head", base, rotary)
             done += 1
-            if progress is not None:
-                progress(chunks[0] + done, chunks[0] + n_verify)
+            tick(done, status=f"{e} L{x.layer} H{x.head}")
         if verify:
             pairs = [(x.estimate, exact[(x.layer, x.head, x.edit)].dloss) for x in chosen]
             rand = [p for x, p in zip(chosen, pairs, strict=True) if (x.layer, x.head) in sampled]

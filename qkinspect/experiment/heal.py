@@ -5,9 +5,11 @@ For each run (unit x edit) of an experiment: a float32 copy of the model gets th
 and kept as a parametrisation (qkinspect.experiment.edits.parametrised), then trains `steps` optimizer steps (AdamW) on
 windows of training text that share no token with the scored windows; the control, an unedited copy with the same
 parameters trainable, trains on the same batches in the same order from the same seed. Both are scored on the
-experiment's scored windows; the healed cost of the edit is loss(edited, healed) - loss(control, healed), paired
-token by token, with its standard error from the spread between windows (tokens within a window are not
-independent). The share of the unhealed cost that healing recovered is 1 - healed cost / unhealed cost.
+experiment's scored windows as the exact runs are (qkinspect.experiment.heal_curve), every `eval_every` steps and
+at the last: the healed cost of the edit is loss(edited, healed) - loss(control, healed), paired token by token,
+with the exact runs' block standard error. The share of the unhealed cost that healing recovered is
+1 - healed cost / unhealed cost. The training steps run under bfloat16 autocast where that is measured to be safe
+(heal_curve.choose_precision).
 
 What trains: "attention" (default), the q/k/v/o projections of every layer (with an edit's form in the edited
 layers); "all", every parameter. The copies are the model's own classes; the user's model is never trained.
@@ -21,70 +23,83 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkinspect.errors import InputError
 from qkinspect.experiment.edits.apply import apply_edit
 from qkinspect.experiment.edits.names import Edit
-from qkinspect.experiment.edits.parametrised import EditForm, canonical_from, parametrise
+from qkinspect.experiment.edits.parametrised import CANON, EditForm, Strided, cached, canonical_from, parametrise
+from qkinspect.experiment.heal_curve import autocast, choose_precision, eval_steps, point, scored_tokens
 from qkinspect.experiment.model.runtime import CAUSAL, MASKED, HFModel
 from qkinspect.experiment.model.scoring import Scorer, windows
 from qkinspect.experiment.model.writeback import module_maps, write_layer
 from qkinspect.experiment.requests import LIBRARY_NAMES, TRAINED, HealOptions, Names, Text
-from qkinspect.experiment.results import HealedRun, Healing
+from qkinspect.experiment.results import HealedRun, Healing, HealPoint
+from qkinspect.progress import phase
 
 Unit = list[tuple[int, list[int]]]
 
 
 def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: int, units: Sequence[Unit],
               edits: Sequence[Edit], scope: str, rotary: str, exact: dict[tuple, float], baseline: float,
-              opts: HealOptions, progress: Callable[[int, int], None] | None = None,
-              names: Names = LIBRARY_NAMES) -> Healing:
-    """Heal every (unit, edit) and the control; `exact` maps (edit, layer, head) to the unhealed Δloss. The caller
-    has checked the request (requests.check_request) and the model (check_healable); a text too short to train
-    on is an InputError naming the options as the caller spells them (`names`)."""
+              opts: HealOptions, progress: Callable[..., None] | None = None,
+              threshold: float | None = None, names: Names = LIBRARY_NAMES) -> Healing:
+    """Heal every (unit, edit) and the control; `exact` maps (edit, layer, head) to the unhealed Δloss, `threshold`
+    is the smallest standard error of the exact runs (bfloat16 autocast must stay within it). The caller has checked
+    the request (requests.check_request) and the model (check_healable); a text too short to train on is an
+    InputError naming the options as the caller spells them (`names`)."""
     t0 = time.perf_counter()
     batches, n_train, per, train_text = _train_batches(hf, source, tokens, window, opts, names)
     notes: list[str] = []
     tracks: dict[str, str] = {}
+    maps: dict[tuple, dict[str, Tensor]] = {}  # the write-back's layout per layer, probed once for all runs
+    at = eval_steps(opts.steps, opts.eval_every)
     total = 1 + len(units) * len(edits)
-    control = _Healer(hf, {}, opts, batches, rotary)
-    control.train(_tracker(opts, "control", control, tracks, notes))
-    c_sums, c_counts = window_losses(control.model, hf.kind, scorer.inputs)
-    control_loss = float(c_sums.sum() / c_counts.sum())
+    control = Healer(hf, {}, opts, batches, rotary, maps)
+    precision = choose_precision(scorer, control.hf, threshold, opts.float32)
+    c_tokens: dict[int, Tensor] = {}
+    control.train(_tracker(opts, "control", control, tracks, notes), precision.dtype == "bfloat16",
+                  at, lambda step: c_tokens.__setitem__(step, control.score(scorer)),
+                  _steps(progress, f"healing 1/{total}: control", opts.steps))
+    blocks = scorer.blocks
+    control_curve = tuple(point(k, c_tokens[k], scorer.base_tokens, blocks) for k in at)
+    control_loss = control_curve[-1].loss
     control.release()
     done = 1
-    if progress is not None:
-        progress(done, total)
-    runs = []
+    runs, step_times = [], []
     for unit in units:
         for edit in edits:
             t1 = time.perf_counter()
-            healer = _Healer(hf, {i: (edit, hs) for i, hs in unit}, opts, batches, rotary)
+            healer = Healer(hf, {i: (edit, hs) for i, hs in unit}, opts, batches, rotary, maps)
             name = _run_name(edit, unit, scope)
-            healer.train(_tracker(opts, name, healer, tracks, notes))
-            sums, counts = window_losses(healer.model, hf.kind, scorer.inputs)
+            curve: list[HealPoint] = []
+
+            def evaluate(step: int, healer=healer, curve=curve) -> None:
+                curve.append(point(step, healer.score(scorer), c_tokens[step], blocks))
+
+            healer.train(_tracker(opts, name, healer, tracks, notes), precision.dtype == "bfloat16", at, evaluate,
+                         _steps(progress, f"healing {done + 1}/{total}: {name}", opts.steps))
+            step_times += healer.step_seconds
             healer.release()  # one copy of the model at a time
-            loss = float(sums.sum() / counts.sum())
-            diff, se = paired_difference(sums, c_sums, counts)
+            last = curve[-1]
             layer = unit[0][0] if scope != "model" else None
             head = unit[0][1][0] if scope == "head" else None
             unhealed = exact.get((str(edit), layer, head))
             runs.append(HealedRun(
                 edit=str(edit), scope=scope, layer=layer, head=head, heads=sum(len(hs) for _, hs in unit),
-                loss=loss, control_loss=control_loss, diff=diff, se=se, unhealed=unhealed,
-                recovered=1 - diff / unhealed if unhealed else None, violation=healer.violation,
-                train_loss=tuple(healer.losses), seconds=time.perf_counter() - t1))
+                loss=last.loss, control_loss=control_loss, diff=last.diff, se=last.se, unhealed=unhealed,
+                recovered=1 - last.diff / unhealed if unhealed else None, violation=healer.violation,
+                train_loss=tuple(healer.losses), seconds=time.perf_counter() - t1, curve=tuple(curve)))
             done += 1
-            if progress is not None:
-                progress(done, total)
     return Healing(
         steps=opts.steps, train=opts.train, trained=TRAINED[opts.train], trained_parameters=control.n_trained,
         parameters=control.n_params, lr=float(opts.lr), text=train_text, train_tokens=n_train,
         batch_windows=per, epochs=opts.steps * per * window / max(n_train, 1), control_loss=control_loss,
         control_gain=control_loss - baseline, control_train_loss=tuple(control.losses), runs=tuple(runs),
-        seconds=time.perf_counter() - t0, tracks=tracks, notes=tuple(dict.fromkeys(notes)))
+        seconds=time.perf_counter() - t0, tracks=tracks, notes=tuple(dict.fromkeys(notes)),
+        eval_every=opts.eval_every, control_curve=control_curve, precision=precision,
+        device=str(next(hf.model.parameters()).device),
+        step_seconds=float(torch.tensor(step_times).median()) if step_times else None)
 
 
 def check_healable(hf: HFModel, names: Names = LIBRARY_NAMES) -> None:
@@ -133,11 +148,14 @@ def _train_batches(hf: HFModel, source: Text, tokens: int, window: int, opts: He
 # -- one healed model ------------------------------------------------------------------------------------------
 
 
-class _Healer:
-    """A float32 copy of the model with `edits` ({layer: (edit, heads)}) kept as parametrisations, trained."""
+class Healer:
+    """A float32 copy of the model with `edits` ({layer: (edit, heads)}) kept as parametrisations, trained on
+    `batches` (model inputs) by `train`. `layouts`: the write-back's layout per layer and tensor shapes, shared
+    between the healers of one experiment (filled as they are built)."""
 
     def __init__(self, hf: HFModel, edits: dict[int, tuple[Edit, list[int]]], opts: HealOptions,
-                 batches: list[dict[str, Tensor]], rotary: str):
+                 batches: list[dict[str, Tensor]], rotary: str, layouts: dict[tuple, dict[str, Tensor]] | None = None):
+        layouts = {} if layouts is None else layouts
         from qkinspect.loading import open_model
 
         self.opts, self.batches, self.kind = opts, batches, hf.kind
@@ -146,15 +164,21 @@ class _Healer:
         self.device = next(self.model.parameters()).device
         with open_model(self.model) as m:
             key = m.info.blocks[0].key
-            layers = [_on_cpu(m.layer(key, i)) for i in range(m.info.blocks[0].n_layers)]  # the edits run on CPU
+            layers = [on_cpu(m.layer(key, i)) for i in range(m.info.blocks[0].n_layers)]  # the edits run on CPU
         trained: list[nn.Parameter] = []
-        self.forms: dict[int, tuple[EditForm, dict[str, Tensor]]] = {}
+        self.forms: dict[int, tuple[EditForm, dict[str, Tensor | Strided]]] = {}
+        self.whole: dict[int, dict[str, bool]] = {}  # per edited layer: which module weights the form fills whole
         for i, layer in enumerate(layers):
             block = self.hf.layers[i]
             if i in edits:
                 edit, heads = edits[i]
                 edited = apply_edit(layer, edit, heads, rotary=rotary).layer
-                maps = module_maps(self.hf, edited)
+                key = (i, *((n, tuple(t.shape)) for n in CANON if (t := getattr(edited, n)) is not None))
+                if key not in layouts:  # the layout depends on the layer and its tensors' shapes, not their values
+                    layouts[key] = module_maps(self.hf, edited)
+                maps = {name: m.to(self.device) for name, m in layouts[key].items()}  # on the CPU: no copy
+                self.whole[i] = {name: isinstance(m, Strided) or bool((m >= 0).all())
+                                 for name, m in layouts[key].items()}
                 write_layer(self.hf, edited)
                 expanded = edited.spec.n_kv_heads != layer.spec.n_kv_heads
                 form = EditForm(edited, edit, heads, layer.kv_index() if expanded else None).to(self.device)
@@ -174,6 +198,7 @@ class _Healer:
         self.n_trained = sum(p.numel() for p in self.params)
         self.n_params = sum(p.numel() for p in hf.model.parameters())
         self.losses: list[float] = []
+        self.step_seconds: list[float] = []
         self.violation = self._violation()
 
     def release(self) -> None:
@@ -181,33 +206,65 @@ class _Healer:
         self.model = self.hf = self.forms = self.params = None  # type: ignore[assignment]
 
     def _violation(self) -> float:
-        v = 0.0
-        with torch.no_grad():
-            for i, (form, maps) in self.forms.items():
-                v = max(v, form.violation(canonical_from(self.hf.layers[i], maps, form)))
-        return v
+        """The largest departure from the edit's set over the edited layers, read back from the modules (one
+        synchronisation for all layers)."""
+        if not self.forms:
+            return 0.0
+        with torch.no_grad(), cached(self._forms()):
+            v = [form.violation(canonical_from(self.hf.layers[i], maps, form, self.whole[i]))
+                 for i, (form, maps) in self.forms.items()]
+        return float(torch.stack([x.float() for x in v]).max())
 
-    def train(self, on_step: Callable[[nn.Module, int], None] | None = None) -> None:
+    def _forms(self) -> list[EditForm]:
+        return [form for form, _ in self.forms.values()]
+
+    def score(self, scorer: Scorer) -> Tensor:
+        """The per-token losses of the model as it is now, scored as the exact runs are (float32)."""
+        with cached(self._forms()):
+            return scored_tokens(scorer, self.hf)
+
+    def train(self, on_step: Callable[[nn.Module, int], None] | None = None, bf16: bool = False,
+              at: Sequence[int] = (), evaluate: Callable[[int], None] | None = None,
+              tick: Callable[..., None] | None = None) -> None:
+        """`steps` optimizer steps (the forward under bfloat16 autocast where `bf16`); `on_step(model, k)` after
+        step k (0: before the first), `evaluate(k)` at the steps in `at`, `tick(k, status)` with step k's training
+        loss (qkinspect.progress)."""
         opt = torch.optim.AdamW(self.params, lr=self.opts.lr, weight_decay=0.0)
         self.model.train()
         if on_step is not None:
             on_step(self.model, 0)
+        if evaluate is not None and 0 in at:
+            evaluate(0)
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.opts.seed)  # dropout draws the same masks in the control and the edited run
             for k in range(self.opts.steps):
+                t0 = time.perf_counter()
                 inputs = _to(self.batches[k % len(self.batches)], self.device)
-                out = self.model(**_with_labels(inputs, self.kind))
-                out.loss.backward()
+                with cached(self._forms()):  # the edit's form computed once for the forward and its backward
+                    with autocast(self.device, bf16):
+                        loss = self.model(**_with_labels(inputs, self.kind)).loss
+                    loss.backward()
+                    # the module weights this step computed with (read from the cache, not recomputed): every
+                    # update is checked by the next step's forward, the last one after the loop
+                    self.violation = max(self.violation, self._violation())
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-                self.losses.append(float(out.loss.detach()))
-                self.violation = max(self.violation, self._violation())
+                self.losses.append(float(loss.detach()))
+                if tick is not None:
+                    tick(k + 1, status=f"loss {self.losses[-1]:.4f}")
+                if k + 1 == self.opts.steps:
+                    self.violation = max(self.violation, self._violation())
+                sync()
+                self.step_seconds.append(time.perf_counter() - t0)  # the step with its constraint check
                 if on_step is not None:
                     on_step(self.model, k + 1)
+                if evaluate is not None and k + 1 in at:
+                    evaluate(k + 1)
         self.model.eval()
 
 
-def _on_cpu(layer):
+def on_cpu(layer):
     """An AttentionLayer with its tensors on the CPU (a copy only where they are elsewhere)."""
     from dataclasses import fields, replace
 
@@ -234,7 +291,12 @@ def _with_labels(inputs: dict[str, Tensor], kind: str) -> dict[str, Tensor]:
     return {**inputs, "labels": inputs["input_ids"]} if kind == CAUSAL else inputs
 
 
-def _tracker(opts: HealOptions, name: str, healer: _Healer, tracks: dict[str, str], notes: list[str]):
+def _steps(progress, name: str, steps: int):
+    """The progress of one healing run: its steps, each with its training loss."""
+    return phase(progress, name, steps, "steps")
+
+
+def _tracker(opts: HealOptions, name: str, healer: Healer, tracks: dict[str, str], notes: list[str]):
     """A step hook writing the run's metric trajectory (qkinspect.callback.Tracker), or None."""
     if opts.track is None:
         return None
@@ -255,41 +317,3 @@ def _tracker(opts: HealOptions, name: str, healer: _Healer, tracks: dict[str, st
             notes.append(f"trajectory of {name} not measured: {e}")
 
     return on_step
-
-
-# -- scoring -------------------------------------------------------------------------------------------------
-
-
-def window_losses(model: nn.Module, kind: str, batches: list[dict[str, Tensor]]) -> tuple[Tensor, Tensor]:
-    """Per scored window, the summed loss and the number of scored tokens (float64), over `batches` (a Scorer's
-    inputs): next-token cross-entropy (causal) or masked-LM cross-entropy (masked)."""
-    sums, counts = [], []
-    model.eval()
-    device = next(model.parameters()).device
-    with torch.inference_mode():
-        for inputs in batches:
-            inputs = _to(inputs, device)
-            out = model(**{k: v for k, v in inputs.items() if k != "labels"})
-            logits = out.logits.float()
-            if kind == CAUSAL:
-                pred, target = logits[:, :-1], inputs["input_ids"][:, 1:]  # position t predicts token t+1
-            else:
-                pred, target = logits, inputs["labels"]
-            ce = F.cross_entropy(pred.transpose(1, 2), target, reduction="none", ignore_index=-100)  # (B, T)
-            sums.append(ce.double().sum(-1).cpu())
-            counts.append((target != -100).sum(-1).double().cpu())
-    return torch.cat(sums), torch.cat(counts)
-
-
-def paired_difference(a: Tensor, b: Tensor, counts: Tensor) -> tuple[float, float | None]:
-    """Mean per-token difference of two models' losses on the same tokens (window sums `a`, `b`), and its standard
-    error treating windows as the independent units (a ratio estimator: Σd / Σn, its residuals d_w - mean n_w)."""
-    d = a - b
-    n = counts.sum()
-    mean = d.sum() / n
-    W = len(d)
-    if W < 2:
-        return float(mean), None
-    resid = d - mean * counts
-    se = torch.sqrt(W / (W - 1) * resid.square().sum()) / n
-    return float(mean), float(se)

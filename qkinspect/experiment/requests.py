@@ -59,6 +59,7 @@ class Names:
     heal_lr: str = "heal.lr"
     heal_batch: str = "heal.batch_tokens"
     heal_text: str = "heal.text"
+    heal_eval_every: str = "heal.eval_every"
 
     def said(self, option: str, value: Any) -> str:
         """`option` given `value`, as the caller wrote it: "--tokens 1" (CLI) or "tokens=1" (library)."""
@@ -77,7 +78,8 @@ class HealOptions:
     tokens of `text` (a `Text`, a file read once the request is checked, or None: the scored text after the
     scored tokens), training `train` ("attention" or "all").
     `track`: a folder for the metric trajectories during healing (one sweep folder per run), measured every
-    `track_every` steps."""
+    `track_every` steps. `eval_every`: score the edited runs and the control every this many steps (and at the
+    last; None: at the last only). `float32`: train in float32 even where bfloat16 autocast would be used."""
 
     steps: int
     train: str = "attention"
@@ -87,6 +89,8 @@ class HealOptions:
     track: Path | None = None
     track_every: int = 10
     seed: int = 0
+    eval_every: int | None = None
+    float32: bool = False
 
     def check(self, names: Names = LIBRARY_NAMES) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
@@ -97,6 +101,10 @@ class HealOptions:
             raise InputError(f"{names.said('heal_lr', self.lr)}: the learning rate must be a positive number")
         if self.batch_tokens < 2 or self.track_every < 1:
             raise InputError(f"{names.heal_batch} must be at least 2 and the tracking interval at least 1")
+        if self.eval_every is not None and (isinstance(self.eval_every, bool) or not isinstance(self.eval_every, int)
+                                            or self.eval_every < 1):
+            raise InputError(f"{names.said('heal_eval_every', self.eval_every)}: the evaluation interval must be "
+                             "at least 1 step")
 
 
 @dataclass(frozen=True)

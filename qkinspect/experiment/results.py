@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.layer import ModelInfo
+from qkinspect.notebook import Tabular
 from qkinspect.records import envelope, json_safe, model_dict
 
 # A difference is "beyond its error" when it is at least this many standard errors from 0 (about 95 %, two-sided).
@@ -74,8 +75,9 @@ class Run:
 
 
 @dataclass(frozen=True)
-class ExperimentResult:
-    """Everything an experiment measured; `runs` in the order they ran (unit by unit, edit by edit)."""
+class ExperimentResult(Tabular):
+    """Everything an experiment measured; `runs` in the order they ran (unit by unit, edit by edit). In a notebook
+    it shows `qkinspect experiment`'s table; `to_pandas()` is a row per run (qkinspect.notebook)."""
 
     model: ModelInfo
     measure: str  # "causal", "masked" or "drift" (MEASURES names them)
@@ -92,6 +94,16 @@ class ExperimentResult:
     predictors: dict[str, str] = field(default_factory=dict)
     healing: Healing | None = None  # with heal=: the edits after fine-tuning, against a control (experiment.heal)
     estimate: Estimate | None = None  # --estimate: how it was made and how well it agreed with the exact runs
+
+    def table_rows(self) -> list[dict[str, Any]]:
+        """The CSV's rows: one per run (`run_rows`)."""
+        return run_rows(self)
+
+    def render_table(self, console) -> None:
+        """`qkinspect experiment`'s table of this result."""
+        from qkinspect.cli.experiment_table import render_experiment
+
+        render_experiment(console, self, run_rows(self), notes(self))
 
 
 @dataclass(frozen=True)
@@ -116,6 +128,30 @@ class Estimate:
 
 
 @dataclass(frozen=True)
+class HealPoint:
+    """One evaluation of a healed model on the scored windows, `step` optimizer steps in (0: before any)."""
+
+    step: int
+    loss: float
+    # an edited run: loss minus the control's loss at the same step (the edit's cost then); the control: loss minus
+    # the unedited model's (what fine-tuning alone did)
+    diff: float
+    se: float | None  # standard error of diff, paired token by token, block-clustered as the exact runs' Δloss
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What healing's training steps computed in, and the measurement that decided it
+    (qkinspect.experiment.heal_curve.choose_precision)."""
+
+    dtype: str  # "float32" or "bfloat16" (autocast of the forward; parameters, optimizer and scoring float32)
+    reason: str
+    float32_loss: float | None = None  # the unedited float32 copy on the scored tokens
+    bfloat16_loss: float | None = None  # the same under bfloat16 autocast
+    threshold: float | None = None  # the smallest standard error among the experiment's exact runs
+
+
+@dataclass(frozen=True)
 class HealedRun:
     """One edit on one unit after healing, against the healed control."""
 
@@ -127,12 +163,13 @@ class HealedRun:
     loss: float  # the edited model after healing, on the scored windows
     control_loss: float  # the control after healing, on the same windows
     diff: float  # loss - control_loss: the edit's cost after healing
-    se: float | None  # standard error of diff (paired by token, spread between windows); None with one window
+    se: float | None  # standard error of diff (paired by token, block-clustered as the exact runs'); None: one block
     unhealed: float | None  # the edit's Δloss before healing (the exact run), for comparison
     recovered: float | None  # 1 - diff / unhealed: the share of the cost healing won back (control subtracted)
     violation: float  # the largest departure from the edit's set seen at any step (0 up to float rounding)
     train_loss: tuple[float, ...]  # training loss per step
     seconds: float
+    curve: tuple[HealPoint, ...] = ()  # the run scored at step 0, every eval_every steps and at the last
 
 
 @dataclass(frozen=True)
@@ -156,6 +193,11 @@ class Healing:
     seconds: float
     tracks: dict[str, str] = field(default_factory=dict)  # run name -> its sweep folder
     notes: tuple[str, ...] = ()
+    eval_every: int | None = None
+    control_curve: tuple[HealPoint, ...] = ()  # the control scored at the same steps, against the unedited model
+    precision: Precision | None = None  # what the training steps computed in, and why
+    device: str = "cpu"
+    step_seconds: float | None = None  # the median training step of the edited runs (forward, backward, update)
 
 
 # -- the JSON document ------------------------------------------------------------------------------------------
@@ -231,4 +273,5 @@ def healing_json(healing: Healing | None) -> dict[str, Any] | None:
     out["runs"] = [{k: v for k, v in r.items() if k != "train_loss"} | {"train_loss": list(r["train_loss"])}
                    for r in out["runs"]]
     out["control_train_loss"] = list(healing.control_train_loss)
+    out["control_curve"] = [asdict(p) for p in healing.control_curve]
     return out

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from qkinspect.experiment.edits.names import Edit
 from qkinspect.experiment.requests import LIBRARY_NAMES, HealOptions, Names, Request, check_model, check_request
 from qkinspect.experiment.results import ExperimentResult, Run, beyond_error
+from qkinspect.progress import phase
 
 if TYPE_CHECKING:
     from qkinspect.experiment.requests import Text
@@ -38,7 +39,7 @@ def run_experiment(
     revision: str | None = None,
     batch_tokens: int = 2048,
     seed: int = 0,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[..., None] | None = None,
     heal: int | HealOptions | None = None,
     device: str | None = None,
     estimate: bool = False,
@@ -61,7 +62,9 @@ def run_experiment(
         reference: also run `ablate` on the same units, for Δloss / Δloss(ablate).
         rotary: "gauge" (edits exact at every offset) or "offset0" (see `apply_edit`).
         tokenizer: a tokenizer, or a folder / vocab.txt to read one from (default: the model's own).
-        progress: called as progress(done, total) after each run.
+        progress: a progress receiver (qkinspect.progress): told each phase (loading, baseline, the exact runs
+            in unit × edit, or the estimate's backward passes and verification, healing steps) and each unit done;
+            a plain progress(done, total) callable is called after each unit of every phase.
         heal: fine-tuning steps (or a HealOptions) after each edit, the edit kept as a parametrisation, beside an
             unedited control trained the same way (qkinspect.experiment.heal; docs/training.md). Default: none.
         device: where the model runs, "cpu", "cuda" or "cuda:N" (default: the CPU, or where a model in memory
@@ -122,6 +125,7 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
               else read_text(text, tokens, what=names.text))
     if opts and opts.text is not None and not isinstance(opts.text, Text):
         opts = replace(opts, text=read_text(opts.text, what=names.heal_text))
+    phase(progress, "loading the model")
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device, edits=chosen,
                                           names=names)
     if opts:
@@ -142,7 +146,7 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
     with boundary(info.source, "transformers cannot run the model"):  # the unedited pass: the checkpoint's own
         scorer = Scorer(hf, ids, batch_tokens=batch_tokens, seed=seed)
         t0 = time.perf_counter()
-        base = scorer.baseline(cache={first_layer(unit) for unit in units})
+        base = scorer.baseline(cache={first_layer(unit) for unit in units}, progress=progress)
         t_base = time.perf_counter() - t0
     if estimate:
         from qkinspect.experiment import estimate as est  # torch's autograd: only with --estimate
@@ -156,17 +160,17 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
             rotary=rotary, baseline_seconds=t_base, seconds=summary.seconds + summary.verify_seconds,
             predictors=_predictors(runs_edits, originals), estimate=summary)
     runs: list[Run] = []
-    total = len(units) * len(runs_edits)
+    tick = phase(progress, "exact runs", len(units) * len(runs_edits), f"{scope} × edit")
     for unit in units:
         for edit in runs_edits:
             runs.append(run_unit(scorer, hf, originals, unit, edit, scope, base, rotary))
-            if progress is not None:
-                progress(len(runs), total)
+            tick(len(runs), status=str(edit))
     healing = None
     if opts:
         exact = {(r.edit, r.layer, r.head): r.dloss for r in runs}
+        ses = [r.dloss_se for r in runs if r.dloss_se]
         healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts,
-                            names=names)
+                            threshold=min(ses) if ses else None, progress=progress, names=names)
     return ExperimentResult(
         model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
         windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),
@@ -196,7 +200,9 @@ def open_experiment(model, revision, layers, heads, tokenizer, device: str | Non
         check_model(info, edits, layers, heads, names)
         spec = info.blocks[0]
         wanted = sorted(set(layers)) if layers is not None else list(range(spec.n_layers))
-        originals = {i: m.layer(spec.key, i) for i in wanted}
+        from qkinspect.experiment.heal import on_cpu
+
+        originals = {i: on_cpu(m.layer(spec.key, i)) for i in wanted}  # the edits are computed on the CPU
         if m.info.format == "memory":
             hf = hf_in_memory(m.resolved, tokenizer)
             _check_in_place(hf, device)

@@ -24,6 +24,7 @@ from typing import Any
 
 from qkinspect.errors import InputError, OutputError
 from qkinspect.files import atomic_write
+from qkinspect.notebook import Tabular
 from qkinspect.reading import read_json
 from qkinspect.sweep.checkpoints import Checkpoint
 from qkinspect.sweep.keys import RESULT_KIND, Failure, normalized_options, result_key
@@ -34,9 +35,10 @@ RESULTS = "results"
 
 
 @dataclass
-class SweepFolder:
+class SweepFolder(Tabular):
     """What a sweep folder holds for its last sweep: options, checkpoints in step order, the results found (by
-    checkpoint identity) and the failures recorded."""
+    checkpoint identity) and the failures recorded. In a notebook it shows `qkinspect sweep`'s table, and
+    `to_pandas()` is its tidy rows per head (qkinspect.notebook)."""
 
     folder: Path
     options: dict[str, Any]
@@ -57,6 +59,16 @@ class SweepFolder:
                 row = {k: v for k, v in r.items() if k != "head_overlap"}  # a matrix, kept in the result file
                 out.append({"checkpoint": ck.name, "step": ck.step, **row})
         return out
+
+    def table_rows(self) -> list[dict[str, Any]]:
+        """The tidy rows per head (`rows()`)."""
+        return self.rows()
+
+    def render_table(self, console) -> None:
+        """`qkinspect sweep`'s table of this folder."""
+        from qkinspect.cli.tables import render_sweep
+
+        render_sweep(console, self.rows())
 
 
 def result_path(folder: Path, ck: Checkpoint, key: str) -> Path:

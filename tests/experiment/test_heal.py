@@ -8,13 +8,11 @@ import string
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from qkinspect.errors import InputError
 from qkinspect.experiment import heal as heal_mod
-from qkinspect.experiment.heal import HealOptions, paired_difference
 from qkinspect.experiment.model.scoring import Text
+from qkinspect.experiment.requests import HealOptions
 from qkinspect.experiment.run import run_experiment
 from tests.experiment import tiny_models
 
@@ -60,18 +58,18 @@ CASES = [("llama", "share_qk"), ("llama", "symmetric"), ("llama", "rank:3"), ("l
 @pytest.mark.parametrize(("family", "edit"), CASES)
 def test_the_edit_holds_exactly_at_every_step(folders, family, edit, monkeypatch):
     seen = []  # (step, W_Q, W_K) of the edited layer as the modules hold them, at every step of the edited run
-    original_train = heal_mod._Healer.train
+    original_train = heal_mod.Healer.train
 
-    def train(self, on_step=None):
+    def train(self, on_step=None, *args):
         def hook(model, step):
             if self.forms:
                 seen.append((step, *_qk_heads(model, family, 1)))
             if on_step is not None:
                 on_step(model, step)
 
-        return original_train(self, hook)
+        return original_train(self, hook, *args)
 
-    monkeypatch.setattr(heal_mod._Healer, "train", train)
+    monkeypatch.setattr(heal_mod.Healer, "train", train)
     opts = HealOptions(steps=4, lr=3e-2, batch_tokens=64, text=_text())
     r = run_experiment(str(folders[family]), edit, scope="layer", layers=[1], heads=[0, 2], tokens=96, window=32,
                        reference=False, heal=opts)
@@ -180,38 +178,6 @@ def test_heal_refusals_name_the_options_as_the_caller_spells_them(folders, tmp_p
     assert r.exit_code == 2 and "missing.txt: cannot read --heal-text (no such file)" in r.stderr, r.output
 
 
-def test_healed_losses_are_the_scorer_losses(folders):
-    """window_losses of an unedited, untrained model give the experiment's own baseline."""
-    from qkinspect.experiment.model.runtime import load_hf
-    from qkinspect.experiment.model.scoring import Scorer, windows
-    from qkinspect.loading import open_model
-
-    for family in ("llama", "bert"):
-        with open_model(str(folders[family])) as m:
-            hf = load_hf(m.resolved)
-        s = Scorer(hf, windows(hf, _text(), 96, 32))
-        sums, counts = heal_mod.window_losses(hf.model, hf.kind, s.inputs)
-        assert float(sums.sum() / counts.sum()) == pytest.approx(s.baseline(), rel=1e-6)
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 10), st.floats(0, 10), st.integers(1, 50)), min_size=2, max_size=12))
-def test_paired_difference_against_a_dense_reference(rows):
-    a = torch.tensor([r[0] * r[2] for r in rows], dtype=torch.float64)
-    b = torch.tensor([r[1] * r[2] for r in rows], dtype=torch.float64)
-    n = torch.tensor([r[2] for r in rows], dtype=torch.float64)
-    mean, se = paired_difference(a, b, n)
-    # reference: the ratio estimator's linearised variance, written out term by term
-    W = len(rows)
-    m = sum(float(a[i] - b[i]) for i in range(W)) / float(n.sum())
-    var = W / (W - 1) * sum((float(a[i] - b[i]) - m * float(n[i])) ** 2 for i in range(W)) / float(n.sum()) ** 2
-    assert mean == pytest.approx(m, rel=1e-9, abs=1e-12)
-    assert se == pytest.approx(var ** 0.5, rel=1e-9, abs=1e-12)
-    neg, se2 = paired_difference(b, a, n)
-    assert neg == pytest.approx(-mean, abs=1e-12) and se2 == pytest.approx(se, rel=1e-12, abs=1e-15)
-    assert paired_difference(a[:1], b[:1], n[:1])[1] is None
-
-
 def test_cli_heal(folders, tmp_path):
     import json
 
@@ -241,17 +207,17 @@ def test_expanded_groups_keep_their_shared_keys_and_values(folders, monkeypatch)
     """share_qk on one head of a grouped-query layer gives that head its own key; healing must not give the other
     heads of its group keys (or any head values) of their own."""
     final = {}
-    original_train = heal_mod._Healer.train
+    original_train = heal_mod.Healer.train
 
-    def train(self, on_step=None):
-        original_train(self, on_step)
+    def train(self, on_step=None, *args):
+        original_train(self, on_step, *args)
         if self.forms:
             a = self.model.model.layers[2].self_attn
             final["k"] = a.k_proj.weight.detach().view(4, 16, -1)
             final["v"] = a.v_proj.weight.detach().view(4, 16, -1)
             final["q"] = a.q_proj.weight.detach().view(4, 16, -1)
 
-    monkeypatch.setattr(heal_mod._Healer, "train", train)
+    monkeypatch.setattr(heal_mod.Healer, "train", train)
     run_experiment(str(folders["llama"]), "share_qk", layers=[2], heads=[1], tokens=64, window=32, text=_text(),
                    reference=False, heal=HealOptions(steps=3, lr=3e-2, batch_tokens=64))
     k, v, q = final["k"], final["v"], final["q"]  # 4 query heads, groups {0, 1} and {2, 3}

@@ -391,9 +391,9 @@ def test_healing_keeps_the_edit_through_the_norms_at_every_step(folders, edit, m
     from tests.experiment.test_heal import _text
 
     seen = []
-    original_train = heal_mod._Healer.train
+    original_train = heal_mod.Healer.train
 
-    def train(self, on_step=None):
+    def train(self, on_step=None, *args):
         def hook(model, step):
             if self.forms:
                 a = model.model.layers[1].self_attn
@@ -403,9 +403,9 @@ def test_healing_keeps_the_edit_through_the_norms_at_every_step(folders, edit, m
             if on_step is not None:
                 on_step(model, step)
 
-        return original_train(self, hook)
+        return original_train(self, hook, *args)
 
-    monkeypatch.setattr(heal_mod._Healer, "train", train)
+    monkeypatch.setattr(heal_mod.Healer, "train", train)
     opts = HealOptions(steps=3, lr=3e-2, batch_tokens=64, text=_text())
     r = run_experiment(str(folders["qwen3"]), edit, scope="layer", layers=[1], heads=[0, 2], tokens=96, window=32,
                        reference=False, heal=opts)

@@ -144,17 +144,114 @@ def measure(layer, heads=None, dtype=torch.float32):
     return p, values, spectra
 
 
+# -- how far apart two float32 routes may be, from the numerics (not from one machine's BLAS) -------------------------
+# Both routes read the same bf16 numbers; a product of two bf16 numbers is exact in float32 (8 + 8 significant bits
+# <= 24), so the routes differ only in how float32 sums are ordered and rounded (DESIGN §4: reading bf16 and
+# accumulating in float32 *is* the float32 route). A float32 sum of n exact products errs by at most
+# gamma_n = n u / (1 - n u) times the sum of their moduli (u = 2^-24) in the worst case, and by LAM sqrt(n) u times
+# it with probability >= 1 - 2 exp(-LAM^2 / 2) per sum, whatever the order, blocking or FMA use (Higham & Mary, SIAM
+# J. Sci. Comput. 2019, Thm 2.4: rounding errors as independent, mean-zero). The worst case (~n u: 2e-5 relative at
+# n = 384) is as loose as bf16's own rounding after the eigenvalue's conditioning and would let a route that wrote
+# its sums in bf16 pass, so the test takes the probabilistic bound with LAM = 6 (one sum in 1e8 beyond it): a
+# product A^T B then errs by at most LAM sqrt(n) u || |A|^T |B| ||_F. The decompositions (LAPACK syevd/geev/gesdd,
+# Cholesky) are backward stable: the computed spectrum is the exact one of a matrix within d u ||C|| of the d x d
+# matrix C. Eigenvalues of a non-normal C move by up to ||dC|| / s_i to first order (s_i = |y_i^H x_i| over unit
+# left/right eigenvectors); singular values are perfectly conditioned (Weyl); those from a Gram, through its
+# eigenvalues sigma^2: |sqrt a - sqrt b| <= min(|a - b| / sqrt b, sqrt|a - b|). Each route is within its bound of
+# the exact value, so two routes are within twice it. On MiniLM the bound stays well below bf16's rounding (2^-9
+# relative), and a route that rounds its products to bf16 fails it (`test_the_spectrum_bound_would_catch_...`).
+U32 = 2.0 ** -24
+LAM = 6.0
+
+
+def _product_error(A: np.ndarray, B: np.ndarray) -> float:
+    """Bound on ||float32 A^T B - A^T B||_F for exact-product sums over A's n rows (A: n x a, B: n x b)."""
+    return LAM * np.sqrt(A.shape[0]) * U32 * float(np.linalg.norm(np.abs(A).T @ np.abs(B)))
+
+
+def _gram_error(X: np.ndarray) -> float:
+    """Bound on the error of X^T X as the roots see it: the sums, and the factorisation's backward error."""
+    return _product_error(X, X) + X.shape[1] * U32 * float(np.linalg.norm(X, 2)) ** 2
+
+
+def _root_change(dl: float, sigma: np.ndarray) -> np.ndarray:
+    """|sqrt(s^2 + e) - s| for |e| <= dl: at most min(dl / s, sqrt(dl)), written without dividing by s = 0."""
+    m = np.maximum(sigma, np.sqrt(dl))
+    return np.divide(dl, m, out=np.zeros_like(m), where=m > 0)  # 0 where dl = s = 0 (a zero head)
+
+
+def _root_product_bound(A: np.ndarray, B: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """|dsigma_i| for the singular values of A B^T (A n x d, B n' x d) computed as svdvals(R_A R_B^T) from the
+    roots of the two Grams, for one route: the Grams' errors move sigma^2 by E_A s1(B)^2 + E_B s1(A)^2 (Weyl on
+    M^T M), the d-long product of the roots and the SVD add (LAM sqrt(d) u + d u) ||A||_F ||B||_F."""
+    s1 = lambda X: float(np.linalg.norm(X, 2))  # noqa: E731
+    dl = _gram_error(A) * s1(B) ** 2 + _gram_error(B) * s1(A) ** 2
+    d = A.shape[1]
+    direct = (LAM * np.sqrt(d) + d) * U32 * np.linalg.norm(A) * np.linalg.norm(B)
+    return _root_change(dl, sigma) + direct
+
+
+def _eig_bound(C: np.ndarray, A: np.ndarray, B: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """|dlambda| for each eigenvalue in `at` of C = A^T B computed in float32, for one route: (product error +
+    eigensolver's backward error) / s_i, with s_i of the exact eigenvalue nearest each of `at`."""
+    import scipy.linalg
+
+    w, vl, vr = scipy.linalg.eig(C, left=True, right=True)
+    s = np.abs(np.einsum("ij,ij->j", vl.conj(), vr)) / (np.linalg.norm(vl, axis=0) * np.linalg.norm(vr, axis=0))
+    dC = _product_error(A, B) + C.shape[0] * U32 * np.linalg.norm(C)
+    nearest = np.abs(at[:, None] - w[None, :]).argmin(1)
+    return dC / s[nearest]
+
+
+def spectrum_bound(p64: HeadProducts, key: str, h: int, ref: np.ndarray) -> np.ndarray:
+    """The float32 error bound of one route on spectrum `key` of selected head h (aligned with `ref`, the float64
+    spectrum), from the float64 factors of `p64`."""
+    f = lambda t: t[h].numpy()  # noqa: E731
+    Q, K, V = f(p64.Q), f(p64.K[p64.kv]), f(p64.V[p64.kv])
+    O = f(p64.O).T if p64.has_o else None  # (D, dv): W_Oᵀ
+    if key in ("q", "k", "v"):
+        X = {"q": Q, "k": K, "v": V}[key]
+        return _root_change(_gram_error(X), ref)
+    if key == "qk":
+        return _root_product_bound(Q, K, ref)
+    if key == "ov":
+        return _root_product_bound(V, O, ref)
+    if key == "qk_eig":
+        return _eig_bound(f(p64.c_qk), K, Q, ref)
+    return _eig_bound(f(p64.c_ov), V, O, ref)
+
+
+def assert_spectra_agree(p64: HeadProducts, s32: dict, s16: dict, s64: dict) -> float:
+    """Every spectrum of the two routes within twice one route's bound; returns the median bound relative to the
+    values it bounds (for the test that the bound could fail)."""
+    rel = []
+    for key in s32:
+        for h, (a, b, ref) in enumerate(zip(s32[key], s16[key], s64[key], strict=True)):
+            assert np.array_equal(np.isnan(a), np.isnan(b)), key
+            if np.isnan(a).any():
+                continue
+            tol = 2 * spectrum_bound(p64, key, h, ref)
+            if key.endswith("_eig"):  # nearest, not by rank: equal moduli (conjugate pairs) may sort either way
+                diff = np.abs(a.astype(complex)[:, None] - b.astype(complex)[None, :]).min(1)
+                tol = tol[np.abs(a[:, None] - ref[None, :]).argmin(1)]
+            else:
+                diff = np.abs(a.astype(float) - b.astype(float))
+            assert (diff <= tol).all(), (key, h, diff.max(), (diff / tol).max())
+            rel.append(tol[ref != 0] / np.abs(ref[ref != 0]))
+    return float(np.median(np.concatenate(rel))) if rel else 0.0
+
+
 def assert_routes_agree(monkeypatch, layer, heads=None) -> None:
     """Every metric and spectrum of the bf16 route equals the float32 route's to 1e-6 (relative above 1). Where a
     metric amplifies rounding (directionality subtracts nearly equal norms) float32 is itself ~1e-6 from float64,
     and two float32 computations differ by as much: there the bf16 route must be within float32's own error on
-    the layer (3x its largest) of the float64 value."""
+    the layer (3x its largest) of the float64 value. Spectra: within twice the float32 error bound above."""
     force(monkeypatch, "float32")
     p32, v32, s32 = measure(layer, heads)
     force(monkeypatch, "bf16")
     p16, v16, s16 = measure(layer, heads)
     assert (p32.route, p16.route) == ("float32", "bf16")
-    _, v64, _ = measure(layer, heads, dtype=torch.float64)
+    p64, v64, s64 = measure(layer, heads, dtype=torch.float64)
     for name in v32:
         a, b, ref = v32[name], v16[name], v64[name]
         assert np.array_equal(np.isnan(a), np.isnan(b)), name
@@ -166,9 +263,7 @@ def assert_routes_agree(monkeypatch, layer, heads=None) -> None:
         same = np.abs(b - a) <= 1e-6 * scale
         no_worse = np.abs(b - ref) <= 3 * np.abs(a - ref).max() + 1e-6 * scale  # float32's error on this layer
         assert (same | no_worse).all(), (name, np.abs(b - a).max(), np.abs(a - ref).max(), np.abs(b - ref).max())
-    for key in s32:
-        for a, b in zip(s32[key], s16[key], strict=True):
-            assert np.allclose(a, b, rtol=1e-5, atol=1e-6 * np.abs(a).max(), equal_nan=True), key
+    assert_spectra_agree(p64, s32, s16, s64)
 
 
 def with_bad_heads(layer):
@@ -252,6 +347,27 @@ def test_every_metric_agrees_on_minilm_rounded_to_bf16(monkeypatch):
     with open_model(_demo_dir()) as m:
         for layer in m.layers(layers=[0, 3, 5], dtype=torch.float32):
             assert_routes_agree(monkeypatch, bf16_layer(layer))
+
+
+@needs_mkl
+def test_the_spectrum_bound_would_catch_a_bf16_rounding(monkeypatch):
+    """The bound is no blanket: on MiniLM it stays well below bf16's rounding (2^-9 relative), and a bf16 route
+    whose products were written in bf16 (not float32) fails it."""
+    from qkinspect.loading import open_model
+
+    with open_model(_demo_dir()) as m:
+        layer = bf16_layer(next(iter(m.layers(layers=[3], dtype=torch.float32))))
+    force(monkeypatch, "float32")
+    _, _, s32 = measure(layer)
+    p64, _, s64 = measure(layer, dtype=torch.float64)
+    assert assert_spectra_agree(p64, s32, s32, s64) < 2.0 ** -9
+    force(monkeypatch, "bf16")
+    backend.route()  # chosen (and self-tested) before the rounding goes in
+    exact = backend.matmul
+    monkeypatch.setattr(backend, "matmul", lambda A, B, **k: exact(A, B, **k).bfloat16().float())
+    _, _, s16 = measure(layer)
+    with pytest.raises(AssertionError):
+        assert_spectra_agree(p64, s32, s16, s64)
 
 
 @needs_mkl

@@ -128,3 +128,62 @@ def test_import_stays_light():
     code = "import sys, qkinspect.callback; print('transformers' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+# -- the trainer's own logs stay whole --------------------------------------------------------------------------------
+
+TIMINGS = ("runtime", "per_second")  # wall-clock entries differ between any two runs
+
+
+def _train_logging(tmp_path, logging_steps, every=None):
+    """A 6-step run of a tiny Llama with dropout (so a callback that drew from the trainer's random numbers would
+    change the losses), evaluated every 2 steps; returns log_history and what a logger callback received."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+    from qkinspect.callback import QKCallback
+
+    class Recorder(TrainerCallback):  # stands for TensorBoard / W&B
+        def __init__(self):
+            self.logs = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.logs.append({**logs, "step": state.global_step})
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, head_dim=8, intermediate_size=48, vocab_size=30,
+                                         max_position_embeddings=32, attention_dropout=0.3))
+    name = f"run-{logging_steps}-{every}"
+    args = TrainingArguments(output_dir=str(tmp_path / name), max_steps=6, per_device_train_batch_size=2,
+                             learning_rate=5e-2, report_to=[], use_cpu=True, logging_steps=logging_steps,
+                             eval_strategy="steps", eval_steps=2, save_strategy="no", disable_tqdm=True, seed=0)
+    recorder = Recorder()
+    trainer = Trainer(model=model, args=args, train_dataset=_data(), eval_dataset=_data(4), callbacks=[recorder])
+    if every is not None:
+        QKCallback.attach(trainer, tmp_path / f"{name}-qk", every=every, metrics=["symmetry"])
+    trainer.train()
+    return trainer.state.log_history, recorder.logs
+
+
+def _trainers_own(entries):
+    """The entries the trainer wrote itself (not qkinspect's), wall-clock timings left out."""
+    return [{k: v for k, v in e.items() if not any(t in k for t in TIMINGS)} for e in entries
+            if not any(k.startswith("qkinspect/") for k in e)]
+
+
+@pytest.mark.parametrize("logging_steps", [1, 2, 3])
+def test_the_callback_leaves_every_log_entry_of_the_trainer(tmp_path, logging_steps):
+    """Step for step, with and without the callback (every 2 and 3 steps): the same loss, learning-rate, grad-norm
+    and eval entries, with the same values, and a logger callback receives them and the qkinspect summaries."""
+    want, want_seen = _train_logging(tmp_path, logging_steps)
+    own = _trainers_own(want)
+    assert [e["step"] for e in own if "loss" in e] == list(range(logging_steps, 7, logging_steps))
+    assert [e["step"] for e in own if "eval_loss" in e] == [2, 4, 6]
+    assert all("learning_rate" in e for e in own if "loss" in e)
+    for every in (2, 3):
+        got, seen = _train_logging(tmp_path, logging_steps, every)
+        assert _trainers_own(got) == own, (logging_steps, every)
+        assert _trainers_own(seen) == _trainers_own(want_seen)  # the logger got every entry of the trainer's
+        qk = [e["step"] for e in seen if "qkinspect/seconds" in e]
+        assert qk == [0, *range(every, 7, every)] + ([] if 6 % every == 0 else [6])  # and every measurement
+        assert qk == [e["step"] for e in got if "qkinspect/seconds" in e]

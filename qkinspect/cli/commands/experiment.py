@@ -9,6 +9,8 @@ from typing import Annotated, Any
 import typer
 
 from qkinspect.cli.heal_output import (
+    HealEvalOpt,
+    HealFloat32Opt,
     HealLrOpt,
     HealOpt,
     HealTextOpt,
@@ -17,7 +19,6 @@ from qkinspect.cli.heal_output import (
     HealTrain,
     HealTrainOpt,
     heal_options,
-    render_healing,
 )
 from qkinspect.cli.options import (
     Device,
@@ -84,6 +85,7 @@ def register(app: typer.Typer) -> None:
         probes: ProbesOpt = None, verify: VerifyOpt = None, heal: HealOpt = 0,
         heal_train: HealTrainOpt = HealTrain.attention, heal_lr: HealLrOpt = 1e-4,
         heal_batch_tokens: HealTokensOpt = 1024, heal_text: HealTextOpt = None, heal_track: HealTrackOpt = None,
+        heal_eval_every: HealEvalOpt = None, heal_float32: HealFloat32Opt = False,
     ) -> None:
         """Edit attention heads (share one matrix for queries and keys, symmetrise, truncate the rank, ...), run
         the model on text and report each edit's cost: the loss change per head, per layer or for the model.
@@ -99,18 +101,22 @@ def register(app: typer.Typer) -> None:
 
         Example (healing: 50 fine-tuning steps with the edit kept, against a control): qkinspect experiment
         SmolLM2-135M-Instruct.Q4_1.gguf --edit share_qk --scope layer --layers 3 --heal 50
+
+        Example (the cost curve, scored every 10 steps): qkinspect experiment SmolLM2-135M-Instruct.Q4_1.gguf
+        --edit share_qk --scope layer --layers 3 --heal 100 --heal-eval-every 10 -o healed.json
         """
         check_output(fmt, output)
         layer_list, head_list = parse_indices(layers, "--layers"), parse_indices(heads, "--heads")
         from qkinspect.experiment import run_experiment  # torch-free until the request is checked
         from qkinspect.experiment.requests import CLI_NAMES
 
-        with progress("editing heads") as p:
+        with progress("experiment") as p:
             result = run_experiment(
                 model, edit, scope=scope.value, layers=layer_list, heads=head_list, text=text, tokens=tokens,
                 window=window, reference=reference, rotary=rotary.value, tokenizer=tokenizer, revision=revision,
                 progress=p, device=device.value, estimate=estimate, probes=probes, verify=verify,
-                heal=heal_options(heal, heal_train, heal_lr, heal_batch_tokens, heal_text, heal_track),
+                heal=heal_options(heal, heal_train, heal_lr, heal_batch_tokens, heal_text, heal_track,
+                                  eval_every=heal_eval_every, float32=heal_float32),
                 names=CLI_NAMES)
         emit(experiment_document(result), fmt, output)
 
@@ -123,59 +129,8 @@ def experiment_document(result) -> Document:
     return Document(json=experiment_json(result), rows=rows, render=lambda console: _render(console, result, rows))
 
 
-def _fmt(v: Any, spec: str = ".4f") -> str:
-    return "-" if v is None else format(v, spec)
-
-
 def _render(console, result, rows: list[dict[str, Any]]) -> None:
-    from rich.text import Text
-
-    from qkinspect.cli.tables import Column, fit_tables
-    from qkinspect.experiment.model.scoring import MEASURES
+    from qkinspect.cli.experiment_table import render_experiment
     from qkinspect.experiment.results import notes as result_notes
 
-    baseline = 0.0 if abs(result.baseline) < 5e-5 else result.baseline  # no "-0.0000" for a drift of ~0
-    console.print(Text(result.model.name, style="bold") + Text(
-        f"  {MEASURES[result.measure]} on {result.text}: {result.tokens} tokens ({result.windows} × "
-        f"{result.window}), baseline {baseline:.4f}"), soft_wrap=True)
-    cells = {"edit": [r["edit"] for r in rows], "scope": [r["scope"] for r in rows],
-             "layer": [_fmt(r["layer"], "d") for r in rows], "head": [_fmt(r["head"], "d") for r in rows],
-             "loss": [_fmt(r["loss"]) for r in rows], "Δloss": [_fmt(r["dloss"], "+.4f") for r in rows],
-             "±": [_fmt(r["dloss_se"], ".4f") for r in rows],
-             "Δ/Δabl": [_fmt(r["dloss_ratio_ablate"], ".2f") for r in rows],
-             "pred": [_fmt(r["predicted"], ".3f") for r in rows]}
-    estimated = result.estimate is not None
-    if estimated:  # an estimated map: the exact loss and ratio are empty but for the few verified heads
-        del cells["loss"], cells["Δ/Δabl"]
-        cells["est"] = [_fmt(r["dloss_estimate"], "+.4f") for r in rows]
-        cells["±est"] = [_fmt(r["dloss_estimate_se"], ".4f") for r in rows]
-        cells["flag"] = ["!" if r["unreliable"] else "" for r in rows]
-    if any(r["offset0_only"] for r in rows):
-        cells["off0"] = ["yes" if r["offset0_only"] else "" for r in rows]
-    if all(r["head"] is None for r in rows):
-        del cells["head"]
-    labels = [Column(k, cells.pop(k), left=k in ("edit", "scope")) for k in ("edit", "scope", "layer", "head")
-              if k in cells]
-    for t in fit_tables(labels, [Column(k, v) for k, v in cells.items()], width=console.width):
-        console.print(t)
-    console.print("columns: ±=standard error of Δloss"
-                  + ("" if estimated else ", Δ/Δabl=Δloss / Δloss(ablate) of the same heads (- where ablating does "
-                                          "not cost beyond 2 standard errors)")
-                  + ", pred=weight-space prediction"
-                  + (", est=estimated Δloss ± its Monte-Carlo error, !=unreliable estimate (the edit moves the "
-                     "head's output by more than 4 times its size)" if estimated else "")
-                  + (", off0=exact at offset 0 only (rotary)" if "off0" in cells else ""),
-                  highlight=False, soft_wrap=True)
-    if estimated:
-        e = result.estimate
-        console.print(f"estimate: {e.probes} probes, {e.seconds:.1f} s for every head × edit; "
-                      f"{e.verify_seconds:.1f} s for the exact runs that check it", highlight=False, soft_wrap=True)
-        for a in e.agreement:
-            console.print(f"agreement {a.edit}: Spearman ρ(estimate, exact) = {_fmt(a.rho, '.2f')} over "
-                          f"{a.verified} verified heads ({_fmt(a.rho_sampled, '.2f')} over the {a.sampled} drawn "
-                          "at random)", highlight=False, soft_wrap=True)
-    for name, what in result.predictors.items():
-        console.print(f"predicted for {name}: {what}", highlight=False, soft_wrap=True)
-    render_healing(console, getattr(result, "healing", None))
-    for n in result_notes(result):
-        console.print(f"note: {n}", highlight=False, soft_wrap=True)
+    render_experiment(console, result, rows, result_notes(result))

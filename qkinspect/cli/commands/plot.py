@@ -44,6 +44,7 @@ class Kind(str, Enum):
     trajectory = "trajectory"
     experiment = "experiment"
     costmap = "costmap"
+    healing = "healing"
     composition = "composition"
     depth = "depth"
     size = "size"
@@ -59,8 +60,9 @@ MetricOpt = Annotated[str | None, typer.Option(
 LayerOpt = Annotated[int | None, typer.Option(
     "--layer", metavar="N", help="--kind heads: the layer to show (default: every layer as small multiples).")]
 ExperimentOpt = Annotated[Path | None, typer.Option(
-    "--experiment", metavar="FILE.json", help="--kind experiment / costmap: the JSON `qkinspect experiment -o "
-                                               "FILE.json` wrote (costmap: with --estimate).")]
+    "--experiment", metavar="FILE.json", help="--kind experiment / costmap / healing: the JSON `qkinspect "
+                                               "experiment -o FILE.json` wrote (costmap: with --estimate; healing: "
+                                               "with --heal-eval-every).")]
 TitleOpt = Annotated[str | None, typer.Option(
     "--title", metavar="TEXT", help="The figure's title instead of the model's name and what is shown (wrapped to "
     "fit the figure, like every title).")]
@@ -127,17 +129,19 @@ def register(app: typer.Typer) -> None:
                             title=title)
             note(f"wrote the {metric or 'symmetry'} trajectory to {output}")
             return
-        from_runs = kind in (Kind.experiment, Kind.costmap)
+        from_runs = kind in (Kind.experiment, Kind.costmap, Kind.healing)
         if from_runs != (experiment is not None):
             raise InputError(f"--kind {kind.value} needs --experiment FILE.json (from qkinspect experiment -o)"
-                             if experiment is None else "--experiment applies to --kind experiment or costmap only")
+                             if experiment is None
+                             else "--experiment applies to --kind experiment, costmap or healing only")
         if experiment is not None:
             from qkinspect.experiment.saved import read_experiment
             from qkinspect.report.experiment.costmap import costmap_figure
             from qkinspect.report.experiment.figure import experiment_figure
+            from qkinspect.report.experiment.healing import healing_figure
             from qkinspect.report.style import style
 
-            draw_runs = costmap_figure if kind is Kind.costmap else experiment_figure
+            draw_runs = {Kind.costmap: costmap_figure, Kind.healing: healing_figure}.get(kind, experiment_figure)
             with style():
                 save_figure(draw_runs(read_experiment(experiment), title=title), output)
             note(f"wrote the {kind.value} figure to {output}")

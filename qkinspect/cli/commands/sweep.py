@@ -27,7 +27,7 @@ from qkinspect.cli.options import (
     Selection,
     check_selection,
 )
-from qkinspect.cli.output import Document, check_output, check_parquet, emit, note, warn, write_parquet
+from qkinspect.cli.output import QUIET, Document, check_output, check_parquet, emit, note, warn, write_parquet
 from qkinspect.errors import InputError, SweepFailed
 from qkinspect.limits import check_threads, check_workers
 from qkinspect.records import envelope
@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
         options = {k: v for k, v in sel.kwargs().items() if k != "device"} | {"layer_form": layer_form}
         try:
             outcome = run_sweep(checkpoints, options, out, scheduler=scheduler, workers=workers, threads=threads,
-                                device=sel.device, progress=ProgressLine(),
+                                device=sel.device, progress=None if QUIET["on"] else ProgressLine(),
                                 check=lambda info: check_checkpoint(info, sel),
                                 notice=lambda why: note(f"{why}; computing it again"))
         except KeyboardInterrupt:
@@ -184,22 +184,6 @@ def write_table(doc: Document, name: str, output: Path | None) -> None:
 
 
 def _render(console, rows: list[dict[str, Any]], requested, by: str = "head") -> None:
-    """A row per checkpoint, step, block, layer and head (or per layer with --by layer), in `analyze`'s tables."""
-    from qkinspect.cli.tables import (
-        DEFAULT_COLUMNS,
-        LAYER_COLUMNS,
-        hidden_hint,
-        print_lines,
-        requested_head_metrics,
-        sweep_tables,
-    )
+    from qkinspect.cli.tables import render_sweep
 
-    labels = {"checkpoint", "step", "block", "layer", "head", "kv_head", "n_heads", "rank_q", "rank_k", "rank_v"}
-    have = list(dict.fromkeys(k for r in rows for k in r if k not in labels))
-    wanted = (requested_head_metrics(requested) if by == "head" else list(requested)) if requested else \
-        (DEFAULT_COLUMNS if by == "head" else LAYER_COLUMNS)
-    cols = [c for c in wanted if c in have] or have[:8]
-    tables, lines = sweep_tables(rows, cols, by=by, width=console.width)
-    for t in tables:
-        console.print(t)
-    print_lines(console, [*lines, hidden_hint(have, cols, by)])
+    render_sweep(console, rows, requested, by)

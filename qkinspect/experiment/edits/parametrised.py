@@ -25,7 +25,9 @@ never written twice. A write-back that does arithmetic on the values (not a pure
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -54,6 +56,9 @@ class EditForm(nn.Module):
             self.register_parameter(n, nn.Parameter(getattr(layer, n).detach().to(torch.float32).clone()))
         h = torch.tensor(heads, dtype=torch.int64)
         self.register_buffer("heads", h)
+        # whether the edited rows are every row in order (no copy of the rest needed), decided here, not per step
+        self.all_q = heads == list(range(layer.W_Q.shape[0]))
+        self.all_kv = layer.kv_index()[h].tolist() == list(range(layer.W_V.shape[0]))
         self.register_buffer("kv", layer.kv_index()[h].clone())
         self.tied = groups is not None
         if groups is not None:
@@ -105,55 +110,82 @@ class EditForm(nn.Module):
                 if n in t:
                     t[n] = t[n][src]
         if self.kind in TIES:
+            signed = self.kind == "symmetric"  # the other ties' signs are all +1: no multiply
             s = self.signs.unsqueeze(-2)  # (n, 1, d)
-            t["W_Q"] = _rows_set(t["W_Q"], h, t["W_K"][kv] * s)
+            t["W_Q"] = _rows_set(t["W_Q"], h, t["W_K"][kv] * s if signed else t["W_K"][kv], self.all_q)
             if "b_Q" in t and "b_K" in t:
-                t["b_Q"] = _rows_set(t["b_Q"], h, t["b_K"][kv] * self.signs)
+                t["b_Q"] = _rows_set(t["b_Q"], h, t["b_K"][kv] * self.signs if signed else t["b_K"][kv], self.all_q)
             if self.kind == "share_qkv":
-                t["W_V"] = _rows_set(t["W_V"], kv, t["W_K"][kv])
+                t["W_V"] = _rows_set(t["W_V"], kv, t["W_K"][kv], self.all_kv)
         elif self.kind == "rank":
             real = (self.A * self.kept_dirs.unsqueeze(-2)) @ self.C  # (n, D, kmax) @ (n, kmax, k0) -> (n, D, k0)
             new = t["W_Q"][h] * self.free_cols.unsqueeze(-2)  # (n, D, d): kept pairs free, the rest zero
             new = new.index_copy(-1, self.real_cols, real)
-            t["W_Q"] = _rows_set(t["W_Q"], h, new)
+            t["W_Q"] = _rows_set(t["W_Q"], h, new, self.all_q)
         elif self.kind == "ablate":
-            t["W_O"] = _rows_set(t["W_O"], h, torch.zeros_like(t["W_O"][h]))
+            t["W_O"] = _rows_set(t["W_O"], h, torch.zeros_like(t["W_O"][h]), self.all_q)
         return t
 
     def flat(self) -> Tensor:
-        t = self.tensors()
-        return torch.cat([t[n].reshape(-1) for n in self.names])
+        """Every canonical tensor, constraint applied, in one vector (`module_maps` order). Inside `cached` it is
+        computed once and shared by all the module weights gathered from it."""
+        cache = self.__dict__.get("_cache")
+        if cache is not None and cache[0] is not None:
+            return cache[0]
+        with torch.autocast(self.heads.device.type, enabled=False):  # the weights stay float32 under autocast
+            t = self.tensors()
+            flat = torch.cat([t[n].reshape(-1) for n in self.names])
+        if cache is not None:
+            cache[0] = flat
+        return flat
 
-    def violation(self, t: dict[str, Tensor]) -> float:
+    def violation(self, t: dict[str, Tensor]) -> Tensor:
         """How far canonical tensors `t` (as the model's modules hold them) are from the edit's set, relative to
         the edited heads' scale: 0 for the ties and ablate up to rounding; for rank:K, σ_{K+1}/σ_1 of the heads'
-        forms, their rotary blocks included (0 up to rounding)."""
+        forms, their rotary blocks included (0 up to rounding). A 0-d tensor on t's device (no synchronisation:
+        the caller reads all layers' at once)."""
         h, kv = self.heads, self.kv
         if self.kind in TIES:
             Wq, Wk = t["W_Q"][h], t["W_K"][kv] * self.signs.unsqueeze(-2)
-            return float((Wq - Wk).abs().max() / Wq.abs().max().clamp_min(1e-30))
+            return (Wq - Wk).abs().max() / Wq.abs().max().clamp_min(1e-30)
         if self.kind == "ablate":
-            return float(t["W_O"][h].abs().max() / t["W_O"].abs().max().clamp_min(1e-30))
+            return t["W_O"][h].abs().max() / t["W_O"].abs().max().clamp_min(1e-30)
         if self.kind == "rank":
             return _rank_excess(t["W_Q"][h], self)
-        return 0.0
+        return torch.zeros((), device=h.device)
 
 
-def _rank_excess(Wq: Tensor, form: EditForm) -> float:
+@contextlib.contextmanager
+def cached(forms: Iterable[EditForm]) -> Iterator[None]:
+    """Within the block, each form computes its constrained tensors once (one forward and its backward, or one
+    scoring pass with the weights fixed); with `torch.nn.utils.parametrize.cached` the module weights too."""
+    forms = [f for f in forms if "_cache" not in f.__dict__]  # nested: the outer block's cache stays
+    for f in forms:
+        f.__dict__["_cache"] = [None]
+    try:
+        with parametrize.cached():
+            yield
+    finally:
+        for f in forms:
+            f.__dict__.pop("_cache", None)
+
+
+def _rank_excess(Wq: Tensor, form: EditForm) -> Tensor:
     """σ_{r+1}/σ_1 of the real block's query factor (r the kept directions) and the largest dropped pair's
-    weight: both 0 up to rounding while the rank constraint holds."""
+    weight: both 0 up to rounding while the rank constraint holds (a 0-d tensor, computed without a sync)."""
     real = Wq[..., form.real_cols].double()
     S = torch.linalg.svdvals(real)  # (n, r)
-    k = form.kept_dirs.sum(-1).long()
-    excess = 0.0
-    for i in range(len(S)):
-        if int(k[i]) < S.shape[-1] and float(S[i, 0]) > 0:
-            excess = max(excess, float(S[i, int(k[i])] / S[i, 0]))
+    k = form.kept_dirs.sum(-1).long()  # (n,)
+    r = S.shape[-1]
+    if r:
+        beyond = S.gather(-1, k.clamp(max=r - 1).unsqueeze(-1)).squeeze(-1) / S[:, 0].clamp_min(1e-300)  # (n,)
+        excess = torch.where((k < r) & (S[:, 0] > 0), beyond, torch.zeros_like(beyond)).max()
+    else:  # no unrotated block: the rotary pairs alone carry the rank
+        excess = torch.zeros((), dtype=S.dtype, device=S.device)
     dropped = (1 - form.free_cols).clone()
     dropped[:, form.real_cols] = 0
-    if bool(dropped.any()):
-        excess = max(excess, float((Wq * dropped.unsqueeze(-2)).abs().max() / Wq.abs().max().clamp_min(1e-30)))
-    return excess
+    moved = (Wq * dropped.unsqueeze(-2)).abs().max() / Wq.abs().max().clamp_min(1e-30)
+    return torch.maximum(excess.to(moved.dtype), moved)
 
 
 def _group_ties(groups: Tensor, heads: list[int], own_v: bool) -> tuple[Tensor, Tensor]:
@@ -173,8 +205,11 @@ def _group_ties(groups: Tensor, heads: list[int], own_v: bool) -> tuple[Tensor, 
     return k_from, v_from
 
 
-def _rows_set(full: Tensor, rows: Tensor, values: Tensor) -> Tensor:
-    """`full` with `rows` replaced by `values`, differentiably (out of place)."""
+def _rows_set(full: Tensor, rows: Tensor, values: Tensor, every: bool) -> Tensor:
+    """`full` with `rows` replaced by `values`, differentiably (out of place); `values` itself where `every` (the
+    rows are all of `full`'s, in order: every head edited, no copy of `full`)."""
+    if every:
+        return values.to(full.dtype)
     return full.index_copy(0, rows, values.to(full.dtype))
 
 
@@ -184,43 +219,101 @@ def _signs(layer: AttentionLayer, h: Tensor, kv: Tensor) -> Tensor:
     return torch.where(dot < 0, -1.0, 1.0).to(torch.float32)
 
 
+class Strided:
+    """A module weight that is one canonical tensor, its axes permuted and reshaped (the usual layout: a Linear's
+    weight is W_Q (n, D, d) as (n·d, D)): read as a view of `EditForm.flat`, with no index map kept."""
+
+    def __init__(self, start: int, shape: tuple[int, ...], perm: tuple[int, ...], out: tuple[int, ...]):
+        self.start, self.shape, self.perm, self.out = start, shape, perm, out
+        self.size = math.prod(shape)
+
+    def to(self, device) -> Strided:
+        return self
+
+    def view(self, flat: Tensor) -> Tensor:
+        """The canonical tensor's elements as they sit in `flat`, in the weight's axis order (a view)."""
+        return flat[self.start:self.start + self.size].view(self.shape).permute(self.perm)
+
+    def read(self, flat: Tensor) -> Tensor:
+        return self.view(flat).reshape(self.out)
+
+
+def strided(index: Tensor, shapes: dict[int, tuple[int, ...]]) -> Strided | None:
+    """`index` (a module weight's canonical positions) as a Strided placement where it is one canonical tensor
+    (starting at an offset in `shapes`) with permuted axes, else None."""
+    import itertools
+
+    if index.numel() == 0 or bool((index < 0).any()):
+        return None
+    start = int(index.min())
+    shape = shapes.get(start)
+    if shape is None or math.prod(shape) != index.numel() or int(index.max()) != start + index.numel() - 1:
+        return None
+    local = torch.arange(index.numel(), dtype=torch.int64).view(shape)
+    for perm in itertools.permutations(range(len(shape))):
+        if torch.equal(local.permute(perm).reshape(index.shape) + start, index.to(torch.int64)):
+            return Strided(start, shape, perm, tuple(index.shape))
+    return None
+
+
 class _Gathered(nn.Module):
     """A module weight whose elements come from an EditForm (where `index` >= 0) or its own original."""
 
-    def __init__(self, form: EditForm, index: Tensor):
+    def __init__(self, form: EditForm, index: Tensor | Strided, dtype: torch.dtype):
         super().__init__()
-        self.form = form
-        self.register_buffer("index", index.clamp_min(0))
-        self.register_buffer("take", index >= 0)
+        self.form, self.dtype, self.strided = form, dtype, index if isinstance(index, Strided) else None
+        if self.strided is not None:  # a view of the form's tensors: no map
+            self.whole = True
+            return
+        self.shape = index.shape
+        self.whole = bool((index >= 0).all())  # every element from the form: the original is not kept
+        # the map itself where it covers the whole weight (shared by every run of the layer), no copy of it
+        self.register_buffer("index", (index if self.whole else index.clamp_min(0)).reshape(-1))
+        self.register_buffer("take", None if self.whole else index >= 0)
 
     def forward(self, X: Tensor) -> Tensor:
-        return torch.where(self.take, self.form.flat()[self.index].to(X.dtype), X)
+        if self.strided is not None:
+            return self.strided.read(self.form.flat()).to(self.dtype)
+        taken = self.form.flat().index_select(0, self.index).view(self.shape).to(self.dtype)
+        return taken if self.whole else torch.where(self.take, taken, X)
 
 
 def parametrise(block: nn.Module, maps: dict[str, Tensor], form: EditForm) -> list[nn.Parameter]:
     """Put `form` behind the block's written parameters named in `maps`; returns the parameters left to train
-    (the form's, and the originals of the elements the form does not cover)."""
+    (the form's, and the originals of the elements the form does not cover). An original whose every element
+    comes from the form is emptied (the form holds the values), so the edited layers are held once."""
     params: list[nn.Parameter] = list(form.parameters())
     for name, index in maps.items():
         path, _, attr = name.rpartition(".")
         module = block.get_submodule(path)
-        parametrize.register_parametrization(module, attr, _Gathered(form, index.to(getattr(module, attr).device)))
+        weight = getattr(module, attr)
+        gathered = _Gathered(form, index.to(weight.device), weight.dtype)
+        parametrize.register_parametrization(module, attr, gathered)
         original = module.parametrizations[attr].original
-        if bool((index >= 0).all()):
-            original.requires_grad_(False)  # every element comes from the form
+        if gathered.whole:
+            original.requires_grad_(False)
+            original.data = original.data.new_empty(0)
         else:
             params.append(original)
     return params
 
 
-def canonical_from(block: nn.Module, maps: dict[str, Tensor], form: EditForm) -> dict[str, Tensor]:
-    """The canonical tensors as the block's modules hold them now (read back through `maps`)."""
-    flat = torch.empty(sum(getattr(form, n).numel() for n in form.names), dtype=torch.float32)
+def canonical_from(block: nn.Module, maps: dict[str, Tensor | Strided], form: EditForm,
+                   whole: dict[str, bool] | None = None) -> dict[str, Tensor]:
+    """The canonical tensors as the block's modules hold them now (read back through `maps`), on the maps'
+    device. `whole`: which maps hold canonical elements only (computed here where not given)."""
+    device = form.heads.device
+    flat = torch.empty(sum(getattr(form, n).numel() for n in form.names), dtype=torch.float32, device=device)
     for name, index in maps.items():
         path, _, attr = name.rpartition(".")
-        w = getattr(block.get_submodule(path), attr).detach().to("cpu", torch.float32)
-        take = index >= 0
-        flat[index[take]] = w[take]
+        w = getattr(block.get_submodule(path), attr).detach().to(device, torch.float32)
+        if isinstance(index, Strided):
+            index.view(flat).copy_(w.reshape(index.view(flat).shape))
+        elif whole[name] if whole is not None else bool(index.min() >= 0):  # canonical elements only: no mask
+            flat[index.reshape(-1)] = w.reshape(-1)
+        else:
+            take = index >= 0
+            flat[index[take]] = w[take]
     out, offset = {}, 0
     for n in form.names:
         shape = getattr(form, n).shape

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from qkinspect.errors import InputError
 from qkinspect.experiment.model.runtime import CAUSAL, DRIFT, MASKED, HFModel
 from qkinspect.experiment.requests import BYTES_PER_TOKEN, LIBRARY_NAMES, Names, Text, check_amounts
+from qkinspect.progress import phase
 from qkinspect.reading import MAX_TEXT_BYTES
 
 MASK_FRACTION = 0.15
@@ -172,8 +173,9 @@ class Scorer:
     def tokens(self) -> int:
         return sum(b.numel() for b in self.batches)
 
-    def baseline(self, cache: set[int] | frozenset[int] = frozenset()) -> float:
-        """One full unedited pass: the baseline loss; keeps the states entering each layer in `cache`."""
+    def baseline(self, cache: set[int] | frozenset[int] = frozenset(), progress=None) -> float:
+        """One full unedited pass: the baseline loss; keeps the states entering each layer in `cache`. `progress`:
+        a receiver (qkinspect.progress) told the phase and each batch done."""
         layers = self.hf.layers
         self.cache = {i: [] for i in cache}
         self.reference = []
@@ -181,7 +183,8 @@ class Scorer:
         hooks.append(layers[0].register_forward_hook(self._shape_probe))
         try:
             with torch.inference_mode():
-                loss = self._pass(start=0, keep_reference=True)
+                loss = self._pass(start=0, keep_reference=True,
+                                  tick=phase(progress, "baseline", len(self.inputs), "batches"))
         finally:
             for h in hooks:
                 h.remove()
@@ -210,7 +213,7 @@ class Scorer:
         scored tokens (S_j: the block's summed loss differences, n_j its tokens). None with fewer than 2 blocks."""
         return block_se(self.token_losses - self.base_tokens, self.blocks)
 
-    def _pass(self, start: int, keep_reference: bool = False) -> float:
+    def _pass(self, start: int, keep_reference: bool = False, tick=None) -> float:
         per_token, blocks, offset = [], [], 0
         for b, inputs in enumerate(self.inputs):
             with self._skipping(start, b):
@@ -219,6 +222,8 @@ class Scorer:
             per_token.append(values)
             blocks.append(block + offset)
             offset += self.batches[b].shape[0] * -(-self.batches[b].shape[1] // BLOCK)
+            if tick is not None:
+                tick(b + 1)
         self.token_losses = torch.cat(per_token)
         self.blocks = torch.cat(blocks)
         self.counted = int(self.token_losses.numel())

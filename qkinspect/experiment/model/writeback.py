@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from qkinspect.errors import InputError
-from qkinspect.experiment.edits.parametrised import CANON, PROBE_BITS
+from qkinspect.experiment.edits.parametrised import CANON, PROBE_BITS, Strided, strided
 from qkinspect.experiment.model.runtime import HFModel
 from qkinspect.layer import AttentionLayer
 from qkinspect.loading.adapters.base import out_rows_of_heads, rows_of_heads
@@ -218,9 +218,10 @@ def written(hf: HFModel, layers: list[AttentionLayer]) -> Iterator[None]:
 # -- where the canonical tensors land in the family's modules ---------------------------------------------------
 
 
-def module_maps(hf, layer: AttentionLayer) -> dict[str, Tensor]:
+def module_maps(hf, layer: AttentionLayer) -> dict[str, Tensor | Strided]:
     """For each parameter the write-back puts into layer `layer.layer`'s block (by its name in the block), the
-    index of the canonical element (in `EditForm.flat` order) each of its elements holds, -1 where none.
+    index of the canonical element (in `EditForm.flat` order) each of its elements holds, -1 where none; a
+    `Strided` placement instead where the parameter is one canonical tensor with permuted axes.
 
     Raises:
         InputError: the family's write-back does not place each canonical element once, unchanged.
@@ -256,4 +257,10 @@ def module_maps(hf, layer: AttentionLayer) -> dict[str, Tensor]:
     placed = torch.cat([m[m >= 0] for m in maps.values()]) if maps else torch.empty(0, dtype=torch.int64)
     if placed.numel() != total or not torch.equal(placed.sort().values, torch.arange(total)):
         raise InputError(f"healing: the {hf.family} write-back does not place every attention weight once")
-    return maps
+    small = torch.int32 if total < 2**31 else torch.int64  # half the memory: the maps live as long as the healing
+    shapes = {}  # the canonical tensor starting at each offset: its shape
+    offset = 0
+    for n, size in zip(names, sizes, strict=True):
+        shapes[offset] = tuple(getattr(layer, n).shape)
+        offset += size
+    return {name: strided(m, shapes) or m.to(small) for name, m in maps.items()}

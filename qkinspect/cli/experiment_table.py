@@ -1,0 +1,67 @@
+"""The table `qkinspect experiment` prints, for the terminal and for a notebook (qkinspect.notebook): a module of
+its own, below the experiment's records, so that the records can show themselves without importing the CLI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qkinspect.cli.heal_output import render_healing
+
+
+def _fmt(v: Any, spec: str = ".4f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def render_experiment(console, result, rows: list[dict[str, Any]], notes: list[str]) -> None:
+    """`qkinspect experiment`'s table of `result` (its `rows`, as `experiment.results.run_rows` gives them),
+    then the legend, the estimate's agreement, the predictors, healing and `notes`."""
+    from rich.text import Text
+
+    from qkinspect.cli.tables import Column, fit_tables
+    from qkinspect.experiment.model.scoring import MEASURES
+
+    baseline = 0.0 if abs(result.baseline) < 5e-5 else result.baseline  # no "-0.0000" for a drift of ~0
+    console.print(Text(result.model.name, style="bold") + Text(
+        f"  {MEASURES[result.measure]} on {result.text}: {result.tokens} tokens ({result.windows} × "
+        f"{result.window}), baseline {baseline:.4f}"), soft_wrap=True)
+    cells = {"edit": [r["edit"] for r in rows], "scope": [r["scope"] for r in rows],
+             "layer": [_fmt(r["layer"], "d") for r in rows], "head": [_fmt(r["head"], "d") for r in rows],
+             "loss": [_fmt(r["loss"]) for r in rows], "Δloss": [_fmt(r["dloss"], "+.4f") for r in rows],
+             "±": [_fmt(r["dloss_se"], ".4f") for r in rows],
+             "Δ/Δabl": [_fmt(r["dloss_ratio_ablate"], ".2f") for r in rows],
+             "pred": [_fmt(r["predicted"], ".3f") for r in rows]}
+    estimated = result.estimate is not None
+    if estimated:  # an estimated map: the exact loss and ratio are empty but for the few verified heads
+        del cells["loss"], cells["Δ/Δabl"]
+        cells["est"] = [_fmt(r["dloss_estimate"], "+.4f") for r in rows]
+        cells["±est"] = [_fmt(r["dloss_estimate_se"], ".4f") for r in rows]
+        cells["flag"] = ["!" if r["unreliable"] else "" for r in rows]
+    if any(r["offset0_only"] for r in rows):
+        cells["off0"] = ["yes" if r["offset0_only"] else "" for r in rows]
+    if all(r["head"] is None for r in rows):
+        del cells["head"]
+    labels = [Column(k, cells.pop(k), left=k in ("edit", "scope")) for k in ("edit", "scope", "layer", "head")
+              if k in cells]
+    for t in fit_tables(labels, [Column(k, v) for k, v in cells.items()], width=console.width):
+        console.print(t)
+    console.print("columns: ±=standard error of Δloss"
+                  + ("" if estimated else ", Δ/Δabl=Δloss / Δloss(ablate) of the same heads (- where ablating does "
+                                          "not cost beyond 2 standard errors)")
+                  + ", pred=weight-space prediction"
+                  + (", est=estimated Δloss ± its Monte-Carlo error, !=unreliable estimate (the edit moves the "
+                     "head's output by more than 4 times its size)" if estimated else "")
+                  + (", off0=exact at offset 0 only (rotary)" if "off0" in cells else ""),
+                  highlight=False, soft_wrap=True)
+    if estimated:
+        e = result.estimate
+        console.print(f"estimate: {e.probes} probes, {e.seconds:.1f} s for every head × edit; "
+                      f"{e.verify_seconds:.1f} s for the exact runs that check it", highlight=False, soft_wrap=True)
+        for a in e.agreement:
+            console.print(f"agreement {a.edit}: Spearman ρ(estimate, exact) = {_fmt(a.rho, '.2f')} over "
+                          f"{a.verified} verified heads ({_fmt(a.rho_sampled, '.2f')} over the {a.sampled} drawn "
+                          "at random)", highlight=False, soft_wrap=True)
+    for name, what in result.predictors.items():
+        console.print(f"predicted for {name}: {what}", highlight=False, soft_wrap=True)
+    render_healing(console, getattr(result, "healing", None))
+    for n in notes:
+        console.print(f"note: {n}", highlight=False, soft_wrap=True)

@@ -1,0 +1,66 @@
+"""Results in a notebook: a result that is a cell's value shows itself as the tables `qkinspect` prints in a
+terminal, and `to_pandas()` makes it one DataFrame (docs/notebook.md).
+
+The pieces every result uses (the analysis, experiment, sweep and atlas results):
+- `html_table(render)`: the HTML of what `render(console)` prints (the CLI's own rich tables, colours kept), for a
+  result's `_repr_html_`;
+- `data_frame(rows)`: tidy rows (the CSV rows of the result) as a pandas DataFrame; pandas is imported here, and a
+  clear error says how to install it where it is missing;
+- `Tabular`: a mixin giving `_repr_html_` and `to_pandas()` to a result that has `table_rows()` and
+  `render_table(console)`.
+
+Example:
+    >>> r = qkinspect.analyze()  # doctest: +SKIP
+    >>> r  # in Jupyter: the per-head and per-layer tables  # doctest: +SKIP
+    >>> r.to_pandas().groupby("layer")["symmetry"].median()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from typing import Any
+
+NOTEBOOK_WIDTH = 100  # columns a notebook's output area shows in its default font
+_PRE = ('<pre style="white-space:pre;overflow-x:auto;line-height:1.25;'
+        "font-family:Menlo,'DejaVu Sans Mono',consolas,'Courier New',monospace\">{code}</pre>")
+
+
+def html_table(render: Callable[[Any], None], width: int = NOTEBOOK_WIDTH) -> str:
+    """The HTML fragment (one <pre>, inline colours) of what `render(console)` prints on a `width`-column
+    terminal."""
+    from rich.console import Console
+
+    console = Console(record=True, file=io.StringIO(), width=width, force_terminal=True, color_system="standard",
+                      force_jupyter=False)
+    render(console)
+    return console.export_html(inline_styles=True, code_format=_PRE)
+
+
+def data_frame(rows: Sequence[dict[str, Any]], what: str = "to_pandas()"):
+    """`rows` as a pandas DataFrame, one row per record, the columns in the order the rows first name them."""
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ImportError(f"{what} needs pandas: pip install pandas") from None
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    return pd.DataFrame(list(rows), columns=columns)
+
+
+class Tabular:
+    """Mixin for a result with `table_rows()` (its CSV rows) and `render_table(console)` (its terminal table):
+    shown as that table in a notebook, and one DataFrame of those rows with `to_pandas()`. The renderer must not
+    import the result's module back (the records sit below the CLI's tables)."""
+
+    def table_rows(self) -> list[dict[str, Any]]:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def render_table(self, console) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def _repr_html_(self) -> str:
+        return html_table(self.render_table)
+
+    def to_pandas(self):
+        """The result's tidy rows (those of its CSV) as a pandas DataFrame (needs pandas)."""
+        return data_frame(self.table_rows())

@@ -1,0 +1,109 @@
+"""Results in a notebook: an analysis and a sweep show their terminal tables as HTML when they are a cell's value,
+with every row, and `to_pandas()` gives one row per record with the documented columns; without pandas it says
+how to get it. (The experiment result: tests/experiment/test_notebook_experiment.py.)"""
+
+from __future__ import annotations
+
+import html
+import re
+import sys
+
+import pytest
+import torch
+
+import qkinspect
+from qkinspect.notebook import data_frame, html_table
+
+
+def text_of(fragment: str) -> str:
+    """What a reader sees of an HTML fragment: the text, tags dropped, entities decoded."""
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+def rows_of(fragment: str) -> list[list[str]]:
+    return [line.split() for line in text_of(fragment).splitlines()]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    demo = pytest.importorskip("qkinspect.demo")
+    try:
+        return demo.demo_path()
+    except Exception as e:  # noqa: BLE001 (the demo extra is absent)
+        pytest.skip(str(e))
+
+
+def test_an_analysis_shows_its_tables_with_every_head(minilm):
+    r = qkinspect.analyze(minilm, layers=[0, 5], metrics=["symmetry", "overlap_qk"])
+    fragment = r._repr_html_()
+    assert fragment.startswith("<pre") and fragment.rstrip().endswith("</pre>")
+    assert "<span style=" in fragment  # the colours of the terminal table
+    rows = rows_of(fragment)
+    for h in r.heads:
+        want = [str(h.layer), str(h.head), f"{h.values['symmetry']:.3f}", f"{h.values['overlap_qk']:.3f}"]
+        assert want in rows, want  # each head's row, as the terminal shows it
+    for layer in r.layers:
+        assert any(row[:2] == [str(layer.layer), "12"] for row in rows)  # the per-layer table
+    assert "random baseline" in text_of(fragment)
+
+
+def test_analysis_to_pandas_is_the_csv_rows(minilm):
+    pytest.importorskip("pandas")
+    r = qkinspect.analyze(minilm, layers=[0, 5], metrics=["symmetry", "overlap_qk"])
+    df = r.to_pandas()
+    assert len(df) == len(r.heads) == 24
+    assert list(df.columns[:5]) == ["model", "block", "layer", "head", "kv_head"]
+    assert {"symmetry", "overlap_qk"} <= set(df.columns)
+    assert df["symmetry"].tolist() == [h.values["symmetry"] for h in r.heads]
+    assert len(r.to_pandas("layer")) == 2
+
+
+def _sweep_folder(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from qkinspect.callback import Tracker
+    from qkinspect.sweep import read_sweep
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, head_dim=8, intermediate_size=48, vocab_size=30))
+    tracker = Tracker(tmp_path / "sweep", metrics=["symmetry"], name="tiny")
+    for step in (0, 5):
+        tracker.measure(model, step)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+    return read_sweep(tmp_path / "sweep")
+
+
+def test_a_sweep_shows_its_table_and_is_one_frame(tmp_path):
+    folder = _sweep_folder(tmp_path)
+    rows = rows_of(folder._repr_html_())
+    for r in folder.rows():
+        assert any(r["checkpoint"] in " ".join(row) and f"{r['symmetry']:.3f}" in row for row in rows), r
+    pytest.importorskip("pandas")
+    df = folder.to_pandas()
+    assert len(df) == len(folder.rows()) == 2 * 2 * 4  # 2 steps x 2 layers x 4 heads
+    assert list(df.columns[:2]) == ["checkpoint", "step"] and {"layer", "head", "symmetry"} <= set(df.columns)
+    assert sorted(set(df["step"])) == [0, 5]
+
+
+def test_without_pandas_the_error_says_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pandas", None)  # as if it were not installed
+    with pytest.raises(ImportError, match="pip install pandas"):
+        data_frame([{"a": 1}])
+
+
+def test_data_frame_keeps_the_rows_and_their_column_order():
+    pytest.importorskip("pandas")
+    df = data_frame([{"b": 1, "a": 2}, {"b": 3, "c": 4}])
+    assert list(df.columns) == ["b", "a", "c"] and len(df) == 2
+    assert df["c"].isna().tolist() == [True, False]
+
+
+def test_html_table_is_the_render_at_notebook_width():
+    def render(console):
+        console.print("x" * 150)
+
+    text = text_of(html_table(render, width=100))
+    assert [len(line) for line in text.splitlines() if line] == [100, 50]
