@@ -39,7 +39,7 @@ from qkinspect.metrics.layer_form import head_overlap, layer_form_metrics
 from qkinspect.metrics.products import HeadProducts
 from qkinspect.metrics.registry import LAYER_FORM, METRICS, resolve_metrics
 from qkinspect.records import AnalysisResult, Baseline, HeadRecord, LayerRecord, Processing
-from qkinspect.selection import as_indexes, check_selection
+from qkinspect.selection import as_indexes, check_fold_qk_norm, check_selection
 
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 Progress = Callable[[int, int], None]
@@ -67,7 +67,8 @@ def analyze(
     Args:
         model: a path, hub id or GGUF file; None for the bundled demo model; an opened LoadedModel; or a model in
             memory: a transformers PreTrainedModel (any device; its tensors are read in place, a layer at a time)
-            or a (config, state_dict) pair. Its records name it "memory:<config.name_or_path or class name>".
+            or a (config, state_dict) pair. Its records name it as the model at config.name_or_path is named
+            (a local folder by its name), else by its class; its source is "memory:<config.name_or_path>".
         layers, heads: indexes as the CLI takes them ("0-3,7") or as Python values (3, [0, 1]); None for all.
         blocks: block kinds or labels ("encoder", ["text", "vision"]); None for all.
         metrics: metric or group names (qkinspect.metrics.registry); None for the defaults.
@@ -100,8 +101,7 @@ def analyze(
         run.heads, layer_sel = as_indexes(heads, "heads"), as_indexes(layers, "layers")
         chosen = check_selection(m.info, blocks, layer_sel, run.heads)
         keys = [b.key for b in chosen if run.head_index(b) is None or len(run.head_index(b))]
-        if fold_qk_norm and not any(b.qk_norm for b in chosen if b.key in keys):
-            raise InputError("fold_qk_norm=True: the selected blocks have no q/k norm")
+        check_fold_qk_norm([b for b in chosen if b.key in keys], fold_qk_norm)
         total = sum(1 for _ in m.plan(keys, layer_sel))
         if progress is not None:
             progress(0, total)

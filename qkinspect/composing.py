@@ -30,7 +30,7 @@ from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, ModelInfo
 from qkinspect.metrics.composition import KINDS, ReadSide, normalised, product_norms, read_side, write_side
 from qkinspect.metrics.fold import fold_qk_norm
-from qkinspect.selection import as_indexes, check_selection
+from qkinspect.selection import as_indexes, check_fold_qk_norm, check_selection
 
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 HELD_BYTES = 256 << 20  # the earlier layers' reduced write factors held at once (a 7B layer's: 64 MB in float32)
@@ -113,8 +113,7 @@ def composition(
             chosen = check_selection(m.info, blocks, *sides[side], options=("blocks", *names))
         (req.from_layers, req.from_heads), (req.to_layers, req.to_heads) = sides["from"], sides["to"]
         keys = {b.key for b in chosen}
-        if fold_qk_norm and not any(b.qk_norm for b in chosen):
-            raise InputError("fold_qk_norm=True: the selected blocks have no q/k norm")
+        check_fold_qk_norm(chosen, fold_qk_norm)
         every = units(m.info)
         pairs = block_pairs(every, m.info)
         earlier = [u for u in every if u.block in keys and _has(req.from_layers, u.layer)]

@@ -29,7 +29,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 from qkinspect.errors import OutputError
 
@@ -86,6 +86,15 @@ def check_writable(path: Path) -> None:
         raise OutputError(f"{shown}: folder {folder} is not writable (Permission denied)")
     if target.exists() and not os.access(target, os.W_OK):
         raise OutputError(f"{shown}: file is not writable (Permission denied)")
+
+
+def write_json(doc: Any, f: IO[str]) -> None:
+    """The one JSON layout of the documents qkinspect writes: indented by 2, no NaN (null instead, made by the
+    caller), a final newline. `doc` must already be JSON-safe (numbers, strings, lists, dicts)."""
+    import json
+
+    json.dump(doc, f, indent=2, allow_nan=False)
+    f.write("\n")
 
 
 def atomic_write(path: Path, write: Callable[[IO], None], *, binary: bool = False) -> None:

@@ -22,7 +22,7 @@ from qkinspect.errors import CheckpointError, InputError
 from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.metrics.directions import GAP, best_tokens, factored_svd, subspaces
 from qkinspect.metrics.factored import RANK_RTOL
-from qkinspect.selection import as_indexes, check_selection
+from qkinspect.selection import as_indexes, check_fold_qk_norm, check_selection
 
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 MAX_DIRECTIONS = 4096
@@ -78,8 +78,7 @@ def directions(
     with _opened(model, revision) as m:
         head_sel, layer_sel = as_indexes(heads, "heads"), as_indexes(layers, "layers")
         chosen = check_selection(m.info, blocks, layer_sel, head_sel)
-        if fold_qk_norm and not any(b.qk_norm for b in chosen):
-            raise InputError("fold_qk_norm=True: the selected blocks have no q/k norm")
+        check_fold_qk_norm(chosen, fold_qk_norm)
         vocab = read_vocab(m, chosen, run.dtype, run.device)
         keys = [b.key for b in chosen]
         total = sum(1 for _ in m.plan(keys, layer_sel))

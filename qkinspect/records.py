@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 SCHEMA = "qkinspect/1"
+ANALYSIS_KIND = "analyze"  # the document's "kind": what `qkinspect analyze -o FILE.json` and save() write
 
 
 @dataclass(frozen=True)
@@ -118,24 +119,42 @@ class AnalysisResult:
         return [r.row() for r in self.layers]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict following schema qkinspect/1 (docs/output.md). NaN becomes null."""
+        """The saved analysis as a JSON-ready dict: the document `qkinspect analyze -o FILE.json` writes (schema
+        qkinspect/1, "kind": "analyze"; docs/output.md), which `plot` and `report` read. NaN becomes null."""
         from qkinspect.metrics.registry import definitions
-        from qkinspect.version import __version__
 
-        return json_safe({
-            "schema": SCHEMA,
-            "tool": {"name": "qkinspect", "version": __version__},
-            "model": model_dict(self.model),
-            "processing": asdict(self.processing),
-            "definitions": definitions(self.metric_names),
-            "baselines": [asdict(b) for b in self.baselines],
-            "heads": self.head_rows(),
-            "layers": [
+        return json_safe(envelope(
+            ANALYSIS_KIND,
+            model=model_dict(self.model),
+            processing=asdict(self.processing),
+            definitions=definitions(self.metric_names),
+            baselines=[asdict(b) for b in self.baselines],
+            heads=self.head_rows(),
+            layers=[
                 {**r.row(), **({"head_overlap": r.head_overlap.tolist()} if r.head_overlap is not None else {})}
                 for r in self.layers
             ],
-            "warnings": list(self.warnings),
-        })
+            warnings=list(self.warnings),
+        ))
+
+    def save(self, path: str | Path) -> Path:
+        """Write the analysis to `path` (atomically) as `qkinspect analyze -o FILE.json` writes it, byte for byte:
+        `qkinspect plot FILE.json` and `qkinspect report FILE.json` then draw it without the model (the spectra
+        are not kept). Returns the path.
+
+        Raises:
+            OutputError: the file cannot be written.
+
+        Example:
+            >>> qkinspect.analyze().save("run.json")  # doctest: +SKIP
+            >>> # then: qkinspect plot run.json --kind symmetry -o symmetry.png
+        """
+        from qkinspect.files import atomic_write, write_json
+
+        path = Path(path)
+        doc = self.to_dict()
+        atomic_write(path, lambda f: write_json(doc, f))
+        return path
 
     def to_pandas(self, by: str = "head"):
         """Head records (or, with by="layer", layer records) as a pandas DataFrame (needs pandas), with the

@@ -22,14 +22,23 @@ from typing import Any
 
 from qkinspect.errors import InputError
 from qkinspect.reading import depth
-from qkinspect.records import SCHEMA, AnalysisResult, Baseline, HeadRecord, LayerRecord, Processing, model_info
+from qkinspect.records import (
+    ANALYSIS_KIND,
+    SCHEMA,
+    AnalysisResult,
+    Baseline,
+    HeadRecord,
+    LayerRecord,
+    Processing,
+    model_info,
+)
 
 MAX_BYTES = 256 << 20  # a 70B model's every head and head-by-head overlap is a few MB; more is not a saved analysis
 MAX_DEPTH = 16  # nesting the document has (head_overlap: 5 levels)
 # Layers × heads a block may declare: figures hold one value per (layer, head), so a file declaring 10⁶ × 10⁶
 # with a record on the diagonal would ask for terabytes; the largest models have ~10⁴ (128 layers × 128 heads).
 MAX_GRID = 1 << 20
-KIND = "analyze"
+KIND = ANALYSIS_KIND
 NEEDS_MODEL = {"spectra": "singular values, which analyze's JSON does not keep"}
 
 

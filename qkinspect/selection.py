@@ -124,3 +124,10 @@ def _check_range(option: str, wanted: Sequence[int] | None, sizes: dict[str, int
 def _said(option: str, value: object, cli: str) -> str:
     """`option` with `value`: "--layers: 9" / "--block x" (`cli` joins a CLI option to its value), "layers=9"."""
     return f"{option}{cli}{value}" if option.startswith("--") else f"{option}={value}"
+
+
+def check_fold_qk_norm(chosen: Iterable[BlockSpec], fold_qk_norm: bool, option: str = "fold_qk_norm=True") -> None:
+    """InputError when q/k-norm gains are to be folded but none of the `chosen` blocks has q/k norms (as folding
+    layer norms is refused on a model without them); `option` is the caller's spelling (the CLI's --fold-qk-norm)."""
+    if fold_qk_norm and not any(b.qk_norm for b in chosen):
+        raise InputError(f"{option}: the selected blocks have no q/k norm")

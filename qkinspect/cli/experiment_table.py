@@ -34,7 +34,7 @@ def render_experiment(console, result, rows: list[dict[str, Any]], notes: list[s
     if estimated:  # an estimated map: the exact loss and ratio are empty but for the few verified heads
         del cells["loss"], cells["Δ/Δabl"]
         cells["est"] = [_fmt(r["dloss_estimate"], "+.4f") for r in rows]
-        cells["±est"] = [_fmt(r["dloss_estimate_se"], ".4f") for r in rows]
+        cells["±MC"] = [_fmt(r["dloss_estimate_se"], ".4f") for r in rows]
         cells["flag"] = ["!" if r["unreliable"] else "" for r in rows]
     if any(r["offset0_only"] for r in rows):
         cells["off0"] = ["yes" if r["offset0_only"] else "" for r in rows]
@@ -44,22 +44,27 @@ def render_experiment(console, result, rows: list[dict[str, Any]], notes: list[s
               if k in cells]
     for t in fit_tables(labels, [Column(k, v) for k, v in cells.items()], width=console.width):
         console.print(t)
-    console.print("columns: ±=standard error of Δloss"
+    console.print("columns: ±=standard error of the exact Δloss"
                   + ("" if estimated else ", Δ/Δabl=Δloss / Δloss(ablate) of the same heads (- where ablating does "
                                           "not cost beyond 2 standard errors)")
                   + ", pred=weight-space prediction"
-                  + (", est=estimated Δloss ± its Monte-Carlo error, !=unreliable estimate (the edit moves the "
-                     "head's output by more than 4 times its size)" if estimated else "")
-                  + (", off0=exact at offset 0 only (rotary)" if "off0" in cells else ""),
+                  + (", est=estimated Δloss, ±MC=Monte-Carlo standard error of the estimate's curvature term alone "
+                     "(not the estimate's error: the exact runs and ρ below measure that), !=unreliable estimate "
+                     "(the edit moves the head's output by more than 4 times its size)" if estimated else "")
+                  + (", off0=exact at offset 0 only (rotary)" if "off0" in cells else "")
+                  + "; -=none: " + ("Δloss and ± of a head not run exactly, " if estimated else "")
+                  + "layer or head of a run over several, pred of an edit without a prediction",
                   highlight=False, soft_wrap=True)
     if estimated:
         e = result.estimate
         console.print(f"estimate: {e.probes} probes, {e.seconds:.1f} s for every head × edit; "
                       f"{e.verify_seconds:.1f} s for the exact runs that check it", highlight=False, soft_wrap=True)
+        from qkinspect.report.rho import rho_text
+
         for a in e.agreement:
-            console.print(f"agreement {a.edit}: Spearman ρ(estimate, exact) = {_fmt(a.rho, '.2f')} over "
-                          f"{a.verified} verified heads ({_fmt(a.rho_sampled, '.2f')} over the {a.sampled} drawn "
-                          "at random)", highlight=False, soft_wrap=True)
+            rand = f"; over the {a.sampled} drawn at random: {rho_text(a.rho_sampled, a.sampled)}" if a.sampled else ""
+            console.print(f"agreement {a.edit}: Spearman's rank correlation of estimate and exact Δloss "
+                          f"{rho_text(a.rho, a.verified, 'verified heads')}{rand}", highlight=False, soft_wrap=True)
     for name, what in result.predictors.items():
         console.print(f"predicted for {name}: {what}", highlight=False, soft_wrap=True)
     render_healing(console, getattr(result, "healing", None))

@@ -107,8 +107,9 @@ def write_parquet(data: list[dict[str, Any]] | dict[str, Any], output: Path) -> 
 # -- serialisers -----------------------------------------------------------------------------------------------
 
 def write_json(doc: dict[str, Any], f: IO[str]) -> None:
-    json.dump(json_safe(doc), f, indent=2, allow_nan=False)
-    f.write("\n")
+    from qkinspect.files import write_json as write_document
+
+    write_document(json_safe(doc), f)
 
 
 def write_ndjson(rows: Iterable[dict[str, Any]], f: IO[str]) -> None:

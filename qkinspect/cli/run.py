@@ -15,6 +15,7 @@ from typing import Any
 from qkinspect.cli.options import Selection, check_selection
 from qkinspect.cli.output import note, progress, warn
 from qkinspect.errors import InputError
+from qkinspect.selection import check_fold_qk_norm
 
 
 def run_analysis(model, selection: Selection, *, revision: str | None = None, **options: Any):
@@ -35,8 +36,7 @@ def _analyze_opened(m, selection: Selection, options: dict[str, Any]):
     kwargs = selection.kwargs()
     kwargs["blocks"] = check_selection(m.info, selection.blocks, selection.layers, selection.heads)
     chosen = [b for b in m.info.blocks if kwargs["blocks"] is None or b.key in kwargs["blocks"]]
-    if selection.fold_qk_norm and not any(b.qk_norm for b in chosen):
-        raise InputError("--fold-qk-norm: the selected blocks have no q/k norm")
+    check_fold_qk_norm(chosen, selection.fold_qk_norm, "--fold-qk-norm")
     from qkinspect import analysis  # torch: only once the selection is checked (the module, not the package face)
 
     with progress("analysing heads") as p:

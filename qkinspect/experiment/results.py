@@ -8,7 +8,6 @@ Torch-free: the records hold Python numbers only.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,10 +227,10 @@ def experiment_json(result: ExperimentResult) -> dict[str, Any]:
 def save_experiment(result: ExperimentResult, path: str | Path) -> None:
     """Write `experiment_json(result)` to `path` as `qkinspect experiment -o FILE.json` does (atomically, NaN as
     null): what `plot --kind experiment` and `report --experiment` read back (`qkinspect.experiment.saved`)."""
-    from qkinspect.files import atomic_write
+    from qkinspect.files import atomic_write, write_json
 
     doc = json_safe(experiment_json(result))
-    atomic_write(Path(path), lambda f: json.dump(doc, f, indent=2, allow_nan=False))
+    atomic_write(Path(path), lambda f: write_json(doc, f))  # the one JSON layout (`experiment -o` writes it too)
 
 
 def run_rows(result: ExperimentResult) -> list[dict[str, Any]]:

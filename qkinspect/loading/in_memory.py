@@ -3,8 +3,9 @@ would be (docs/loading.md, "Models in memory").
 
 Nothing is copied: the tensor source hands the adapter the model's own parameters (detached views) one layer at a
 time, and the config is the object's own. A parametrised weight (`torch.nn.utils.parametrize`, as healing uses) is
-read as the module computes it. Records name the model by `config.name_or_path` (else its class) and say where it
-came from: ModelInfo.source "memory:<name>", format "memory".
+read as the module computes it. Records name the model as the same model given by `config.name_or_path` is named
+(a local folder by its own name, never the machine's path; else its class) and say where it came from:
+ModelInfo.source "memory:<config.name_or_path>", format "memory".
 """
 
 from __future__ import annotations
@@ -43,14 +44,13 @@ def resolve_memory(model: Any):
         if not isinstance(state, Mapping):
             raise InputError(f"model=(config, state_dict): the state dict is a {type(state).__name__}, not a mapping")
         _check_tensors(state.values(), "the state dict")
-        name = _name(config, "state_dict")
+        name, origin = _name(config, "state_dict"), f"{MEMORY}:{_origin(config, 'state_dict')}"
         arch = (getattr(config, "architectures", None) or [None])[0]
-        return Resolved(name, Path(f"{MEMORY}:{name}"), MEMORY, config, DictSource(dict(state)), origin=f"{MEMORY}:"
-                        f"{name}", architecture=arch)
+        return Resolved(name, Path(origin), MEMORY, config, DictSource(dict(state)), origin=origin, architecture=arch)
     module = _pretrained(model)
     config = module.config
-    name = _name(config, type(module).__name__)
-    return Resolved(name, Path(f"{MEMORY}:{name}"), MEMORY, config, ModuleSource(module), origin=f"{MEMORY}:{name}",
+    name, origin = _name(config, type(module).__name__), f"{MEMORY}:{_origin(config, type(module).__name__)}"
+    return Resolved(name, Path(origin), MEMORY, config, ModuleSource(module), origin=origin,
                     architecture=type(module).__name__, model=module)
 
 
@@ -107,9 +107,27 @@ def _check_type(model_type: str) -> None:
     adapter_for(model_type)
 
 
+def _origin(config: Any, fallback: str) -> str:
+    """Where the model in memory came from, for ModelInfo.source: `config.name_or_path` whole (a path stays a
+    path there, as a model given by path keeps it), else `fallback`."""
+    return str(getattr(config, "name_or_path", None) or "") or fallback
+
+
 def _name(config: Any, fallback: str) -> str:
-    name = getattr(config, "name_or_path", None)
-    return str(name) if name else fallback
+    """The model's name for titles and tables: `config.name_or_path` as the same model given by path or hub id is
+    named (a local folder by its own name, the demo as the demo, a hub cache snapshot as org/name: never the
+    machine's path); its class's name when the config names nothing."""
+    from qkinspect.loading.resolve import file_name, folder_name
+
+    name = _origin(config, "")
+    if not name:
+        return fallback
+    path = Path(name).expanduser()
+    if path.is_file():
+        return file_name(path)
+    if path.is_dir() or path.is_absolute() or name.startswith(("./", "../", "~")):  # a folder, here or once
+        return folder_name(path)
+    return name  # a hub id (org/name) is its name
 
 
 class ModuleSource(TensorSource):

@@ -18,6 +18,8 @@ FIRST_COLUMN = 0.7  # inches for a table's first (left-aligned) column
 MAX_COLUMN = 1.25  # inches at most for any other column
 MIN_COLUMN = 0.8  # inches at least: wider tables are split into several
 TABLE_SIZE = 7.5
+CAPTION_SIZE = 8.5
+CAPTION_SPACE = 1.3  # inches kept under each figure for its caption
 
 
 def text_width(s: str, size: float, bold: bool = False) -> float:
@@ -75,6 +77,19 @@ def _fit_at_slash(text: str, width: float, size: float, bold: bool) -> int | Non
     cuts = [i + 1 for i, c in enumerate(text) if c == "/" and 0 < i + 1 < len(text)]
     fitting = [i for i in cuts if text_width(text[:i], size, bold) <= width]
     return max(fitting) if fitting else None
+
+
+MIN_HEADER_SIZE = 6.0  # points: a table header is set no smaller than this to keep its words whole
+
+
+def header_lines(header: list[str], width: float, size: float) -> tuple[list[list[str]], float]:
+    """Each column name wrapped at its words (underscores read as spaces) to `width` inches, in bold, and the font
+    size that keeps every word whole ("directionality", not "directionalit / y"): `size`, or smaller down to
+    MIN_HEADER_SIZE when a word is wider than the column; past that a word breaks."""
+    words = [w for h in header for w in h.replace("_", " ").split()]
+    widest = max((text_width(w, size, bold=True) for w in words), default=0.0)
+    hsize = size if widest <= width else max(MIN_HEADER_SIZE, size * width / widest * 0.98)
+    return [wrap(h.replace("_", " "), width, hsize, bold=True) for h in header], hsize
 
 
 class TextPages:
@@ -168,14 +183,14 @@ class TextPages:
         col = min(MAX_COLUMN, (self.width - FIRST_COLUMN) / max(1, len(t.header) - 1))
         # each column's anchor: the first column's left edge, the others' right edges (numbers align)
         rights = [0.0] + [FIRST_COLUMN + col * (i + 1) - 0.08 for i in range(len(t.header) - 1)]
-        header = [wrap(h.replace("_", " "), col - 0.1, size, bold=True) for h in t.header]  # words, not _-pieces
+        header, hsize = header_lines(t.header, col - 0.1, size)
         depth = max(len(h) for h in header)
         self.heading(t.title, size=10)
-        self._header(header, depth, rights, size, lh)
+        self._header(header, depth, rights, hsize, lh)
         for row in t.rows:
             if self.y - lh < MARGIN:
                 self.new_page()
-                self._header(header, depth, rights, size, lh)
+                self._header(header, depth, rights, hsize, lh)
             self.y -= lh
             for i, (x, cell) in enumerate(zip(rights, row, strict=True)):
                 self._put(MARGIN + x, cell, size, ha="left" if i == 0 else "right", family="DejaVu Sans Mono")
@@ -197,3 +212,39 @@ def _rule(fig: Figure, y: float, width: float):
     from matplotlib.lines import Line2D
 
     return Line2D([MARGIN, MARGIN + width], [y, y], transform=fig.dpi_scale_trans, color="0.5", lw=0.6)
+
+
+def page_canvas(page: Figure, slot: dict):
+    """A canvas callback placing the figure at the top of an A4 page, inside the margins, with room for a caption
+    (the caption's SubFigure is left in `slot["caption"]`)."""
+
+    def canvas(height: float, width: float | None = None):
+        inner_w, inner_h = PAGE[0] - 2 * MARGIN, PAGE[1] - 2 * MARGIN
+        h = min(height, inner_h - CAPTION_SPACE)  # the height the figure asks for (a few layers are not stretched
+        # down the whole page), the caption right under it
+        column = page.subfigures(1, 3, width_ratios=[MARGIN, inner_w, MARGIN])[1]
+        rest = PAGE[1] - MARGIN - h - CAPTION_SPACE
+        _, body, caption, _ = column.subfigures(4, 1, height_ratios=[MARGIN, h, CAPTION_SPACE, rest])
+        slot["caption"] = caption
+        return body
+
+    return canvas
+
+
+def put_caption(sub, caption: str) -> None:
+    """`caption` wrapped to the page's text width at the top of `sub` (a page_canvas caption slot)."""
+    lines = wrap(caption, PAGE[0] - 2 * MARGIN, CAPTION_SIZE)
+    sub.text(0.0, 0.95, "\n".join(lines), va="top", ha="left", fontsize=CAPTION_SIZE, linespacing=1.35,
+             transform=sub.transSubfigure)
+
+
+def figure_page(pages: TextPages, draw: Callable, caption: str) -> None:
+    """A page of its own for one figure and its caption, sent on through `pages` (footer and page number):
+    `draw(canvas)` draws the figure on the canvas it is given (InputError passes through, no page added)."""
+    pages.flush()
+    page = Figure(figsize=PAGE, layout="constrained")
+    slot: dict = {}
+    draw(page_canvas(page, slot))
+    put_caption(slot["caption"], caption)
+    pages.add_page(page)
+

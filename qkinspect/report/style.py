@@ -62,8 +62,9 @@ def style() -> Iterator[None]:
 
 
 def new_figure(height: float, width: float = WIDTH) -> Figure:
-    """A figure of the given size with constrained layout (labels never overlap; size stays fixed)."""
-    return Figure(figsize=(width, height), layout="constrained")
+    """A figure of the given size with constrained layout (labels never overlap; size stays fixed), at DPI: its
+    own `savefig` writes DPI outside `style()` too (matplotlib's default savefig.dpi is the figure's)."""
+    return Figure(figsize=(width, height), layout="constrained", dpi=DPI)
 
 
 # Makes the surface a figure draws on from the height (and width) it asks for: `new_figure` for a file of its own,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from qkinspect.sweep.checkpoints import Checkpoint, discover
 from qkinspect.sweep.keys import Failure
-from qkinspect.sweep.store import SweepFolder, read_sweep
+from qkinspect.sweep.store import SweepFolder, is_sweep_folder, read_sweep
 
 
 def run_sweep(*args, **kwargs):
@@ -22,4 +22,4 @@ def run_sweep(*args, **kwargs):
     return run(*args, **kwargs)
 
 
-__all__ = ["Checkpoint", "Failure", "SweepFolder", "discover", "read_sweep", "run_sweep"]
+__all__ = ["Checkpoint", "Failure", "SweepFolder", "discover", "is_sweep_folder", "read_sweep", "run_sweep"]

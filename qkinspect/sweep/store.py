@@ -149,6 +149,11 @@ def write_manifest(folder: Path, checkpoints: list[Checkpoint], options: dict[st
         "failures": [{"checkpoint": f.name, "error": f.error} for f in failures]})
 
 
+def is_sweep_folder(spec: object) -> bool:
+    """Whether a model argument names a sweep folder (one holding a sweep.json) rather than a checkpoint."""
+    return isinstance(spec, (str, Path)) and (Path(spec) / MANIFEST).is_file()
+
+
 def read_sweep(folder: Path) -> SweepFolder:
     """The last sweep recorded in `folder` with the results found there.
 

@@ -64,7 +64,7 @@ def test_table_fits_80_columns_without_cutting(llama, monkeypatch):
     assert "…" not in r.stdout, r.stdout
     table = [ln for ln in lines if ln.startswith(("share_qk", "share_qkv", "rank:4", "ablate"))]
     assert len(table) == 8 and all(len(ln) <= 80 for ln in table), r.stdout
-    assert any(ln.startswith("columns: ±=standard error of Δloss, Δ/Δabl=") for ln in lines)
+    assert any(ln.startswith("columns: ±=standard error of the exact Δloss, Δ/Δabl=") for ln in lines)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -116,7 +116,8 @@ def test_estimate_in_json_csv_and_table(llama, tmp_path, monkeypatch):
     r = cli(llama, "--edit", "share_qk", "--layers", "2", "--heads", "0", "--estimate", "--probes", "4", *SMALL,
             "--format", "table")
     assert r.exit_code == 0, r.stderr
-    assert "agreement share_qk: Spearman ρ" in r.stdout and "est" in r.stdout
+    assert "agreement share_qk: Spearman's rank correlation of estimate and exact Δloss ρ" in r.stdout
+    assert "est" in r.stdout and "±MC" in r.stdout
 
 
 def test_exact_runs_carry_their_standard_error(llama):

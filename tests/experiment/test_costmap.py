@@ -38,7 +38,8 @@ def test_costmap_draws_the_estimate_with_verified_heads_and_rho(estimated, tmp_p
     fig = costmap_figure(doc)
     rho = doc["estimate"]["agreement"][0]["rho"]
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert f"share_qk\nSpearman ρ = {rho:.2f} (3 verified)" in titles
+    assert f"share_qk estimate vs exact: ρ = {rho:.2f} over 3 verified heads: too few to tell" in \
+        [" ".join(t.split()) for t in titles]
     circles = [c for ax in fig.axes for c in ax.collections if c.get_label() == "run exactly"]
     assert sum(len(c.get_offsets()) for c in circles) == 3 + 3  # share_qk and ablate, 3 verified each
     out = tmp_path / "map.png"
@@ -67,5 +68,7 @@ def test_report_section_is_built_on_the_costmap(estimated, tmp_path):
     text = " ".join(" ".join(p.extract_text().split()) for p in PdfReader(out).pages)
     assert "Experiment: what editing each head would cost (estimated)" in text
     a = doc["estimate"]["agreement"][0]
-    assert f"Spearman ρ between estimate and exact Δloss = {a['rho']:.2f}" in text
+    assert f"between estimate and exact Δloss ρ = {a['rho']:.2f} over 3 heads: too few to tell" in text
     assert "share_qk: all 8 heads, by estimate" in text
+    assert "Predicted cheapest 2 of 8 reliably estimated heads" in text and "Predicted costliest 2:" in text
+    assert "MC error: the Monte-Carlo standard error of the curvature term alone" in text

@@ -47,8 +47,10 @@ def test_grid_and_figure_from_runs():
     fig = experiment_figure(doc)
     titles = [ax.get_title() for ax in fig.get_axes()]
     assert {"share_qk", "ablate", "truncating the rank", "does the weight metric predict the cost?"} <= set(titles)
-    legend = [t.get_text() for ax in fig.get_axes() if ax.get_legend() for t in ax.get_legend().get_texts()]
-    assert legend == ["share_qk (Spearman ρ = 1.00)"]  # dloss grows with the prediction here
+    legend = [" ".join(t.get_text().split()) for ax in fig.get_axes() if ax.get_legend()
+              for t in ax.get_legend().get_texts()]
+    # dloss grows with the prediction here; 12 heads: ρ with its interval (report.rho)
+    assert legend == ["share_qk: Spearman ρ = 1.00 (95 % CI 0.97 to 1.00; 12 heads)"]
 
 
 def test_not_an_experiment_is_refused(tmp_path):

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from qkinspect.cli.app import app
 from qkinspect.report.experiment import summary as es
 from qkinspect.report.experiment.pages import dfmt
+from qkinspect.report.rho import rho_text
 from qkinspect.report.style import fmt
 from tests.experiment import tiny_models as tiny
 
@@ -65,8 +66,9 @@ def test_section_holds_the_numbers_of_runs_json(setup):
         x = [r["predicted"] for r in head[e]]
         y = [r["dloss"] for r in head[e]]
         rho, p = spearmanr(x, y)
-        assert f"{e}: Spearman ρ = {rho:.2f} (p = {p:.2g}, 12 heads) between {doc['predictors'][e]} and Δloss" \
-            in text, e
+        assert f"{e}: Spearman's rank correlation between {doc['predictors'][e]} and Δloss " \
+               f"{rho_text(rho, 12)}, p = {p:.2g}" in text, e
+        assert "(95 % CI" in rho_text(rho, 12)  # 12 heads: an interval, not "too few to tell"
     share = sorted(head["share_qk"], key=lambda r: (r["dloss"], r["layer"], r["head"]))
     abl = {(r["layer"], r["head"]): r for r in head["ablate"]}
     free = [r for r in share if r["dloss_ratio_ablate"] is not None
@@ -180,7 +182,11 @@ def test_summary_logic_on_known_numbers():
     assert es.free_heads(es.head_costs(noisy, "share_qk")) == []  # 0.005 + 2 × 0.004 > 0.01: noise could hide it
     assert es.costly_heads(es.head_costs(noisy, "share_qk")) == []
     p = es.prediction(doc, "share_qk")
-    assert (p.n, p.rho) == (4, pytest.approx(1.0)) and "predicts the cost" in es.meaning(p)
+    # 4 heads in perfect order: scipy's p is ~0, but 1 of the 24 orders of 4 heads is perfect by chance
+    assert (p.n, p.rho) == (4, pytest.approx(1.0)) and "4 heads are too few to tell" in es.meaning(p)
+    many = _doc([_run("share_qk", "head", i, h, 0.001 * (4 * i + h + 1), 0.1 * (4 * i + h)) for i in range(3)
+                 for h in range(4)])
+    assert "closely predicts the cost" in es.meaning(es.prediction(many, "share_qk"))
     doc = _doc([r for r in runs if r["scope"] == "head"])
     c = es.edit_cost(doc, "share_qk")
     assert (c.scope, c.units) == ("head", 4) and c.dloss == pytest.approx(0.076)

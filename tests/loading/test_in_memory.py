@@ -160,3 +160,40 @@ def test_a_model_on_the_gpu_is_read_there():
         assert a.values["symmetry"] == pytest.approx(b.values["symmetry"], rel=1e-4, abs=1e-6)
     layer = next(iter(load(model, layers=[0])))
     assert layer.W_Q.is_cuda
+
+
+def test_a_model_loaded_from_a_folder_is_named_as_that_folder_is(tmp_path):
+    """from_pretrained(PATH) sets name_or_path to the whole local path: titles and tables name it as `analyze PATH`
+    does (the folder's name, the demo as the demo), never the machine's path, which stays in its source."""
+    from transformers import AutoModel
+
+    from qkinspect.report.analysis.figures import figure
+
+    torch.manual_seed(0)
+    folder = tmp_path / "runs" / "my-bert"
+    _bert().save_pretrained(folder)
+    model = AutoModel.from_pretrained(folder)
+    assert model.config.name_or_path == str(folder)
+    by_path = qkinspect.analyze(str(folder), layers=[0], metrics=["symmetry"])
+    in_memory = qkinspect.analyze(model, layers=[0], metrics=["symmetry"])
+    assert in_memory.model.name == by_path.model.name == "my-bert"
+    assert in_memory.model.source == f"memory:{folder}"
+    title = figure(in_memory, "symmetry").get_suptitle()
+    assert "my-bert" in title and str(tmp_path) not in title
+    model.config.name_or_path = str(folder / "model")  # a generic folder is named by its parent, as by path
+    (folder / "model").mkdir()
+    assert qkinspect.analyze(model, layers=[0], metrics=["symmetry"]).model.name == "my-bert"
+
+
+def test_the_demo_in_memory_is_named_as_the_demo():
+    from transformers import AutoModel
+
+    from qkinspect.demo import DEMO_NAME, demo_path
+    from qkinspect.errors import DemoNotInstalledError
+
+    try:
+        path = demo_path()
+    except DemoNotInstalledError as e:
+        pytest.skip(str(e))
+    model = AutoModel.from_pretrained(path)
+    assert qkinspect.analyze(model, layers=[0], metrics=["symmetry"]).model.name == DEMO_NAME

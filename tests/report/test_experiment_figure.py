@@ -72,10 +72,10 @@ def test_numbers_are_written_where_cells_are_large():
 
 def test_the_report_page_draws_no_smudge():
     """On the report's A4 page, in the PDF: the same rule, measured by the PDF renderer."""
-    from qkinspect.report.analysis.pdf import _page_canvas
+    from qkinspect.report.pages import page_canvas
 
     page = Figure(figsize=PAGE, layout="constrained")
-    experiment_figure(runs_doc("head", 6, 9), canvas=_page_canvas(page, {}))
+    experiment_figure(runs_doc("head", 6, 9), canvas=page_canvas(page, {}))
     with style():
         page.savefig(io.BytesIO(), format="pdf")
     for ax in page.get_axes():

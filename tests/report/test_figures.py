@@ -204,3 +204,53 @@ def test_rank_label_sits_above_its_line(results):
     (label,) = [t for t in ax.texts if t.get_text().startswith("d_head")]
     line_y = ax.transData.transform((0, 32))[1]
     assert label.get_window_extent(renderer).y0 > line_y + 1
+
+
+@pytest.mark.parametrize("kind", ["symmetry", "overlap"])
+def test_a_library_figure_saves_at_the_documented_dpi_outside_the_style(kind, tmp_path):
+    """`figure(result, kind).savefig(path)` with no style context writes DPI (200), as the CLI and docs say: the
+    figure carries its dpi (it was 100, matplotlib's default)."""
+    fig = figures.figure(synthetic.result(), kind)
+    path = tmp_path / f"{kind}.png"
+    fig.savefig(path)
+    assert png_size(path) == expected_size(fig, DPI) and DPI == 200
+
+
+def _panel_rows(fig) -> list[tuple[float, float]]:
+    """(bottom, top) in inches of each row of visible panels (colour bars left out), top row first."""
+    fig.canvas.draw()
+    h = fig.get_size_inches()[1]
+    rows = {}
+    for ax in fig.axes:
+        if ax.get_visible() and ax.get_label() != "<colorbar>":
+            b = ax.get_position()
+            rows[round(b.y0, 3)] = (b.y0 * h, b.y1 * h)
+    return sorted(rows.values(), reverse=True)
+
+
+@pytest.mark.parametrize("n_layers", [12, 18, 24, 30, 64])
+def test_the_heads_figure_leaves_no_empty_band_between_rows(n_layers):
+    """Rows of layers stand at most a title's height apart (18-30 layers left bands as tall as the panels: the
+    figure's height was set by the row count, not by how wide the panels could be)."""
+    r = synthetic.result(synthetic.block(n_layers=n_layers, n_heads=9, d_model=576, d_head=64), spectra=False)
+    with style():
+        rows = _panel_rows(figures.figure(r, "heads"))
+    side = rows[0][1] - rows[0][0]
+    assert side >= 0.4  # the panels were not shrunk to close the gaps
+    gaps = [upper[0] - lower[1] for upper, lower in zip(rows, rows[1:], strict=False)]
+    assert len(rows) >= 2 and max(gaps) <= 0.45, (side, gaps)  # inches: a panel title and its padding
+
+
+def test_the_heads_colour_bar_marks_chance(results):
+    """The heads figure's colour bar marks the chance overlap d_head / d_model, as `overlap` marks its random
+    baseline: and that is the mean the random baseline of Q/K overlap measures."""
+    r = results["llama"]
+    spec = r.model.blocks[0]
+    chance = spec.d_head / spec.d_model
+    assert figures.heads_chance(r, spec.key) == chance
+    base = r.baseline(spec.key, "overlap_qk")
+    assert base is not None and abs(base.mean - chance) <= 4 * base.std / base.n ** 0.5 + 1e-3
+    fig = figures.figure(r, "heads")
+    bar = next(ax for ax in fig.axes if ax.get_label() == "<colorbar>")
+    assert "random baseline" in bar.get_ylabel()
+    assert any(list(line.get_ydata()) == [chance, chance] for line in bar.get_lines())

@@ -144,3 +144,25 @@ def test_unreadable_oversized_and_broken_files(cli, tmp_path, monkeypatch):
     deep.write_text('{"schema": "qkinspect/1", "kind": "analyze", "x": ' + "[" * 50000 + "]" * 50000 + "}")
     r = cli("plot", deep, "-o", tmp_path / "x.png")
     assert r.exit_code == 2 and str(deep) in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_library_saves_what_analyze_writes_and_plot_reads(saved, cli, tmp_path):
+    """AnalysisResult.save writes the CLI's `analyze -o run.json` byte for byte; to_dict() is that document
+    (json.dump of it is a saved analysis too: it was refused, lacking "kind"); plot and report draw both."""
+    from pypdf import PdfReader
+
+    live, cli_file, _ = saved
+    mine = live.save(tmp_path / "lib.json")
+    assert mine == tmp_path / "lib.json" and mine.read_bytes() == cli_file.read_bytes()
+    dumped = tmp_path / "dumped.json"
+    dumped.write_text(json.dumps(live.to_dict()))
+    assert live.to_dict()["kind"] == "analyze" and json.loads(cli_file.read_text()) == live.to_dict()
+    for path in (mine, dumped):
+        png = tmp_path / f"{path.stem}.png"
+        r = cli("plot", path, "--kind", "overlap", "-o", png)
+        assert r.exit_code == 0, r.stderr
+        r = cli("report", path, "-o", tmp_path / f"{path.stem}.pdf")
+        assert r.exit_code == 0, r.stderr
+        assert "qkinspect report" in PdfReader(tmp_path / f"{path.stem}.pdf").pages[0].extract_text()
+    back = read_saved(dumped)
+    assert back.model == live.model and [h.values.keys() for h in back.heads] == [h.values.keys() for h in live.heads]

@@ -232,9 +232,12 @@ def test_report_of_a_sweep(swept, cli, tmp_path):
     assert r.stderr.strip() == f"note: wrote a 5-page sweep report to {tmp_path / 's.pdf'}"
     pages = pypdf.PdfReader(tmp_path / "s.pdf").pages
     cover = pages[0].extract_text()
-    assert "6 checkpoints, steps 500-3000; 6 with results, 0 failed" in cover
-    assert "figures: symmetry, qk_effective_rank, overlap_qk, directionality against training step" in cover
+    cover = " ".join(cover.split())
+    assert "6, steps 500-3000 (read from their names)" in cover and "6 with results, 0 failed" in cover
+    assert ("figures symmetry score (symmetry), effective rank (qk_effective_rank), Q/K subspace overlap "
+            "(overlap_qk), directionality (directionality), against training step") in cover
     assert "training step" in pages[1].extract_text() and "symmetry" in pages[1].extract_text()
+    assert "Thick lines: per layer" in " ".join(pages[1].extract_text().split())  # its caption
     r = cli("report", out, "--html", "-o", tmp_path / "s.html")
     assert r.exit_code == 0, r.stderr
     assert r.stderr.strip() == f"note: wrote an HTML sweep report to {tmp_path / 's.html'}"

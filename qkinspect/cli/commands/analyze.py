@@ -25,7 +25,6 @@ from qkinspect.cli.options import (
     Selection,
 )
 from qkinspect.cli.output import Document, check_output, emit
-from qkinspect.records import envelope
 
 
 class By(str, Enum):
@@ -75,12 +74,9 @@ def analysis_document(result, *, by: str = "head", requested=None, sort: str | N
     """JSON: the result's schema-qkinspect/1 dict (with "kind": "analyze"); rows: tidy per head (or per layer)."""
     from qkinspect.cli.tables import default_columns, render_analysis
 
-    body = result.to_dict()
-    body.pop("schema", None)
-    body.pop("tool", None)
     records = result.heads if by == "head" else result.layers
     rows = [{"model": result.model.name, **r.row()} for r in records]
     cols = default_columns(result, requested, sort)
-    return Document(json=envelope("analyze", **body), rows=rows,
+    return Document(json=result.to_dict(), rows=rows,  # what AnalysisResult.save writes
                     render=lambda console: render_analysis(console, result, columns=cols, by=by,
                                                            grouped=sort is None))

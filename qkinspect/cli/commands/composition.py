@@ -26,7 +26,7 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import Document, emit, note, progress, warn
 from qkinspect.errors import InputError
-from qkinspect.selection import parse_indices
+from qkinspect.selection import check_fold_qk_norm, parse_indices
 
 
 class CompositionFormat(str, Enum):
@@ -91,6 +91,8 @@ def register(app: typer.Typer) -> None:
             for side in ("", "from_", "to_"):  # answered in the option the user typed, before any work
                 check_selection(m.info, options["blocks"], options[f"{side}layers"], options[f"{side}heads"],
                                 options=(f"--{side.replace('_', '-')}layers", f"--{side.replace('_', '-')}heads"))
+            check_fold_qk_norm([b for b in m.info.blocks if not options["blocks"] or b.key in options["blocks"]
+                                or b.name in options["blocks"]], fold_qk_norm, "--fold-qk-norm")
             with progress("composing heads") as p:
                 result = compose(m, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, precision=precision.value,
                                  device=check_device(device), progress=p, **options)

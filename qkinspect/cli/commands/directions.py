@@ -28,7 +28,7 @@ from qkinspect.cli.options import (
 from qkinspect.cli.output import Document, note, progress
 from qkinspect.errors import InputError
 from qkinspect.files import check_writable
-from qkinspect.selection import parse_indices
+from qkinspect.selection import check_fold_qk_norm, parse_indices
 
 TopDirectionsOpt = Annotated[int, typer.Option(
     "--top-directions", "-k", metavar="K",
@@ -75,6 +75,8 @@ def register(app: typer.Typer) -> None:
 
         with open_model(model, revision=revision) as m:
             keys = check_selection(m.info, parse_blocks(block), layer_sel, head_sel)
+            check_fold_qk_norm([b for b in m.info.blocks if keys is None or b.key in keys], fold_qk_norm,
+                               "--fold-qk-norm")
             with progress("reading directions") as p:
                 result = read_directions(
                     m, layers=layer_sel, heads=head_sel, blocks=keys, top_directions=top_directions,

@@ -129,6 +129,7 @@ def register(app: typer.Typer) -> None:
                             title=title)
             note(f"wrote the {metric or 'symmetry'} trajectory to {output}")
             return
+        refuse_sweep_folder(model, kind.value)
         from_runs = kind in (Kind.experiment, Kind.costmap, Kind.healing)
         if from_runs != (experiment is not None):
             raise InputError(f"--kind {kind.value} needs --experiment FILE.json (from qkinspect experiment -o)"
@@ -166,6 +167,29 @@ def register(app: typer.Typer) -> None:
         draw_figure(model, kind.value, output, sel, layer=layer, other=compare, metric=metric, revision=revision,
                     title=title)
         note(f"wrote the {metric or kind.value} figure to {output}")
+
+
+def refuse_sweep_folder(model: str | None, kind: str) -> None:
+    """InputError when `model` is a sweep folder (qkinspect sweep --out) and `kind` is not what it draws: it holds
+    many checkpoints' results, drawn as --kind trajectory (one metric against training step)."""
+    from qkinspect.sweep import is_sweep_folder, read_sweep
+
+    if kind == Kind.trajectory.value or not is_sweep_folder(model):
+        return
+    try:
+        sweep = read_sweep(Path(model))
+        first = next((c.spec for c in sweep.checkpoints if c.identity in sweep.results), None)
+        have = [k for k in (sweep.rows()[:1] or [{}])[0] if k not in ("checkpoint", "step", "block", "layer",
+                                                                        "head", "kv_head")]
+    except InputError:
+        first, have = None, []
+    have = [m for m in have if not m.startswith("rank_")]  # the numerical ranks kept are not metrics
+    more = f", … {len(have) - 4} more" if len(have) > 4 else ""
+    metrics = f" (e.g. {', '.join(have[:4])}{more})" if have else ""
+    one = f" one checkpoint (e.g. {first})" if first else " one of its checkpoints"
+    raise InputError(f"{model}: a sweep folder draws --kind trajectory --metric NAME{metrics}, each metric "
+                     f"against training step; for --kind {kind}, give{one}, or `qkinspect report {model}` for "
+                     "every figure of the sweep")
 
 
 def refuse_analysis_options(model: str | None, **given: object) -> None:
@@ -241,13 +265,12 @@ def draw_trajectory(folder: Path, metric: str, output: Path, *, layers: str | No
     """The trajectory figure of a sweep folder's results (`qkinspect sweep --out FOLDER`), saved to `output`."""
     from qkinspect.cli.options import parse_blocks
     from qkinspect.report.sweep.trajectory import sweep_trajectory
-    from qkinspect.report.titles import retitle
     from qkinspect.selection import parse_indices
     from qkinspect.sweep import read_sweep
 
     fig = sweep_trajectory(read_sweep(folder), metric, layers=parse_indices(layers, "--layers"),
-                           blocks=parse_blocks(blocks))
-    save_figure(retitle(fig, title), output)
+                           blocks=parse_blocks(blocks), title=title)
+    save_figure(fig, output)
 
 
 def draw_composition(model, output: Path, *, title: str | None = None, **options) -> None:

@@ -75,6 +75,7 @@ def register(app: typer.Typer) -> None:
         default,shared_qk_distance,head_overlap -o run.json; qkinspect report run.json -o report.pdf
         """
         output = check_report_path(output, html=html)
+        from qkinspect.sweep import is_sweep_folder
         from qkinspect.zoo.folder import is_atlas
 
         if is_atlas(model):  # an atlas folder (qkinspect atlas --out)
@@ -84,7 +85,7 @@ def register(app: typer.Typer) -> None:
             n = write_atlas_report(Path(model), output, html=html, title=title)
             note(f"wrote an HTML atlas report to {output}" if html else f"wrote {pages(n)} atlas report to {output}")
             return
-        is_sweep = model is not None and (Path(model) / "sweep.json").is_file()
+        is_sweep = is_sweep_folder(model)
         runs = read_runs(experiment, html=html, sweep=is_sweep)
         composed = read_composition_option(composition, html=html, sweep=is_sweep)
         if is_sweep:  # a sweep's folder (qkinspect sweep --out)

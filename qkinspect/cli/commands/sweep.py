@@ -31,6 +31,7 @@ from qkinspect.cli.output import QUIET, Document, check_output, check_parquet, e
 from qkinspect.errors import InputError, SweepFailed
 from qkinspect.limits import check_threads, check_workers
 from qkinspect.records import envelope
+from qkinspect.selection import check_fold_qk_norm
 
 
 class SweepFormat(str, Enum):
@@ -122,8 +123,7 @@ def register(app: typer.Typer) -> None:
 def check_checkpoint(info, sel: Selection) -> None:
     """What `analyze` would refuse for every checkpoint, refused once for the sweep before any analysis."""
     keys = check_selection(info, sel.blocks, sel.layers, sel.heads)
-    if sel.fold_qk_norm and not any(b.qk_norm for b in info.blocks if keys is None or b.key in keys):
-        raise InputError("--fold-qk-norm: the selected blocks have no q/k norm")
+    check_fold_qk_norm([b for b in info.blocks if keys is None or b.key in keys], sel.fold_qk_norm, "--fold-qk-norm")
 
 
 def check_sweep_output(fmt: SweepFormat | None, output: Path | None) -> str:

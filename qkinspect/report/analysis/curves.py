@@ -29,9 +29,9 @@ def spectra(result: AnalysisResult, canvas: Canvas = new_figure) -> Figure:
     """
     pairs = spectra_layers(result)
     if not pairs:
-        raise InputError("the spectra figure needs singular values, which this analysis does not hold (analyze keeps "
-                         "them with spectra=('qk',), the default; a saved analysis' JSON does not: draw the spectra "
-                         "from the model)")
+        raise InputError("the spectra figure needs singular values, which this analysis does not hold (a saved "
+                         "analysis' JSON keeps none: draw the spectra from the model; the library's analyze keeps "
+                         "W_Q W_Kᵀ's unless its spectra argument leaves them out)")
     blocks = list(dict.fromkeys(b for b, _ in pairs))
     shapes = {b: _panel_grid(sum(1 for x, _ in pairs if x == b)) for b in blocks}
     rows = [shapes[b][0] for b in blocks]

@@ -14,8 +14,19 @@ from qkinspect.metrics.registry import head_metric
 from qkinspect.records import AnalysisResult
 from qkinspect.report import heatmap
 from qkinspect.report.analysis import curves
+from qkinspect.report.analysis.summary import qk_norm_caveat
 from qkinspect.report.grid import Grid, blocks_of, head_grid, layer_record, require, title
-from qkinspect.report.style import DIVERGING, SEQUENTIAL, Canvas, fmt, human_name, new_figure, panel_grid, style
+from qkinspect.report.style import (
+    DIVERGING,
+    SEQUENTIAL,
+    WIDTH,
+    Canvas,
+    fmt,
+    human_name,
+    new_figure,
+    panel_grid,
+    style,
+)
 from qkinspect.report.titles import retitle, suptitle
 
 SYMMETRY_LABEL = "symmetry score s (−1 … +1)"
@@ -125,9 +136,9 @@ def heads(result: AnalysisResult, layer: int | None = None, block: str | None = 
     if not mats:
         raise InputError(f"the heads figure has no {block} layer with a head-by-head overlap matrix")
     n = len(mats)
-    nrows, ncols = panel_grid(n, 4 if n <= 16 else 6)  # deep models: more, smaller panels per row
+    nrows, ncols, height = _heads_grid(n)
     with style():
-        fig = canvas(5.8, 6.2) if n == 1 else canvas(min(9.5, 1.75 * nrows + 1.2))
+        fig = canvas(5.8, 6.2) if n == 1 else canvas(height)
         # shared axes: tick labels only on the outer panels, so small multiples do not crowd each other
         axes = fig.subplots(nrows, ncols, squeeze=False, sharex=n > 1, sharey=n > 1).ravel()
         norm = heatmap.unit_norm(*mats)
@@ -144,10 +155,36 @@ def heads(result: AnalysisResult, layer: int | None = None, block: str | None = 
         if n > 1:
             fig.supxlabel("head index")
             fig.supylabel("head index")
-        heatmap.colorbar(fig, im, axes[:n].tolist(), "query-space overlap\n(mean cos²; diagonal = 1)")
+        heatmap.colorbar(fig, im, axes[:n].tolist(), "query-space overlap\n(mean cos²; diagonal = 1)",
+                         heads_chance(result, block))
         what = f"{block} layer {layers[0]}" if n == 1 else f"every {block} layer"
         suptitle(fig, title(result, f"head-by-head overlap of query spaces, {what}"))
     return fig
+
+
+def heads_chance(result: AnalysisResult, block: str) -> float | None:
+    """The head-by-head overlap two heads' query spaces have by chance: two uniformly random d_head-dimensional
+    subspaces of the d_model-dimensional input have mean cos² of their principal angles d_head / d_model in
+    expectation (the mean of the `overlap` figure's random baseline, which draws such subspaces)."""
+    spec = next((b for b in result.model.blocks if b.key == block), None)
+    return None if spec is None or not spec.d_model else min(1.0, spec.d_head / spec.d_model)
+
+
+HEADS_MAX_HEIGHT = 9.5  # inches: a page's text height less a caption
+
+
+def _heads_grid(n: int) -> tuple[int, int, float]:
+    """(rows, columns, figure height) for n square panels at WIDTH: each row as tall as its panels are wide
+    (the width less the colour bar and labels, shared among the columns) plus its title, so that deep models leave
+    no empty band between rows; more columns while the rows would not fit HEADS_MAX_HEIGHT."""
+    nrows, ncols = panel_grid(n, 4 if n <= 16 else 6)  # deep models: more, smaller panels per row
+    while True:
+        side = (WIDTH - 2.8) / ncols  # inches a square panel gets: colour bar, labels and gaps take ~2.8 in
+        height = nrows * (side + 0.3) + 0.8  # + each panel's title and gap; + the suptitle and x label
+        if height <= HEADS_MAX_HEIGHT or ncols >= n:
+            return nrows, ncols, min(height, HEADS_MAX_HEIGHT)
+        ncols += 1
+        nrows = -(-n // ncols)
 
 
 def _first_block_with_overlap(result: AnalysisResult) -> str:
@@ -248,9 +285,38 @@ def figure(result: AnalysisResult, kind: str, *, layer: int | None = None, block
     if kind == "compare":
         if other is None:
             raise InputError("the compare figure needs a second model (--compare MODEL_B)")
-        return retitle(compare(result, other, canvas), title)
+        fig = retitle(compare(result, other, canvas), title)
+        return with_caveat(fig, qk_norm_caveat(result, short=True) or qk_norm_caveat(other, short=True))
     if kind == "metric":
         if metric_name is None:
             raise InputError("the metric figure needs a metric name (--metric NAME)")
-        return retitle(metric(result, metric_name, canvas), title)
-    return retitle(_SINGLE[kind](result, canvas), title)
+        fig = retitle(metric(result, metric_name, canvas), title)
+        return with_caveat(fig, qk_norm_caveat(result, short=True) if shows_raw_qk(kind, metric_name) else "")
+    return with_caveat(retitle(_SINGLE[kind](result, canvas), title),
+                   qk_norm_caveat(result, short=True) if shows_raw_qk(kind) else "")
+
+
+# Metrics that q/k-norm gains leave as they are: column spaces (W_Q diag(γ) spans what W_Q spans) and the OV
+# circuit; every other metric reads W_Q or W_K themselves.
+_GAIN_FREE = ("overlap_", "ov_", "norm_v_", "bias_v_")
+
+
+def shows_raw_qk(kind: str, metric_name: str | None = None) -> bool:
+    """Whether the figure `kind` (with `metric_name` for `metric`) shows numbers that folding q/k-norm gains
+    changes: W_Q W_Kᵀ's symmetry, ranks and spectra, or a metric of W_Q or W_K; not the overlap of column spaces
+    (`overlap`, `heads`), which the gains leave as they are."""
+    if kind == "metric":
+        return metric_name is not None and not metric_name.startswith(_GAIN_FREE)
+    return kind in ("symmetry", "distribution", "rank", "spectra", "compare")
+
+
+def with_caveat(fig: Figure, text: str) -> Figure:
+    """`text` (a q/k-norm caveat) as the last line of the figure's title, wrapped to its width: the title is the
+    one place every figure keeps clear of its panels, legends and labels."""
+    if not text:
+        return fig
+    from qkinspect.report.titles import PAD, canvas_width, fit
+
+    with style():
+        fig.suptitle(f"{fig.get_suptitle()}\n{fit(text, canvas_width(fig) - 2 * PAD, 11)}")
+    return fig

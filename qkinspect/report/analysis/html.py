@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import io
-from dataclasses import asdict
 from html import escape
 
 from qkinspect.errors import InputError
@@ -18,7 +17,7 @@ from qkinspect.records import AnalysisResult
 from qkinspect.report.analysis.figures import figure
 from qkinspect.report.analysis.pdf import plan_figures
 from qkinspect.report.analysis.summary import summary
-from qkinspect.report.analysis.text import blocks_table, gauge_words, metric_definitions
+from qkinspect.report.analysis.text import blocks_table, gauge_words, metric_definitions, processing_pairs
 from qkinspect.report.grid import renamed
 from qkinspect.report.style import NUMBER_NOTE, style
 from qkinspect.report.tables import Table, layer_tables
@@ -49,11 +48,12 @@ def render_sweep_html(sweep, *, date: dt.datetime | None = None, name: str | Non
     """A sweep's report (qkinspect.sweep.read_sweep) as one HTML string: the cover's facts, every checkpoint and
     failure in a table, and one trajectory figure per metric (inline SVG), as in the PDF; `name` (a --title) names
     what was swept."""
-    from qkinspect.report.sweep.pdf import cover_lines, sweep_metrics
+    from qkinspect.report.sweep.pdf import caption, cover_lines, sweep_metrics, sweep_name
     from qkinspect.report.sweep.trajectory import sweep_trajectory
 
     metrics = sweep_metrics(sweep)
-    (title, _), *facts = cover_lines(sweep, metrics, __version__, date or dt.datetime.now(dt.timezone.utc))
+    name = name or sweep_name(sweep)
+    (title, _), *facts = cover_lines(sweep, metrics, __version__, date or dt.datetime.now(dt.timezone.utc), name)
     parts = [f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}: "
              f"{escape(name or str(sweep.folder))}</title><style>{CSS}</style></head><body>",
              f"<h1>{escape(title + (': ' + name if name else ''))}</h1>",
@@ -65,8 +65,7 @@ def render_sweep_html(sweep, *, date: dt.datetime | None = None, name: str | Non
     parts.append("<h2>Figures</h2>")
     for metric in metrics:
         fig = sweep_trajectory(sweep, metric, name=name)
-        parts.append(f"<figure>{_svg(fig)}<figcaption>{escape(metric)} against training step: per layer, the "
-                     "median over its heads; each head a faint line.</figcaption></figure>")
+        parts.append(f"<figure>{_svg(fig)}<figcaption>{escape(caption(sweep, metric))}</figcaption></figure>")
     return "\n".join([*parts, "</body></html>"])
 
 
@@ -125,7 +124,7 @@ def _cover(result: AnalysisResult, date: dt.datetime) -> str:
              ("format", m.format), ("revision", m.revision or "n/a"), ("storage dtype", m.dtype or "n/a"),
              ("tool", f"qkinspect {__version__}"), ("date", date.strftime("%Y-%m-%d %H:%M %Z").strip()),
              ("heads analysed", str(len(result.heads)))]
-    proc = [(k, "all" if v is None else str(v)) for k, v in asdict(result.processing).items() if k != "metrics"]
+    proc = processing_pairs(result)
     return (_table(Table("Model", ["", ""], [list(p) for p in ident])) + _table(blocks_table(result))
             + _table(Table("Processing", ["", ""], [list(p) for p in proc])))
 

@@ -20,16 +20,13 @@ from matplotlib.figure import Figure
 from qkinspect.errors import InputError
 from qkinspect.records import AnalysisResult
 from qkinspect.report.analysis import text
-from qkinspect.report.analysis.figures import figure
-from qkinspect.report.analysis.summary import summary
+from qkinspect.report.analysis.figures import figure, shows_raw_qk
+from qkinspect.report.analysis.summary import qk_norm_caveat, summary
 from qkinspect.report.grid import blocks_of, renamed
-from qkinspect.report.pages import MARGIN, TextPages, wrap
+from qkinspect.report.pages import TextPages, figure_page, page_canvas, put_caption
 from qkinspect.report.style import PAGE, style
 from qkinspect.report.tables import layer_tables
 from qkinspect.version import __version__
-
-CAPTION_SIZE = 8.5
-CAPTION_SPACE = 1.3  # inches kept under each figure for its caption
 
 
 @dataclass(frozen=True)
@@ -47,7 +44,9 @@ def plan_figures(result: AnalysisResult) -> list[FigurePlan]:
     for b in blocks_of(result):
         if any(r.block == b and r.head_overlap is not None for r in result.layers):
             plans.append(FigurePlan("heads", text.CAPTIONS["heads"], b))
-    return plans
+    caveat = qk_norm_caveat(result)  # on the captions of the figures it concerns, as on the cover
+    return [FigurePlan(p.kind, f"{p.caption} {caveat}", p.block) if caveat and shows_raw_qk(p.kind) else p
+            for p in plans]
 
 
 def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
@@ -81,7 +80,7 @@ def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: d
         if composition is not None:
             from qkinspect.report.composition import composition_section
 
-            composition_section(pages, composition, lambda draw, caption: _figure_page(pages, draw, caption))
+            composition_section(pages, composition, lambda draw, caption: figure_page(pages, draw, caption))
         pages.new_page()
         text.tables_intro(pages, skipped)
         for t in layer_tables(result):
@@ -98,11 +97,11 @@ def _figures(pages: TextPages, result: AnalysisResult) -> list[str]:
         page = Figure(figsize=PAGE, layout="constrained")
         slot: dict = {}
         try:
-            figure(result, plan.kind, block=plan.block, canvas=_page_canvas(page, slot))
+            figure(result, plan.kind, block=plan.block, canvas=page_canvas(page, slot))
         except InputError as e:
             skipped.append(f"{plan.kind}: {e}")
             continue
-        _caption(slot["caption"], plan.caption)
+        put_caption(slot["caption"], plan.caption)
         pages.add_page(page)
     return skipped
 
@@ -119,55 +118,24 @@ def _experiment(pages: TextPages, doc: dict, path: Path) -> None:
         pages.flush()
         page = Figure(figsize=PAGE, layout="constrained")
         slot: dict = {}
-        costmap.costmap_figure(doc, canvas=_page_canvas(page, slot))
-        _caption(slot["caption"], costmap.CAPTION)
+        costmap.costmap_figure(doc, canvas=page_canvas(page, slot))
+        put_caption(slot["caption"], costmap.CAPTION)
         pages.add_page(page)
         for e in costmap.estimated_edits(doc):
             pages.table(costmap.estimate_table(doc, e))
+        pages.paragraph(costmap.TABLE_LEGEND, size=8, color="0.25")
         return
     experiment_pages.experiment_section(pages, doc, path)
     pages.flush()
     page = Figure(figsize=PAGE, layout="constrained")
     slot = {}
     try:
-        experiment_figure(doc, canvas=_page_canvas(page, slot))
+        experiment_figure(doc, canvas=page_canvas(page, slot))
     except InputError as e:
         pages.paragraph(f"No experiment figure: {e}.")
     else:
-        _caption(slot["caption"], experiment_pages.CAPTION)
+        put_caption(slot["caption"], experiment_pages.CAPTION)
         pages.add_page(page)
     for e in experiment_pages.es.edits(doc):
         if e != "ablate" and (t := experiment_pages.head_table(doc, e)) is not None:
             pages.table(t)
-
-
-def _figure_page(pages: TextPages, draw, caption: str) -> None:
-    """A page holding the figure `draw(canvas)` draws, with its caption under it."""
-    pages.flush()
-    page = Figure(figsize=PAGE, layout="constrained")
-    slot: dict = {}
-    draw(_page_canvas(page, slot))
-    _caption(slot["caption"], caption)
-    pages.add_page(page)
-
-
-def _page_canvas(page: Figure, slot: dict):
-    """A canvas callback placing the figure at the top of an A4 page, inside the margins, with room for a caption."""
-
-    def canvas(height: float, width: float | None = None):
-        inner_w, inner_h = PAGE[0] - 2 * MARGIN, PAGE[1] - 2 * MARGIN
-        h = min(height, inner_h - CAPTION_SPACE)  # the height the figure asks for (a few layers are not stretched
-        # down the whole page), the caption right under it
-        column = page.subfigures(1, 3, width_ratios=[MARGIN, inner_w, MARGIN])[1]
-        rest = PAGE[1] - MARGIN - h - CAPTION_SPACE
-        _, body, caption, _ = column.subfigures(4, 1, height_ratios=[MARGIN, h, CAPTION_SPACE, rest])
-        slot["caption"] = caption
-        return body
-
-    return canvas
-
-
-def _caption(sub, caption: str) -> None:
-    lines = wrap(caption, PAGE[0] - 2 * MARGIN, CAPTION_SIZE)
-    sub.text(0.0, 0.95, "\n".join(lines), va="top", ha="left", fontsize=CAPTION_SIZE, linespacing=1.35,
-             transform=sub.transSubfigure)

@@ -55,7 +55,11 @@ def raw_qk_norm_blocks(result: AnalysisResult) -> list[str]:
 def qk_norm_notice(result: AnalysisResult, block: str | None = None) -> str:
     """In plain words, for a model with q/k norms measured raw: what the numbers are not, and how to get the form
     attention computes; "" when there is nothing to say (no q/k norm, or the gains were folded)."""
-    blocks = raw_qk_norm_blocks(result)
+    return qk_norm_notice_of(raw_qk_norm_blocks(result), block)
+
+
+def qk_norm_notice_of(blocks: list[str], block: str | None = None) -> str:
+    """qk_norm_notice for the blocks measured raw (a sweep's results name them in processing.qk_norm_not_folded)."""
     if not blocks or (block is not None and block not in blocks):
         return ""
     which = f"The {block} block" if block is not None else f"The {_and(blocks)} block{'s' if len(blocks) > 1 else ''}"
@@ -64,6 +68,23 @@ def qk_norm_notice(result: AnalysisResult, block: str | None = None) -> str:
             "form the model's attention scores use. To measure that form, W_Q diag(γ_q γ_k) W_Kᵀ (up to each "
             "token's normalisation scale), run again with --fold-qk-norm (qkinspect report MODEL --fold-qk-norm; "
             "library: analyze(..., fold_qk_norm=True)).")
+
+
+def qk_norm_caveat(result: AnalysisResult, short: bool = False) -> str:
+    """For a caption (a sentence) or, `short`, under a figure's title (a line) that shows W_Q W_Kᵀ of a model with
+    q/k norms measured raw: the cover's qk_norm_notice in brief; "" when there is nothing to say."""
+    return qk_norm_caveat_of(raw_qk_norm_blocks(result), short)
+
+
+def qk_norm_caveat_of(blocks: list[str], short: bool = False) -> str:
+    """qk_norm_caveat for the blocks measured raw."""
+    if not blocks:
+        return ""
+    which = f"{_and(blocks)} block{'s' if len(blocks) > 1 else ''}"
+    if short:
+        return f"raw W_Q W_Kᵀ, q/k-norm gains not folded in ({which}; --fold-qk-norm)"
+    return (f"Raw W_Q W_Kᵀ, q/k-norm gains not folded in (the {which}): not the form attention computes "
+            "(--fold-qk-norm measures it).")
 
 
 def _block_paragraphs(result: AnalysisResult, block: str) -> list[str]:

@@ -36,7 +36,8 @@ CAPTIONS = {
                "directions of the input.",
     "heads": "Within each layer, the overlap between the query subspaces of every pair of heads (mean cos² of "
              "principal angles). Bright off-diagonal cells are heads that read the same directions of the input; "
-             "the diagonal (always 1) is grey so that it does not set the colour scale.",
+             "the diagonal (always 1) is grey so that it does not set the colour scale. The black line on the colour "
+             "bar is chance: two random d_head-dimensional subspaces overlap by d_head / d_model on average.",
 }
 
 
@@ -56,7 +57,7 @@ def cover(pages: TextPages, result: AnalysisResult, date: dt.datetime, title: st
     pages.table(Table(t.title, t.header[:-1], [r[:-1] for r in t.rows]), min_column=0.7)
     pages.pairs([(f"{r[0]} flags", r[-1]) for r in t.rows])
     pages.heading("Processing", size=11)
-    pages.pairs([(k, _value(v)) for k, v in asdict(result.processing).items() if k != "metrics"])
+    pages.pairs(processing_pairs(result))
     from qkinspect.report.analysis.summary import qk_norm_notice
 
     if notice := qk_norm_notice(result):
@@ -84,12 +85,23 @@ def blocks_table(result: AnalysisResult) -> Table:
     return Table("Attention blocks", header, rows)
 
 
-def _value(v) -> str:
-    if v is None:
-        return "all"
-    if isinstance(v, (list, tuple)):
-        return ", ".join(map(str, v))
-    return str(v)
+def processing_pairs(result: AnalysisResult) -> list[tuple[str, str]]:
+    """The processing record as (name, words) for a cover: selections as lists ("all" when none was made), flags as
+    yes/no, and the q/k-norm row only for a model that has q/k norms measured raw (empty, it said nothing)."""
+    out = []
+    for k, v in asdict(result.processing).items():
+        if k == "metrics" or (k == "qk_norm_not_folded" and not v):
+            continue
+        if v is None:
+            words = "all" if k in ("blocks", "layers", "heads") else "no"  # dequantized None: not dequantized
+        elif isinstance(v, bool):
+            words = "yes" if v else "no"
+        elif isinstance(v, (list, tuple)):
+            words = ", ".join(map(str, v))
+        else:
+            words = str(v)
+        out.append((k, words))
+    return out
 
 
 def summary_page(pages: TextPages, result: AnalysisResult, sections: list[Section]) -> None:

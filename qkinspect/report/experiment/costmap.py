@@ -13,8 +13,9 @@ from qkinspect.errors import InputError
 from qkinspect.report.experiment.figure import runs_grid
 from qkinspect.report.grid import Grid
 from qkinspect.report.heatmap import colorbar, draw
+from qkinspect.report.rho import rho_text
 from qkinspect.report.style import Canvas, new_figure
-from qkinspect.report.titles import suptitle
+from qkinspect.report.titles import canvas_width, fit, suptitle
 
 
 def estimated_edits(doc: dict[str, Any]) -> list[str]:
@@ -41,10 +42,12 @@ def agreement(doc: dict[str, Any], edit: str) -> dict[str, Any] | None:
 
 
 def panel_title(doc: dict[str, Any], edit: str) -> str:
+    """The edit, and Spearman's ρ between estimate and exact Δloss with its number of verified heads and interval
+    (report.rho), or that the estimate was not checked."""
     a = agreement(doc, edit)
-    if a is None or a.get("rho") is None:
+    if a is None or not a.get("verified"):
         return f"{edit}\nnot checked against exact runs"
-    return f"{edit}\nSpearman ρ = {a['rho']:.2f} ({a['verified']} verified)"
+    return f"{edit}\nestimate vs exact: {rho_text(a.get('rho'), a['verified'], 'verified heads')}"
 
 
 def _norm(values: np.ndarray):
@@ -67,6 +70,7 @@ def costmap_figure(doc: dict[str, Any], canvas: Canvas = new_figure, title: str 
     n_layers = max(len(g.layers) for g in grids)
     fig = canvas(min(9.0, 2.2 + 0.16 * n_layers))
     axes = fig.subplots(1, len(grids), squeeze=False)[0]
+    panel_width = max(1.2, canvas_width(fig) / len(grids) - 0.9)  # inches a panel's title may take
     for ax, g in zip(axes, grids, strict=True):
         im = draw(ax, g, _norm(g.values), annotate=False)
         verified = [(g.heads.index(r["head"]), g.layers.index(r["layer"])) for r in _runs(doc, g.metric)
@@ -79,7 +83,7 @@ def costmap_figure(doc: dict[str, Any], canvas: Canvas = new_figure, title: str 
         if flagged:
             ax.scatter(*zip(*flagged, strict=True), s=16, marker="x", color="black", linewidths=0.8,
                        label="estimate unreliable")
-        ax.set_title(panel_title(doc, g.metric), fontsize="small")
+        ax.set_title(fit(panel_title(doc, g.metric), panel_width, 8), fontsize=8)
         colorbar(fig, im, [ax], "estimated Δloss")
     handles = [h for ax in axes for h in ax.get_legend_handles_labels()[0]]
     labels = [lab for ax in axes for lab in ax.get_legend_handles_labels()[1]]
@@ -102,7 +106,15 @@ CAPTION = ("The cost map: each edit's estimated Δloss (the edited model's loss 
            "head edited alone, layers × heads, each edit on its own diverging colour scale centred at 0 (red: the "
            "edit costs loss). Circles: heads run exactly to check the estimate; crosses: estimates flagged "
            "unreliable (the edit moves the head's output by more than 4 times its size). The title gives Spearman's "
-           "rank correlation between estimate and exact Δloss over the verified heads.")
+           "rank correlation ρ between estimate and exact Δloss over the verified heads (chosen to include the "
+           "predicted extremes, which flatters ρ), with its 95 % interval, or \"too few to tell\" under 10 heads.")
+
+# Under the estimate tables: what their columns and empty cells mean.
+TABLE_LEGEND = ("estimate: the estimated Δloss (first-order term plus Monte-Carlo curvature term). MC error: the "
+                "Monte-Carlo standard error of the curvature term alone, from the K probes; it is not the "
+                "estimate's error, which the exact runs and ρ measure. exact, ± s.e.: the exact run's Δloss and its "
+                "standard error over the scored tokens. n/a: the head was not run exactly. flagged: the edit moves "
+                "the head's output by more than 4 times its size.")
 
 
 def _d(x: float | None) -> str:
@@ -131,23 +143,45 @@ def estimate_section(pages, doc: dict[str, Any], path: Path) -> None:
         a = agreement(doc, e)
         flagged = sum(bool(r.get("unreliable")) for r in runs)
         pages.heading(e, size=10.5)
-        if a is None or a.get("rho") is None:
+        if a is None or not a.get("verified"):
             check = "The estimate was not checked against exact runs (--verify 0): read it as a guess."
         else:
-            sampled = (f"; over the {a['sampled']} drawn at random, ρ = {a['rho_sampled']:.2f}"
-                       if a.get("rho_sampled") is not None else "")
+            rand = rho_text(a.get("rho_sampled"), a.get("sampled") or 0)
+            sampled = f"; over the {a['sampled']} drawn at random alone, {rand}" if a.get("sampled") else ""
             check = (f"Checked by {a['verified']} exact runs (the predicted cheapest and costliest, flagged heads and "
-                     f"a random sample): Spearman ρ between estimate and exact Δloss = {a['rho']:.2f}{sampled}.")
+                     "a random sample; the extremes flatter ρ): Spearman's rank correlation between estimate and "
+                     f"exact Δloss {rho_text(a.get('rho'), a['verified'])}{sampled}.")
         pages.paragraph(check + (f" {flagged} of {len(runs)} estimates are flagged unreliable." if flagged else ""))
-        ok = sorted((r for r in runs if not r.get("unreliable")), key=lambda r: r["dloss_estimate"])
-        if ok:
-            cheap = ", ".join(f"{_name(r)} ({_d(r['dloss_estimate'])})" for r in ok[:LISTED])
-            dear = ", ".join(f"{_name(r)} ({_d(r['dloss_estimate'])})" for r in ok[::-1][:LISTED])
-            pages.paragraph(f"Predicted cheapest: {cheap}. Predicted costliest: {dear}.")
+        if words := extremes_words(sorted((r for r in runs if not r.get("unreliable")),
+                                          key=lambda r: (r["dloss_estimate"], r["layer"], r["head"]))):
+            pages.paragraph(words)
+
+
+NAMED = 5  # heads named at most at each end in the text
+
+
+def named_each(n: int) -> int:
+    """How many heads the text names at each end of n, cheapest and costliest: short lists that never share a head
+    (a quarter of them at most, at least 1 from 2 heads on, at most NAMED)."""
+    return 0 if n < 2 else min(NAMED, max(1, n // 4))
+
+
+def extremes_words(ok: list[dict[str, Any]]) -> str:
+    """The predicted cheapest and costliest of the estimated runs `ok` (cheapest first), in two disjoint lists."""
+    if not ok:
+        return ""
+    if len(ok) == 1:
+        return f"One head estimated reliably: {_name(ok[0])} ({_d(ok[0]['dloss_estimate'])})."
+    k = named_each(len(ok))
+    cheap = ", ".join(f"{_name(r)} ({_d(r['dloss_estimate'])})" for r in ok[:k])
+    dear = ", ".join(f"{_name(r)} ({_d(r['dloss_estimate'])})" for r in ok[::-1][:k])
+    return (f"Predicted cheapest {k} of {len(ok)} reliably estimated heads: {cheap}. Predicted costliest {k}: {dear}."
+            + (" The table below lists every head." if len(ok) <= 2 * LISTED else ""))
 
 
 def estimate_table(doc: dict[str, Any], edit: str):
-    """The predicted cheapest and costliest heads of `edit`: estimate ± its error, exact Δloss ± s.e. where run."""
+    """The predicted cheapest and costliest heads of `edit`: the estimate and the Monte-Carlo error of its curvature
+    term, the exact Δloss ± its standard error where run (TABLE_LEGEND says what each column holds)."""
     from qkinspect.report.tables import Table
 
     runs = sorted(_runs(doc, edit), key=lambda r: (r["dloss_estimate"], r["layer"], r["head"]))
@@ -160,4 +194,4 @@ def estimate_table(doc: dict[str, Any], edit: str):
         rows.insert(LISTED, ["…", "", "", "", "", ""])
     title = (f"{edit}: the {LISTED} predicted cheapest and costliest of {len(runs)} heads" if len(shown) < len(runs)
              else f"{edit}: all {len(runs)} heads, by estimate")
-    return Table(title, ["head", "estimate", "± MC", "exact", "± s.e.", "flagged"], rows)
+    return Table(title, ["head", "estimate", "MC error (curvature term)", "exact", "± s.e.", "flagged"], rows)

@@ -5,7 +5,6 @@ document is read and checked by qkinspect.experiment.saved.read_experiment."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,9 @@ from qkinspect.errors import InputError
 from qkinspect.experiment.results import spearman
 from qkinspect.report.grid import Grid
 from qkinspect.report.heatmap import colorbar, diverging_norm_unbounded, draw
+from qkinspect.report.rho import rho_text
 from qkinspect.report.style import Canvas, new_figure
-from qkinspect.report.titles import suptitle
+from qkinspect.report.titles import fit, suptitle
 
 
 def _head_runs(doc: dict[str, Any], edit: str) -> list[dict[str, Any]]:
@@ -24,14 +24,20 @@ def _head_runs(doc: dict[str, Any], edit: str) -> list[dict[str, Any]]:
 
 
 def dloss_grid(doc: dict[str, Any], edit: str) -> Grid:
-    """Δloss of the head-scope runs of `edit`, layer × head (NaN where a head was not run)."""
-    return runs_grid(_head_runs(doc, edit), edit, "dloss")
+    """Δloss of the head-scope runs of `edit`, layer × head (NaN where a head was not run exactly), over every layer
+    and head the document holds a head-scope run of `edit` for: an estimated map's axes stay whole, its heads not
+    run exactly grey, never dropped from the axis."""
+    every = [r for r in doc["runs"] if r["edit"] == edit and r["scope"] == "head"]
+    return runs_grid(_head_runs(doc, edit), edit, "dloss", layers=sorted({r["layer"] for r in every}),
+                     heads=sorted({r["head"] for r in every}))
 
 
-def runs_grid(runs: list[dict[str, Any]], edit: str, field: str) -> Grid:
-    """`field` of head-scope `runs` of `edit`, layer × head (NaN where a head has no run)."""
-    layers = sorted({r["layer"] for r in runs})
-    heads = sorted({r["head"] for r in runs})
+def runs_grid(runs: list[dict[str, Any]], edit: str, field: str, *, layers: list[int] | None = None,
+              heads: list[int] | None = None) -> Grid:
+    """`field` of head-scope `runs` of `edit`, layer × head (NaN where a head has no run), over `layers` and `heads`
+    (default: those the runs hold)."""
+    layers = layers if layers is not None else sorted({r["layer"] for r in runs})
+    heads = heads if heads is not None else sorted({r["head"] for r in runs})
     values = np.full((len(layers), len(heads)), np.nan)  # (n_layers, n_heads)
     for r in runs:
         values[layers.index(r["layer"]), heads.index(r["head"])] = r[field]
@@ -104,8 +110,11 @@ def _heatmaps(sub, doc: dict[str, Any], edits: list[str], rows: int, cols: int) 
     for ax in axes[len(grids):]:
         ax.set_visible(False)
     colorbar(sub, im, list(axes[: len(grids)]), "Δloss")
-    suptitle(sub, "each head edited alone: Δloss per head (numbers where they fit their cells)", x=0.02, ha="left",
-             fontsize=9)
+    estimated = any(r.get("dloss_estimate") is not None for r in doc["runs"])
+    what = ("each head edited alone: exact Δloss of the verified heads (grey: estimated only, not run exactly; "
+            "--kind costmap draws every estimate)" if estimated
+            else "each head edited alone: Δloss per head (numbers where they fit their cells)")
+    suptitle(sub, what, x=0.02, ha="left", fontsize=9)
 
 
 def _dnumber(x: float) -> str:
@@ -161,11 +170,14 @@ def _scatter(ax, doc: dict[str, Any], edits: list[str]) -> None:
             continue
         x, y = zip(*pts, strict=True)
         rho = spearman(list(x), list(y))
-        ax.scatter(x, y, s=10, alpha=0.7, label=f"{e} (Spearman ρ = {math.nan if rho is None else rho:.2f})")
+        label = fit(f"{e}: Spearman {rho_text(rho, len(pts))}", 2.3, 7.5)  # the panel is ~3 in wide
+        ax.scatter(x, y, s=10, alpha=0.7, label=label)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("weight-space prediction")
     ax.set_ylabel("Δloss")
-    ax.set_title("does the weight metric predict the cost?")
+    estimated = any(r.get("dloss_estimate") is not None for r in doc["runs"])
+    ax.set_title("does the weight metric predict the cost?" + ("\n(verified heads only: chosen to include the "
+                                                                "extremes)" if estimated else ""))
     ax.legend(fontsize="small")
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from qkinspect.report.experiment import summary as es
 from qkinspect.report.pages import TextPages
+from qkinspect.report.rho import rho_text
 from qkinspect.report.style import fmt
 from qkinspect.report.tables import Table
 
@@ -17,7 +18,8 @@ LISTED = 8  # heads named in the text, and rows of each table half
 
 CAPTION = ("Top: Δloss (the edited model's loss minus the unedited one's) of every head edited alone, one panel per "
            "edit, layers × heads, on one diverging colour scale centred at 0 (red: the edit costs loss). Bottom "
-           "left: each head's weight-space prediction against its Δloss, with Spearman's rank correlation ρ; bottom "
+           "left: each head's weight-space prediction against its Δloss, with Spearman's rank correlation ρ (its 95 % "
+           "interval, or \"too few to tell\" under 10 heads); bottom "
            "right (when several rank:K edits were run): the mean Δloss against K. Runs that edit a whole layer or "
            "every chosen head at once are bars of Δloss per edit (with ± one standard error where the runs carry "
            "one); a number is written in a heatmap's cells only where every number fits its cell.")
@@ -65,8 +67,8 @@ def experiment_section(pages: TextPages, doc: dict[str, Any], path: Path) -> Non
     if preds:
         pages.heading("Does the weight metric predict the cost?", size=10.5)
         for p in preds:
-            pages.paragraph(f"{p.edit}: Spearman ρ = {p.rho:.2f} (p = {p.p:.2g}, {p.n} heads) between "
-                            f"{p.predictor} and Δloss: {es.meaning(p)}.")
+            pages.paragraph(f"{p.edit}: Spearman's rank correlation between {p.predictor} and Δloss "
+                            f"{rho_text(p.rho, p.n)}, p = {p.p:.2g}: {es.meaning(p)}.")
 
 
 def _pm(h: es.HeadCost) -> str:

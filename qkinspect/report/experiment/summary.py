@@ -139,7 +139,12 @@ def prediction(doc: dict[str, Any], edit: str) -> Prediction | None:
 
 
 def meaning(p: Prediction) -> str:
-    """What ρ and p say, in words."""
+    """What ρ and p say, in words (over fewer than report.rho.MIN_HEADS heads: that they are too few to tell)."""
+    from qkinspect.experiment.rank_interval import MIN_HEADS
+
+    if p.n < MIN_HEADS:
+        return (f"{p.n} heads are too few to tell whether {p.predictor} orders the heads by what {p.edit} costs "
+                f"them (qkinspect reads ρ from {MIN_HEADS} heads on)")
     if p.p >= 0.05:
         return (f"no evidence that {p.predictor} orders the heads by what {p.edit} costs them: a ρ this far from "
                 f"0 comes out by chance with probability {p.p:.2g} over {p.n} heads")

@@ -1,20 +1,21 @@
-"""A sweep's report: a cover page saying what was swept, then one trajectory figure per metric (docs/sweep.md)."""
+"""A sweep's report (docs/sweep.md), to the model report's standard: a cover naming the model and saying what was
+swept and with what, in words; then one page per metric, its trajectory figure with a caption; every page with the
+report's footer and its number. Built from the model report's pieces (report.pages, report.text, report.summary)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from matplotlib.figure import Figure
-
-from qkinspect.report.style import PAGE, style
-from qkinspect.report.sweep.trajectory import sweep_trajectory
-from qkinspect.report.titles import fit
+from qkinspect.report.style import human_name, style
+from qkinspect.report.sweep.trajectory import raw_qk_norm_blocks_of, sweep_trajectory
 
 # Drawn when the sweep computed them, in this order; otherwise its first per-head metrics.
 METRICS = ("symmetry", "shared_qk_distance", "qk_effective_rank", "qk_stable_rank", "overlap_qk", "directionality")
-NOT_METRICS = ("checkpoint", "step", "block", "layer", "head", "kv_head")
+NOT_METRICS = ("checkpoint", "step", "block", "layer", "head", "kv_head", "rank_q", "rank_k", "rank_v")
+LISTED = 60  # checkpoints named on the cover
 
 
 def sweep_metrics(sweep) -> list[str]:
@@ -23,52 +24,158 @@ def sweep_metrics(sweep) -> list[str]:
     return [m for m in METRICS if m in have] or have[:4]
 
 
-def write_sweep_pdf(sweep, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
-                    title: str | None = None) -> int:
-    """Write the report of a sweep folder (qkinspect.sweep.read_sweep) as a PDF; returns the number of pages.
-    `title` names what was swept in the cover and figure titles (default: the folder and its checkpoints)."""
-    from matplotlib.backends.backend_pdf import PdfPages
-
-    from qkinspect.version import __version__
-
-    metrics = sweep_metrics(sweep)
-    with style(), PdfPages(target, metadata={"Title": f"qkinspect sweep report: {title or sweep.folder}"}) as pdf:
-        pdf.savefig(_cover(sweep, metrics, __version__, date or dt.datetime.now(dt.timezone.utc), title))
-        for metric in metrics:  # each its own figure (style.new_figure), a page of its own
-            pdf.savefig(sweep_trajectory(sweep, metric, name=title))
-        return 1 + len(metrics)
+def _last_result(sweep) -> dict[str, Any]:
+    """The result document of the last checkpoint with one (its model and processing describe the sweep's)."""
+    return next((sweep.results[c.identity].get("result") or {} for c in reversed(sweep.checkpoints)
+                 if c.identity in sweep.results), {})
 
 
-def cover_lines(sweep, metrics: list[str], version: str, date: dt.datetime) -> list[tuple[str, int]]:
-    """The cover's lines (text, font size) of a sweep's report, PDF and HTML alike: what was swept, with what."""
+def sweep_name(sweep) -> str:
+    """What the sweep's checkpoints are of, for titles: the model's name when every result gives the same one (hub
+    revisions, a training callback's steps), else the folder the checkpoints share (`runs/bert/checkpoint-*`:
+    `bert`, named as a model folder is), else the sweep folder's name."""
+    names = {(doc.get("result") or {}).get("model", {}).get("name") for doc in sweep.results.values()}
+    if len(names) == 1 and None not in names:
+        return str(names.pop())
+    specs = [c.spec for c in sweep.checkpoints]
+    if specs and all(Path(s).is_absolute() or Path(s).exists() for s in specs):
+        from qkinspect.loading.resolve import folder_name
+
+        try:
+            common = Path(os.path.commonpath([str(Path(s).resolve()) for s in specs]))
+        except ValueError:  # different drives
+            common = None
+        if common is not None and common.parent != common:
+            return folder_name(common if len(specs) > 1 else common.parent)
+    return Path(sweep.folder).resolve().name or str(sweep.folder)
+
+
+def _words(value: Any, none: str = "all") -> str:
+    """An option's value as the report prints it: lists joined, flags yes/no, None as `none`."""
+    if value is None:
+        return none
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value)) or none
+    return str(value)
+
+
+def option_words(options: dict[str, Any]) -> list[tuple[str, str]]:
+    """The sweep's analysis options as (name, words), in the order the sweep records them."""
+    return [(k.replace("_", " "), _words(v)) for k, v in options.items()]
+
+
+def _steps(sweep) -> str:
     steps = [c.step for c in sweep.checkpoints]
-    opts = ", ".join(f"{k} {v}" for k, v in sweep.options.items() if v not in (None, False))
+    return f"{min(steps)}-{max(steps)}" if steps else "none"
+
+
+def _step_source(sweep) -> str:
+    """Where the steps came from, in words."""
+    words = {"order": "their order as given", "name": "read from their names",
+             "trainer_state": "read from their trainer_state.json", "training": "measured during training"}
+    source = {c.step_source for c in sweep.checkpoints}
+    return words.get(source.pop(), "as recorded") if len(source) == 1 else "read from their names or trainer states"
+
+
+def cover_lines(sweep, metrics: list[str], version: str, date: dt.datetime, name: str | None = None) \
+        -> list[tuple[str, int]]:
+    """The cover's lines (text, font size) of a sweep's report, as the HTML report shows them: what was swept, of
+    which model, with what (no Python values: lists joined, flags yes/no)."""
+    opts = "; ".join(f"{k} {v}" for k, v in option_words(sweep.options))
     return [
         ("qkinspect sweep report", 16),
+        (f"model: {name or sweep_name(sweep)}", 10),
         (f"folder: {sweep.folder}", 10),
-        (f"{len(sweep.checkpoints)} checkpoints, steps {min(steps, default=0)}-{max(steps, default=0)}; "
-         f"{len(sweep.results)} with results, {len(sweep.failures)} failed", 10),
+        (f"{len(sweep.checkpoints)} checkpoints, steps {_steps(sweep)}; {len(sweep.results)} with results, "
+         f"{len(sweep.failures)} failed", 10),
         (f"options: {opts or 'defaults'}", 10),
         (f"figures: {', '.join(metrics)} against training step (per-layer median over heads; each head faint)", 10),
         (f"qkinspect {version}, {date:%Y-%m-%d %H:%M} UTC", 9),
     ]
 
 
-def _cover(sweep, metrics: list[str], version: str, date: dt.datetime, title: str | None = None) -> Figure:
-    lines = [
-        *cover_lines(sweep, metrics, version, date),
-        *([(title, 12)] if title else []),
-        ("", 9),
-        ("checkpoints:", 10),
-        *[(f"  step {c.step}: {c.name}" + ("" if c.identity in sweep.results else "  (no result)"), 8)
-          for c in sweep.checkpoints[:60]],
-        *([(f"  … and {len(sweep.checkpoints) - 60} more", 8)] if len(sweep.checkpoints) > 60 else []),
-        *[(f"failed: {f.name}: {f.error}"[:150], 8) for f in sweep.failures[:10]],
-    ]
-    fig = Figure(figsize=PAGE)
-    y = 0.95
-    for text, size in lines:
-        for line in fit(text, PAGE[0] * 0.84, size).split("\n"):  # long paths wrap inside the page
-            fig.text(0.08, y, line, fontsize=size, va="top")
-            y -= size / 72 / PAGE[1] * 1.5
-    return fig
+def caption(sweep, metric: str) -> str:
+    """The caption under `metric`'s trajectory: what is drawn, the metric's definition, the q/k-norm caveat where
+    it concerns the metric."""
+    from qkinspect.metrics.registry import METRICS as REGISTRY
+    from qkinspect.report.analysis.figures import shows_raw_qk
+    from qkinspect.report.analysis.summary import qk_norm_caveat_of
+
+    ordered = {c.step_source for c in sweep.checkpoints} == {"order"}
+    x = "the checkpoints in the order given" if ordered else "the training step"
+    spec = REGISTRY.get(metric)
+    define = f" {human_name(metric).capitalize()} ({metric}): {spec.description}." if spec is not None else ""
+    rng = f" Range {spec.range}." if spec is not None and spec.range else ""
+    caveat = qk_norm_caveat_of(raw_qk_norm_blocks_of(sweep)) if shows_raw_qk("metric", metric) else ""
+    return (f"{human_name(metric).capitalize()} of every head against {x}, one panel per block. Thick lines: per "
+            "layer, the median over its heads (colour: layer index); faint lines: each head, in its layer's "
+            "colour. Dashed line and grey band: the random baseline (mean ± 3 standard deviations of the same "
+            "metric for Gaussian weights of the same shapes), where the sweep measured one."
+            f"{define}{rng}{' ' + caveat if caveat else ''}")
+
+
+def write_sweep_pdf(sweep, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
+                    title: str | None = None) -> int:
+    """Write the report of a sweep folder (qkinspect.sweep.read_sweep) as a PDF; returns the number of pages.
+    `title` names what was swept in the cover, footer and figure titles (default: the model, sweep_name)."""
+    from matplotlib.backends.backend_pdf import PdfPages
+
+    from qkinspect.report.pages import TextPages, figure_page
+    from qkinspect.version import __version__
+
+    metrics = sweep_metrics(sweep)
+    name = title or sweep_name(sweep)
+    date = date or dt.datetime.now(dt.timezone.utc)
+    meta = {"Title": f"qkinspect sweep report: {name}", "Author": f"qkinspect {__version__}",
+            "Subject": "query-key geometry of attention heads across checkpoints", "CreationDate": date}
+    with style(), PdfPages(target, metadata=meta) as pdf:
+        pages = TextPages(pdf.savefig, footer=f"qkinspect {__version__} sweep report: {name}")
+        _cover(pages, sweep, metrics, __version__, date, name)
+        figured = f"{name} ({len(sweep.results)} checkpoints)"
+        for metric in metrics:
+            figure_page(pages, lambda canvas, m=metric: sweep_trajectory(sweep, m, name=figured, canvas=canvas),
+                        caption(sweep, metric))
+        pages.close()
+        return pages.count
+
+
+def _cover(pages, sweep, metrics: list[str], version: str, date: dt.datetime, name: str) -> None:
+    from qkinspect.layer import ModelInfo
+    from qkinspect.records import AnalysisResult, Processing, model_info
+    from qkinspect.report.analysis.summary import qk_norm_notice_of
+    from qkinspect.report.analysis.text import blocks_table
+    from qkinspect.report.tables import Table
+
+    model = _last_result(sweep).get("model") or {}
+    pages.new_page()
+    pages.heading("qkinspect sweep report", size=20)
+    pages.heading(name, size=14)
+    pages.paragraph(f"How the query-key geometry of the attention heads changes across {len(sweep.checkpoints)} "
+                    "checkpoints, measured from their weights alone: each metric against the training step.")
+    pages.pairs([("model", sweep_name(sweep)), ("model type", str(model.get("model_type", "n/a"))),
+                 ("architecture", str(model.get("architecture") or "n/a")),
+                 ("format", str(model.get("format", "n/a"))), ("sweep folder", str(sweep.folder)),
+                 ("checkpoints", f"{len(sweep.checkpoints)}, steps {_steps(sweep)} ({_step_source(sweep)})"),
+                 ("results", f"{len(sweep.results)} with results, {len(sweep.failures)} failed")])
+    if model.get("blocks"):
+        info: ModelInfo = model_info(model)
+        t = blocks_table(AnalysisResult(info, Processing(), [], []))
+        pages.table(Table(t.title, t.header[:-1], [r[:-1] for r in t.rows]), min_column=0.7)
+        pages.pairs([(f"{r[0]} flags", r[-1]) for r in t.rows])
+    pages.heading("Analysis options", size=11)
+    pages.pairs(option_words(sweep.options))
+    if notice := qk_norm_notice_of(raw_qk_norm_blocks_of(sweep)):
+        pages.paragraph(notice, color="#a00000")
+    pages.heading("This report", size=11)
+    pages.pairs([("tool", f"qkinspect {version}"), ("date", date.strftime("%Y-%m-%d %H:%M %Z").strip()),
+                 ("figures", ", ".join(f"{human_name(m)} ({m})" for m in metrics) + ", against training step")])
+    pages.heading("Checkpoints", size=11)
+    pages.pairs([(f"step {c.step}", c.name + ("" if c.identity in sweep.results else "  (no result)"))
+                 for c in sweep.checkpoints[:LISTED]], size=8, key_width=1.0)
+    if len(sweep.checkpoints) > LISTED:
+        pages.paragraph(f"… and {len(sweep.checkpoints) - LISTED} more (the sweep folder's sweep.json lists them "
+                        "all).", size=8)
+    for f in sweep.failures:
+        pages.paragraph(f"failed: {f.name}: {f.error}", size=8, color="#a00000")

@@ -62,10 +62,11 @@ def trajectory(rows: Rows, metric: str, *, name: str, x_label: str = "training s
 
 def sweep_trajectory(sweep, metric: str, *, layers: Sequence[int] | None = None,
                      blocks: Sequence[str] | None = None, canvas: Canvas = new_figure,
-                     name: str | None = None) -> Figure:
+                     name: str | None = None, title: str | None = None) -> Figure:
     """`trajectory` of a sweep folder (qkinspect.sweep.read_sweep), restricted to `layers` and `blocks`, with the
     random baseline its results carry and the step axis named for where the steps came from; `name` (default: the
-    folder and its number of checkpoints) heads the title."""
+    folder and its number of checkpoints) heads the title, `title` replaces it (the q/k-norm caveat of a metric of
+    W_Q or W_K measured raw stays under either)."""
     rows = [r for r in sweep.rows() if (layers is None or r["layer"] in layers)
             and (blocks is None or r["block"] in blocks)]
     last = next((sweep.results[c.identity] for c in reversed(sweep.checkpoints) if c.identity in sweep.results), {})
@@ -73,8 +74,25 @@ def sweep_trajectory(sweep, metric: str, *, layers: Sequence[int] | None = None,
                  if b["metric"] == metric and b["mean"] is not None and b["std"] is not None}
     ordered = {c.step_source for c in sweep.checkpoints} == {"order"}
     name = name or f"{sweep.folder} ({len(sweep.results)} checkpoints)"
-    return trajectory(rows, metric, name=name, baselines=baselines,
-                      x_label="checkpoint (in the order given)" if ordered else "training step", canvas=canvas)
+    fig = trajectory(rows, metric, name=name, baselines=baselines,
+                     x_label="checkpoint (in the order given)" if ordered else "training step", canvas=canvas)
+    from qkinspect.report.analysis.figures import shows_raw_qk, with_caveat
+    from qkinspect.report.analysis.summary import qk_norm_caveat_of
+    from qkinspect.report.titles import retitle
+
+    fig = retitle(fig, title)
+
+    raw = [b for b in raw_qk_norm_blocks_of(sweep) if blocks is None or b in blocks]
+    return with_caveat(fig, qk_norm_caveat_of(raw, short=True) if shows_raw_qk("metric", metric) else "")
+
+
+def raw_qk_norm_blocks_of(sweep) -> list[str]:
+    """The blocks any of the sweep's results measured with q/k norms whose gains were not folded in."""
+    seen: dict[str, None] = {}
+    for doc in sweep.results.values():
+        for b in ((doc.get("result") or {}).get("processing") or {}).get("qk_norm_not_folded") or []:
+            seen[str(b)] = None
+    return list(seen)
 
 
 def _by_block(rows: Rows, metric: str) -> dict[str, dict[int, dict[int, list[tuple[int, float]]]]]:
