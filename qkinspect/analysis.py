@@ -22,6 +22,7 @@ from qkinspect.device import check_device
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
 from qkinspect.limits import check_threads
+from qkinspect.loading import opened
 from qkinspect.metrics import backend
 from qkinspect.metrics.baseline import gaussian_baselines
 from qkinspect.metrics.factored import worker_pool
@@ -97,7 +98,7 @@ def analyze(
         True
     """
     run = _Run.make(metrics, spectra, precision, device, fold_ln, fold_qk_norm, layer_form)
-    with _opened(model, revision) as m:
+    with opened(model, revision) as m:
         run.heads, layer_sel = as_indexes(heads, "heads"), as_indexes(layers, "layers")
         chosen = check_selection(m.info, blocks, layer_sel, run.heads)
         keys = [b.key for b in chosen if run.head_index(b) is None or len(run.head_index(b))]
@@ -126,16 +127,6 @@ def analyze(
     return run.result(info, blocks, layer_sel)
 
 
-@contextlib.contextmanager
-def _opened(model, revision: str | None) -> Iterator:
-    """Yield an opened model; close it afterwards only if we opened it."""
-    from qkinspect.loading import LoadedModel, open_model
-
-    if isinstance(model, LoadedModel):
-        yield model
-        return
-    with open_model(model, revision=revision) as m:  # a model object in memory is checked there
-        yield m
 
 
 def _layers(m, keys: list[str], layers: tuple[int, ...] | None, **options) -> Generator[AttentionLayer, None, None]:

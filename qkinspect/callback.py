@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import InputError
-from qkinspect.sweep import store
+from qkinspect.sweep import keys, store
 from qkinspect.sweep.checkpoints import Checkpoint
 
 DEFAULT_METRICS = ("symmetry", "overlap_qk")
@@ -57,7 +57,7 @@ class Tracker:
         from qkinspect.metrics.registry import resolve_metrics
 
         self.folder = Path(out_dir)
-        self.options = store.normalized_options({
+        self.options = keys.normalized_options({
             "layers": _listed(layers), "heads": _listed(heads), "blocks": _listed(blocks, str),
             "metrics": list(resolve_metrics(list(metrics) if metrics is not None else None)),
             "precision": precision, "fold_ln": fold_ln, "fold_qk_norm": fold_qk_norm})
@@ -101,7 +101,7 @@ class Tracker:
         name = self.name or result.model.name
         ck = Checkpoint(spec=result.model.source, revision=None, name=f"{name}@step-{step}",
                         identity=_identity(result.model.source, self.run, step), step=step, step_source=STEP_SOURCE)
-        key = store.result_key(ck, self.options)
+        key = keys.result_key(ck, self.options)
         store.prepare(self.folder)
         payload = {"result": result.to_dict(), "worker": "training", "threads": None, "seconds": seconds}
         store.write_json(store.result_path(self.folder, ck, key), store.result_document(ck, key, self.options,

@@ -28,6 +28,7 @@ from qkinspect.composition_streams import Unit, block_pairs, units
 from qkinspect.device import check_device
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, ModelInfo
+from qkinspect.loading import opened
 from qkinspect.metrics.composition import KINDS, ReadSide, normalised, product_norms, read_side, write_side
 from qkinspect.metrics.fold import fold_qk_norm
 from qkinspect.selection import as_indexes, check_fold_qk_norm, check_selection
@@ -104,7 +105,7 @@ def composition(
         True
     """
     req = _request(kinds, precision, device, fold_ln, fold_qk_norm)
-    with _open(model, revision) as m:
+    with opened(model, revision) as m:
         sides = {}
         for side, lay, hd in (("from", from_layers, from_heads), ("to", to_layers, to_heads)):
             names = (_name(f"{side}_layers", lay, "layers"), _name(f"{side}_heads", hd, "heads"))
@@ -149,15 +150,6 @@ def _order(key, every: list[Unit]) -> tuple:
     return (pos[(fb, fl)][1], pos[(tb, tl)][1], KINDS.index(kind))
 
 
-@contextlib.contextmanager
-def _open(model, revision: str | None) -> Iterator:
-    from qkinspect.loading import LoadedModel, open_model
-
-    if isinstance(model, LoadedModel):
-        yield model
-        return
-    with open_model(model, revision=revision) as m:
-        yield m
 
 
 def _request(kinds, precision, device, fold_ln, fold_qk_norm) -> _Request:

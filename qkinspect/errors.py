@@ -40,7 +40,17 @@ class SweepFailed(QkinspectError):
     exit_code = 3
 
 
-def one_line(e: BaseException) -> str:
+def one_line(e: BaseException, typed: bool = False) -> str:
     """An exception's message on one line (whitespace runs as one space), or its type's name when it has none:
-    what a one-line error quotes of a library's exception."""
-    return " ".join(str(e).split()) or type(e).__name__
+    what a one-line error quotes of a library's exception.
+
+    `typed`: for an exception of any kind a third-party library may raise (`qkinspect.loading.boundary`), the
+    message cut at 300 characters and its type named where the message alone says little (``KeyError: 'x'``;
+    not for OSError and ValueError, whose messages say what went wrong).
+    """
+    text = " ".join(str(e).split())
+    if not typed or not text:
+        return text or type(e).__name__
+    text = text[:300]
+    plain = isinstance(e, (OSError, ValueError)) and type(e) is not UnicodeDecodeError
+    return text if plain else f"{type(e).__name__}: {text}"

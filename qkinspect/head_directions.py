@@ -10,8 +10,7 @@ directions are scored together, one (V, D) × (D, m) product per token matrix. O
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +19,7 @@ from torch import Tensor
 from qkinspect.direction_records import DirectionRecord, DirectionsResult, Readout
 from qkinspect.errors import CheckpointError, InputError
 from qkinspect.layer import AttentionLayer, BlockSpec
+from qkinspect.loading import opened
 from qkinspect.metrics.directions import GAP, best_tokens, factored_svd, subspaces
 from qkinspect.metrics.factored import RANK_RTOL
 from qkinspect.selection import as_indexes, check_fold_qk_norm, check_selection
@@ -75,7 +75,7 @@ def directions(
         [('ov', 'read'), ('ov', 'write'), ('qk', 'key'), ('qk', 'query')]
     """
     run = _Run.make(top_directions, top_tokens, precision, device, fold_ln, fold_qk_norm)
-    with _opened(model, revision) as m:
+    with opened(model, revision) as m:
         head_sel, layer_sel = as_indexes(heads, "heads"), as_indexes(layers, "layers")
         chosen = check_selection(m.info, blocks, layer_sel, head_sel)
         check_fold_qk_norm(chosen, fold_qk_norm)
@@ -95,15 +95,6 @@ def directions(
                             run.notes(chosen, vocab))
 
 
-@contextlib.contextmanager
-def _opened(model, revision: str | None) -> Iterator:
-    from qkinspect.loading import LoadedModel, open_model
-
-    if isinstance(model, LoadedModel):
-        yield model
-        return
-    with open_model(model, revision=revision) as m:
-        yield m
 
 
 # -- the token matrices ------------------------------------------------------------------------------------------

@@ -6,9 +6,9 @@
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -205,19 +205,25 @@ def model_info(d: Mapping[str, Any]) -> ModelInfo:
 
 
 def json_safe(x: Any) -> Any:
-    """Make a structure JSON-safe: NaN/inf -> None, numpy scalars -> Python, tuples -> lists."""
-    np = sys.modules.get("numpy")  # no numpy values can exist before numpy is imported (`qkinspect info` never does)
+    """A JSON-safe copy: NaN/inf -> null, numpy and torch values -> Python (through their `tolist`), tuples ->
+    lists, complex -> [re, im], Path -> str, Enum -> its value, dataclasses -> dicts. What every document
+    qkinspect writes goes through (the CLI's output too), so `json.dump(..., allow_nan=False)` never fails."""
     if isinstance(x, dict):
         return {str(k): json_safe(v) for k, v in x.items()}
+    if is_dataclass(x) and not isinstance(x, type):
+        return json_safe(asdict(x))
     if isinstance(x, (list, tuple)):
         return [json_safe(v) for v in x]
-    if np is not None and isinstance(x, np.ndarray):
+    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):  # numpy arrays and scalars, torch tensors
         return json_safe(x.tolist())
-    if isinstance(x, float) or (np is not None and isinstance(x, np.floating)):
-        v = float(x)
-        return v if math.isfinite(v) else None
-    if np is not None and isinstance(x, np.integer):
-        return int(x)
+    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
     if isinstance(x, complex):
-        return [x.real, x.imag]
+        return [json_safe(x.real), json_safe(x.imag)]
+    if isinstance(x, Enum):
+        return x.value
+    if isinstance(x, Path):
+        return str(x)
     return x

@@ -2,7 +2,8 @@
 and turn the raw strings into library arguments with the `parse_*` helpers.
 
 Example:
-    >>> from qkinspect.cli.options import ModelArg, LayersOpt, FormatOpt, OutputOpt, parse_indices
+    >>> from qkinspect.cli.options import ModelArg, LayersOpt, FormatOpt, OutputOpt
+    >>> from qkinspect.selection import parse_indices
     >>> def plot(model: ModelArg = None, layers: LayersOpt = None, fmt: FormatOpt = None,
     ...          output: OutputOpt = None) -> None:
     ...     wanted = parse_indices(layers, "--layers")   # "0-3,7" -> (0, 1, 2, 3, 7)
@@ -20,7 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from qkinspect.errors import InputError
-from qkinspect.selection import MAX_INDEX, parse_indices  # noqa: F401 (re-exported)
+from qkinspect.selection import parse_indices
 
 
 class Format(str, Enum):

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import dataclasses
 import io
 import json
-import math
 import os
 import sys
 import threading
@@ -36,6 +34,7 @@ from typing import IO, Any
 
 from qkinspect.errors import InputError, OutputError
 from qkinspect.files import STDOUT, atomic_write, check_writable
+from qkinspect.records import json_safe
 from qkinspect.suggest import did_you_mean
 
 FORMATS = ("table", "json", "ndjson", "csv")
@@ -107,39 +106,15 @@ def write_parquet(data: list[dict[str, Any]] | dict[str, Any], output: Path) -> 
 
 # -- serialisers -----------------------------------------------------------------------------------------------
 
-def jsonable(x: Any) -> Any:
-    """A JSON-safe copy: NaN/inf -> null, numpy -> Python, tuples -> lists, complex -> [re, im], Path/Enum -> str,
-    dataclasses -> dicts."""
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return jsonable(dataclasses.asdict(x))
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):  # numpy arrays and scalars, torch tensors
-        return jsonable(x.tolist())
-    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
-        return x
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, complex):
-        return [jsonable(x.real), jsonable(x.imag)]
-    if isinstance(x, Enum):
-        return x.value
-    if isinstance(x, Path):
-        return str(x)
-    return x
-
-
 def write_json(doc: dict[str, Any], f: IO[str]) -> None:
     from qkinspect.files import write_json as write_document
 
-    write_document(jsonable(doc), f)
+    write_document(json_safe(doc), f)
 
 
 def write_ndjson(rows: Iterable[dict[str, Any]], f: IO[str]) -> None:
     for row in rows:
-        f.write(json.dumps(jsonable(row), allow_nan=False, separators=(",", ":")))
+        f.write(json.dumps(json_safe(row), allow_nan=False, separators=(",", ":")))
         f.write("\n")
 
 
@@ -149,7 +124,7 @@ def write_csv(rows: list[dict[str, Any]], f: IO[str]) -> None:
     w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
     w.writeheader()
     for row in rows:
-        w.writerow({k: _csv_cell(v) for k, v in jsonable(row).items()})
+        w.writerow({k: _csv_cell(v) for k, v in json_safe(row).items()})
 
 
 def _csv_cell(v: Any) -> Any:
@@ -170,7 +145,7 @@ def write_table(doc: Document, f: IO[str], *, terminal: bool, width: int = TABLE
         width = int(columns) if columns.isdigit() and int(columns) >= 40 else width
         console = Console(file=f, width=width, no_color=True, force_terminal=False, color_system=None)
     if doc.render is None:
-        console.print_json(data=jsonable(doc.json))
+        console.print_json(data=json_safe(doc.json))
     else:
         doc.render(console)
 

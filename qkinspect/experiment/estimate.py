@@ -36,7 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from qkinspect.errors import UnsupportedModelError
-from qkinspect.experiment.edits.apply import Edit, apply_edit
+from qkinspect.experiment.edits.apply import apply_edit
+from qkinspect.experiment.edits.names import Edit
 from qkinspect.experiment.edits.qknorm import check as check_qk_norm
 from qkinspect.experiment.exact import make_units, run_unit
 from qkinspect.experiment.model.runtime import DRIFT, HFModel

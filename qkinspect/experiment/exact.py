@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 
-from qkinspect.experiment.edits.apply import Edit, apply_edit
+from qkinspect.experiment.edits.apply import apply_edit
+from qkinspect.experiment.edits.names import Edit
 from qkinspect.experiment.model.scoring import Scorer
 from qkinspect.experiment.model.writeback import written
 from qkinspect.experiment.results import Run

@@ -26,13 +26,14 @@ import torch
 from torch import Tensor, nn
 
 from qkinspect.errors import InputError
-from qkinspect.experiment.edits.apply import Edit, apply_edit
+from qkinspect.experiment.edits.apply import apply_edit
+from qkinspect.experiment.edits.names import Edit
 from qkinspect.experiment.edits.parametrised import CANON, EditForm, Strided, cached, canonical_from, parametrise
 from qkinspect.experiment.heal_curve import autocast, choose_precision, eval_steps, point, scored_tokens
 from qkinspect.experiment.model.runtime import CAUSAL, MASKED, HFModel
-from qkinspect.experiment.model.scoring import Scorer, Text, windows
+from qkinspect.experiment.model.scoring import Scorer, windows
 from qkinspect.experiment.model.writeback import module_maps, write_layer
-from qkinspect.experiment.requests import TRAINED, HealOptions
+from qkinspect.experiment.requests import LIBRARY_NAMES, TRAINED, HealOptions, Names, Text
 from qkinspect.experiment.results import HealedRun, Healing, HealPoint
 from qkinspect.progress import phase
 
@@ -42,12 +43,13 @@ Unit = list[tuple[int, list[int]]]
 def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: int, units: Sequence[Unit],
               edits: Sequence[Edit], scope: str, rotary: str, exact: dict[tuple, float], baseline: float,
               opts: HealOptions, progress: Callable[..., None] | None = None,
-              threshold: float | None = None) -> Healing:
+              threshold: float | None = None, names: Names = LIBRARY_NAMES) -> Healing:
     """Heal every (unit, edit) and the control; `exact` maps (edit, layer, head) to the unhealed Δloss, `threshold`
     is the smallest standard error of the exact runs (bfloat16 autocast must stay within it). The caller has checked
-    the request (requests.check_request) and the model (check_healable)."""
+    the request (requests.check_request) and the model (check_healable); a text too short to train on is an
+    InputError naming the options as the caller spells them (`names`)."""
     t0 = time.perf_counter()
-    batches, n_train, per, train_text = _train_batches(hf, source, tokens, window, opts)
+    batches, n_train, per, train_text = _train_batches(hf, source, tokens, window, opts, names)
     notes: list[str] = []
     tracks: dict[str, str] = {}
     maps: dict[tuple, dict[str, Tensor]] = {}  # the write-back's layout per layer, probed once for all runs
@@ -100,12 +102,12 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
         step_seconds=float(torch.tensor(step_times).median()) if step_times else None)
 
 
-def check_healable(hf: HFModel) -> None:
+def check_healable(hf: HFModel, names: Names = LIBRARY_NAMES) -> None:
     """InputError (before any run) where the loaded model cannot be healed: no LM head (the rest of a heal request,
     the rotary gauge included, is checked before loading: qkinspect.experiment.requests)."""
     if hf.kind not in (CAUSAL, MASKED):
-        raise InputError("--heal trains on the model's own loss: it needs a causal or masked LM head (this model is "
-                         "measured by drift)")
+        raise InputError(f"{names.heal} trains on the model's own loss: it needs a causal or masked LM head (this "
+                         "model is measured by drift)")
 
 
 def _run_name(edit: Edit, unit: Unit, scope: str) -> str:
@@ -118,8 +120,8 @@ def _run_name(edit: Edit, unit: Unit, scope: str) -> str:
 # -- training text -------------------------------------------------------------------------------------------
 
 
-def _train_batches(hf: HFModel, source: Text, tokens: int, window: int, opts: HealOptions
-                   ) -> tuple[list[dict[str, Tensor]], int, int, str]:
+def _train_batches(hf: HFModel, source: Text, tokens: int, window: int, opts: HealOptions,
+                   names: Names = LIBRARY_NAMES) -> tuple[list[dict[str, Tensor]], int, int, str]:
     """The training batches (model inputs, masked-LM labels drawn once), the distinct training tokens, the
     windows per batch, and what the text is. Windows are shuffled once with the seed and gone through in that
     order, again if the steps need more."""
@@ -127,16 +129,16 @@ def _train_batches(hf: HFModel, source: Text, tokens: int, window: int, opts: He
     need = opts.steps * per
     text = opts.text if opts.text is not None and opts.text.text != source.text else None
     if text is None:  # the scored text after its scored windows: the first rows `windows` cuts are those scored
-        scored = windows(hf, source, tokens, window).shape[0]
-        rows = windows(hf, source, tokens + need * window, window)[scored:]
+        scored = windows(hf, source, tokens, window, names).shape[0]
+        rows = windows(hf, source, tokens + need * window, window, names)[scored:]
         what = f"{source.name} after the {tokens} scored tokens"
     else:
-        rows = windows(hf, text, need * window, window)
+        rows = windows(hf, text, need * window, window, names)
         what = text.name
     if rows.shape[0] == 0:
-        raise InputError(f"--heal: {what} leaves no tokens to train on (give --heal-text)")
+        raise InputError(f"{names.heal}: {what} leaves no tokens to train on (give {names.heal_text})")
     if rows.shape[1] != window:
-        raise InputError(f"--heal: {what} is shorter than one window of {window} tokens")
+        raise InputError(f"{names.heal}: {what} is shorter than one window of {window} tokens")
     g = torch.Generator().manual_seed(opts.seed)
     rows = rows[torch.randperm(rows.shape[0], generator=g)]
     trainer = Scorer(hf, rows, batch_tokens=per * window, seed=opts.seed + 1)  # its batches, masks drawn once

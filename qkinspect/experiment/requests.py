@@ -46,6 +46,7 @@ class Names:
     scope: str = "scope"
     layers: str = "layers"
     heads: str = "heads"
+    text: str = "text"
     tokens: str = "tokens"
     window: str = "window"
     rotary: str = "rotary"
@@ -57,6 +58,7 @@ class Names:
     heal_train: str = "heal.train"
     heal_lr: str = "heal.lr"
     heal_batch: str = "heal.batch_tokens"
+    heal_text: str = "heal.text"
     heal_eval_every: str = "heal.eval_every"
 
     def said(self, option: str, value: Any) -> str:

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 from qkinspect.experiment.edits.names import Edit
 from qkinspect.experiment.requests import LIBRARY_NAMES, HealOptions, Names, Request, check_model, check_request
 from qkinspect.experiment.results import ExperimentResult, Run, beyond_error
+from qkinspect.progress import phase
 
 if TYPE_CHECKING:
-    from qkinspect.experiment.model.scoring import Text
-from qkinspect.progress import phase
+    from qkinspect.experiment.requests import Text
 
 REFERENCE = Edit("ablate")
 VERIFY = 12  # --estimate: heads per edit run exactly to check it, unless --verify says otherwise
@@ -115,22 +115,25 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
     from qkinspect.errors import CheckpointError
     from qkinspect.experiment.exact import first_layer, make_units, run_unit
     from qkinspect.experiment.heal import check_healable, heal_runs
-    from qkinspect.experiment.model.guard import boundary, check_token_ids
-    from qkinspect.experiment.model.scoring import Scorer, Text, default_text, read_text, windows
+    from qkinspect.experiment.model.guard import check_token_ids
+    from qkinspect.experiment.model.scoring import Scorer, default_text, read_text, windows
+    from qkinspect.experiment.requests import Text
+    from qkinspect.loading.boundary import boundary
 
     chosen, verify, device, opts = list(request.edits), request.verify, request.device, request.heal
-    source = text if isinstance(text, Text) else default_text() if text is None else read_text(text, tokens)
+    source = (text if isinstance(text, Text) else default_text() if text is None
+              else read_text(text, tokens, what=names.text))
     if opts and opts.text is not None and not isinstance(opts.text, Text):
-        opts = replace(opts, text=read_text(opts.text))
+        opts = replace(opts, text=read_text(opts.text, what=names.heal_text))
     phase(progress, "loading the model")
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device, edits=chosen,
                                           names=names)
     if opts:
-        check_healable(hf)
+        check_healable(hf, names)
     spec = info.blocks[0]
     head_list = list(heads) if heads is not None else list(range(spec.n_heads))
     with boundary(hf.tokenizer_source, f"the tokenizer cannot read {source.name}", native=True):
-        ids = windows(hf, source, tokens, window)
+        ids = windows(hf, source, tokens, window, names)
     fed = ids.unique().tolist()  # the ids the model will embed (the text's, and [CLS]/[SEP] around encoders')
     if hf.kind == "masked":
         if hf.tokenizer.mask_token_id is None:
@@ -167,7 +170,7 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
         exact = {(r.edit, r.layer, r.head): r.dloss for r in runs}
         ses = [r.dloss_se for r in runs if r.dloss_se]
         healing = heal_runs(hf, scorer, source, tokens, window, units, runs_edits, scope, rotary, exact, base, opts,
-                            threshold=min(ses) if ses else None, progress=progress)
+                            threshold=min(ses) if ses else None, progress=progress, names=names)
     return ExperimentResult(
         model=info, measure=hf.kind, text=source.name, tokens=scorer.tokens, scored=scorer.counted,
         windows=int(ids.shape[0]), window=int(ids.shape[1]), baseline=base, runs=tuple(_with_ratios(runs)),

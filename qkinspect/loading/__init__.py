@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,17 @@ def open_model(
     except BaseException:
         r.source.close()
         raise
+
+
+@contextlib.contextmanager
+def opened(model: Any, revision: str | None = None) -> Iterator[LoadedModel]:
+    """Yield `model` opened (anything open_model takes), or as it is when it is already a LoadedModel; close it
+    afterwards only if it was opened here. The one way the library's procedures take "a model or an opened one"."""
+    if isinstance(model, LoadedModel):
+        yield model
+        return
+    with open_model(model, revision=revision) as m:  # a model object in memory is checked there
+        yield m
 
 
 def load(spec: str | Path | Any = None, *, layers: str | int | Iterable[int] | None = None,

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import CheckpointError
-
-MAX_VOCAB = 1 << 21  # tokens a vocabulary may hold (real ones: up to ~262k)
+from qkinspect.loading.boundary import boundary
+from qkinspect.loading.checked import inside
+from qkinspect.loading.tokenizer_files import MAX_VOCAB, regular, too_many_tokens, utf8_text
 
 
 @dataclass(frozen=True)
@@ -71,23 +72,12 @@ def read_vocabulary(resolved: Any) -> Vocabulary | None:
 
 def _checked_text(folder: Path, name: str) -> tuple[Path, str]:
     """A tokenizer file's text: inside the folder (after links), a regular file of bounded size, UTF-8."""
-    from qkinspect.experiment.model.guard import MAX_TOKENIZER_BYTES, regular
-    from qkinspect.loading.checked import inside
-    from qkinspect.reading import os_reason
-
     path = inside(folder, name, folder, "tokenizer file")
-    regular(path, folder / name, MAX_TOKENIZER_BYTES)
-    try:
-        return folder / name, path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{folder / name}: not UTF-8 text (at byte {e.start})") from None
-    except OSError as e:
-        raise CheckpointError(f"{folder / name}: cannot read it ({os_reason(e)})") from None
+    regular(path, folder / name)
+    return folder / name, utf8_text(path, folder / name)
 
 
 def _tokenizer_json(folder: Path) -> Vocabulary:
-    from qkinspect.experiment.model.guard import boundary
-
     shown, text = _checked_text(folder, "tokenizer.json")
     with boundary(shown, "not a tokenizer the tokenizers library can read", native=True):
         from tokenizers import Tokenizer
@@ -113,8 +103,7 @@ def _vocab_txt(folder: Path) -> Vocabulary:
     tokens = text.split("\n")
     if tokens and tokens[-1] == "":
         tokens.pop()  # the newline after the last token
-    if len(tokens) > MAX_VOCAB:
-        raise CheckpointError(f"{shown}: {len(tokens):,} tokens, more than a vocabulary has (at most {MAX_VOCAB:,})")
+    too_many_tokens(shown, len(tokens))
     return Vocabulary(tuple(t.rstrip("\r") for t in tokens), str(shown), "wordpiece")
 
 

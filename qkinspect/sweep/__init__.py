@@ -11,7 +11,8 @@ Needs the `sweep` extra (dask[distributed]; pyarrow for Parquet).
 from __future__ import annotations
 
 from qkinspect.sweep.checkpoints import Checkpoint, discover
-from qkinspect.sweep.store import Failure, SweepFolder, is_sweep_folder, read_sweep
+from qkinspect.sweep.keys import Failure
+from qkinspect.sweep.store import SweepFolder, is_sweep_folder, read_sweep
 
 
 def run_sweep(*args, **kwargs):

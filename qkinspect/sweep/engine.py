@@ -34,9 +34,9 @@ from qkinspect.errors import InputError, QkinspectError
 from qkinspect.layer import ModelInfo, shape_differences
 from qkinspect.limits import check_threads, check_workers
 from qkinspect.records import model_info
-from qkinspect.sweep import store, task
+from qkinspect.sweep import keys, store, task
 from qkinspect.sweep.checkpoints import Checkpoint
-from qkinspect.sweep.store import Failure
+from qkinspect.sweep.keys import Failure
 
 CONNECT_TIMEOUT = "20s"
 
@@ -104,9 +104,9 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
 
         check_address(scheduler)
     store.check_folder(folder)  # created once the checkpoints pass the checks
-    options = store.normalized_options(options)
+    options = keys.normalized_options(options)
     plan = [(ck, key, store.result_path(folder, ck, key)) for ck in checkpoints
-            for key in [store.result_key(ck, options)]]
+            for key in [keys.result_key(ck, options)]]
     stored, refused = _stored(folder, plan, options)
     for why in refused if notice is not None else ():
         notice(why)

@@ -27,7 +27,7 @@ from qkinspect.files import atomic_write
 from qkinspect.notebook import Tabular
 from qkinspect.reading import read_json
 from qkinspect.sweep.checkpoints import Checkpoint
-from qkinspect.sweep.keys import OPTION_NAMES, RESULT_KIND, Failure, normalized_options, result_key  # noqa: F401
+from qkinspect.sweep.keys import RESULT_KIND, Failure, normalized_options, result_key
 from qkinspect.sweep.verify import ResultRefused, check_manifest, check_result
 
 MANIFEST = "sweep.json"

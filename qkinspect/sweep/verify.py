@@ -44,7 +44,7 @@ class ResultRefused(InputError):
 
 
 def check_options(c: Checker, options: Any, key: str = "options") -> dict[str, Any]:
-    """The sweep's analysis options (store.normalized_options' form) with the types the analysis takes."""
+    """The sweep's analysis options (keys.normalized_options' form) with the types the analysis takes."""
     opts = c.obj(options, key)
     if set(opts) != set(OPTION_NAMES):
         missing, extra = set(OPTION_NAMES) - set(opts), set(opts) - set(OPTION_NAMES)

@@ -24,7 +24,7 @@ from typing import Any
 from qkinspect.checking import Checker, show
 from qkinspect.errors import InputError
 from qkinspect.reading import read_json
-from qkinspect.sweep.store import Failure
+from qkinspect.sweep.keys import Failure
 
 MANIFEST = "atlas.json"
 MODELS = "models"

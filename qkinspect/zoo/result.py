@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qkinspect.sweep.store import Failure
+from qkinspect.sweep.keys import Failure
 
 # The metrics of the one-row-per-model table and of the notebook view, when the atlas has them.
 SUMMARY_METRICS = ("symmetry", "symmetry_layer", "directionality", "overlap_qk", "overlap_qv", "overlap_kv",

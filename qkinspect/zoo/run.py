@@ -21,7 +21,7 @@ from typing import Any
 
 from qkinspect.errors import InputError
 from qkinspect.sweep.checkpoints import Checkpoint
-from qkinspect.sweep.store import Failure
+from qkinspect.sweep.keys import Failure
 from qkinspect.zoo.inputs import SavedEntry, entries
 from qkinspect.zoo.result import AtlasResult, read_atlas
 
@@ -48,7 +48,7 @@ def atlas_options(options: dict[str, Any]) -> dict[str, Any]:
     InputError for an unknown option, metric or precision, before any work."""
     from qkinspect.analysis import PRECISIONS
     from qkinspect.metrics.registry import resolve_metrics
-    from qkinspect.sweep.store import normalized_options
+    from qkinspect.sweep.keys import normalized_options
 
     unknown = set(options) - set(OPTION_NAMES)
     if unknown:

@@ -186,7 +186,7 @@ def result_files(folder: Path) -> list[Path]:
 def check_sweep_folder(folder: Path, work: Path, base: Path) -> None:
     """plot and report of the folder (CLI), and what a resumed sweep does before it computes anything."""
     from qkinspect.records import model_info
-    from qkinspect.sweep import discover, engine, store
+    from qkinspect.sweep import discover, engine, keys, store
     from tests.sweep.test_hostile_sweep import OPTIONS
 
     out = work / "t.png"
@@ -194,7 +194,7 @@ def check_sweep_folder(folder: Path, work: Path, base: Path) -> None:
     out = work / "r.html"
     check_cli(["report", folder, "--html", "-o", out], out, work)
     cks = discover([str(base / "run" / "checkpoint-100"), str(base / "run" / "checkpoint-200")])
-    plan = [(ck, key, store.result_path(folder, ck, key)) for ck in cks for key in [store.result_key(ck, OPTIONS)]]
+    plan = [(ck, key, store.result_path(folder, ck, key)) for ck in cks for key in [keys.result_key(ck, OPTIONS)]]
     with bounded():
         stored, _ = engine._stored(folder, plan, OPTIONS)
         infos = {i: model_info(doc["result"]["model"]) for i, doc in stored.items()}

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from qkinspect.cli.options import MAX_INDEX, Selection, parse_indices
+from qkinspect.cli.options import Selection
 from qkinspect.errors import InputError, OutputError
 from qkinspect.files import atomic_write, atomic_write_file, check_writable
+from qkinspect.selection import MAX_INDEX, parse_indices
 from tests.one_line import one_error_line
 
 QK = [sys.executable, "-m", "qkinspect"]

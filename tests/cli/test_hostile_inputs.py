@@ -199,7 +199,8 @@ def test_report_experiment_refuses_a_huge_runs_file(cli, tiny_bert, tmp_path):
 @pytest.mark.parametrize("name", ["fifo", "/dev/zero", "link to /dev/zero", "link to a FIFO"])
 def test_sweep_files_that_are_not_regular(tmp_path, name):
     from qkinspect.sweep import Checkpoint
-    from qkinspect.sweep.store import MANIFEST, load_result, read_sweep, result_key, result_path
+    from qkinspect.sweep.keys import result_key
+    from qkinspect.sweep.store import MANIFEST, load_result, read_sweep, result_path
 
     target = hostile_files(tmp_path)[name]
     folder = tmp_path / "sweep"

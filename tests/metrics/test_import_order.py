@@ -241,3 +241,80 @@ def test_report_computes_no_statistic_and_bench_imports_no_cli():
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
         assert not any(n == "qkinspect.cli" or n.startswith("qkinspect.cli.") for n in names), p
+
+
+LOWER = ("qkinspect.loading", "qkinspect.metrics")  # the floors every capability stands on
+UPPER = ("qkinspect.experiment", "qkinspect.report", "qkinspect.cli")  # what stands on them
+
+
+def _within(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def reaching_up(edges: dict[str, set[str]], lower: tuple[str, ...], upper: tuple[str, ...]) -> dict[str, list[str]]:
+    """module -> the modules of `upper` it imports (anywhere, functions included), for each module of `lower`."""
+    return {name: sorted(d for d in deps if _within(d, upper)) for name, deps in edges.items()
+            if _within(name, lower) and any(_within(d, upper) for d in deps)}
+
+
+def test_loading_and_metrics_import_nothing_from_the_floors_above():
+    """DESIGN's one way: loading/ and metrics/ serve experiment/, report/ and cli/, never the reverse (a
+    tokenizer-file check in loading.tokens once came from experiment.model.guard, inside a function)."""
+    assert not reaching_up(package_graph(), LOWER, UPPER)
+
+
+def test_the_layer_check_sees_a_lower_module_reaching_up(tmp_path):
+    for sub in ("loading", "experiment"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "__init__.py").write_text("")
+    (tmp_path / "loading" / "tokens.py").write_text("def f():\n    from pkg.experiment.guard import regular\n")
+    (tmp_path / "experiment" / "guard.py").write_text("from pkg.loading import tokens\n")
+    got = reaching_up(package_graph(tmp_path, "pkg"), ("pkg.loading",), ("pkg.experiment",))
+    assert got == {"pkg.loading.tokens": ["pkg.experiment.guard"]}
+    (tmp_path / "loading" / "tokens.py").write_text("import os\n")
+    assert not reaching_up(package_graph(tmp_path, "pkg"), ("pkg.loading",), ("pkg.experiment",))
+
+
+def defined(source: str) -> set[str]:
+    """The names a module defines itself at module level (functions, classes, assignments, at any depth of its
+    if/try blocks), not those it imports."""
+    out: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                out.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                visit([*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                       *(s for h in getattr(node, "handlers", []) for s in h.body)])
+
+    visit(ast.parse(source).body)
+    return out
+
+
+def borrowed(folder: Path = PACKAGE, package: str = "qkinspect") -> list[str]:
+    """`module imports name from other` wherever `other` is a module (not a package's face) that only imports
+    `name` itself: the name has a home, and callers import it from there."""
+    files = modules(folder, package)
+    faces = {name for name, p in files.items() if p.name == "__init__.py"}
+    own = {name: defined(p.read_text(encoding="utf-8")) for name, p in files.items()}
+    return [f"{name} imports {what} from {module}" for name, p in files.items()
+            for module, what in imported(p.read_text(encoding="utf-8"), set(files))
+            if what is not None and module not in faces and what not in own[module]]
+
+
+def test_names_are_imported_from_their_home():
+    """sweep.store once passed on sweep.keys' names (result_key, normalized_options, Failure), cli.options
+    selection's parse_indices, edits.apply edits.names' Edit, model.scoring requests' Text: one home a name."""
+    assert not borrowed()
+
+
+def test_the_home_check_sees_a_borrowed_name(tmp_path):
+    (tmp_path / "keys.py").write_text("def result_key():\n    pass\nif True:\n    KIND = 1\n")
+    (tmp_path / "store.py").write_text("from pkg.keys import result_key\n")
+    (tmp_path / "engine.py").write_text("def f():\n    from pkg.store import result_key\n")
+    (tmp_path / "other.py").write_text("from pkg.keys import KIND, result_key\n")
+    assert borrowed(tmp_path, "pkg") == ["pkg.engine imports result_key from pkg.store"]

@@ -132,14 +132,14 @@ def cli():
 def analyze_table(run: Path, steps=STEPS, by: str = "head", **options) -> list[dict]:
     """What `analyze` gives on each checkpoint, as the sweep's tidy rows."""
     import qkinspect
-    from qkinspect.cli.output import jsonable
+    from qkinspect.records import json_safe
 
     rows = []
     for step in steps:
         result = qkinspect.analyze(run / f"checkpoint-{step}", **options)
         records = result.heads if by == "head" else result.layers
         rows += [{"checkpoint": str(run / f"checkpoint-{step}"), "step": step, **r.row()} for r in records]
-    return jsonable(rows)
+    return json_safe(rows)
 
 
 def assert_same_table(got: list[dict], expected: list[dict]) -> None:

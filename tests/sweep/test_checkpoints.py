@@ -9,7 +9,7 @@ import pytest
 
 from qkinspect.errors import CheckpointError, InputError, ModelNotFoundError
 from qkinspect.sweep import discover
-from qkinspect.sweep.store import result_key
+from qkinspect.sweep.keys import result_key
 
 
 def _ckpt(folder, **trainer_state):

@@ -14,12 +14,12 @@ from typer.testing import CliRunner
 
 from qkinspect.cli.app import app
 from qkinspect.errors import InputError
-from qkinspect.sweep import discover, read_sweep, store, task
+from qkinspect.sweep import discover, keys, read_sweep, store, task
 from qkinspect.sweep.verify import ResultRefused, check_manifest
 from tests.one_line import one_error_line
 from tests.sweep.conftest import NEEDS_DASK
 
-OPTIONS = store.normalized_options({"metrics": ["symmetry", "head_overlap"]})
+OPTIONS = keys.normalized_options({"metrics": ["symmetry", "head_overlap"]})
 
 
 def write_sweep(folder: Path, specs: list[str]) -> list:
@@ -27,7 +27,7 @@ def write_sweep(folder: Path, specs: list[str]) -> list:
     cks = discover(specs)
     store.prepare(folder)
     for ck in cks:
-        key = store.result_key(ck, OPTIONS)
+        key = keys.result_key(ck, OPTIONS)
         payload = task.analyze_checkpoint(ck.spec, ck.revision, OPTIONS, threads=1)
         store.write_json(store.result_path(folder, ck, key), store.result_document(ck, key, OPTIONS, payload, "cpu"))
     store.write_manifest(folder, cks, OPTIONS)
@@ -141,8 +141,8 @@ def test_a_checkpoint_rewritten_since_is_not_trusted(folder, tiny_run, tmp_path)
     os.utime(run / "checkpoint-500" / "model.safetensors", ns=(1, 1))
     (now,) = discover([str(run / "checkpoint-500")])
     assert now.identity != ck.identity
-    key = store.result_key(now, OPTIONS)
-    old = store.result_path(out, ck, store.result_key(ck, OPTIONS))
+    key = keys.result_key(now, OPTIONS)
+    old = store.result_path(out, ck, keys.result_key(ck, OPTIONS))
     shutil.copy(old, store.result_path(out, now, key))  # filed under the new key: still the old files' result
     with pytest.raises(ResultRefused, match="key is .*, not"):
         store.load_result(out, now, key, OPTIONS)
@@ -248,6 +248,6 @@ def test_a_stored_result_with_model_braces_does_not_crash_a_resume(folder, monke
     manifest = json.loads((folder / "sweep.json").read_text())
     cks = [c for c, _ in check_manifest(manifest, folder / "sweep.json")[0]]
     stored, refused = engine._stored(folder, [(ck, key, store.result_path(folder, ck, key)) for ck in cks
-                                              for key in [store.result_key(ck, OPTIONS)]], OPTIONS)
+                                              for key in [keys.result_key(ck, OPTIONS)]], OPTIONS)
     assert len(stored) == 1 and len(refused) == 1 and "result.model.name is None" in refused[0]
 

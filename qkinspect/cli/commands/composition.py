@@ -22,12 +22,11 @@ from qkinspect.cli.options import (
     RevisionOpt,
     check_device,
     parse_blocks,
-    parse_indices,
     parse_names,
 )
 from qkinspect.cli.output import Document, emit, note, progress, warn
 from qkinspect.errors import InputError
-from qkinspect.selection import check_fold_qk_norm
+from qkinspect.selection import check_fold_qk_norm, parse_indices
 
 
 class CompositionFormat(str, Enum):

@@ -24,12 +24,11 @@ from qkinspect.cli.options import (
     check_device,
     check_selection,
     parse_blocks,
-    parse_indices,
 )
 from qkinspect.cli.output import Document, note, progress
 from qkinspect.errors import InputError
 from qkinspect.files import check_writable
-from qkinspect.selection import check_fold_qk_norm
+from qkinspect.selection import check_fold_qk_norm, parse_indices
 
 TopDirectionsOpt = Annotated[int, typer.Option(
     "--top-directions", "-k", metavar="K",

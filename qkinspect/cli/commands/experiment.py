@@ -29,9 +29,9 @@ from qkinspect.cli.options import (
     ModelArg,
     OutputOpt,
     RevisionOpt,
-    parse_indices,
 )
 from qkinspect.cli.output import Document, check_output, emit, progress
+from qkinspect.selection import parse_indices
 
 
 class Scope(str, Enum):

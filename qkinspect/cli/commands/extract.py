@@ -27,12 +27,12 @@ from qkinspect.cli.options import (
     RevisionOpt,
     check_selection,
     parse_blocks,
-    parse_indices,
 )
 from qkinspect.cli.output import note, progress
 from qkinspect.errors import InputError
 from qkinspect.files import atomic_write_file, check_writable
 from qkinspect.records import envelope
+from qkinspect.selection import parse_indices
 
 TENSORS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "q_norm", "k_norm")
 CONVENTION = ("row vectors: q = x @ W_Q[h] + b_Q[h]; W_Q (n_heads, d_model, d_head), W_K/W_V (n_kv_heads, d_model, "

@@ -263,8 +263,9 @@ def draw_figure(model: str | None, kind: str, output: Path, selection: Selection
 def draw_trajectory(folder: Path, metric: str, output: Path, *, layers: str | None = None,
                     blocks: list[str] | None = None, title: str | None = None) -> None:
     """The trajectory figure of a sweep folder's results (`qkinspect sweep --out FOLDER`), saved to `output`."""
-    from qkinspect.cli.options import parse_blocks, parse_indices
+    from qkinspect.cli.options import parse_blocks
     from qkinspect.report.sweep.trajectory import sweep_trajectory
+    from qkinspect.selection import parse_indices
     from qkinspect.sweep import read_sweep
 
     fig = sweep_trajectory(read_sweep(folder), metric, layers=parse_indices(layers, "--layers"),

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from qkinspect.experiment.edits import forms
 from qkinspect.experiment.edits import qknorm as qkn
-from qkinspect.experiment.edits.names import EDITS, Edit, EditError, parse_edit  # noqa: F401 (re-exported)
+from qkinspect.experiment.edits.names import Edit, EditError
 from qkinspect.experiment.edits.rotary import RotaryLayout, rotary_layout
 from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.metrics.factored import one_thread

@@ -15,8 +15,10 @@ runs its own parsers and raises whatever they raise. So, before transformers see
   unknown token, JSON files objects, where they enter, with the file named.
 - `check_config`: the config values the runner uses and transformers checks only while it builds the model
   (pad_token_id within the vocabulary, a known RoPE type).
-- `boundary`: the one translation of a third-party exception into `CheckpointError` (loading the config, the
-  model and the tokenizer, tokenizing, the first forward pass), naming the file: bad input is exit 2, never 1.
+- `qkinspect.loading.boundary.boundary` (below this package, as the tokenizer-file checks of
+  `qkinspect.loading.tokenizer_files` are, since `loading.tokens` needs them too): the one translation of a
+  third-party exception into `CheckpointError` (loading the config, the model and the tokenizer, tokenizing, the
+  first forward pass), naming the file: bad input is exit 2, never 1.
 """
 
 from __future__ import annotations
@@ -25,16 +27,16 @@ import contextlib
 import json
 import os
 import shutil
-import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qkinspect.errors import CheckpointError, QkinspectError
+from qkinspect.errors import CheckpointError
+from qkinspect.loading.boundary import boundary
 from qkinspect.loading.checked import inside, read_json
-from qkinspect.reading import os_reason
+from qkinspect.loading.tokenizer_files import regular, too_many_tokens, utf8_text
 
 # Files a transformers tokenizer may read from a folder (transformers 4 and 5, fast and slow classes).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -44,8 +46,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 COPIED = ("config.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 WEIGHT_INDEXES = (("model.safetensors.index.json", "model.safetensors"),
                   ("pytorch_model.bin.index.json", "pytorch_model.bin"))
-MAX_TOKENIZER_BYTES = 64 << 20  # the largest real ones (multilingual vocabularies, Gemma 3: 33 MB) are tens of MB
-MAX_VOCAB = 1 << 21  # tokens of a vocab.txt (real vocabularies: up to ~262k); the tokenizer holds each in a dict
 # Switches in config.json that say how a model is to be run, not what it is: the runner decides them (transformers'
 # default attention kernel for the family, dict outputs), so a kernel that is not installed (flash_attention_2) or
 # tuple outputs cannot break it. Left out of the copied config.json (top level and sub-configs).
@@ -65,81 +65,6 @@ class Staged:
     config_file: Path
     tokenizer_files: list[Path] = field(default_factory=list)  # a GGUF: itself, when it has tokenizer metadata
     gguf: bool = False
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as one short line, its type named where the message alone says little (KeyError: 'x')."""
-    text = " ".join(str(e).split())[:300]
-    if not text:
-        return type(e).__name__
-    plain = isinstance(e, (OSError, ValueError)) and type(e) not in (UnicodeDecodeError,)
-    return text if plain else f"{type(e).__name__}: {text}"
-
-
-def is_panic(e: BaseException) -> bool:
-    """A Rust panic in a native extension (the tokenizers and safetensors libraries, through pyo3): raised as
-    ``pyo3_runtime.PanicException``, a BaseException, so ``except Exception`` does not see it."""
-    return type(e).__name__ == "PanicException"
-
-
-@contextlib.contextmanager
-def boundary(shown: Any, what: str, native: bool = False) -> Iterator[None]:
-    """Any exception a third-party library raises in the block becomes one CheckpointError line naming `shown`:
-    ``{shown}: {what} ({the exception})``; a Rust panic too. qkinspect's own errors and interrupts pass through.
-
-    `native`: the block runs the tokenizers library, whose panics print their own message (and, with
-    RUST_BACKTRACE, a backtrace) on file descriptor 2 before Python sees them: those lines are kept out of stderr.
-    """
-    try:
-        with quiet_native_stderr() if native else contextlib.nullcontext():
-            yield
-    except (QkinspectError, KeyboardInterrupt, SystemExit, GeneratorExit):
-        raise
-    except BaseException as e:
-        if not isinstance(e, Exception) and not is_panic(e):
-            raise
-        raise CheckpointError(f"{shown}: {what} ({one_line(e)})") from None
-
-
-@contextlib.contextmanager
-def quiet_native_stderr() -> Iterator[None]:
-    """File descriptor 2 pointed at a temporary file for the block (what native code writes there is dropped);
-    Python's own sys.stderr is untouched unless it is that descriptor, and it is flushed first."""
-    import sys
-
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-    except OSError:  # no descriptor 2 to protect
-        yield
-        return
-    try:
-        with tempfile.TemporaryFile() as sink:
-            os.dup2(sink.fileno(), 2)
-            try:
-                yield
-            finally:
-                with contextlib.suppress(Exception):
-                    sys.stderr.flush()
-                os.dup2(saved, 2)
-    finally:
-        os.close(saved)
-
-
-def regular(path: Path, shown: Any = None, limit: int = MAX_TOKENIZER_BYTES) -> int:
-    """The size of `path` (after links), which must be a regular file of at most `limit` bytes; CheckpointError
-    otherwise (a FIFO, a device or a folder would hang or fail transformers' readers)."""
-    shown = path if shown is None else shown
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise CheckpointError(f"{shown}: cannot read it ({os_reason(e)})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise CheckpointError(f"{shown}: is not a regular file; refused")
-    if st.st_size > limit:
-        raise CheckpointError(f"{shown}: {st.st_size:,} bytes, more than a tokenizer file has (at most {limit:,})")
-    return st.st_size
 
 
 @contextlib.contextmanager
@@ -219,7 +144,7 @@ def check_tokenizer_files(folder: Path, names: list[str]) -> None:
         from tokenizers import Tokenizer
 
         path = folder / "tokenizer.json"
-        text = _text(path)
+        text = utf8_text(path)
         with boundary(path, "not a tokenizer the tokenizers library can read", native=True):
             Tokenizer.from_str(text)  # the tokenizers library's own parser: the one transformers uses
     if "vocab.txt" in names:
@@ -242,9 +167,8 @@ def check_vocab(path: Path, unk_token: Any = None, unk: bool = True) -> None:
     """A vocab.txt: UTF-8 text, one token a line, of at most MAX_VOCAB tokens; for WordPiece (`unk`), holding its
     unknown token (``[UNK]`` unless the tokenizer's config names another)."""
     regular(path)
-    tokens = _text(path).splitlines()
-    if len(tokens) > MAX_VOCAB:
-        raise CheckpointError(f"{path}: {len(tokens):,} tokens, more than a vocabulary has (at most {MAX_VOCAB:,})")
+    tokens = utf8_text(path).splitlines()
+    too_many_tokens(path, len(tokens))
     if not unk:
         return
     name = unk_token.get("content") if isinstance(unk_token, dict) else unk_token
@@ -253,15 +177,6 @@ def check_vocab(path: Path, unk_token: Any = None, unk: bool = True) -> None:
         raise CheckpointError(f"{path}: no tokens in this vocabulary")
     if name not in tokens and name not in (t.strip() for t in tokens):
         raise CheckpointError(f"{path}: the vocabulary has no unknown token {name!r}, which WordPiece needs")
-
-
-def _text(path: Path) -> str:
-    try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{path}: not UTF-8 text (at byte {e.start})") from None
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read it ({os_reason(e)})") from None
 
 
 # GGUF tokenizer metadata that names a token by its index (transformers looks each up in the token list)
@@ -370,6 +285,5 @@ def check_token_ids(ids: Any, n: int, shown: Any, what: str = "the tokenizer giv
                               f"(0-{n - 1})")
 
 
-__all__ = ["RUNTIME_KEYS", "Staged", "TOKENIZER_FILES", "boundary", "check_config", "check_gguf_tokenizer",
-           "check_token_ids", "check_tokenizer_files", "check_vocab", "is_panic", "no_gguf_bar", "one_line",
-           "quiet_native_stderr", "regular", "stage_tokenizer", "staged", "staged_tokenizer"]
+__all__ = ["RUNTIME_KEYS", "Staged", "TOKENIZER_FILES", "check_config", "check_gguf_tokenizer", "check_token_ids",
+           "check_tokenizer_files", "check_vocab", "no_gguf_bar", "stage_tokenizer", "staged", "staged_tokenizer"]

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from qkinspect.errors import CheckpointError, UnsupportedModelError
+from qkinspect.loading.boundary import boundary
 
 # model_type -> family of modules the write-back knows
 FAMILIES = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "llama", "qwen2_moe": "llama",
@@ -70,7 +71,7 @@ def load_hf(resolved, tokenizer: Any = None, device: str = "cpu") -> HFModel:
     Decoders are causal LMs. Encoders are masked LMs when the checkpoint has the head (every head tensor present),
     else bare encoders measured by drift. `tokenizer`: a tokenizer object, or a folder/vocab file to read one
     from; None reads the model's own (its folder, or the GGUF's metadata). transformers reads only checked files,
-    from a private folder, and what it raises is translated (`qkinspect.experiment.model.guard`).
+    from a private folder, and what it raises is translated (`qkinspect.loading.boundary`).
 
     Raises:
         UnsupportedModelError: a family the write-back does not know.
@@ -81,7 +82,7 @@ def load_hf(resolved, tokenizer: Any = None, device: str = "cpu") -> HFModel:
     family = family_of(resolved.config.model_type)
     with quiet_transformers(), guard.staged(resolved) as st, guard.no_gguf_bar(st.gguf):
         config = _config(st)
-        with guard.boundary(st.shown, "transformers cannot build the model from it"):
+        with boundary(st.shown, "transformers cannot build the model from it"):
             model, kind = _load_model(family, st.where, {**st.kw, "config": config}, st.shown)
         tok, tok_shown = load_tokenizer(tokenizer, st)
     if len(tok) <= len(set(tok.all_special_ids)):  # transformers builds an empty one from a bare config
@@ -100,7 +101,7 @@ def _config(st) -> Any:
 
     from qkinspect.experiment.model import guard
 
-    with guard.boundary(st.config_file, "transformers cannot read this config"):
+    with boundary(st.config_file, "transformers cannot read this config"):
         config = AutoConfig.from_pretrained(st.where, **st.kw)
     guard.check_config(config, st.config_file)
     return config
@@ -146,14 +147,14 @@ def load_tokenizer(tokenizer: Any, st) -> tuple[Any, Any]:
             raise CheckpointError(f"{st.shown}: no tokenizer files ({', '.join(guard.TOKENIZER_FILES[:5])} …)"
                                   f"{hint}")
         shown = st.shown if st.gguf else _named(st.tokenizer_files)
-        with guard.boundary(shown, "transformers cannot build a tokenizer from it", native=True):
+        with boundary(shown, "transformers cannot build a tokenizer from it", native=True):
             return AutoTokenizer.from_pretrained(st.where, **st.kw), shown
     from pathlib import Path
 
     t = Path(tokenizer)
     if t.is_file():  # a WordPiece vocab.txt, one token a line (AntiBERTy ships one beside its model)
         guard.check_vocab(t)
-        with guard.boundary(t, "transformers cannot build a WordPiece tokenizer from it",
+        with boundary(t, "transformers cannot build a WordPiece tokenizer from it",
                             native=True):
             return wordpiece(t, lower_case=False), t
     if not t.is_dir():
@@ -162,7 +163,7 @@ def load_tokenizer(tokenizer: Any, st) -> tuple[Any, Any]:
         if not files:
             raise CheckpointError(f"{t}: no tokenizer files ({', '.join(guard.TOKENIZER_FILES[:5])} …){hint}")
         shown = _named(files)
-        with guard.boundary(shown, "transformers cannot build a tokenizer from it", native=True):
+        with boundary(shown, "transformers cannot build a tokenizer from it", native=True):
             return AutoTokenizer.from_pretrained(where, local_files_only=True, trust_remote_code=False), shown
 
 

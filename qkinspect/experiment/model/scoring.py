@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from qkinspect.errors import InputError
 from qkinspect.experiment.model.runtime import CAUSAL, DRIFT, MASKED, HFModel
-from qkinspect.experiment.requests import BYTES_PER_TOKEN, Text, check_amounts
+from qkinspect.experiment.requests import BYTES_PER_TOKEN, LIBRARY_NAMES, Names, Text, check_amounts
 from qkinspect.progress import phase
 from qkinspect.reading import MAX_TEXT_BYTES
 
@@ -55,30 +55,32 @@ def text_bytes(tokens: int) -> int:
     return min(MAX_TEXT_BYTES, max(1 << 20, BYTES_PER_TOKEN * tokens))
 
 
-def read_text(path: str | Path, tokens: int | None = None) -> Text:
+def read_text(path: str | Path, tokens: int | None = None, what: str = LIBRARY_NAMES.text) -> Text:
     """The text of a --text file: only its first `text_bytes(tokens)` bytes (all of MAX_TEXT_BYTES without
-    `tokens`); a FIFO, a device or anything else but a regular file is refused (InputError naming the file)."""
+    `tokens`); a FIFO, a device or anything else but a regular file is refused (InputError naming the file and
+    the option it was given as, `what`: a `Names` entry, "--text" or "text")."""
     from qkinspect.reading import read_text as bounded
 
     p = Path(path)
     limit = MAX_TEXT_BYTES if tokens is None else text_bytes(tokens)
-    return Text(str(p), bounded(p, limit=limit, what="--text", prefix=True))
+    return Text(str(p), bounded(p, limit=limit, what=what, prefix=True))
 
 
-def windows(hf: HFModel, text: Text, tokens: int, window: int) -> Tensor:
+def windows(hf: HFModel, text: Text, tokens: int, window: int, names: Names = LIBRARY_NAMES) -> Tensor:
     """Token windows (n, W) from the first `tokens` tokens of `text`. Encoders get [CLS] … [SEP] around W-2
     text tokens; causal LMs whose tokenizer starts every text with BOS (Gemma, Llama 3) get BOS before W-1 text
-    tokens, as they were trained. With fewer tokens than one window, one window of what there is."""
-    check_amounts(tokens, window)
+    tokens, as they were trained. With fewer tokens than one window, one window of what there is. A window the
+    model cannot take is an InputError naming the option as the caller spells it (`names`)."""
+    check_amounts(tokens, window, names)
     limit = getattr(hf.model.config, "max_position_embeddings", None)
     if limit and window > limit:
-        raise InputError(f"--window {window}: this model takes at most {limit} positions")
+        raise InputError(f"{names.said('window', window)}: this model takes at most {limit} positions")
     tok = hf.tokenizer
     wrap = hf.kind != CAUSAL and tok.cls_token_id is not None and tok.sep_token_id is not None
     bos = hf.kind == CAUSAL and _adds_bos(tok)
     body = window - 2 if wrap else window - 1 if bos else window
     if body < 1:
-        raise InputError(f"--window {window}: too short for [CLS] and [SEP]")
+        raise InputError(f"{names.said('window', window)}: too short for [CLS] and [SEP]")
     ids = _token_ids(tok, text.text, tokens)
     if len(ids) < 2:
         raise InputError(f"{text.name}: the text gives fewer than 2 tokens")
