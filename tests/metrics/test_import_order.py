@@ -19,17 +19,18 @@ ROOT = Path(__file__).resolve().parents[2]
 def imports_of(source: str, package: str, modules: set[str]) -> set[str]:
     """The modules of `package` (named in `modules`) that `source` imports anywhere: module level, inside
     functions, under TYPE_CHECKING."""
-    found = set()
+    return {n for names in imported_names(source) for n in names if n in modules}
+
+
+def imported_names(source: str):
+    """For each import statement of `source` (anywhere: module level, inside functions, under TYPE_CHECKING), the
+    dotted names it may import: `from qkinspect.metrics import backend` names a module, `from x.y import f` names
+    x.y, so both x.y and x.y.f are given."""
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            yield [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            # `from qkinspect.metrics import backend` names a module; `from x.y import f` names x.y
-            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-        else:
-            continue
-        found |= {n for n in names if n in modules}
-    return found
+            yield [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
 
 
 def graph(folder: Path, package: str) -> dict[str, set[str]]:
@@ -186,13 +187,7 @@ def cli_users(folder: Path = PACKAGE, package: str = "qkinspect") -> list[str]:
     for name, p in modules(folder, package).items():
         if is_cli(name) or name == f"{package}.__main__":
             continue
-        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            else:
-                continue
+        for names in imported_names(p.read_text(encoding="utf-8")):
             bad += [f"{name} imports {n}" for n in names if is_cli(n)][:1]
     return bad
 
