@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,7 +14,7 @@ from qkinspect.cli.commands.sweep import (
     SweepFormatOpt,
     ThreadsOpt,
     WorkersOpt,
-    check_sweep_output,
+    check_engine_options,
     write_table,
 )
 from qkinspect.cli.options import Device as DeviceChoice
@@ -29,8 +28,7 @@ from qkinspect.cli.options import (
     Selection,
 )
 from qkinspect.cli.output import Document, note, warn
-from qkinspect.errors import InputError, SweepFailed
-from qkinspect.limits import check_threads, check_workers
+from qkinspect.errors import SweepFailed
 from qkinspect.records import envelope
 
 ModelsArg = Annotated[list[str] | None, typer.Argument(
@@ -76,15 +74,7 @@ def register(app: typer.Typer) -> None:
         from qkinspect.zoo.inputs import entries
         from qkinspect.zoo.run import atlas_options, run_atlas
 
-        if importlib.util.find_spec("distributed") is None:
-            raise InputError("atlas needs Dask distributed: pip install 'qkinspect[sweep]'")
-        name = check_sweep_output(fmt, output)
-        check_threads(threads)
-        check_workers(workers)
-        if scheduler is not None:
-            from qkinspect.sweep.scheduler import check_address
-
-            check_address(scheduler)
+        name = check_engine_options("atlas", fmt, output, threads, workers, scheduler)
         sel = Selection.parse(metrics=metrics, precision=precision, device=device, fold_ln=fold_ln)
         options = {"metrics": sel.metrics, "precision": sel.precision, "fold_ln": sel.fold_ln}
         atlas_options(options)  # refused before the models are looked for

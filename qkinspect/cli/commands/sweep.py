@@ -88,15 +88,7 @@ def register(app: typer.Typer) -> None:
         """
         from qkinspect.sweep import discover, run_sweep
 
-        if importlib.util.find_spec("distributed") is None:
-            raise InputError("sweep needs Dask distributed: pip install 'qkinspect[sweep]'")
-        name = check_sweep_output(fmt, output)
-        check_threads(threads)
-        check_workers(workers)
-        if scheduler is not None:
-            from qkinspect.sweep.scheduler import check_address
-
-            check_address(scheduler)
+        name = check_engine_options("sweep", fmt, output, threads, workers, scheduler)
         sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
         checkpoints = discover(specs, [r.strip() for r in revisions.split(",")] if revisions else None)
@@ -124,6 +116,23 @@ def check_checkpoint(info, sel: Selection) -> None:
     """What `analyze` would refuse for every checkpoint, refused once for the sweep before any analysis."""
     keys = check_selection(info, sel.blocks, sel.layers, sel.heads)
     check_fold_qk_norm([b for b in info.blocks if keys is None or b.key in keys], sel.fold_qk_norm, "--fold-qk-norm")
+
+
+def check_engine_options(command: str, fmt: SweepFormat | None, output: Path | None, threads: int | None,
+                         workers: int | None, scheduler: str | None) -> str:
+    """What the sweep engine's commands (sweep, atlas) refuse before any work: Dask missing, an output that
+    cannot be written, thread and worker counts out of range, a scheduler address that is not one. Returns the
+    format to write."""
+    if importlib.util.find_spec("distributed") is None:
+        raise InputError(f"{command} needs Dask distributed: pip install 'qkinspect[sweep]'")
+    name = check_sweep_output(fmt, output)
+    check_threads(threads)
+    check_workers(workers)
+    if scheduler is not None:
+        from qkinspect.sweep.scheduler import check_address
+
+        check_address(scheduler)
+    return name
 
 
 def check_sweep_output(fmt: SweepFormat | None, output: Path | None) -> str:
