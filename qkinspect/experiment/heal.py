@@ -229,7 +229,7 @@ class Healer:
         """`steps` optimizer steps (the forward under bfloat16 autocast where `bf16`); `on_step(model, k)` after
         step k (0: before the first), `evaluate(k)` at the steps in `at`, `tick(k, status)` with step k's training
         loss (qkinspect.progress)."""
-        opt = torch.optim.AdamW(self.params, lr=self.opts.lr, weight_decay=0.0)
+        opt = adamw(self.params, self.opts.lr)
         self.model.train()
         if on_step is not None:
             on_step(self.model, 0)
@@ -262,6 +262,16 @@ class Healer:
                 if evaluate is not None and k + 1 in at:
                     evaluate(k + 1)
         self.model.eval()
+
+
+def adamw(params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """AdamW without weight decay, its fused kernel (one pass over each parameter and its state) where this torch
+    has it for the parameters' device (CPU from torch 2.4), else the multi-tensor one; the same update up to float
+    rounding."""
+    try:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
+    except (RuntimeError, ValueError):  # no fused kernel for this device in this torch
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=True)
 
 
 def on_cpu(layer):

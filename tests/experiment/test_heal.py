@@ -30,7 +30,8 @@ def folders(tmp_path_factory):
 
 
 def _qk_heads(model, family, layer):
-    """(W_Q, W_K) per query head (H, D, d) read straight from the family's modules (not through qkinspect)."""
+    """(W_Q, W_K) per query head (H, D, d) read straight from the family's modules (not through qkinspect), as
+    copies (a module weight may be a view of the parameter the optimizer updates in place)."""
     if family == "llama":
         a = model.model.layers[layer].self_attn
         H, d = model.config.num_attention_heads, model.config.head_dim
@@ -39,16 +40,16 @@ def _qk_heads(model, family, layer):
         Wk = k.detach().view(-1, d, q.shape[1])
         if Wk.shape[0] != H:  # not expanded: head h reads KV head h // group
             Wk = Wk[torch.arange(H) // (H // Wk.shape[0])]
-        return Wq.mT, Wk.mT
+        return Wq.mT.clone(), Wk.mT.clone()
     if family == "gpt2":
         c = model.transformer.h[layer].attn.c_attn.weight.detach()  # (D, 3D) [in, out]: [q | k | v]
         D, H = c.shape[0], model.config.n_head
         q, k = c[:, :D], c[:, D:2 * D]
-        return q.view(D, H, -1).permute(1, 0, 2), k.view(D, H, -1).permute(1, 0, 2)
+        return q.view(D, H, -1).permute(1, 0, 2).clone(), k.view(D, H, -1).permute(1, 0, 2).clone()
     s = model.bert.encoder.layer[layer].attention.self
     H = model.config.num_attention_heads
-    return (s.query.weight.detach().view(H, -1, s.query.weight.shape[1]).mT,
-            s.key.weight.detach().view(H, -1, s.key.weight.shape[1]).mT)
+    return (s.query.weight.detach().view(H, -1, s.query.weight.shape[1]).mT.clone(),
+            s.key.weight.detach().view(H, -1, s.key.weight.shape[1]).mT.clone())
 
 
 CASES = [("llama", "share_qk"), ("llama", "symmetric"), ("llama", "rank:3"), ("llama", "tie_k"),

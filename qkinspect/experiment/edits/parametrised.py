@@ -46,25 +46,53 @@ class EditForm(nn.Module):
     """The canonical tensors of one edited layer, with the edit `edit` on `heads` kept as their form.
 
     Built from the edited layer (`apply_edit(...).layer`), whose tensors are already in the edit's set; checked
-    on construction (the form reproduces them to float rounding)."""
+    on construction (the form reproduces them to float rounding). Its parameters are the edit's free ones only: a
+    tensor the constraint fills whole has none (W_Q where every head is edited by a tie), and expanded keys and
+    values hold one row per distinct head they are read from (`take_<name>`: which row each head reads). `store`
+    lays a parameter out in the axis order of the module weight that reads it, so that weight is a view of it."""
 
     def __init__(self, layer: AttentionLayer, edit: Edit, heads: list[int], groups: Tensor | None = None):
         super().__init__()
         self.edit, self.kind = str(edit), edit.name
         self.names = [n for n in CANON if getattr(layer, n) is not None]
+        self.shapes = {n: tuple(getattr(layer, n).shape) for n in self.names}
+        self.offsets: dict[int, str] = {}  # where each canonical tensor starts in `flat` (module_maps' order)
+        offset = 0
         for n in self.names:
-            self.register_parameter(n, nn.Parameter(getattr(layer, n).detach().to(torch.float32).clone()))
+            self.offsets[offset] = n
+            offset += math.prod(self.shapes[n])
         h = torch.tensor(heads, dtype=torch.int64)
         self.register_buffer("heads", h)
-        # whether the edited rows are every row in order (no copy of the rest needed), decided here, not per step
+        # whether the edited rows are every row in order (no copy of the rest needed), decided here, not per step;
+        # all_kv: the edited heads read every key/value head in order (W_K[kv] is W_K itself)
         self.all_q = heads == list(range(layer.W_Q.shape[0]))
         self.all_kv = layer.kv_index()[h].tolist() == list(range(layer.W_V.shape[0]))
         self.register_buffer("kv", layer.kv_index()[h].clone())
-        self.tied = groups is not None
-        if groups is not None:
+        both_b = "b_Q" in self.names and "b_K" in self.names
+        self.derived: set[str] = set()  # canonical tensors the constraint fills whole: no parameter
+        if self.kind in TIES and self.all_q:
+            self.derived |= {"W_Q", "b_Q"} if both_b else {"W_Q"}
+        if self.kind == "share_qkv" and self.all_kv:
+            self.derived.add("W_V")
+        if self.kind == "ablate" and self.all_q:
+            self.derived.add("W_O")
+        takes: dict[str, tuple[list[int], Tensor]] = {}
+        if groups is not None:  # expanded K/V: one parameter row per distinct head read (module docstring)
             k_from, v_from = _group_ties(groups, heads, self.kind == "share_qkv")
-            self.register_buffer("k_from", k_from)
-            self.register_buffer("v_from", v_from)
+            for pair, src in ((("W_K", "b_K"), k_from), (("W_V", "b_V"), v_from)):
+                rows = sorted(set(src.tolist()))
+                if rows != list(range(len(src))):
+                    at = torch.tensor([rows.index(i) for i in src.tolist()], dtype=torch.int64)
+                    takes.update({n: (rows, at) for n in pair if n in self.names and n not in self.derived})
+        for n in self.names:
+            if n in self.derived:
+                continue
+            value = getattr(layer, n).detach().to(torch.float32)
+            if n in takes:
+                value = value[takes[n][0]]
+                self.register_buffer(f"take_{n}", takes[n][1])
+            self.register_parameter(n, nn.Parameter(value.clone()))
+        self.perm: dict[str, tuple[int, ...]] = {}  # a parameter's axis order where `store` changed it
         if self.kind in TIES:
             self.register_buffer("signs", _signs(layer, h, self.kv) if self.kind == "symmetric"
                                  else torch.ones(len(h), layer.spec.d_head))
@@ -101,43 +129,81 @@ class EditForm(nn.Module):
         self.register_buffer("free_cols", mask)
         self.register_buffer("real_cols", lay.real.clone())
 
+    def store(self, name: str, perm: tuple[int, ...]) -> None:
+        """Hold parameter `name` as its canonical tensor permuted by `perm` (the axis order of the module weight
+        that reads it), so the weight is a view of it, not a copy per step. Before training; once per tensor."""
+        p = self._parameters.get(name)
+        if p is None or name in self.perm or perm == tuple(range(p.dim())):
+            return
+        self.register_parameter(name, nn.Parameter(p.detach().permute(perm).contiguous(),
+                                                   requires_grad=p.requires_grad))
+        self.perm[name] = perm
+
+    def _free(self, name: str) -> Tensor:
+        """Canonical tensor `name` as its parameter holds it, in canonical axis order (a view), each head read
+        from its row."""
+        x = self._parameters[name]
+        if name in self.perm:
+            x = x.permute(_inverse(self.perm[name]))
+        take = self._buffers.get(f"take_{name}")
+        return x if take is None else _take(x, take)
+
     def tensors(self) -> dict[str, Tensor]:
-        """The layer's canonical tensors, the constraint applied."""
-        t = {n: getattr(self, n) for n in self.names}
+        """The layer's canonical tensors, the constraint applied (in the parameters' memory layout, so that a
+        module weight read as a view of a canonical tensor needs no copy)."""
+        t = {n: self._free(n) for n in self.names if n not in self.derived}
         h, kv = self.heads, self.kv
-        if self.tied:  # expanded K/V: what the edit did not make a head's own stays its group's
-            for n, src in (("W_K", self.k_from), ("b_K", self.k_from), ("W_V", self.v_from), ("b_V", self.v_from)):
-                if n in t:
-                    t[n] = t[n][src]
         if self.kind in TIES:
             signed = self.kind == "symmetric"  # the other ties' signs are all +1: no multiply
-            s = self.signs.unsqueeze(-2)  # (n, 1, d)
-            t["W_Q"] = _rows_set(t["W_Q"], h, t["W_K"][kv] * s if signed else t["W_K"][kv], self.all_q)
-            if "b_Q" in t and "b_K" in t:
-                t["b_Q"] = _rows_set(t["b_Q"], h, t["b_K"][kv] * self.signs if signed else t["b_K"][kv], self.all_q)
+            key = t["W_K"] if self.all_kv else _take(t["W_K"], kv)
+            query = key * self.signs.unsqueeze(-2) if signed else key
+            t["W_Q"] = query if self.all_q else _rows_set(t["W_Q"], h, query)
+            if "b_Q" in self.names and "b_K" in self.names:
+                kb = t["b_K"] if self.all_kv else t["b_K"][kv]
+                qb = kb * self.signs if signed else kb
+                t["b_Q"] = qb if self.all_q else _rows_set(t["b_Q"], h, qb)
             if self.kind == "share_qkv":
-                t["W_V"] = _rows_set(t["W_V"], kv, t["W_K"][kv], self.all_kv)
+                t["W_V"] = key if self.all_kv else _rows_set(t["W_V"], kv, key)
         elif self.kind == "rank":
-            real = (self.A * self.kept_dirs.unsqueeze(-2)) @ self.C  # (n, D, kmax) @ (n, kmax, k0) -> (n, D, k0)
-            new = t["W_Q"][h] * self.free_cols.unsqueeze(-2)  # (n, D, d): kept pairs free, the rest zero
-            new = new.index_copy(-1, self.real_cols, real)
-            t["W_Q"] = _rows_set(t["W_Q"], h, new, self.all_q)
+            Wq = t["W_Q"] if self.all_q else _take(t["W_Q"], h)
+            new = Wq * self.free_cols.unsqueeze(-2)  # (n, D, d): kept pairs free, the rest zero
+            if self.real_cols.numel():
+                real = (self.A * self.kept_dirs.unsqueeze(-2)) @ self.C  # (n, D, kmax) @ (n, kmax, k0) -> (n, D, k0)
+                new = new.index_copy(-1, self.real_cols, real)
+            t["W_Q"] = new if self.all_q else _rows_set(t["W_Q"], h, new)
         elif self.kind == "ablate":
-            t["W_O"] = _rows_set(t["W_O"], h, torch.zeros_like(t["W_O"][h]), self.all_q)
+            t["W_O"] = (torch.zeros(self.shapes["W_O"], device=h.device) if self.all_q
+                        else _rows_set(t["W_O"], h, torch.zeros_like(t["W_O"][h])))
+        return t
+
+    def constrained(self) -> dict[str, Tensor]:
+        """`tensors()` in float32 (also under autocast); inside `cached` computed once and shared by all the
+        module weights read from it."""
+        cache = self.__dict__.get("_cache")
+        if cache is not None and "t" in cache:
+            return cache["t"]
+        with torch.autocast(self.heads.device.type, enabled=False):  # the weights stay float32 under autocast
+            t = self.tensors()
+        if cache is not None:
+            cache["t"] = t
         return t
 
     def flat(self) -> Tensor:
-        """Every canonical tensor, constraint applied, in one vector (`module_maps` order). Inside `cached` it is
-        computed once and shared by all the module weights gathered from it."""
+        """Every canonical tensor, constraint applied, in one vector (`module_maps` order), for the module
+        weights gathered by an index map (a fused projection). Inside `cached` it is computed once."""
         cache = self.__dict__.get("_cache")
-        if cache is not None and cache[0] is not None:
-            return cache[0]
-        with torch.autocast(self.heads.device.type, enabled=False):  # the weights stay float32 under autocast
-            t = self.tensors()
-            flat = torch.cat([t[n].reshape(-1) for n in self.names])
+        if cache is not None and "flat" in cache:
+            return cache["flat"]
+        t = self.constrained()
+        flat = torch.cat([t[n].reshape(-1) for n in self.names])
         if cache is not None:
-            cache[0] = flat
+            cache["flat"] = flat
         return flat
+
+    def read(self, st: Strided) -> Tensor:
+        """The module weight at strided placement `st`: its canonical tensor with permuted axes (a view where the
+        parameter is stored in that order)."""
+        return self.constrained()[self.offsets[st.start]].permute(st.perm).reshape(st.out)
 
     def violation(self, t: dict[str, Tensor]) -> Tensor:
         """How far canonical tensors `t` (as the model's modules hold them) are from the edit's set, relative to
@@ -146,7 +212,10 @@ class EditForm(nn.Module):
         the caller reads all layers' at once)."""
         h, kv = self.heads, self.kv
         if self.kind in TIES:
-            Wq, Wk = t["W_Q"][h], t["W_K"][kv] * self.signs.unsqueeze(-2)
+            Wq = t["W_Q"] if self.all_q else t["W_Q"][h]
+            Wk = t["W_K"] if self.all_kv else t["W_K"][kv]
+            if self.kind == "symmetric":
+                Wk = Wk * self.signs.unsqueeze(-2)
             return (Wq - Wk).abs().max() / Wq.abs().max().clamp_min(1e-30)
         if self.kind == "ablate":
             return t["W_O"][h].abs().max() / t["W_O"].abs().max().clamp_min(1e-30)
@@ -161,13 +230,29 @@ def cached(forms: Iterable[EditForm]) -> Iterator[None]:
     scoring pass with the weights fixed); with `torch.nn.utils.parametrize.cached` the module weights too."""
     forms = [f for f in forms if "_cache" not in f.__dict__]  # nested: the outer block's cache stays
     for f in forms:
-        f.__dict__["_cache"] = [None]
+        f.__dict__["_cache"] = {}
     try:
         with parametrize.cached():
             yield
     finally:
         for f in forms:
             f.__dict__.pop("_cache", None)
+
+
+def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+def _take(t: Tensor, rows: Tensor) -> Tensor:
+    """`t[rows]` (along axis 0) in `t`'s memory layout: where `t` is a permuted view of a parameter, the result
+    is laid out alike, so a module weight read from it with the parameter's axis order needs no second copy."""
+    order = tuple(sorted(range(t.dim()), key=lambda a: -t.stride(a)))  # t.permute(order): t's memory order
+    if order == tuple(range(t.dim())):
+        return t.index_select(0, rows)
+    return t.permute(order).index_select(order.index(0), rows).permute(_inverse(order))
 
 
 def _rank_excess(Wq: Tensor, form: EditForm) -> Tensor:
@@ -205,11 +290,8 @@ def _group_ties(groups: Tensor, heads: list[int], own_v: bool) -> tuple[Tensor, 
     return k_from, v_from
 
 
-def _rows_set(full: Tensor, rows: Tensor, values: Tensor, every: bool) -> Tensor:
-    """`full` with `rows` replaced by `values`, differentiably (out of place); `values` itself where `every` (the
-    rows are all of `full`'s, in order: every head edited, no copy of `full`)."""
-    if every:
-        return values.to(full.dtype)
+def _rows_set(full: Tensor, rows: Tensor, values: Tensor) -> Tensor:
+    """`full` with `rows` replaced by `values`, differentiably (out of place, in `full`'s memory layout)."""
     return full.index_copy(0, rows, values.to(full.dtype))
 
 
@@ -273,15 +355,19 @@ class _Gathered(nn.Module):
 
     def forward(self, X: Tensor) -> Tensor:
         if self.strided is not None:
-            return self.strided.read(self.form.flat()).to(self.dtype)
+            return self.form.read(self.strided).to(self.dtype)
         taken = self.form.flat().index_select(0, self.index).view(self.shape).to(self.dtype)
         return taken if self.whole else torch.where(self.take, taken, X)
 
 
-def parametrise(block: nn.Module, maps: dict[str, Tensor], form: EditForm) -> list[nn.Parameter]:
+def parametrise(block: nn.Module, maps: dict[str, Tensor | Strided], form: EditForm) -> list[nn.Parameter]:
     """Put `form` behind the block's written parameters named in `maps`; returns the parameters left to train
     (the form's, and the originals of the elements the form does not cover). An original whose every element
-    comes from the form is emptied (the form holds the values), so the edited layers are held once."""
+    comes from the form is emptied (the form holds the values), so the edited layers are held once. A form
+    parameter read whole by one module weight is stored in that weight's axis order (`EditForm.store`)."""
+    for index in maps.values():
+        if isinstance(index, Strided):
+            form.store(form.offsets[index.start], index.perm)
     params: list[nn.Parameter] = list(form.parameters())
     for name, index in maps.items():
         path, _, attr = name.rpartition(".")
@@ -300,24 +386,31 @@ def parametrise(block: nn.Module, maps: dict[str, Tensor], form: EditForm) -> li
 
 def canonical_from(block: nn.Module, maps: dict[str, Tensor | Strided], form: EditForm,
                    whole: dict[str, bool] | None = None) -> dict[str, Tensor]:
-    """The canonical tensors as the block's modules hold them now (read back through `maps`), on the maps'
-    device. `whole`: which maps hold canonical elements only (computed here where not given)."""
+    """The canonical tensors as the block's modules hold them now (read back through `maps`: a strided weight as
+    a view of itself, the others gathered), on the maps' device. `whole`: which maps hold canonical elements only
+    (computed here where not given)."""
     device = form.heads.device
-    flat = torch.empty(sum(getattr(form, n).numel() for n in form.names), dtype=torch.float32, device=device)
+    out: dict[str, Tensor] = {}
+    flat = None
     for name, index in maps.items():
         path, _, attr = name.rpartition(".")
         w = getattr(block.get_submodule(path), attr).detach().to(device, torch.float32)
         if isinstance(index, Strided):
-            index.view(flat).copy_(w.reshape(index.view(flat).shape))
-        elif whole[name] if whole is not None else bool(index.min() >= 0):  # canonical elements only: no mask
+            out[form.offsets[index.start]] = w.reshape([index.shape[p] for p in index.perm]).permute(
+                _inverse(index.perm))
+            continue
+        if flat is None:
+            flat = torch.empty(sum(math.prod(form.shapes[n]) for n in form.names), dtype=torch.float32,
+                               device=device)
+        if whole[name] if whole is not None else bool(index.min() >= 0):  # canonical elements only: no mask
             flat[index.reshape(-1)] = w.reshape(-1)
         else:
             take = index >= 0
             flat[index[take]] = w[take]
-    out, offset = {}, 0
+    offset = 0
     for n in form.names:
-        shape = getattr(form, n).shape
-        size = math.prod(shape)
-        out[n] = flat[offset:offset + size].view(shape)
+        size = math.prod(form.shapes[n])
+        if n not in out:
+            out[n] = flat[offset:offset + size].view(form.shapes[n])
         offset += size
     return out
