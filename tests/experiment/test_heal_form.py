@@ -12,7 +12,7 @@ import torch
 from qkinspect.experiment.edits.apply import apply_edit
 from qkinspect.experiment.edits.names import parse_edit
 from qkinspect.experiment.edits.parametrised import cached
-from qkinspect.experiment.heal import Healer, _float32
+from qkinspect.experiment.heal import Healer
 from qkinspect.experiment.model.runtime import HFModel
 from qkinspect.experiment.model.writeback import write_layer
 from qkinspect.experiment.requests import HealOptions
@@ -41,7 +41,7 @@ def _healer(hf, edit, heads):
 
 def _dense(hf, layer, edit, heads):
     """The model with the edited layer written back as plain weights (no parametrisation)."""
-    dense = HFModel(_float32(copy.deepcopy(hf.model)), hf.family, hf.kind, hf.tokenizer)
+    dense = HFModel(copy.deepcopy(hf.model), hf.family, hf.kind, hf.tokenizer)  # float32 already
     write_layer(dense, apply_edit(layer, parse_edit(edit), heads, rotary="gauge").layer)
     return dense.model
 

@@ -17,6 +17,16 @@ Where the edit gave grouped-query heads keys of their own (expanded K/V), only t
 share_qkv, values) are their own: the other heads of a group keep one shared key, and every value not edited stays
 its group's, so healing trains no more key/value parameters than the model had.
 
+The parameters are the free ones only, so the optimizer's state and the gradients are no larger than the edit
+needs: a canonical tensor the constraint fills whole has no parameter (W_Q where a tie edits every head of the
+layer: share_qk's key of each head IS its query projection, one matrix; W_V under share_qkv on every head; W_O
+under ablate on every head), and an expanded key or value holds one row per distinct head it is read from (share_qk
+on every head of SmolLM2's layers: 9 keys, 3 values, no W_Q; fewer parameters than the unedited layer). A parameter
+read whole by one module weight with permuted axes (separate q/k/v/o projections) is stored in that weight's axis
+order, so the weight is a view of it: share_qk on every head reads q_proj and k_proj as one parameter, with no copy
+per step; only gathers (a group's value read by its heads, a tie on some heads) and arithmetic (symmetric's signs,
+rank's mask and factors) compute anything.
+
 `qkinspect.experiment.model.writeback.module_maps` finds where each canonical element lands in the family's modules
 by writing a layer of index probes with the family's own write-back: the module weights are then gathered
 from `EditForm`'s tensors with `torch.nn.utils.parametrize`, for every family the write-back knows, and a layout is
@@ -246,10 +256,16 @@ def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(inv)
 
 
+def _memory_order(t: Tensor) -> tuple[int, ...]:
+    """The axes of `t` from the slowest to the fastest in memory (`t.permute(order)` is contiguous where `t` is a
+    permuted contiguous tensor)."""
+    return tuple(sorted(range(t.dim()), key=lambda a: -t.stride(a)))
+
+
 def _take(t: Tensor, rows: Tensor) -> Tensor:
     """`t[rows]` (along axis 0) in `t`'s memory layout: where `t` is a permuted view of a parameter, the result
     is laid out alike, so a module weight read from it with the parameter's axis order needs no second copy."""
-    order = tuple(sorted(range(t.dim()), key=lambda a: -t.stride(a)))  # t.permute(order): t's memory order
+    order = _memory_order(t)
     if order == tuple(range(t.dim())):
         return t.index_select(0, rows)
     return t.permute(order).index_select(order.index(0), rows).permute(_inverse(order))
@@ -291,8 +307,13 @@ def _group_ties(groups: Tensor, heads: list[int], own_v: bool) -> tuple[Tensor, 
 
 
 def _rows_set(full: Tensor, rows: Tensor, values: Tensor) -> Tensor:
-    """`full` with `rows` replaced by `values`, differentiably (out of place, in `full`'s memory layout)."""
-    return full.index_copy(0, rows, values.to(full.dtype))
+    """`full` with `rows` (along axis 0) replaced by `values`, differentiably (out of place), in `full`'s memory
+    layout (as `_take`)."""
+    order = _memory_order(full)
+    if order == tuple(range(full.dim())):
+        return full.index_copy(0, rows, values.to(full.dtype))
+    out = full.permute(order).index_copy(order.index(0), rows, values.to(full.dtype).permute(order))
+    return out.permute(_inverse(order))
 
 
 def _signs(layer: AttentionLayer, h: Tensor, kv: Tensor) -> Tensor:
