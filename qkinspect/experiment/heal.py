@@ -18,6 +18,8 @@ layers); "all", every parameter. The copies are the model's own classes; the use
 from __future__ import annotations
 
 import copy
+import ctypes
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -162,33 +164,36 @@ class Healer:
         self.model = _float32(copy.deepcopy(hf.model))
         self.hf = HFModel(self.model, hf.family, hf.kind, hf.tokenizer)
         self.device = next(self.model.parameters()).device
-        with open_model(self.model) as m:
-            key = m.info.blocks[0].key
-            layers = [on_cpu(m.layer(key, i)) for i in range(m.info.blocks[0].n_layers)]  # the edits run on CPU
         trained: list[nn.Parameter] = []
         self.forms: dict[int, tuple[EditForm, dict[str, Tensor | Strided]]] = {}
         self.whole: dict[int, dict[str, bool]] = {}  # per edited layer: which module weights the form fills whole
-        for i, layer in enumerate(layers):
-            block = self.hf.layers[i]
-            if i in edits:
-                edit, heads = edits[i]
-                edited = apply_edit(layer, edit, heads, rotary=rotary).layer
-                key = (i, *((n, tuple(t.shape)) for n in CANON if (t := getattr(edited, n)) is not None))
-                if key not in layouts:  # the layout depends on the layer and its tensors' shapes, not their values
-                    layouts[key] = module_maps(self.hf, edited)
-                maps = {name: m.to(self.device) for name, m in layouts[key].items()}  # on the CPU: no copy
-                self.whole[i] = {name: isinstance(m, Strided) or bool((m >= 0).all())
-                                 for name, m in layouts[key].items()}
-                write_layer(self.hf, edited)
-                expanded = edited.spec.n_kv_heads != layer.spec.n_kv_heads
-                form = EditForm(edited, edit, heads, layer.kv_index() if expanded else None).to(self.device)
-                trained += parametrise(block, maps, form)
-                self.forms[i] = (form, maps)
-            else:
-                before = {id(p) for p in block.parameters()}
-                write_layer(self.hf, layer)  # the same values, in modules of their own: the projections to train
-                trained += [p for p in block.parameters() if id(p) not in before]
-        del layers
+        with open_model(self.model) as source:
+            block_key, n_layers = source.info.blocks[0].key, source.info.blocks[0].n_layers
+            for i in range(n_layers):  # one layer at a time: what a layer frees, the next one's tensors reuse
+                layer = on_cpu(source.layer(block_key, i))  # the edits run on CPU
+                block = self.hf.layers[i]
+                if i in edits:
+                    edit, heads = edits[i]
+                    edited = apply_edit(layer, edit, heads, rotary=rotary).layer
+                    key = (i, *((n, tuple(t.shape)) for n in CANON if (t := getattr(edited, n)) is not None))
+                    if key not in layouts:  # the layout depends on the layer and its tensors' shapes, not values
+                        layouts[key] = module_maps(self.hf, edited)
+                    maps = {name: m.to(self.device) for name, m in layouts[key].items()}  # on the CPU: no copy
+                    self.whole[i] = {name: isinstance(m, Strided) or bool((m >= 0).all())
+                                     for name, m in layouts[key].items()}
+                    write_layer(self.hf, edited)
+                    expanded = edited.spec.n_kv_heads != layer.spec.n_kv_heads
+                    form = EditForm(edited, edit, heads, layer.kv_index() if expanded else None).to(self.device)
+                    trained += parametrise(block, maps, form)
+                    self.forms[i] = (form, maps)
+                    del edited
+                else:
+                    before = {id(p) for p in block.parameters()}
+                    write_layer(self.hf, layer)  # the same values, in modules of their own: the projections to train
+                    trained += [p for p in block.parameters() if id(p) not in before]
+                del layer
+        del source, block
+        return_freed_memory()  # the build's temporaries, so that they do not sit beside the training's peak
         if opts.train == "attention":
             for p in self.model.parameters():
                 p.requires_grad_(False)
@@ -272,6 +277,18 @@ def adamw(params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
     except (RuntimeError, ValueError):  # no fused kernel for this device in this torch
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=True)
+
+
+def return_freed_memory() -> None:
+    """Hand the memory the C allocator holds freed back to the system (glibc's `malloc_trim`; nothing elsewhere).
+    Building a healed copy frees many tensors of a few MB between ones it keeps; glibc keeps such holes resident,
+    and the training's activations, of other sizes, do not reuse them (on SmolLM2, ~380 MB)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl): nothing to trim
+        return
 
 
 def on_cpu(layer):
