@@ -43,15 +43,13 @@ from qkinspect.experiment.exact import make_units, run_unit
 from qkinspect.experiment.model.runtime import DRIFT, HFModel
 from qkinspect.experiment.model.scoring import CachedStates, Scorer, logits_and_targets
 from qkinspect.experiment.model.writeback import written
+from qkinspect.experiment.reach import reach, residual_change, writer
 from qkinspect.experiment.results import Agreement, Estimate, Run, spearman
+from qkinspect.experiment.spot import spot_check
 from qkinspect.layer import AttentionLayer
 from qkinspect.progress import phase
 
 PROBES = 16  # default K (docs/experiments.md, "Estimates": measured on SmolLM2)
-# A head whose edit changes its output by more than this many times the output itself (|Δo_h| / |o_h|) is flagged:
-# the quadratic model of the loss is expected to undershoot far out, and on SmolLM2 the estimate was checked only up
-# to 3.4 (docs/experiments.md, "Unreliable heads"). `ablate` (|Δo_h| = |o_h| by definition) is not judged by it.
-MOVED_LIMIT = 4.0
 # Rows (windows) per backward pass: the estimate keeps a forward graph of this many tokens.
 GRAD_TOKENS = 512
 
@@ -70,9 +68,12 @@ class HeadEstimate:
     curvature: float  # (1/2N) mean_k ⟨G_k, Δo_h⟩²
     se: float  # the Monte-Carlo standard error of `curvature` (and so of the estimate)
     moved: float  # |Δo_h| / |o_h| over every token
-    unreliable: bool  # moved > MOVED_LIMIT (never for ablate)
+    reach: float  # how far Δo_h moves the residual stream the block writes into (qkinspect.experiment.reach)
+    unreliable: bool  # the spot check found the estimate far below the edit's cost (qkinspect.experiment.spot)
     predicted: float | None  # the edit's weight-space figure
     offset0: bool
+    spot: float | None = None  # the spot check's exact Δloss (None: reach within REACH_LIMIT, not checked)
+    spot_se: float | None = None
 
     @property
     def estimate(self) -> float:
@@ -147,17 +148,20 @@ def _detach(x: Any) -> Any:
 
 
 class _Capture:
-    """Forward hooks on the chosen layers: each attention module's inputs, each output projection's input z, and a
-    zero leaf added to the projection's output, whose gradient is ∂(objective)/∂o."""
+    """Forward hooks on the chosen layers: each block's input x, each attention module's inputs, each output
+    projection's input z and output o, and a zero leaf added to o, whose gradient is ∂(objective)/∂o."""
 
     def __init__(self, hf: HFModel, layers: list[int], leaves: bool):
         self.inputs: dict[int, tuple[tuple, dict]] = {}
+        self.x: dict[int, Tensor] = {}
         self.z: dict[int, Tensor] = {}
+        self.o: dict[int, Tensor] = {}
         self.leaf: dict[int, Tensor] = {}
         self.hooks = []
         for i in layers:
             block = hf.layers[i]
             s = sites(block)
+            self.hooks.append(block.register_forward_pre_hook(self._block(i), with_kwargs=True))
             self.hooks.append(_get(block, s.attention).register_forward_pre_hook(self._inputs(i), with_kwargs=True))
             self.hooks.append(_get(block, s.output).register_forward_hook(self._output(i, leaves)))
 
@@ -167,9 +171,16 @@ class _Capture:
 
         return hook
 
+    def _block(self, i: int):
+        def hook(module, args, kwargs):
+            self.x[i] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+        return hook
+
     def _output(self, i: int, leaves: bool):
         def hook(module, args, out):
             self.z[i] = args[0].detach()
+            self.o[i] = out.detach()
             if leaves:
                 self.leaf[i] = torch.zeros_like(out, requires_grad=True)
                 return out + self.leaf[i]
@@ -273,6 +284,9 @@ def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
     dots = {key: torch.zeros(probes, H, dtype=torch.float64) for key in results}
     moved2 = {key: torch.zeros(H, dtype=torch.float64) for key in results}
     out2 = {i: torch.zeros(H, dtype=torch.float64) for i in layers}
+    reach2 = {key: torch.zeros(H, dtype=torch.float64) for key in results}  # Σ_t |Δr_h|² / |r|²
+    writers = {i: writer(hf.model.config.model_type, hf.layers[i]) for i in layers}
+    counted = 0  # tokens in reach2
     gen = torch.Generator().manual_seed(seed)
     device = next(hf.model.parameters()).device  # W_O where the model's z and gradients are (--device)
     W_O = {i: originals[i].W_O.float().to(device) for i in layers}
@@ -296,13 +310,16 @@ def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
         for i in layers:
             clean = head_outputs(cap.z[i], W_O[i])  # (M, H, D)
             out2[i] += clean.double().pow(2).sum((0, 2)).cpu()
+            x, o = cap.x[i].reshape(clean.shape[0], -1), cap.o[i].reshape(clean.shape[0], -1)
             for e in edits:
                 key = (i, str(e))
                 with written(hf, [results[key].layer]):
                     z_new[key] = rerun_z(hf, i, cap.inputs[i])
                 delta = head_outputs(z_new[key], W_O_new[key]) - clean  # (M, H, D)
                 moved2[key] += delta.double().pow(2).sum((0, 2)).cpu()
-            del clean
+                reach2[key] += residual_change(writers[i], x, o, delta).sum(0).cpu()
+            del clean, x, o
+        counted += cap.x[layers[0]].shape[:-1].numel()
         loss, objectives = _objectives(hf, res, inputs, n, probes, gen)
         leaves = [cap.leaf[i] for i in layers]
         targets = ([] if loss is None else [(None, loss)]) + list(enumerate(objectives))
@@ -330,7 +347,7 @@ def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
                 r = results[key]
                 found.append(HeadEstimate(
                     layer=i, head=h, edit=str(e), first=float(f[h]), curvature=float(c[h]), se=float(se[h]),
-                    moved=moved, unreliable=e.name != "ablate" and moved > MOVED_LIMIT,
+                    moved=moved, reach=float(reach(reach2[key], counted)[h]), unreliable=False,
                     predicted=r.predicted.get(h), offset0=r.offset0_only))
     return found
 
@@ -343,14 +360,14 @@ def _row_chunks(n: int, per: int) -> list[slice]:
 
 def choose(found: list[HeadEstimate], n: int, seed: int = 0) -> tuple[list[HeadEstimate], set[tuple[int, int]]]:
     """The `n` heads of one edit's estimates worth an exact run: the n//4 predicted cheapest and costliest, up to
-    n//4 flagged ones (furthest moved first), and a random sample (seeded) for the rest; returns them and the
-    (layer, head) pairs of the random part."""
+    n//4 flagged ones (furthest above their estimate first, in the spot check's standard errors), and a random sample
+    (seeded) for the rest; returns them and the (layer, head) pairs of the random part."""
     if n >= len(found):
         return list(found), {(x.layer, x.head) for x in found}
     q = max(1, n // 4)
     by = sorted(found, key=lambda x: (x.estimate, x.layer, x.head))
     picked = {(x.layer, x.head): x for x in by[:q] + by[-q:]}
-    for x in sorted((x for x in found if x.unreliable), key=lambda x: -x.moved):
+    for x in sorted((x for x in found if x.unreliable), key=lambda x: -(x.spot - x.estimate) / x.spot_se):
         if len(picked) >= min(n, 3 * q):
             break
         picked.setdefault((x.layer, x.head), x)
@@ -370,6 +387,7 @@ def estimated_runs(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
     t0 = time.perf_counter()
     found = estimate_heads(scorer, originals, heads, edits, rotary=rotary, probes=probes, seed=seed,
                            progress=progress)
+    found, spot_tokens = spot_check(scorer, originals, found, edits, rotary=rotary, seed=seed, progress=progress)
     t_est = time.perf_counter() - t0
     exact: dict[tuple[int, int, str], Run] = {}
     agreement = []
@@ -398,5 +416,7 @@ def estimated_runs(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
             loss=None if r is None else r.loss, dloss=None if r is None else r.dloss, ratio=None,
             predicted=x.predicted, offset0=x.offset0, seconds=0.0 if r is None else r.seconds,
             forward_seconds=0.0 if r is None else r.forward_seconds, dloss_se=None if r is None else r.dloss_se,
-            dloss_estimate=x.estimate, dloss_estimate_se=x.se, moved=x.moved, unreliable=x.unreliable))
-    return runs, Estimate(probes=probes, seconds=t_est, verify_seconds=t_verify, agreement=tuple(agreement))
+            dloss_estimate=x.estimate, dloss_estimate_se=x.se, moved=x.moved, unreliable=x.unreliable,
+            reach=x.reach, spot=x.spot, spot_se=x.spot_se))
+    return runs, Estimate(probes=probes, seconds=t_est, verify_seconds=t_verify, agreement=tuple(agreement),
+                          spot_tokens=spot_tokens)

@@ -255,14 +255,18 @@ def test_run_experiment_estimates_every_head_and_verifies_some(models, family):
 def test_verification_picks_the_extremes_the_flagged_and_a_seeded_sample():
     from qkinspect.experiment.estimate import HeadEstimate, choose
 
+    excess = {13: 1.0, 21: 0.5, 25: 0.2}  # spot − estimate of the flagged heads, in units of 0.1 (their spot_se)
     found = [HeadEstimate(layer=h // 10, head=h % 10, edit="share_qk", first=float(h), curvature=0.0, se=0.0,
-                          moved=0.5 + (h == 13), unreliable=h == 13, predicted=None, offset0=False)
+                          moved=0.5, reach=0.05 + 0.1 * (h in excess), unreliable=h in excess,
+                          spot=float(h) + excess[h] if h in excess else None, spot_se=0.1 if h in excess else None,
+                          predicted=None, offset0=False)
              for h in range(40)]
     chosen, sampled = choose(found, 8, seed=1)
     keys = {(x.layer, x.head) for x in chosen}
     assert len(chosen) == 8
-    assert {(0, 0), (0, 1), (3, 8), (3, 9), (1, 3)} <= keys  # 2 cheapest, 2 costliest, the flagged one
-    assert len(sampled) == 3 and sampled <= keys
+    # 2 cheapest, 2 costliest, the 2 flagged furthest above their estimate (of 3), then a seeded sample
+    assert {(0, 0), (0, 1), (3, 8), (3, 9), (1, 3), (2, 1)} <= keys
+    assert len(sampled) == 2 and sampled <= keys and sampled.isdisjoint({(1, 3), (2, 1)})
     assert choose(found, 8, seed=1) == (chosen, sampled)
     assert len(choose(found, 100)[0]) == 40
 

@@ -1,0 +1,86 @@
+"""The estimate's spot check (qkinspect.experiment.spot): which windows it runs on, when it calls an estimate far
+below the edit's cost (hypothesis), and, on a tiny model, that its Δloss is an exact run of the head's edit on
+those windows, made for the heads whose reach exceeds the limit and for no other."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qkinspect.experiment import spot as spot_module
+from qkinspect.experiment.edits.names import parse_edit
+from qkinspect.experiment.estimate import estimate_heads
+from qkinspect.experiment.exact import make_units, run_unit
+from qkinspect.experiment.model.scoring import Scorer, default_text, windows
+from qkinspect.experiment.results import SIGNIFICANT
+from qkinspect.experiment.spot import spot_check, spot_rows, undershoots
+from tests.experiment import tiny_models as tiny
+from tests.experiment.test_run import opened
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 300), st.integers(0, 2**31 - 1))
+def test_spot_rows(n, seed):
+    rows = spot_rows(n, seed)
+    assert len(rows) == max(1, math.ceil(n / spot_module.SPOT_SHARE))
+    assert rows == sorted(set(rows)) and all(0 <= r < n for r in rows)
+    assert spot_rows(n, seed) == rows
+
+
+values = st.floats(-5, 5, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values, values, st.floats(1e-4, 2, allow_nan=False), st.floats(0, 3, allow_nan=False))
+def test_undershoots(estimate, exact, se, more):
+    got = undershoots(estimate, exact, se)
+    assert got == (exact - estimate > SIGNIFICANT * se and exact > 2 * estimate)
+    assert not undershoots(estimate, exact, None)  # no standard error: not judged
+    if got:  # a larger exact cost is as far above the estimate
+        assert undershoots(estimate, exact + more, se)
+    if exact <= 2 * estimate or exact <= estimate + SIGNIFICANT * se:
+        assert not got
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return tiny.llama(tmp_path_factory.mktemp("spot") / "llama")
+
+
+def test_spot_check_is_an_exact_run_on_its_windows(llama, monkeypatch):
+    hf, layers = opened(llama)
+    ids = windows(hf, default_text(), 4 * 32, 32)  # 4 windows: the spot check runs on one
+    s = Scorer(hf, ids)
+    s.baseline(cache={1})
+    edits = [parse_edit("share_qk"), parse_edit("ablate")]
+    found = estimate_heads(s, {1: layers[1]}, [0, 1, 2, 3], edits, probes=2)
+    limit = sorted(x.reach for x in found)[len(found) // 2]  # half the heads above it
+    monkeypatch.setattr(spot_module, "REACH_LIMIT", limit)
+    checked, tokens = spot_check(s, {1: layers[1]}, found, edits, rotary="gauge", seed=3)
+    rows = spot_rows(ids.shape[0], 3)
+    assert len(rows) == 1 and tokens == 31  # one window of 32 scores 31 predictions
+    ref = Scorer(hf, ids[rows])
+    base = ref.baseline(cache={1})
+    assert [(x.layer, x.head, x.edit) for x in checked] == [(x.layer, x.head, x.edit) for x in found]
+    for before, x in zip(found, checked, strict=True):
+        assert (x.first, x.curvature, x.reach) == (before.first, before.curvature, before.reach)
+        if x.reach <= limit:
+            assert x.spot is None and x.spot_se is None and not x.unreliable
+            continue
+        (unit,) = make_units("head", [1], [x.head])
+        r = run_unit(ref, hf, {1: layers[1]}, unit, parse_edit(x.edit), "head", base, "gauge")
+        assert x.spot == r.dloss and x.spot_se == r.dloss_se
+        assert x.unreliable == undershoots(x.estimate, r.dloss, r.dloss_se)
+    assert any(x.spot is not None for x in checked) and any(x.spot is None for x in checked)
+
+
+def test_no_candidate_no_spot_check(llama, monkeypatch):
+    hf, layers = opened(llama)
+    s = Scorer(hf, windows(hf, default_text(), 64, 32))
+    s.baseline(cache={2})
+    found = estimate_heads(s, {2: layers[2]}, [0, 1], [parse_edit("share_qk")], probes=2)
+    monkeypatch.setattr(spot_module, "REACH_LIMIT", math.inf)
+    assert spot_check(s, {2: layers[2]}, found, [parse_edit("share_qk")], rotary="gauge") == (found, 0)
