@@ -43,7 +43,6 @@ from qkinspect.experiment.exact import make_units, run_unit
 from qkinspect.experiment.model.runtime import DRIFT, HFModel
 from qkinspect.experiment.model.scoring import CachedStates, Scorer, logits_and_targets
 from qkinspect.experiment.model.writeback import written
-from qkinspect.experiment.reach import reach, residual_change, writer
 from qkinspect.experiment.results import Agreement, Estimate, Run, spearman
 from qkinspect.experiment.spot import spot_check
 from qkinspect.layer import AttentionLayer
@@ -68,11 +67,11 @@ class HeadEstimate:
     curvature: float  # (1/2N) mean_k ⟨G_k, Δo_h⟩²
     se: float  # the Monte-Carlo standard error of `curvature` (and so of the estimate)
     moved: float  # |Δo_h| / |o_h| over every token
-    reach: float  # how far Δo_h moves the residual stream the block writes into (qkinspect.experiment.reach)
+    reach: float  # |Δo_h| / |o| over every token: o the layer's whole attention output (every head, the bias)
     unreliable: bool  # the spot check found the estimate far below the edit's cost (qkinspect.experiment.spot)
     predicted: float | None  # the edit's weight-space figure
     offset0: bool
-    spot: float | None = None  # the spot check's exact Δloss (None: reach within REACH_LIMIT, not checked)
+    spot: float | None = None  # the spot check's exact Δloss (None: not among the heads it checks)
     spot_se: float | None = None
 
     @property
@@ -148,12 +147,11 @@ def _detach(x: Any) -> Any:
 
 
 class _Capture:
-    """Forward hooks on the chosen layers: each block's input x, each attention module's inputs, each output
-    projection's input z and output o, and a zero leaf added to o, whose gradient is ∂(objective)/∂o."""
+    """Forward hooks on the chosen layers: each attention module's inputs, each output projection's input z and
+    output o, and a zero leaf added to o, whose gradient is ∂(objective)/∂o."""
 
     def __init__(self, hf: HFModel, layers: list[int], leaves: bool):
         self.inputs: dict[int, tuple[tuple, dict]] = {}
-        self.x: dict[int, Tensor] = {}
         self.z: dict[int, Tensor] = {}
         self.o: dict[int, Tensor] = {}
         self.leaf: dict[int, Tensor] = {}
@@ -161,19 +159,12 @@ class _Capture:
         for i in layers:
             block = hf.layers[i]
             s = sites(block)
-            self.hooks.append(block.register_forward_pre_hook(self._block(i), with_kwargs=True))
             self.hooks.append(_get(block, s.attention).register_forward_pre_hook(self._inputs(i), with_kwargs=True))
             self.hooks.append(_get(block, s.output).register_forward_hook(self._output(i, leaves)))
 
     def _inputs(self, i: int):
         def hook(module, args, kwargs):
             self.inputs[i] = (_detach(args), _detach(kwargs))
-
-        return hook
-
-    def _block(self, i: int):
-        def hook(module, args, kwargs):
-            self.x[i] = (args[0] if args else kwargs["hidden_states"]).detach()
 
         return hook
 
@@ -284,9 +275,7 @@ def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
     dots = {key: torch.zeros(probes, H, dtype=torch.float64) for key in results}
     moved2 = {key: torch.zeros(H, dtype=torch.float64) for key in results}
     out2 = {i: torch.zeros(H, dtype=torch.float64) for i in layers}
-    reach2 = {key: torch.zeros(H, dtype=torch.float64) for key in results}  # Σ_t |Δr_h|² / |r|²
-    writers = {i: writer(hf.model.config.model_type, hf.layers[i]) for i in layers}
-    counted = 0  # tokens in reach2
+    layer2 = {i: torch.zeros((), dtype=torch.float64) for i in layers}  # Σ_t |o|²: the whole attention output
     gen = torch.Generator().manual_seed(seed)
     device = next(hf.model.parameters()).device  # W_O where the model's z and gradients are (--device)
     W_O = {i: originals[i].W_O.float().to(device) for i in layers}
@@ -310,16 +299,14 @@ def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
         for i in layers:
             clean = head_outputs(cap.z[i], W_O[i])  # (M, H, D)
             out2[i] += clean.double().pow(2).sum((0, 2)).cpu()
-            x, o = cap.x[i].reshape(clean.shape[0], -1), cap.o[i].reshape(clean.shape[0], -1)
+            layer2[i] += cap.o[i].double().pow(2).sum().cpu()
             for e in edits:
                 key = (i, str(e))
                 with written(hf, [results[key].layer]):
                     z_new[key] = rerun_z(hf, i, cap.inputs[i])
                 delta = head_outputs(z_new[key], W_O_new[key]) - clean  # (M, H, D)
                 moved2[key] += delta.double().pow(2).sum((0, 2)).cpu()
-                reach2[key] += residual_change(writers[i], x, o, delta).sum(0).cpu()
-            del clean, x, o
-        counted += cap.x[layers[0]].shape[:-1].numel()
+            del clean
         loss, objectives = _objectives(hf, res, inputs, n, probes, gen)
         leaves = [cap.leaf[i] for i in layers]
         targets = ([] if loss is None else [(None, loss)]) + list(enumerate(objectives))
@@ -347,7 +334,8 @@ def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
                 r = results[key]
                 found.append(HeadEstimate(
                     layer=i, head=h, edit=str(e), first=float(f[h]), curvature=float(c[h]), se=float(se[h]),
-                    moved=moved, reach=float(reach(reach2[key], counted)[h]), unreliable=False,
+                    moved=moved, reach=float(torch.sqrt(moved2[key][h] / layer2[i])) if layer2[i] > 0 else math.inf,
+                    unreliable=False,
                     predicted=r.predicted.get(h), offset0=r.offset0_only))
     return found
 

@@ -194,6 +194,28 @@ def test_the_all_heads_rerun_gives_each_heads_own_change(models, family, edit):
         assert float((per_head[:, h] - ref).norm() / ref.norm()) < 1e-4, h  # float32 rounding of a difference
 
 
+@pytest.mark.parametrize(("family", "edit"), [("llama", "share_qk"), ("bert", "rank:2"), ("gpt2", "ablate")])
+def test_reach_is_the_heads_change_against_its_layers_whole_output(models, family, edit):
+    """reach = |Δo_h| / |o| over every token, o the output projection's whole output (every head and the bias),
+    against each single-head edit's change of that output and the output itself, both from the model's modules."""
+    hf, layers, s = _setup(models[family])
+    H = layers[1].spec.n_heads
+    found = estimate_heads(s, {1: layers[1]}, list(range(H)), [parse_edit(edit)], probes=2)
+    site = sites(hf.layers[1])
+    outs = []
+    hook = _get(hf.layers[1], site.output).register_forward_hook(lambda m, a, o: outs.append(o.double()))
+    try:
+        s.score()
+    finally:
+        hook.remove()
+    whole = sum(float(o.pow(2).sum()) for o in outs)
+    for x in found:
+        change = _o_proj_change(hf, s, 1, apply_edit(layers[1], parse_edit(edit), [x.head]).layer)
+        ref = (sum(float(d.double().pow(2).sum()) for d in change) / whole) ** 0.5
+        # float32 differences of outputs, against a change of reach · |o|
+        assert x.reach == pytest.approx(ref, rel=1e-4, abs=1e-6), (family, x.head)
+
+
 def test_an_edit_that_changes_nothing_is_estimated_at_zero(models):
     hf, layers, s = _setup(models["llama"])
     d = layers[2].spec.d_head

@@ -1,6 +1,6 @@
-"""The estimate's spot check (qkinspect.experiment.spot): which windows it runs on, when it calls an estimate far
-below the edit's cost (hypothesis), and, on a tiny model, that its Δloss is an exact run of the head's edit on
-those windows, made for the heads whose reach exceeds the limit and for no other."""
+"""The estimate's spot check (qkinspect.experiment.spot): which windows and heads it runs, when it calls an estimate
+far below the edit's cost (hypothesis), and, on a tiny model, that its Δloss is an exact run of the head's edit on
+those windows, made for the chosen heads and for no other."""
 
 from __future__ import annotations
 
@@ -50,37 +50,44 @@ def llama(tmp_path_factory):
     return tiny.llama(tmp_path_factory.mktemp("spot") / "llama")
 
 
-def test_spot_check_is_an_exact_run_on_its_windows(llama, monkeypatch):
+def test_candidates_are_each_edits_quarter_furthest_reaching():
+    from qkinspect.experiment.estimate import HeadEstimate
+
+    reach = [0.3, 0.9, 0.1, 0.5, 0.7, 0.2, 0.8]
+    found = [HeadEstimate(layer=0, head=h, edit=e, first=0.0, curvature=0.0, se=0.0, moved=1.0,
+                          reach=r + (e == "ablate") * (1 - 2 * r), unreliable=False, predicted=None, offset0=False)
+             for h, r in enumerate(reach) for e in ("share_qk", "ablate")]
+    got = [(x.edit, x.head) for x in spot_module.candidates(found)]
+    # ⌈7 / 4⌉ = 2 per edit: share_qk's largest reach 0.9, 0.8; ablate's (1 − r) 0.9, 0.8 for r = 0.1, 0.2
+    assert got == [("share_qk", 1), ("share_qk", 6), ("ablate", 2), ("ablate", 5)]
+
+
+def test_spot_check_is_an_exact_run_on_its_windows(llama):
     hf, layers = opened(llama)
     ids = windows(hf, default_text(), 4 * 32, 32)  # 4 windows: the spot check runs on one
     s = Scorer(hf, ids)
-    s.baseline(cache={1})
+    s.baseline(cache={1, 2})
     edits = [parse_edit("share_qk"), parse_edit("ablate")]
-    found = estimate_heads(s, {1: layers[1]}, [0, 1, 2, 3], edits, probes=2)
-    limit = sorted(x.reach for x in found)[len(found) // 2]  # half the heads above it
-    monkeypatch.setattr(spot_module, "REACH_LIMIT", limit)
-    checked, tokens = spot_check(s, {1: layers[1]}, found, edits, rotary="gauge", seed=3)
+    originals = {1: layers[1], 2: layers[2]}
+    found = estimate_heads(s, originals, [0, 1, 2, 3], edits, probes=2)
+    checked, tokens = spot_check(s, originals, found, edits, rotary="gauge", seed=3)
     rows = spot_rows(ids.shape[0], 3)
     assert len(rows) == 1 and tokens == 31  # one window of 32 scores 31 predictions
     ref = Scorer(hf, ids[rows])
-    base = ref.baseline(cache={1})
+    base = ref.baseline(cache={1, 2})
     assert [(x.layer, x.head, x.edit) for x in checked] == [(x.layer, x.head, x.edit) for x in found]
+    chosen = {(x.layer, x.head, x.edit) for x in spot_module.candidates(found)}
+    assert len(chosen) == 2 * 2  # a quarter of each edit's 8 heads
     for before, x in zip(found, checked, strict=True):
         assert (x.first, x.curvature, x.reach) == (before.first, before.curvature, before.reach)
-        if x.reach <= limit:
+        if (x.layer, x.head, x.edit) not in chosen:
             assert x.spot is None and x.spot_se is None and not x.unreliable
             continue
-        (unit,) = make_units("head", [1], [x.head])
-        r = run_unit(ref, hf, {1: layers[1]}, unit, parse_edit(x.edit), "head", base, "gauge")
+        (unit,) = make_units("head", [x.layer], [x.head])
+        r = run_unit(ref, hf, originals, unit, parse_edit(x.edit), "head", base, "gauge")
         assert x.spot == r.dloss and x.spot_se == r.dloss_se
         assert x.unreliable == undershoots(x.estimate, r.dloss, r.dloss_se)
-    assert any(x.spot is not None for x in checked) and any(x.spot is None for x in checked)
 
 
-def test_no_candidate_no_spot_check(llama, monkeypatch):
-    hf, layers = opened(llama)
-    s = Scorer(hf, windows(hf, default_text(), 64, 32))
-    s.baseline(cache={2})
-    found = estimate_heads(s, {2: layers[2]}, [0, 1], [parse_edit("share_qk")], probes=2)
-    monkeypatch.setattr(spot_module, "REACH_LIMIT", math.inf)
-    assert spot_check(s, {2: layers[2]}, found, [parse_edit("share_qk")], rotary="gauge") == (found, 0)
+def test_nothing_to_check():
+    assert spot_check(None, {}, [], [], rotary="gauge") == ([], 0)
