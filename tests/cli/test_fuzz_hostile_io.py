@@ -155,10 +155,10 @@ def test_fuzz_runs_json(changes, ops):
         # the report's experiment section, drawn to nowhere: what passed the check must not fail later
         try:
             with bounded():
-                doc = read_experiment(runs)
-                experiment_figure(doc)
+                result = read_experiment(runs)
+                experiment_figure(result)
                 pages = TextPages(lambda fig: None)
-                _experiment(pages, doc, runs)
+                _experiment(pages, result, runs)
                 pages.close()
         except InputError:
             pass
