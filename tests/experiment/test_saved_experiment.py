@@ -77,6 +77,14 @@ def test_every_record_reads_back_as_written(tmp_path):
     assert back.measure_name == "next-token cross-entropy"
 
 
+def test_the_records_name_every_measure_the_runtime_makes():
+    """MEASURES sits beside the records (torch-free); the runtime's kinds are its keys, none left unnamed."""
+    from qkinspect.experiment.model.runtime import CAUSAL, DRIFT, MASKED
+    from qkinspect.experiment.results import MEASURES
+
+    assert set(MEASURES) == {CAUSAL, MASKED, DRIFT}
+
+
 def test_a_diverged_healing_reads_back_as_nan(tmp_path):
     """The writer writes NaN as null (json_safe): read back, a training loss or a healed loss is NaN again."""
     r = full_result()
