@@ -153,6 +153,18 @@ class HealPoint:
 
 
 @dataclass(frozen=True)
+class HealChange:
+    """How far a healed curve moved over the run's last quarter (qkinspect.experiment.heal_curve.late_change): the
+    difference between two of its points, paired token by token. Near zero within its standard error: the curve has
+    flattened; clearly negative: healing was still winning cost back when the run stopped."""
+
+    start: int  # the step of the earlier point: the last one scored at or before three quarters of the steps
+    end: int  # the last step
+    change: float  # diff at `end` minus diff at `start` (an edited run: its cost; the control: its own gain)
+    se: float | None  # standard error of `change`, block-clustered as the exact runs' Δloss; None: one block
+
+
+@dataclass(frozen=True)
 class Precision:
     """What healing's training steps computed in, and the measurement that decided it
     (qkinspect.experiment.heal_curve.choose_precision)."""
@@ -183,6 +195,7 @@ class HealedRun:
     train_loss: tuple[float, ...]  # training loss per step
     seconds: float
     curve: tuple[HealPoint, ...] = ()  # the run scored at step 0, every eval_every steps and at the last
+    late: HealChange | None = None  # the cost's change over the last quarter (None: no point scored in between)
 
 
 @dataclass(frozen=True)
@@ -211,6 +224,7 @@ class Healing:
     precision: Precision | None = None  # what the training steps computed in, and why
     device: str = "cpu"
     step_seconds: float | None = None  # the median training step of the edited runs (forward, backward, update)
+    control_late: HealChange | None = None  # the control's own change over the last quarter (as HealedRun.late)
 
 
 # -- the JSON document ------------------------------------------------------------------------------------------

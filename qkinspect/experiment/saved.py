@@ -34,6 +34,7 @@ from qkinspect.experiment.results import (
     Agreement,
     Estimate,
     ExperimentResult,
+    HealChange,
     HealedRun,
     Healing,
     HealPoint,
@@ -251,7 +252,20 @@ def _curve(c: Checker, x: Any, key: str) -> tuple[HealPoint, ...]:
     return tuple(points)
 
 
-def _healed(c: Checker, r: Any, key: str, layers: int, heads: int) -> HealedRun:
+def _late(c: Checker, x: Any, key: str, steps: int) -> HealChange | None:
+    """A curve's late change (absent or null: none); its steps within the run's."""
+    if x is None:
+        return None
+    x = c.obj(x, key)
+    end = c.index(x.get("end"), f"{key}.end", null=False, below=steps + 1)
+    start = c.index(x.get("start"), f"{key}.start", null=False, below=end)
+    if start < 1:
+        raise c.fail(f"{key}.start", "must be at least 1")
+    return HealChange(start=start, end=end, change=_nan(c, x, "change", key),  # type: ignore[arg-type]
+                      se=c.number(x.get("se"), f"{key}.se", low=0))
+
+
+def _healed(c: Checker, r: Any, key: str, layers: int, heads: int, steps: int) -> HealedRun:
     r = c.obj(r, key)
     edit = _edit(c, r.get("edit"), f"{key}.edit")
     scope, layer, head = _unit(c, r, key, layers, heads)
@@ -262,7 +276,8 @@ def _healed(c: Checker, r: Any, key: str, layers: int, heads: int) -> HealedRun:
         se=c.number(r.get("se"), f"{key}.se", low=0), unhealed=c.number(r.get("unhealed"), f"{key}.unhealed"),
         recovered=c.number(r.get("recovered"), f"{key}.recovered", low=-math.inf, high=math.inf),
         violation=_nan(c, r, "violation", key, low=0), train_loss=_losses(c, r.get("train_loss"), f"{key}.train_loss"),
-        seconds=_nan(c, r, "seconds", key, low=0), curve=_curve(c, r.get("curve"), f"{key}.curve"))
+        seconds=_nan(c, r, "seconds", key, low=0), curve=_curve(c, r.get("curve"), f"{key}.curve"),
+        late=_late(c, r.get("late"), f"{key}.late", steps))
 
 
 def _precision(c: Checker, p: Any) -> Precision | None:
@@ -291,11 +306,12 @@ def _healing(c: Checker, h: Any, layers: int, heads: int) -> Healing | None:
     return Healing(
         **texts, **counts, **numbers,  # type: ignore[arg-type]
         control_train_loss=_losses(c, h.get("control_train_loss"), "healing.control_train_loss"),
-        runs=tuple(_healed(c, r, f"healing.runs[{i}]", layers, heads)
+        runs=tuple(_healed(c, r, f"healing.runs[{i}]", layers, heads, counts["steps"])
                    for i, r in enumerate(_items(c, h.get("runs"), "healing.runs", null=False))),
         tracks=tracks,  # type: ignore[arg-type]
         notes=tuple(c.text(n, f"healing.notes[{i}]") for i, n in enumerate(_items(c, h.get("notes"), "healing.notes"))),
         eval_every=c.index(h.get("eval_every"), "healing.eval_every", null=True, below=MAX_COUNT),
         control_curve=_curve(c, h.get("control_curve"), "healing.control_curve"),
         precision=_precision(c, h.get("precision")), device=c.text(h.get("device", "cpu"), "healing.device"),
-        step_seconds=c.number(h.get("step_seconds"), "healing.step_seconds", low=0))
+        step_seconds=c.number(h.get("step_seconds"), "healing.step_seconds", low=0),
+        control_late=_late(c, h.get("control_late"), "healing.control_late", counts["steps"]))

@@ -20,6 +20,7 @@ from qkinspect.experiment.results import (
     Agreement,
     Estimate,
     ExperimentResult,
+    HealChange,
     HealedRun,
     Healing,
     HealPoint,
@@ -54,13 +55,13 @@ def full_result(**healing_changes) -> ExperimentResult:
             run("rank:2", "model", None, None, 0.2, heads=8, predicted=0.7, dloss_se=0.02))
     healed = HealedRun(edit="share_qk", scope="layer", layer=1, head=None, heads=4, loss=3.05, control_loss=3.0,
                        diff=0.05, se=0.01, unhealed=0.1, recovered=0.5, violation=0.0, train_loss=(3.3, 3.2),
-                       seconds=0.5, curve=curve(0.1, 0.05))
+                       seconds=0.5, curve=curve(0.1, 0.05), late=HealChange(1, 2, -0.02, 0.004))
     healing = Healing(steps=2, train="attention", trained="the attention weights", trained_parameters=100,
                       parameters=1000, lr=1e-3, text="heal.txt", train_tokens=64, batch_windows=2, epochs=1.0,
                       control_loss=3.0, control_gain=-0.01, control_train_loss=(3.2, 3.1), runs=(healed,),
                       seconds=1.0, tracks={"share_qk L1": "/tmp/track"}, notes=("a note",), eval_every=2,
                       control_curve=curve(0.0, -0.01), precision=Precision("float32", "asked", None, None, 0.01),
-                      device="cpu", step_seconds=0.1)
+                      device="cpu", step_seconds=0.1, control_late=HealChange(1, 2, 0.001, None))
     return ExperimentResult(model=model, measure="causal", text="pydoc_data.topics", tokens=64, scored=62, windows=2,
                             window=32, baseline=3.0, runs=runs, rotary="gauge", baseline_seconds=0.1, seconds=0.5,
                             predictors={"share_qk": "shared_qk_distance", "rank:2": "rank_tail"},
@@ -190,6 +191,14 @@ BAD = {
     "healing precision": (lambda: with_healing("precision", {"dtype": 16}),
                           r"healing.precision.dtype is 16, not a string"),
     "healing runs": (lambda: with_healing("runs", "all"), r"healing.runs is a string, not a list"),
+    "late past the end": (lambda: with_healing("runs.0.late", {"start": 1, "end": 3, "change": 0, "se": None}),
+                          r"healing.runs\[0\].late.end is 3, outside 0 .. 2"),
+    "late backwards": (lambda: with_healing("control_late", {"start": 2, "end": 2, "change": 0, "se": None}),
+                       r"healing.control_late.start is 2, outside 0 .. 1"),
+    "late from 0": (lambda: with_healing("control_late", {"start": 0, "end": 2, "change": 0, "se": None}),
+                    r"healing.control_late.start must be at least 1"),
+    "late change text": (lambda: with_healing("runs.0.late", {"start": 1, "end": 2, "change": "x", "se": None}),
+                         r"healing.runs\[0\].late.change is \"x\", not a number"),
 }
 
 
