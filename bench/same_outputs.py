@@ -48,7 +48,7 @@ def smollm2() -> Path | None:
 
 def cases(smol: Path | None) -> list[tuple[str, list[str], str | None]]:
     """(name, arguments, output file suffix or None); `{out}` in the arguments is the case's output file,
-    `{runs}` / `{map}` / `{run}` the saved documents of earlier cases (durations set to 1.0)."""
+    `{runs}` / `{map}` / `{run}` / `{ranks}` / `{heal}` the saved documents of earlier cases (durations set to 1.0)."""
     exp = ["--layers", "5", "--tokens", "128", "--window", "64"]
     c: list[tuple[str, list[str], str | None]] = [
         ("demo-info-table", ["info", "-f", "table"], None),
@@ -77,6 +77,11 @@ def cases(smol: Path | None) -> list[tuple[str, list[str], str | None]]:
         ("demo-report-runs", ["report", "{run}", "--experiment", "{runs}", "-o", "{out}"], ".pdf"),
         ("demo-report-map", ["report", "{run}", "--experiment", "{map}", "-o", "{out}"], ".pdf"),
         ("demo-report-html", ["report", "{run}", "--html", "-o", "{out}"], ".html"),
+        # rank:K at one scope (the mean Δloss per K) and layer bars, drawn and summed from a saved document
+        ("demo-exp-ranks", ["experiment", "--layers", "4,5", "--tokens", "128", "--window", "64", "--scope", "layer",
+                            "--edit", "share_qk,rank:2,rank:4,rank:8", "-o", "{out}"], ".json"),
+        ("demo-plot-ranks", ["plot", "--kind", "experiment", "--experiment", "{ranks}", "-o", "{out}"], ".png"),
+        ("demo-report-ranks", ["report", "{run}", "--experiment", "{ranks}", "-o", "{out}"], ".pdf"),
         # refusals: one line, exit 2
         ("demo-bad-edit", ["experiment", "--edit", "nonsense"], None),
         ("demo-bad-layers", ["experiment", "--layers", "9"], None),
@@ -102,6 +107,10 @@ def cases(smol: Path | None) -> list[tuple[str, list[str], str | None]]:
             ("smol-heal-json", ["experiment", s, "--layers", "29", "--heads", "0", "--tokens", "64", "--window", "32",
                                 "--scope", "layer", "--heal", "2", "--heal-batch", "64", "-f", "json"], None),
             ("smol-bad-heads", ["experiment", s, "--heads", "99"], None),
+            ("smol-heal-runs", ["experiment", s, "--layers", "29", "--heads", "0", "--tokens", "64", "--window", "32",
+                                "--scope", "layer", "--heal", "2", "--heal-batch", "64", "--heal-eval-every", "1",
+                                "-o", "{out}"], ".json"),
+            ("smol-plot-healing", ["plot", "--kind", "healing", "--experiment", "{heal}", "-o", "{out}"], ".png"),
         ]
     return c
 
@@ -140,7 +149,8 @@ def record(folder: Path) -> None:
         if out is not None and out.exists() and suffix == ".json":
             fixed = folder / f"{name}.fixed.json"
             fixed.write_text(json.dumps(fixed_durations(json.loads(out.read_text()))))
-            key = {"demo-exp-runs": "runs", "demo-est-map": "map", "demo-analyze-run": "run"}.get(name)
+            key = {"demo-exp-runs": "runs", "demo-est-map": "map", "demo-analyze-run": "run", "demo-exp-ranks": "ranks",
+                   "smol-heal-runs": "heal"}.get(name)
             if key:
                 saved[key] = str(fixed)
         if out is not None and out.exists() and suffix == ".pdf":
