@@ -1,7 +1,8 @@
 """The estimate's spot check (docs/experiments.md, "Unreliable heads"): for each edit, the quarter of the heads whose
 change is largest against their layer's whole attention output (`reach` = |Δo_h| / |o|) is run exactly on a quarter
-of the text (whole windows, a seeded choice), and an estimate is flagged unreliable where that exact Δloss is far
-above it: more than SIGNIFICANT of the spot run's standard errors above, and more than twice it.
+of the text (whole windows, at least two blocks of positions, a seeded choice), and an estimate is flagged
+unreliable where that exact Δloss is far above it: more than SIGNIFICANT of the spot run's standard errors above,
+and more than twice it.
 
 A quadratic model of the loss is a Taylor expansion at the clean model; how far along the edit's direction it holds
 is not something a quantity at the clean model bounds (on SmolLM2 the loss along Δo_h can stay quadratic up to half
@@ -21,7 +22,7 @@ import torch
 
 from qkinspect.experiment.edits.names import Edit
 from qkinspect.experiment.exact import make_units, run_unit
-from qkinspect.experiment.model.scoring import Scorer
+from qkinspect.experiment.model.scoring import BLOCK, Scorer
 from qkinspect.experiment.results import SIGNIFICANT
 from qkinspect.layer import AttentionLayer
 from qkinspect.progress import phase
@@ -38,9 +39,10 @@ def candidates(found: list) -> list:
     return out
 
 
-def spot_rows(n_windows: int, seed: int = 0) -> list[int]:
-    """The windows the spot check runs on: ⌈n / SPOT_SHARE⌉ of the n, a seeded random choice, in order."""
-    k = max(1, math.ceil(n_windows / SPOT_SHARE))
+def spot_rows(n_windows: int, window: int, seed: int = 0) -> list[int]:
+    """The windows the spot check runs on: ⌈n / SPOT_SHARE⌉ of the n, or enough to hold two blocks of BLOCK
+    positions (a standard error needs two; all n if they hold fewer), a seeded random choice, in order."""
+    k = min(n_windows, max(math.ceil(n_windows / SPOT_SHARE), math.ceil(2 * BLOCK / window)))
     return sorted(random.Random(seed).sample(range(n_windows), k))
 
 
@@ -58,7 +60,7 @@ def spot_check(scorer: Scorer, originals: dict[int, AttentionLayer], found: list
     if not chosen:
         return found, 0
     ids = torch.cat(scorer.batches)  # (windows, W)
-    spot = Scorer(scorer.hf, ids[spot_rows(ids.shape[0], seed)], seed=seed)
+    spot = Scorer(scorer.hf, ids[spot_rows(ids.shape[0], ids.shape[1], seed)], seed=seed)
     base = spot.baseline(cache={x.layer for x in chosen})
     by_name = {str(e): e for e in edits}
     tick = phase(progress, "estimate: spot checks", len(chosen), "exact runs on part of the text")

@@ -14,7 +14,7 @@ from qkinspect.experiment import spot as spot_module
 from qkinspect.experiment.edits.names import parse_edit
 from qkinspect.experiment.estimate import estimate_heads
 from qkinspect.experiment.exact import make_units, run_unit
-from qkinspect.experiment.model.scoring import Scorer, default_text, windows
+from qkinspect.experiment.model.scoring import BLOCK, Scorer, default_text, windows
 from qkinspect.experiment.results import SIGNIFICANT
 from qkinspect.experiment.spot import spot_check, spot_rows, undershoots
 from tests.experiment import tiny_models as tiny
@@ -22,12 +22,15 @@ from tests.experiment.test_run import opened
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 300), st.integers(0, 2**31 - 1))
-def test_spot_rows(n, seed):
-    rows = spot_rows(n, seed)
-    assert len(rows) == max(1, math.ceil(n / spot_module.SPOT_SHARE))
+@given(st.integers(1, 300), st.integers(1, 2048), st.integers(0, 2**31 - 1))
+def test_spot_rows(n, window, seed):
+    rows = spot_rows(n, window, seed)
+    k = len(rows)
     assert rows == sorted(set(rows)) and all(0 <= r < n for r in rows)
-    assert spot_rows(n, seed) == rows
+    assert spot_rows(n, window, seed) == rows
+    # a quarter of the windows, or as few as hold two blocks (a standard error), or all of them
+    assert k == n or (k >= n / spot_module.SPOT_SHARE and k * window >= 2 * BLOCK)
+    assert k == max(1, math.ceil(n / spot_module.SPOT_SHARE)) or (k - 1) * window < 2 * BLOCK
 
 
 values = st.floats(-5, 5, allow_nan=False, allow_infinity=False)
@@ -64,15 +67,15 @@ def test_candidates_are_each_edits_quarter_furthest_reaching():
 
 def test_spot_check_is_an_exact_run_on_its_windows(llama):
     hf, layers = opened(llama)
-    ids = windows(hf, default_text(), 4 * 32, 32)  # 4 windows: the spot check runs on one
+    ids = windows(hf, default_text(), 8 * 32, 32)  # 8 windows: the spot check runs on 4 (two blocks of 64)
     s = Scorer(hf, ids)
     s.baseline(cache={1, 2})
     edits = [parse_edit("share_qk"), parse_edit("ablate")]
     originals = {1: layers[1], 2: layers[2]}
     found = estimate_heads(s, originals, [0, 1, 2, 3], edits, probes=2)
     checked, tokens = spot_check(s, originals, found, edits, rotary="gauge", seed=3)
-    rows = spot_rows(ids.shape[0], 3)
-    assert len(rows) == 1 and tokens == 31  # one window of 32 scores 31 predictions
+    rows = spot_rows(ids.shape[0], ids.shape[1], 3)
+    assert len(rows) == 4 and tokens == 4 * 31  # a window of 32 scores 31 predictions
     ref = Scorer(hf, ids[rows])
     base = ref.baseline(cache={1, 2})
     assert [(x.layer, x.head, x.edit) for x in checked] == [(x.layer, x.head, x.edit) for x in found]
