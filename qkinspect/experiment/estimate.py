@@ -19,6 +19,10 @@ Drift (encoders without a head) is 0 with zero gradient at the clean model; its 
 (1/2N) Σ_t |P_t J_t Δo|² / |h_t|² (P_t: the projection orthogonal to the final hidden state h_t), estimated with
 Gaussian probes: G_k = ∂/∂o Σ_t ξ_tk · h_t / |h_t|, ξ ~ N(0, I).
 
+Where the quadratic model cannot be trusted is found by evaluating the loss at the edit itself: each edit's quarter of
+the heads with the largest reach |Δo_h| / |o| (o the layer's whole attention output) is run exactly on a quarter of
+the text, and flagged unreliable where that is far above the estimate (`qkinspect.experiment.spot`).
+
 The verified heads (`choose`) are run exactly by `qkinspect.experiment.exact`, as `run_experiment` runs every head
 without an estimate; their agreement with the estimate is Spearman's ρ (`qkinspect.experiment.results`).
 """
