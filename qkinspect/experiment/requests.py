@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qkinspect.errors import InputError
+from qkinspect.errors import InputError, said
 from qkinspect.experiment.edits.names import Edit, parse_edit
 
 if TYPE_CHECKING:
@@ -65,8 +65,7 @@ class Names:
 
     def said(self, option: str, value: Any) -> str:
         """`option` given `value`, as the caller wrote it: "--tokens 1" (CLI) or "tokens=1" (library)."""
-        name = getattr(self, option)
-        return f"{name} {value}" if name.startswith("--") else f"{name}={value!r}"
+        return said(getattr(self, option), value)
 
 
 LIBRARY_NAMES = Names()
@@ -156,6 +155,15 @@ def check_amounts(tokens: int, window: int, names: Names = LIBRARY_NAMES) -> Non
     for option, value in (("tokens", tokens), ("window", window)):
         if value > MAX_TOKENS:
             raise InputError(f"{names.said(option, value)}: at most {MAX_TOKENS} (2**24) tokens")
+
+
+def check_window(config: Any, window: int, names: Names = LIBRARY_NAMES) -> None:
+    """InputError when `window` is longer than the positions the model's `config` says it takes
+    (max_position_embeddings, where it says): from its description before the model is loaded
+    (`run.open_experiment`), and from the loaded model's own config when the windows are cut."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < window:
+        raise InputError(f"{names.said('window', window)}: this model takes at most {limit} positions")
 
 
 def check_estimate(scope: str, estimate: bool, probes: int | None, verify: int | None,

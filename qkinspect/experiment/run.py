@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qkinspect.experiment.edits.names import Edit
-from qkinspect.experiment.requests import LIBRARY_NAMES, HealOptions, Names, Request, check_model, check_request
+from qkinspect.experiment.requests import (
+    LIBRARY_NAMES,
+    HealOptions,
+    Names,
+    Request,
+    check_model,
+    check_request,
+    check_window,
+)
 from qkinspect.experiment.results import ExperimentResult, Run, beyond_error
 from qkinspect.progress import phase
 
@@ -127,7 +135,7 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
         opts = replace(opts, text=read_text(opts.text, what=names.heal_text))
     phase(progress, "loading the model")
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device, edits=chosen,
-                                          names=names, scope=scope)
+                                          names=names, scope=scope, window=window)
     if opts:
         check_healable(hf, names)
     spec = info.blocks[0]
@@ -188,11 +196,11 @@ def _predictors(edits: list[Edit], originals: dict) -> dict[str, str]:
 
 
 def open_experiment(model, revision, layers, heads, tokenizer, device: str | None = None, edits: Sequence[Edit] = (),
-                    names: Names = LIBRARY_NAMES, scope: str | None = None):
+                    names: Names = LIBRARY_NAMES, scope: str | None = None, window: int | None = None):
     """The model's identity, its chosen layers in the canonical layout (qkinspect's loader), and the transformers
     model (the same files, through transformers' own classes). The selection and `edits` (on the heads `scope`
-    edits together) are checked against the model's description (`requests.check_model`) before any weight is
-    read."""
+    edits together), and the `window` against the positions the model takes, are checked against the model's
+    description (`requests.check_model`, `requests.check_window`) before any weight is read."""
     from qkinspect.errors import UnsupportedModelError
     from qkinspect.experiment.model.in_memory import hf_in_memory
     from qkinspect.experiment.model.runtime import load_hf
@@ -201,6 +209,8 @@ def open_experiment(model, revision, layers, heads, tokenizer, device: str | Non
     with open_model(model, revision=revision) as m:
         info = m.info
         check_model(info, edits, layers, heads, names, scope)
+        if window is not None:
+            check_window(m.resolved.config, window, names)
         spec = info.blocks[0]
         wanted = sorted(set(layers)) if layers is not None else list(range(spec.n_layers))
         from qkinspect.experiment.heal import on_cpu

@@ -36,6 +36,7 @@ def no_weights(monkeypatch):
     ({"edits": "rank:99"}, "rank:99 needs 0 <= K <= d_head = 16"),  # the block's head width, from the config
     ({"edits": "share_qk", "layers": [7]}, "layers=7 is out of range; decoder has layers 0-2"),
     ({"edits": "share_qk", "heads": [4]}, "heads=4 is out of range; decoder has heads 0-3"),
+    ({"edits": "share_qk", "window": 128}, "^window=128: this model takes at most 64 positions$"),  # its config's
 ])
 def test_what_the_config_refuses_is_refused_before_any_weight_is_read(llama, no_weights, kwargs, message):
     with pytest.raises(InputError, match=message):
@@ -114,7 +115,7 @@ def test_olmo2_edits_on_every_head_together_and_literal_edits_are_not_refused(ol
     for kwargs in ({"edits": "share_qk", "scope": "layer"}, {"edits": "share_qk", "scope": "model", "layers": [1]},
                    {"edits": "share_qk", "scope": "layer", "heads": [0, 1, 2, 3]}, {"edits": "tie_k,ablate"}):
         with pytest.raises(AssertionError, match="refused before any weight was read"):  # got as far as loading
-            run_experiment(olmo2, **kwargs)
+            run_experiment(olmo2, window=32, **kwargs)
 
 
 def test_a_model_type_the_runtime_cannot_edit_is_refused_before_any_weight_is_read(tmp_path, no_weights):
@@ -127,6 +128,13 @@ def test_a_model_type_the_runtime_cannot_edit_is_refused_before_any_weight_is_re
                              vocab_size=len(tiny.VOCAB), word_embed_proj_dim=16)).save_pretrained(opt)
     with pytest.raises(UnsupportedModelError, match="'opt' cannot be run and edited"):
         run_experiment(opt, "share_qk")
+
+
+def test_the_cli_names_what_the_config_refuses_with_its_options(llama, olmo2, no_weights):
+    from tests.one_line import one_error_line
+
+    one_error_line(cli(llama, "--window", "128"), "error: --window 128: this model takes at most 64 positions")
+    one_error_line(cli(llama, "--layers", "7"), "error: --layers: 7 is out of range; decoder has layers 0-2")
 
 
 def test_the_q_k_norms_form_comes_from_the_model_types_adapter():
@@ -148,8 +156,8 @@ def test_checks_after_loading_name_the_options_as_each_caller_spells_them(llama,
 
     missing = tmp_path / "no_tokenizer_here"
     with pytest.raises(CheckpointError, match=r"no_tokenizer_here: no such file or folder \(tokenizer\)$"):
-        run_experiment(llama, "share_qk", tokenizer=missing)
-    one_error_line(cli(llama, "--tokenizer", missing), "no_tokenizer_here: no such file or folder (--tokenizer)")
+        run_experiment(llama, "share_qk", tokens=64, window=32, tokenizer=missing)
+    one_error_line(cli(llama, "--tokens", "64", "--window", "32", "--tokenizer", missing), "no_tokenizer_here: no such file or folder (--tokenizer)")
     monkeypatch.setattr(estimate, "ATTENTION", ("no_such_module",))  # a block whose attention is not found
     with pytest.raises(UnsupportedModelError, match="^estimate: cannot find the attention module"):
         run_experiment(llama, "share_qk", layers=[0], tokens=64, window=32, estimate=True)
