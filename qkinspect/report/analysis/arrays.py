@@ -1,27 +1,17 @@
-"""Read an AnalysisResult into arrays for plotting: layer x head grids, per-block value lists, spectra.
+"""An AnalysisResult read into arrays for the analysis report's figures and tables: layer x head grids, per-block
+value lists, spectra, the records of a layer.
 
-Only reading and arranging records here (DESIGN.md §1: report/ never computes a metric).
+Only reading and arranging records here (report/ never computes a metric); the grid drawn is the shared
+`qkinspect.report.grid.Grid`.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
 from qkinspect.errors import InputError
 from qkinspect.records import AnalysisResult
-
-
-@dataclass(frozen=True)
-class Grid:
-    """Values of one metric for one block: `values[i, j]` is layer `layers[i]`, head `heads[j]` (NaN if absent)."""
-
-    block: str
-    metric: str
-    layers: list[int]
-    heads: list[int]
-    values: np.ndarray  # (n_layers, n_heads)
+from qkinspect.report.grid import Grid
 
 
 def blocks_of(result: AnalysisResult) -> list[str]:

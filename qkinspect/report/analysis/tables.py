@@ -1,44 +1,23 @@
-"""Per-layer tables for the report: the layer records as analyze reports them, and per-layer medians over heads
-of the head metrics that layer records do not summarise."""
+"""The analysis report's per-layer tables: the layer records as analyze reports them, and per-layer medians over
+heads of the head metrics that layer records do not summarise; and which metrics the report shows (what its
+Definitions pages define). Drawn as the shared `qkinspect.report.tables.Table`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from qkinspect.metrics.registry import INTEGER_METRICS
 from qkinspect.records import AnalysisResult
-from qkinspect.report.grid import blocks_of, has_metric, head_grid
+from qkinspect.report.analysis.arrays import blocks_of, has_metric, head_grid
 from qkinspect.report.style import count_text, fmt
+from qkinspect.report.tables import Table
 
 # Head metrics drawn by the report's figures (its Definitions pages define these and the tables' columns only).
 FIGURE_METRICS = ("symmetry", "overlap_qk", "overlap_qv", "overlap_kv", "qk_effective_rank", "qk_stable_rank",
                   "qk_k90", "head_overlap")
-INTEGER_METRICS = ("qk_k90",)  # counts: a whole median prints without decimals
 # Head metrics worth a per-layer median column when the layer records do not already hold one.
 HEAD_MEDIANS = ("symmetry", "directionality", "qk_effective_rank", "qk_stable_rank", "qk_participation_ratio",
                 "qk_k90", "shared_qk_distance", "overlap_qk", "overlap_qv", "overlap_kv")
-
-
-@dataclass(frozen=True)
-class Table:
-    """A titled table of strings: `header` names the columns, `rows` are already formatted."""
-
-    title: str
-    header: list[str]
-    rows: list[list[str]]
-
-    def split(self, max_columns: int) -> list[Table]:
-        """Split wide tables into several (each repeating the first column) to fit a page."""
-        if len(self.header) <= max_columns:
-            return [self]
-        width = max_columns - 1
-        out = []
-        for i, start in enumerate(range(1, len(self.header), width)):
-            cols = [0, *range(start, min(start + width, len(self.header)))]
-            out.append(Table(self.title + (f" (continued, {i + 1})" if i else ""),
-                             [self.header[c] for c in cols], [[r[c] for c in cols] for r in self.rows]))
-        return out
 
 
 def layer_tables(result: AnalysisResult) -> list[Table]:
