@@ -158,9 +158,11 @@ def check_amounts(tokens: int, window: int, names: Names = LIBRARY_NAMES) -> Non
 
 
 def check_window(config: Any, window: int, names: Names = LIBRARY_NAMES) -> None:
-    """InputError when `window` is longer than the positions the model's `config` says it takes
-    (max_position_embeddings, where it says): from its description before the model is loaded
-    (`run.open_experiment`), and from the loaded model's own config when the windows are cut."""
+    """InputError when `window` is longer than the positions the model's transformers `config` says it takes
+    (max_position_embeddings, where it says): from the staged checkpoint's config before any weight is read
+    (`run.open_experiment`), and again from the loaded model's when the windows are cut (`scoring.windows`; a model
+    in memory). Not from qkinspect's light config (qkinspect.loading.config): most families leave this value to
+    transformers, which would read the checkpoint's config.json unstaged."""
     limit = getattr(config, "max_position_embeddings", None)
     if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < window:
         raise InputError(f"{names.said('window', window)}: this model takes at most {limit} positions")

@@ -7,6 +7,7 @@ it come from one unedited pass) and restored exactly before the next run.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -199,28 +200,30 @@ def open_experiment(model, revision, layers, heads, tokenizer, device: str | Non
                     names: Names = LIBRARY_NAMES, scope: str | None = None, window: int | None = None):
     """The model's identity, its chosen layers in the canonical layout (qkinspect's loader), and the transformers
     model (the same files, through transformers' own classes). The selection and `edits` (on the heads `scope`
-    edits together), and the `window` against the positions the model takes, are checked against the model's
-    description (`requests.check_model`, `requests.check_window`) before any weight is read."""
+    edits together) are checked against the model's description (`requests.check_model`), and transformers' config
+    (read from the staged checkpoint, `runtime.staged_config`: its values, and the `window` against its positions)
+    before any weight is read."""
     from qkinspect.errors import UnsupportedModelError
     from qkinspect.experiment.model.in_memory import hf_in_memory
-    from qkinspect.experiment.model.runtime import load_hf
+    from qkinspect.experiment.model.runtime import load_hf, staged_config
     from qkinspect.loading import open_model
 
-    with open_model(model, revision=revision) as m:
+    with open_model(model, revision=revision) as m, contextlib.ExitStack() as stack:
         info = m.info
         check_model(info, edits, layers, heads, names, scope)
-        if window is not None:
-            check_window(m.resolved.config, window, names)
+        staged = None if info.format == "memory" else stack.enter_context(staged_config(m.resolved))
+        if staged is not None and window is not None:
+            check_window(staged[1], window, names)
         spec = info.blocks[0]
         wanted = sorted(set(layers)) if layers is not None else list(range(spec.n_layers))
         from qkinspect.experiment.heal import on_cpu
 
         originals = {i: on_cpu(m.layer(spec.key, i)) for i in wanted}  # the edits are computed on the CPU
-        if m.info.format == "memory":
+        if staged is None:
             hf = hf_in_memory(m.resolved, tokenizer)
             _check_in_place(hf, device)
         else:
-            hf = load_hf(m.resolved, tokenizer, device=device or "cpu", option=names.tokenizer)
+            hf = load_hf(m.resolved, tokenizer, device=device or "cpu", option=names.tokenizer, staged=staged)
     if len(hf.layers) != spec.n_layers:
         raise UnsupportedModelError(f"{info.source}: transformers built {len(hf.layers)} layers, "
                                     f"the checkpoint has {spec.n_layers}")

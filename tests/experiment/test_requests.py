@@ -130,7 +130,7 @@ def test_a_model_type_the_runtime_cannot_edit_is_refused_before_any_weight_is_re
         run_experiment(opt, "share_qk")
 
 
-def test_the_cli_names_what_the_config_refuses_with_its_options(llama, olmo2, no_weights):
+def test_the_cli_names_what_the_config_refuses_with_its_options(llama, no_weights):
     from tests.one_line import one_error_line
 
     one_error_line(cli(llama, "--window", "128"), "error: --window 128: this model takes at most 64 positions")
@@ -157,9 +157,23 @@ def test_checks_after_loading_name_the_options_as_each_caller_spells_them(llama,
     missing = tmp_path / "no_tokenizer_here"
     with pytest.raises(CheckpointError, match=r"no_tokenizer_here: no such file or folder \(tokenizer\)$"):
         run_experiment(llama, "share_qk", tokens=64, window=32, tokenizer=missing)
-    one_error_line(cli(llama, "--tokens", "64", "--window", "32", "--tokenizer", missing), "no_tokenizer_here: no such file or folder (--tokenizer)")
+    one_error_line(cli(llama, "--tokens", "64", "--window", "32", "--tokenizer", missing),
+                   "no_tokenizer_here: no such file or folder (--tokenizer)")
     monkeypatch.setattr(estimate, "ATTENTION", ("no_such_module",))  # a block whose attention is not found
     with pytest.raises(UnsupportedModelError, match="^estimate: cannot find the attention module"):
         run_experiment(llama, "share_qk", layers=[0], tokens=64, window=32, estimate=True)
     one_error_line(cli(llama, "--layers", "0", "--tokens", "64", "--window", "32", "--estimate"),
                    "error: --estimate: cannot find the attention module")
+
+
+def test_the_values_transformers_config_checks_are_refused_before_any_weight_is_read(tmp_path, no_weights):
+    """transformers' config, read from the staged checkpoint before the layers are read (runtime.staged_config)."""
+    import json
+
+    from qkinspect.errors import CheckpointError
+
+    folder = tiny.llama(tmp_path / "llama")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "pad_token_id": 10**6}))
+    with pytest.raises(CheckpointError, match="pad_token_id 1000000 is outside the vocabulary"):
+        run_experiment(folder, "share_qk", tokens=64, window=32)

@@ -192,8 +192,8 @@ def test_bad_requests_are_refused_in_one_line(models, tmp_path):
         run_experiment(models["llama"], "share_qk", scope="everything")
     with pytest.raises(InputError, match="layers=7 is out of range; decoder has layers 0-2"):
         run_experiment(models["llama"], "share_qk", layers=[7])
-    # checks against the model (its config's positions) and the text name the options as the library's caller
-    # writes them (the CLI's own spelling: tests/experiment/test_cli_experiment.py)
+    # checks that need the loaded model name the options as the library's caller writes them (the CLI's own
+    # spelling: tests/experiment/test_cli_experiment.py)
     with pytest.raises(InputError, match=r"^window=128: this model takes at most 64 positions$"):
         run_experiment(models["bert"], "ablate", window=128)
     with pytest.raises(InputError, match=r"missing\.txt: cannot read text \(no such file\)$"):

@@ -64,7 +64,19 @@ def quiet_transformers() -> Iterator[None]:
         hf_logging.enable_progress_bar()
 
 
-def load_hf(resolved, tokenizer: Any = None, device: str = "cpu", option: str = "tokenizer") -> HFModel:
+@contextlib.contextmanager
+def staged_config(resolved) -> Iterator[tuple[Any, Any]]:
+    """The checkpoint staged in its private folder (`guard.staged`) and transformers' config read from it, with
+    the values the runner uses checked (`guard.check_config`): no weight is read, so what the config refuses is
+    refused before the model is loaded; `load_hf` builds the model from them while the folder is there."""
+    from qkinspect.experiment.model import guard
+
+    with quiet_transformers(), guard.staged(resolved) as st, guard.no_gguf_bar(st.gguf):
+        yield st, _config(st)
+
+
+def load_hf(resolved, tokenizer: Any = None, device: str = "cpu", option: str = "tokenizer",
+            staged: tuple[Any, Any] | None = None) -> HFModel:
     """Load `resolved` (from `qkinspect.loading.resolve`) with transformers' own classes in float32, eval mode,
     on `device` ("cpu", "cuda", "cuda:N"; checked by the caller).
 
@@ -72,17 +84,16 @@ def load_hf(resolved, tokenizer: Any = None, device: str = "cpu", option: str = 
     else bare encoders measured by drift. `tokenizer`: a tokenizer object, or a folder/vocab file to read one
     from; None reads the model's own (its folder, or the GGUF's metadata). transformers reads only checked files,
     from a private folder, and what it raises is translated (`qkinspect.loading.boundary`). `option`: how errors
-    name the tokenizer argument (a `Names` entry: "--tokenizer" from the CLI).
+    name the tokenizer argument (a `Names` entry: "--tokenizer" from the CLI). `staged`: what `staged_config`
+    gave, when the caller checked the config first (its folder still there); None stages the checkpoint here.
 
     Raises:
         UnsupportedModelError: a family the write-back does not know.
         CheckpointError: no tokenizer, or transformers cannot build the model or the tokenizer from the files.
     """
-    from qkinspect.experiment.model import guard
-
     family = family_of(resolved.config.model_type)
-    with quiet_transformers(), guard.staged(resolved) as st, guard.no_gguf_bar(st.gguf):
-        config = _config(st)
+    with contextlib.ExitStack() as stack:
+        st, config = staged if staged is not None else stack.enter_context(staged_config(resolved))
         with boundary(st.shown, "transformers cannot build the model from it"):
             model, kind = _load_model(family, st.where, {**st.kw, "config": config}, st.shown)
         tok, tok_shown = load_tokenizer(tokenizer, st, option)
