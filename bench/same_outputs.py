@@ -51,7 +51,7 @@ def smollm2() -> Path | None:
 
 def cases(smol: Path | None) -> list[tuple[str, list[str], str | None]]:
     """(name, arguments, output file suffix or None); `{out}` in the arguments is the case's output file,
-    `{runs}` / `{map}` / `{run}` the saved documents of earlier cases (durations set to 1.0)."""
+    `{runs}` / `{map}` / `{run}` / `{ranks}` / `{heal}` the saved documents of earlier cases (durations set to 1.0)."""
     exp = ["--layers", "5", "--tokens", "128", "--window", "64"]
     c: list[tuple[str, list[str], str | None]] = [
         ("demo-info-table", ["info", "-f", "table"], None),
@@ -80,6 +80,11 @@ def cases(smol: Path | None) -> list[tuple[str, list[str], str | None]]:
         ("demo-report-runs", ["report", "{run}", "--experiment", "{runs}", "-o", "{out}"], ".pdf"),
         ("demo-report-map", ["report", "{run}", "--experiment", "{map}", "-o", "{out}"], ".pdf"),
         ("demo-report-html", ["report", "{run}", "--html", "-o", "{out}"], ".html"),
+        # rank:K at one scope (the mean Δloss per K) and layer bars, drawn and summed from a saved document
+        ("demo-exp-ranks", ["experiment", "--layers", "4,5", "--tokens", "128", "--window", "64", "--scope", "layer",
+                            "--edit", "share_qk,rank:2,rank:4,rank:8", "-o", "{out}"], ".json"),
+        ("demo-plot-ranks", ["plot", "--kind", "experiment", "--experiment", "{ranks}", "-o", "{out}"], ".png"),
+        ("demo-report-ranks", ["report", "{run}", "--experiment", "{ranks}", "-o", "{out}"], ".pdf"),
         # refusals: one line, exit 2
         ("demo-bad-edit", ["experiment", "--edit", "nonsense"], None),
         ("demo-bad-layers", ["experiment", "--layers", "9"], None),
@@ -110,6 +115,10 @@ def cases(smol: Path | None) -> list[tuple[str, list[str], str | None]]:
             ("smol-heal-json", ["experiment", s, "--layers", "29", "--heads", "0", "--tokens", "64", "--window", "32",
                                 "--scope", "layer", "--heal", "2", "--heal-batch", "64", "-f", "json"], None),
             ("smol-bad-heads", ["experiment", s, "--heads", "99"], None),
+            ("smol-heal-runs", ["experiment", s, "--layers", "29", "--heads", "0", "--tokens", "64", "--window", "32",
+                                "--scope", "layer", "--heal", "2", "--heal-batch", "64", "--heal-eval-every", "1",
+                                "-o", "{out}"], ".json"),
+            ("smol-plot-healing", ["plot", "--kind", "healing", "--experiment", "{heal}", "-o", "{out}"], ".png"),
         ]
     return c
 
@@ -133,7 +142,8 @@ def _is_duration(key: str) -> bool:
     return key == "seconds" or key.endswith("_seconds")
 
 
-SAVED = {"demo-exp-runs": "runs", "demo-est-map": "map", "demo-analyze-run": "run"}  # documents later cases read
+SAVED = {"demo-exp-runs": "runs", "demo-est-map": "map", "demo-analyze-run": "run", "demo-exp-ranks": "ranks",
+         "smol-heal-runs": "heal"}  # documents later cases read
 
 
 def record(folder: Path, only: tuple[str, ...] = ()) -> None:

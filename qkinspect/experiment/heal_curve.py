@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from qkinspect.experiment.model.scoring import Scorer, block_se
-from qkinspect.experiment.results import HealPoint, Precision
+from qkinspect.experiment.results import HealChange, HealPoint, Precision
 
 CPUINFO = Path("/proc/cpuinfo")
 
@@ -51,6 +51,25 @@ def scored_tokens(scorer: Scorer, hf) -> Tensor:
 def point(step: int, tokens: Tensor, reference: Tensor, blocks: Tensor) -> HealPoint:
     d = tokens - reference
     return HealPoint(step=step, loss=float(tokens.mean()), diff=float(d.mean()), se=block_se(d, blocks))
+
+
+def late_start(steps: int, at: list[int]) -> int | None:
+    """The earlier point of the late change: the last step scored at or before three quarters of `steps`, after
+    step 0 (None: nothing was scored between the first and the last step, so there is no late part to tell)."""
+    inside = [k for k in at if 0 < k <= 0.75 * steps]
+    return inside[-1] if inside else None
+
+
+def late_change(start: int, end: int, tokens: dict[int, Tensor], reference: dict[int, Tensor] | Tensor,
+                blocks: Tensor) -> HealChange:
+    """How far a curve moved between steps `start` and `end`: mean over the scored tokens of
+    (tokens[end] − ref[end]) − (tokens[start] − ref[start]) with `ref` the reference at each step (an edited run:
+    the control's per-token losses at the same step; the control: the unedited model's, one tensor for both), and its
+    block standard error: the two points are scored on the same tokens, so their difference is paired token by token
+    and its standard error is far below the two points' own."""
+    ref = reference if isinstance(reference, dict) else {start: reference, end: reference}
+    d = (tokens[end] - ref[end]) - (tokens[start] - ref[start])
+    return HealChange(start=start, end=end, change=float(d.mean()), se=block_se(d, blocks))
 
 
 def bf16_hardware(device: torch.device) -> str | None:

@@ -13,12 +13,11 @@ def render_experiment(console, result, rows: list[dict[str, Any]], notes: list[s
     then the legend, the estimate's agreement, the predictors, healing and `notes`."""
     from rich.text import Text
 
-    from qkinspect.experiment.model.scoring import MEASURES
     from qkinspect.terminal.tables import Column, fit_tables, fmt_spec
 
     baseline = 0.0 if abs(result.baseline) < 5e-5 else result.baseline  # no "-0.0000" for a drift of ~0
     console.print(Text(result.model.name, style="bold") + Text(
-        f"  {MEASURES[result.measure]} on {result.text}: {result.tokens} tokens ({result.windows} × "
+        f"  {result.measure_name} on {result.text}: {result.tokens} tokens ({result.windows} × "
         f"{result.window}), baseline {baseline:.4f}"), soft_wrap=True)
     cells = {"edit": [r["edit"] for r in rows], "scope": [r["scope"] for r in rows],
              "layer": [fmt_spec(r["layer"], "d") for r in rows], "head": [fmt_spec(r["head"], "d") for r in rows],

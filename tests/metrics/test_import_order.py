@@ -230,12 +230,42 @@ def test_report_computes_no_statistic_and_bench_imports_no_cli():
         tree = ast.parse(p.read_text(encoding="utf-8"))
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
-        assert not any(n.split(".")[0] in ("scipy", "statsmodels") for n in names), p
+        assert not any(n.split(".")[0] in ("scipy", "statsmodels", "statistics") for n in names), p
+    assert not statistics_computed(PACKAGE / "report" / "experiment")
     for p in sorted((ROOT / "bench").glob("*.py")):
         tree = ast.parse(p.read_text(encoding="utf-8"))
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
         assert not any(n == "qkinspect.cli" or n.startswith("qkinspect.cli.") for n in names), p
+
+
+# Calls that compute a statistic of numbers (numpy's, math's, statistics', scipy's, an array's own method).
+STATISTICS = {"mean", "median", "average", "std", "var", "percentile", "quantile", "nanmean", "nanmedian", "nanstd",
+              "nanvar", "nanpercentile", "nanquantile", "fsum", "fmean", "spearmanr", "pearsonr", "corrcoef"}
+
+
+def statistics_computed(folder: Path) -> list[str]:
+    """'file:line name' for each call of a statistic (np.mean, math.fsum, values.mean(), ...) in the modules under
+    `folder`: the experiment's numbers (an edit's summed cost, the mean Δloss per K) are experiment.costs'."""
+    bad = []
+    for p in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+                if name in STATISTICS:
+                    bad.append(f"{p.name}:{node.lineno} {name}")
+    return bad
+
+
+def test_the_statistics_check_sees_a_mean_and_a_sum(tmp_path):
+    """What report/experiment held before the costs moved to the library: np.mean over each K, math.fsum."""
+    (tmp_path / "figure.py").write_text("import numpy as np\ndef f(v):\n    return float(np.mean(v))\n")
+    (tmp_path / "summary.py").write_text("import math\ndef f(v):\n    return math.fsum(v), v.std()\n")
+    assert statistics_computed(tmp_path) == ["figure.py:3 mean", "summary.py:3 fsum", "summary.py:3 std"]
+    (tmp_path / "figure.py").write_text("def f(ax, points):\n    ax.plot(*zip(*points))\n")
+    (tmp_path / "summary.py").unlink()
+    assert statistics_computed(tmp_path) == []
 
 
 LOWER = ("qkinspect.loading", "qkinspect.metrics")  # the floors every capability stands on

@@ -37,7 +37,6 @@ MASK_FRACTION = 0.15
 # units (a batch-means / cluster standard error): the loss changes of neighbouring tokens are correlated, so the
 # per-token standard error would be too small (docs/experiments.md, "Error bars").
 BLOCK = 64
-MEASURES = {CAUSAL: "next-token cross-entropy", MASKED: "masked-LM cross-entropy", DRIFT: "drift"}
 
 
 def default_text() -> Text:
