@@ -91,16 +91,24 @@ class Sites:
     output: str
 
 
-def sites(block: nn.Module) -> Sites:
-    """The attention module of `block` and its output projection (the first names of ATTENTION / OUTPUT found)."""
+def sites(block: nn.Module, option: str = "estimate") -> Sites:
+    """The attention module of `block` and its output projection (the first names of ATTENTION / OUTPUT found);
+    UnsupportedModelError naming the estimate's option as the caller spells it (`option`: a `Names` entry,
+    "--estimate" from the CLI) where there are none."""
     for a in ATTENTION:
         att = getattr(block, a, None)
         if isinstance(att, nn.Module):
             for o in OUTPUT:
                 if _get(att, o) is not None:
                     return Sites(a, f"{a}.{o}")
-    raise UnsupportedModelError(f"--estimate: cannot find the attention module and its output projection in "
+    raise UnsupportedModelError(f"{option}: cannot find the attention module and its output projection in "
                                 f"{type(block).__name__}")
+
+
+def check_sites(hf: HFModel, layers: list[int], option: str = "estimate") -> None:
+    """Refuse (`sites`) before any pass over the text where a chosen layer's attention cannot be found."""
+    for i in layers:
+        sites(hf.layers[i], option)
 
 
 def _get(module: nn.Module, path: str) -> nn.Module | None:

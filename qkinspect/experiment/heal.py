@@ -64,7 +64,7 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
     at = eval_steps(opts.steps, opts.eval_every)
     total = 1 + len(units) * len(edits)
     control = Healer(hf, {}, opts, batches, rotary, maps)
-    precision = choose_precision(scorer, control.hf, threshold, opts.float32)
+    precision = choose_precision(scorer, control.hf, threshold, opts.float32, names.heal_float32)
     c_tokens: dict[int, Tensor] = {}
     control.train(_tracker(opts, "control", control, tracks, notes), precision.dtype == "bfloat16",
                   at, lambda step: c_tokens.__setitem__(step, control.score(scorer)),

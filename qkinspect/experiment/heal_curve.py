@@ -92,10 +92,12 @@ def autocast(device: torch.device, on: bool) -> Iterator[None]:
         yield
 
 
-def choose_precision(scorer: Scorer, hf, threshold: float | None, float32: bool) -> Precision:
-    """Measure bfloat16 autocast against float32 on the unedited copy `hf` and decide (module docstring)."""
+def choose_precision(scorer: Scorer, hf, threshold: float | None, float32: bool,
+                     option: str = "heal.float32") -> Precision:
+    """Measure bfloat16 autocast against float32 on the unedited copy `hf` and decide (module docstring);
+    `option` names how the caller asked for float32 (a `Names` entry: "--heal-float32" from the CLI)."""
     if float32:
-        return Precision("float32", "float32 asked for (--heal-float32)")
+        return Precision("float32", f"float32 asked for ({option})")
     device = next(hf.model.parameters()).device
     hardware = bf16_hardware(device)
     if hardware is None:

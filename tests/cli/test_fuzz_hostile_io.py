@@ -345,7 +345,7 @@ def test_fuzz_scheduler_replies(reply, close, capfd):
 
     with listener(reply, close) as port, bounded():
         t0 = time.perf_counter()
-        with pytest.raises(InputError, match=f"--scheduler tcp://127.0.0.1:{port}: "):
+        with pytest.raises(InputError, match=f"^scheduler='tcp://127.0.0.1:{port}': "):
             scheduler.probe(f"tcp://127.0.0.1:{port}", seconds=1.0)
         assert time.perf_counter() - t0 < 1.0 + 6
     assert "Traceback" not in capfd.readouterr().err

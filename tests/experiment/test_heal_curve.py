@@ -137,7 +137,7 @@ def test_every_point_is_a_separate_scoring_of_the_same_weights(folders, family, 
         assert run.late.se is not None and run.late.se > 0
     assert (h.control_late.start, h.control_late.end) == (2, 5)
     assert h.control_late.change == pytest.approx(float((control[3] - control[1]).mean()), rel=1e-9, abs=1e-12)
-    assert h.precision.dtype == "float32" and "--heal-float32" in h.precision.reason
+    assert h.precision.dtype == "float32" and h.precision.reason == "float32 asked for (heal.float32)"
 
 
 def test_precision_is_measured_against_the_smallest_standard_error(folders, monkeypatch):
@@ -216,6 +216,7 @@ def test_cli_curve_in_the_document_and_the_figure(folders, tmp_path):
     doc = validate(json.loads(out.read_text()))
     h = doc["healing"]
     assert h["eval_every"] == 2 and h["precision"]["dtype"] == "float32"
+    assert h["precision"]["reason"] == "float32 asked for (--heal-float32)"  # the CLI's own name
     assert [p["step"] for p in h["control_curve"]] == [0, 2, 4]
     assert all([p["step"] for p in x["curve"]] == [0, 2, 4] for x in h["runs"])
     png = tmp_path / "healing.png"

@@ -343,3 +343,22 @@ def test_the_home_check_sees_a_borrowed_name(tmp_path):
     (tmp_path / "engine.py").write_text("def f():\n    from pkg.store import result_key\n")
     (tmp_path / "other.py").write_text("from pkg.keys import KIND, result_key\n")
     assert borrowed(tmp_path, "pkg") == ["pkg.engine imports result_key from pkg.store"]
+
+
+SHARED_DRAWING = tuple(f"qkinspect.report.{m}" for m in ("style", "heatmap", "grid", "titles", "pages", "tables"))
+
+
+def reading_records(edges: dict[str, set[str]], shared: tuple[str, ...], package: str = "qkinspect") -> dict:
+    """module -> what it imports of the package beyond the shared pieces, for each shared piece."""
+    return {name: sorted(d for d in edges[name] if d.startswith(package) and d not in shared)
+            for name in shared if any(d.startswith(package) and d not in shared for d in edges.get(name, ()))}
+
+
+def test_the_shared_drawing_pieces_read_no_subjects_records():
+    """report/ by subject over the shared pieces: style, heatmap and its grid, titles, pages and their tables serve
+    the analysis, the experiment, the sweep and the atlas alike, so they import nothing of the package but each
+    other (report.grid once read AnalysisResult for the analysis alone; report.tables built its per-layer tables)."""
+    assert not reading_records(package_graph(), SHARED_DRAWING)
+    old = {"qkinspect.report.grid": {"qkinspect.records", "qkinspect.report.style"}}  # the tree before the move
+    assert reading_records(old, ("qkinspect.report.grid", "qkinspect.report.style")) == {
+        "qkinspect.report.grid": ["qkinspect.records"]}

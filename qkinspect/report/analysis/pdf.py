@@ -21,12 +21,12 @@ from qkinspect.errors import InputError
 from qkinspect.experiment.results import ExperimentResult
 from qkinspect.records import AnalysisResult
 from qkinspect.report.analysis import text
+from qkinspect.report.analysis.arrays import blocks_of, renamed
 from qkinspect.report.analysis.figures import figure, shows_raw_qk
 from qkinspect.report.analysis.summary import qk_norm_caveat, summary
-from qkinspect.report.grid import blocks_of, renamed
+from qkinspect.report.analysis.tables import layer_tables
 from qkinspect.report.pages import TextPages, figure_page, page_canvas, put_caption
 from qkinspect.report.style import PAGE, style
-from qkinspect.report.tables import layer_tables
 from qkinspect.version import __version__
 
 
