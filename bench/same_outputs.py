@@ -6,6 +6,9 @@ A check for refactors that must not change behaviour: run `record` before, `reco
     python bench/same_outputs.py record /tmp/after
     python bench/same_outputs.py compare /tmp/before /tmp/after
 
+`record FOLDER NAME...` records only the cases whose names start with one of the NAMEs (and the cases whose
+documents they read), for a change that touches only some commands: compare two such recordings.
+
 Each case runs `python -m qkinspect ...` in a subprocess and keeps its exit status, stdout, stderr and any file it
 wrote. Compared byte for byte, after masking only what differs from run to run:
   - durations: in JSON/NDJSON every value under a key named `seconds` or ending in `_seconds` (the experiment's
@@ -48,7 +51,7 @@ def smollm2() -> Path | None:
 
 def cases(smol: Path | None) -> list[tuple[str, list[str], str | None]]:
     """(name, arguments, output file suffix or None); `{out}` in the arguments is the case's output file,
-    `{runs}` / `{map}` / `{run}` the saved documents of earlier cases (durations set to 1.0)."""
+    `{runs}` / `{map}` / `{run}` / `{ranks}` / `{heal}` the saved documents of earlier cases (durations set to 1.0)."""
     exp = ["--layers", "5", "--tokens", "128", "--window", "64"]
     c: list[tuple[str, list[str], str | None]] = [
         ("demo-info-table", ["info", "-f", "table"], None),
@@ -77,6 +80,11 @@ def cases(smol: Path | None) -> list[tuple[str, list[str], str | None]]:
         ("demo-report-runs", ["report", "{run}", "--experiment", "{runs}", "-o", "{out}"], ".pdf"),
         ("demo-report-map", ["report", "{run}", "--experiment", "{map}", "-o", "{out}"], ".pdf"),
         ("demo-report-html", ["report", "{run}", "--html", "-o", "{out}"], ".html"),
+        # rank:K at one scope (the mean Δloss per K) and layer bars, drawn and summed from a saved document
+        ("demo-exp-ranks", ["experiment", "--layers", "4,5", "--tokens", "128", "--window", "64", "--scope", "layer",
+                            "--edit", "share_qk,rank:2,rank:4,rank:8", "-o", "{out}"], ".json"),
+        ("demo-plot-ranks", ["plot", "--kind", "experiment", "--experiment", "{ranks}", "-o", "{out}"], ".png"),
+        ("demo-report-ranks", ["report", "{run}", "--experiment", "{ranks}", "-o", "{out}"], ".pdf"),
         # refusals: one line, exit 2
         ("demo-bad-edit", ["experiment", "--edit", "nonsense"], None),
         ("demo-bad-layers", ["experiment", "--layers", "9"], None),
@@ -86,6 +94,11 @@ def cases(smol: Path | None) -> list[tuple[str, list[str], str | None]]:
         ("demo-bad-device", ["experiment", "--device", "cuda"], None),
         ("demo-bad-heal-estimate", ["experiment", "--estimate", "--heal", "2"], None),
         ("demo-bad-experiment-json", ["plot", "--kind", "experiment", "--experiment", "{run}", "-o", "{out}"], ".png"),
+        ("demo-bad-sweep-workers", ["sweep", "{demo}", "--out", "{out}", "--workers", "0"], ".sweep"),
+        ("demo-bad-sweep-threads", ["sweep", "{demo}", "--out", "{out}", "--threads", "0"], ".sweep"),
+        ("demo-bad-sweep-scheduler", ["sweep", "{demo}", "--out", "{out}", "--scheduler", "ftp://x:1"], ".sweep"),
+        ("demo-bad-sweep-revisions", ["sweep", "{demo}", "--out", "{out}", "--revisions", "main"], ".sweep"),
+        ("demo-bad-atlas-none", ["atlas", "--out", "{out}"], ".atlas"),
     ]
     if smol is not None:
         s = str(smol)
@@ -102,6 +115,10 @@ def cases(smol: Path | None) -> list[tuple[str, list[str], str | None]]:
             ("smol-heal-json", ["experiment", s, "--layers", "29", "--heads", "0", "--tokens", "64", "--window", "32",
                                 "--scope", "layer", "--heal", "2", "--heal-batch", "64", "-f", "json"], None),
             ("smol-bad-heads", ["experiment", s, "--heads", "99"], None),
+            ("smol-heal-runs", ["experiment", s, "--layers", "29", "--heads", "0", "--tokens", "64", "--window", "32",
+                                "--scope", "layer", "--heal", "2", "--heal-batch", "64", "--heal-eval-every", "1",
+                                "-o", "{out}"], ".json"),
+            ("smol-plot-healing", ["plot", "--kind", "healing", "--experiment", "{heal}", "-o", "{out}"], ".png"),
         ]
     return c
 
@@ -125,11 +142,22 @@ def _is_duration(key: str) -> bool:
     return key == "seconds" or key.endswith("_seconds")
 
 
-def record(folder: Path) -> None:
+SAVED = {"demo-exp-runs": "runs", "demo-est-map": "map", "demo-analyze-run": "run", "demo-exp-ranks": "ranks",
+         "smol-heal-runs": "heal"}  # documents later cases read
+
+
+def record(folder: Path, only: tuple[str, ...] = ()) -> None:
+    """Run the cases (those whose names start with one of `only`, and the ones whose documents they read; every
+    case when `only` is empty) and keep what each wrote in `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, COLUMNS="80", NO_COLOR="1", TERM="dumb", PYTHONHASHSEED="0")
     saved = {"demo": demo_folder()}
-    for name, args, suffix in cases(smollm2()):
+    chosen = cases(smollm2())
+    if only:
+        picked = [c for c in chosen if c[0].startswith(only)]
+        read = {key for _, args, _ in picked for a in args for key in SAVED.values() if "{" + key + "}" in a}
+        chosen = [c for c in chosen if c in picked or SAVED.get(c[0]) in read]
+    for name, args, suffix in chosen:
         out = folder / f"{name}{suffix}" if suffix else None
         argv = [a.format(out=out, **saved) for a in args]
         p = subprocess.run([sys.executable, "-m", "qkinspect", *argv], capture_output=True, env=env)
@@ -140,7 +168,7 @@ def record(folder: Path) -> None:
         if out is not None and out.exists() and suffix == ".json":
             fixed = folder / f"{name}.fixed.json"
             fixed.write_text(json.dumps(fixed_durations(json.loads(out.read_text()))))
-            key = {"demo-exp-runs": "runs", "demo-est-map": "map", "demo-analyze-run": "run"}.get(name)
+            key = SAVED.get(name)
             if key:
                 saved[key] = str(fixed)
         if out is not None and out.exists() and suffix == ".pdf":
@@ -246,11 +274,11 @@ def compare(a: Path, b: Path) -> int:
 
 
 def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "record":
+    if len(sys.argv) >= 3 and sys.argv[1] == "record":
         target = Path(sys.argv[2])
         if target.exists():
             shutil.rmtree(target)
-        record(target)
+        record(target, tuple(sys.argv[3:]))
     elif len(sys.argv) == 4 and sys.argv[1] == "compare":
         sys.exit(compare(Path(sys.argv[2]), Path(sys.argv[3])))
     else:

@@ -40,6 +40,15 @@ class SweepFailed(QkinspectError):
     exit_code = 3
 
 
+def said(option: str, value: object, quoted: bool = False) -> str:
+    """`option` given `value`, as its caller wrote it: "--tokens 1" for a CLI option (it starts with --),
+    "tokens=1" for a library argument (the value's repr). `quoted`: the CLI form quotes the value too (for a
+    value that may not print)."""
+    if option.startswith("--"):
+        return f"{option} {value!r}" if quoted else f"{option} {value}"
+    return f"{option}={value!r}"
+
+
 def one_line(e: BaseException, typed: bool = False) -> str:
     """An exception's message on one line (whitespace runs as one space), or its type's name when it has none:
     what a one-line error quotes of a library's exception.

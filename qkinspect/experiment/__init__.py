@@ -4,7 +4,8 @@ In layers, bottom up: `edits` (names, the pure edits, their forms, the rotary ga
 healing); `model` (the transformers runtime: staging and guarding, write-back, models in memory, scoring); and the
 procedures: `run` (run_experiment, the orchestrator), `exact` (one exact run per unit), `estimate` (every head at
 once, verified by exact runs) and `heal`. `requests` checks what is asked before anything loads; `results` holds the
-records and writes the JSON document, `saved` reads one back, checked.
+records and writes the JSON document, `saved` reads one back, checked, into the same records, and `costs` says
+what the runs cost per edit, per head and per K.
 """
 
 from qkinspect.experiment.edits.names import EDITS, Edit, EditError, parse_edit

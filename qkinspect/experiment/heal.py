@@ -31,7 +31,15 @@ from qkinspect.errors import InputError
 from qkinspect.experiment.edits.apply import apply_edit
 from qkinspect.experiment.edits.names import Edit
 from qkinspect.experiment.edits.parametrised import CANON, EditForm, Strided, cached, canonical_from, parametrise
-from qkinspect.experiment.heal_curve import autocast, choose_precision, eval_steps, point, scored_tokens
+from qkinspect.experiment.heal_curve import (
+    autocast,
+    choose_precision,
+    eval_steps,
+    late_change,
+    late_start,
+    point,
+    scored_tokens,
+)
 from qkinspect.experiment.model.runtime import CAUSAL, MASKED, HFModel
 from qkinspect.experiment.model.scoring import Scorer, windows
 from qkinspect.experiment.model.writeback import module_maps, write_layer
@@ -58,13 +66,16 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
     at = eval_steps(opts.steps, opts.eval_every)
     total = 1 + len(units) * len(edits)
     control = Healer(hf, {}, opts, batches, rotary, maps)
-    precision = choose_precision(scorer, control.hf, threshold, opts.float32)
+    precision = choose_precision(scorer, control.hf, threshold, opts.float32, names.heal_float32)
     c_tokens: dict[int, Tensor] = {}
     control.train(_tracker(opts, "control", control, tracks, notes), precision.dtype == "bfloat16",
                   at, lambda step: c_tokens.__setitem__(step, control.score(scorer)),
                   _steps(progress, f"healing 1/{total}: control", opts.steps))
     blocks = scorer.blocks
     control_curve = tuple(point(k, c_tokens[k], scorer.base_tokens, blocks) for k in at)
+    start = late_start(opts.steps, at)
+    late = (lambda t, ref: None) if start is None else (
+        lambda t, ref: late_change(start, opts.steps, t, ref, blocks))
     control_loss = control_curve[-1].loss
     control.release()
     done = 1
@@ -75,9 +86,11 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
             healer = Healer(hf, {i: (edit, hs) for i, hs in unit}, opts, batches, rotary, maps)
             name = _run_name(edit, unit, scope)
             curve: list[HealPoint] = []
+            e_tokens: dict[int, Tensor] = {}
 
-            def evaluate(step: int, healer=healer, curve=curve) -> None:
-                curve.append(point(step, healer.score(scorer), c_tokens[step], blocks))
+            def evaluate(step: int, healer=healer, curve=curve, e_tokens=e_tokens) -> None:
+                e_tokens[step] = healer.score(scorer)
+                curve.append(point(step, e_tokens[step], c_tokens[step], blocks))
 
             healer.train(_tracker(opts, name, healer, tracks, notes), precision.dtype == "bfloat16", at, evaluate,
                          _steps(progress, f"healing {done + 1}/{total}: {name}", opts.steps))
@@ -91,7 +104,8 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
                 edit=str(edit), scope=scope, layer=layer, head=head, heads=sum(len(hs) for _, hs in unit),
                 loss=last.loss, control_loss=control_loss, diff=last.diff, se=last.se, unhealed=unhealed,
                 recovered=1 - last.diff / unhealed if unhealed else None, violation=healer.violation,
-                train_loss=tuple(healer.losses), seconds=time.perf_counter() - t1, curve=tuple(curve)))
+                train_loss=tuple(healer.losses), seconds=time.perf_counter() - t1, curve=tuple(curve),
+                late=late(e_tokens, c_tokens)))
             done += 1
     return Healing(
         steps=opts.steps, train=opts.train, trained=TRAINED[opts.train], trained_parameters=control.n_trained,
@@ -101,7 +115,8 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
         seconds=time.perf_counter() - t0, tracks=tracks, notes=tuple(dict.fromkeys(notes)),
         eval_every=opts.eval_every, control_curve=control_curve, precision=precision,
         device=str(next(hf.model.parameters()).device),
-        step_seconds=float(torch.tensor(step_times).median()) if step_times else None)
+        step_seconds=float(torch.tensor(step_times).median()) if step_times else None,
+        control_late=late(c_tokens, scorer.base_tokens))
 
 
 def check_healable(hf: HFModel, names: Names = LIBRARY_NAMES) -> None:

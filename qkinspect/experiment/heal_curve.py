@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from qkinspect.experiment.model.scoring import Scorer, block_se
-from qkinspect.experiment.results import HealPoint, Precision
+from qkinspect.experiment.results import HealChange, HealPoint, Precision
 
 CPUINFO = Path("/proc/cpuinfo")
 
@@ -53,6 +53,25 @@ def point(step: int, tokens: Tensor, reference: Tensor, blocks: Tensor) -> HealP
     return HealPoint(step=step, loss=float(tokens.mean()), diff=float(d.mean()), se=block_se(d, blocks))
 
 
+def late_start(steps: int, at: list[int]) -> int | None:
+    """The earlier point of the late change: the last step scored at or before three quarters of `steps`, after
+    step 0 (None: nothing was scored between the first and the last step, so there is no late part to tell)."""
+    inside = [k for k in at if 0 < k <= 0.75 * steps]
+    return inside[-1] if inside else None
+
+
+def late_change(start: int, end: int, tokens: dict[int, Tensor], reference: dict[int, Tensor] | Tensor,
+                blocks: Tensor) -> HealChange:
+    """How far a curve moved between steps `start` and `end`: mean over the scored tokens of
+    (tokens[end] − ref[end]) − (tokens[start] − ref[start]) with `ref` the reference at each step (an edited run:
+    the control's per-token losses at the same step; the control: the unedited model's, one tensor for both), and its
+    block standard error: the two points are scored on the same tokens, so their difference is paired token by token
+    and its standard error is far below the two points' own."""
+    ref = reference if isinstance(reference, dict) else {start: reference, end: reference}
+    d = (tokens[end] - ref[end]) - (tokens[start] - ref[start])
+    return HealChange(start=start, end=end, change=float(d.mean()), se=block_se(d, blocks))
+
+
 def bf16_hardware(device: torch.device) -> str | None:
     """Why this device computes bfloat16 natively (None: it does not, and autocast would be emulated)."""
     if device.type == "cuda":
@@ -73,10 +92,12 @@ def autocast(device: torch.device, on: bool) -> Iterator[None]:
         yield
 
 
-def choose_precision(scorer: Scorer, hf, threshold: float | None, float32: bool) -> Precision:
-    """Measure bfloat16 autocast against float32 on the unedited copy `hf` and decide (module docstring)."""
+def choose_precision(scorer: Scorer, hf, threshold: float | None, float32: bool,
+                     option: str = "heal.float32") -> Precision:
+    """Measure bfloat16 autocast against float32 on the unedited copy `hf` and decide (module docstring);
+    `option` names how the caller asked for float32 (a `Names` entry: "--heal-float32" from the CLI)."""
     if float32:
-        return Precision("float32", "float32 asked for (--heal-float32)")
+        return Precision("float32", f"float32 asked for ({option})")
     device = next(hf.model.parameters()).device
     hardware = bf16_hardware(device)
     if hardware is None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qkinspect.errors import InputError
+from qkinspect.errors import InputError, said
 from qkinspect.experiment.edits.names import Edit, parse_edit
 
 if TYPE_CHECKING:
@@ -60,11 +60,12 @@ class Names:
     heal_batch: str = "heal.batch_tokens"
     heal_text: str = "heal.text"
     heal_eval_every: str = "heal.eval_every"
+    heal_float32: str = "heal.float32"
+    tokenizer: str = "tokenizer"
 
     def said(self, option: str, value: Any) -> str:
         """`option` given `value`, as the caller wrote it: "--tokens 1" (CLI) or "tokens=1" (library)."""
-        name = getattr(self, option)
-        return f"{name} {value}" if name.startswith("--") else f"{name}={value!r}"
+        return said(getattr(self, option), value)
 
 
 LIBRARY_NAMES = Names()
@@ -156,6 +157,17 @@ def check_amounts(tokens: int, window: int, names: Names = LIBRARY_NAMES) -> Non
             raise InputError(f"{names.said(option, value)}: at most {MAX_TOKENS} (2**24) tokens")
 
 
+def check_window(config: Any, window: int, names: Names = LIBRARY_NAMES) -> None:
+    """InputError when `window` is longer than the positions the model's transformers `config` says it takes
+    (max_position_embeddings, where it says): from the staged checkpoint's config before any weight is read
+    (`run.open_experiment`), and again from the loaded model's when the windows are cut (`scoring.windows`; a model
+    in memory). Not from qkinspect's light config (qkinspect.loading.config): most families leave this value to
+    transformers, which would read the checkpoint's config.json unstaged."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < window:
+        raise InputError(f"{names.said('window', window)}: this model takes at most {limit} positions")
+
+
 def check_estimate(scope: str, estimate: bool, probes: int | None, verify: int | None,
                    names: Names = LIBRARY_NAMES) -> None:
     if estimate and scope != "head":
@@ -180,10 +192,13 @@ def parse_edits(edits: str | Sequence[str], names: Names = LIBRARY_NAMES) -> lis
 
 
 def check_model(info: ModelInfo, edits: Sequence[Edit], layers: Sequence[int] | None, heads: Sequence[int] | None,
-                names: Names = LIBRARY_NAMES) -> None:
+                names: Names = LIBRARY_NAMES, scope: str | None = None) -> None:
     """What the model's description (its config: no weight is read) already refuses: a model with more than one
-    self-attention block, layers or heads it does not have, and an edit its layers cannot take
-    (`qkinspect.experiment.edits.apply.check_edit`), named on the first chosen layer as the run would name it."""
+    self-attention block, layers or heads it does not have, a model_type the runtime cannot run and edit, and an
+    edit its layers cannot take (`qkinspect.experiment.edits.apply.check_edit`; through q/k norms, what their
+    form, known from the model_type's adapter, cannot define for the heads `scope` edits together:
+    `qkinspect.experiment.edits.qknorm.check_form`), named on the first chosen layer as the run would name it.
+    `scope` None: the heads edited together are not known, and only the layers check them."""
     from qkinspect.errors import UnsupportedModelError
     from qkinspect.selection import check_selection
 
@@ -193,7 +208,26 @@ def check_model(info: ModelInfo, edits: Sequence[Edit], layers: Sequence[int] | 
                                     f"this one has {keys}")
     (spec,) = check_selection(info, None, layers, heads, options=("", names.layers, names.heads))
     from qkinspect.experiment.edits.apply import check_edit
+    from qkinspect.experiment.edits.qknorm import check_form
+    from qkinspect.experiment.model.runtime import family_of
 
-    first = min(layers) if layers else 0
+    family_of(info.model_type)
+    where = f"{spec.key} layer {min(layers) if layers else 0}"
+    norms = qk_norm_form(info.model_type) if spec.qk_norm else None
+    every_head = spec.n_heads == 1 or (scope in ("layer", "model")
+                                       and (heads is None or set(heads) == set(range(spec.n_heads))))
     for edit in edits:
-        check_edit(spec, edit, f"{spec.key} layer {first}")
+        check_edit(spec, edit, where)
+        if norms is not None:
+            check_form(where, edit.name, *norms, every_head=every_head or scope is None,
+                       together=f" ({names.said('scope', 'layer')})")
+
+
+def qk_norm_form(model_type: str) -> tuple[str, str] | None:
+    """The q/k norms' kind ("rmsnorm" or "layernorm") and scope ("head", or "projection": one RMS over every
+    head, OLMo2) of a model_type's layers, as its adapter reads them; None where the adapter does not say."""
+    from qkinspect.loading.adapters.registry import adapter_for
+
+    adapter = adapter_for(model_type)
+    kind, scope = getattr(adapter, "qk_norm_kind", None), getattr(adapter, "qk_norm_scope", None)
+    return (kind, scope) if isinstance(kind, str) and isinstance(scope, str) else None

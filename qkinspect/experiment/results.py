@@ -1,7 +1,11 @@
 """The experiment's records, and its JSON document: what `run_experiment` returns (`ExperimentResult`, its `Run`s,
-the estimate's `Estimate` and `Agreement`s, healing's `Healing` and `HealedRun`s) and what `qkinspect experiment`
-writes from them (`experiment_json`, `run_rows`), as `qkinspect.records` is for the analysis. The document is read
-back, checked, by `qkinspect.experiment.saved`.
+the estimate's `Estimate` and `Agreement`s, healing's `Healing`, `HealedRun`s and `HealPoint`s) and what
+`qkinspect experiment` writes from them (`experiment_json`, `run_rows`), as `qkinspect.records` is for the analysis.
+`qkinspect.experiment.saved` reads the document back, checked, into the same records (what `plot` and `report`
+draw); `qkinspect.experiment.costs` says what the runs cost per edit, per head and per K.
+
+A record read back holds None where its document did not record a value (a document written by hand, or by an
+older qkinspect); every field the writer fills is filled by a run.
 
 Torch-free: the records hold Python numbers only.
 """
@@ -18,6 +22,9 @@ from qkinspect.records import envelope, json_safe, model_dict
 
 # A difference is "beyond its error" when it is at least this many standard errors from 0 (about 95 %, two-sided).
 SIGNIFICANT = 2.0
+# What each measure is, in words: the `measure` of an ExperimentResult (experiment.model.runtime's CAUSAL, MASKED
+# and DRIFT), as the document names it.
+MEASURES = {"causal": "next-token cross-entropy", "masked": "masked-LM cross-entropy", "drift": "drift"}
 # Per-head claims need about a thousand scored tokens (docs/experiments.md, "Error bars"): 1024 tokens in windows of
 # 256 score 1020 predictions.
 MIN_SCORED = 1000
@@ -54,7 +61,7 @@ class Run:
     scope: str
     layer: int | None
     head: int | None
-    heads: int  # how many heads the run edited
+    heads: int | None  # how many heads the run edited
     loss: float | None  # None: not run exactly (an estimated head that was not verified)
     dloss: float | None  # loss - baseline
     # dloss / dloss of `ablate` on the same heads; None without that run, or when ablating does not cost loss
@@ -62,15 +69,20 @@ class Run:
     ratio: float | None
     predicted: float | None  # the weight-space figure PREDICTORS[edit] (mean over the edited heads)
     offset0: bool  # a rotary edit that is exact at offset 0 only
-    seconds: float  # the whole run: edit, write-back, forward from the first edited layer
-    forward_seconds: float  # the forward alone
+    seconds: float | None  # the whole run: edit, write-back, forward from the first edited layer
+    forward_seconds: float | None  # the forward alone (not in the document: None when read back)
     dloss_se: float | None = None  # the standard error of dloss (paired with the baseline, block-clustered)
     # --estimate (qkinspect.experiment.estimate): the estimated dloss, its Monte-Carlo standard error, how far the
-    # edit moves the head's output (|Δo_h| / |o_h|) and whether that makes the estimate unreliable
+    # edit moves the head's output (|Δo_h| / |o_h|) and the residual stream (`reach`), the spot check's exact dloss
+    # on part of the text where reach called for one (qkinspect.experiment.spot), and whether it found the estimate
+    # unreliable (far below the spot check)
     dloss_estimate: float | None = None
     dloss_estimate_se: float | None = None
     moved: float | None = None
     unreliable: bool | None = None
+    reach: float | None = None
+    spot: float | None = None
+    spot_se: float | None = None
 
 
 @dataclass(frozen=True)
@@ -79,20 +91,25 @@ class ExperimentResult(Tabular):
     it shows `qkinspect experiment`'s table; `to_pandas()` is a row per run (qkinspect.notebook)."""
 
     model: ModelInfo
-    measure: str  # "causal", "masked" or "drift" (MEASURES names them)
-    text: str
-    tokens: int  # tokens fed to the model per pass
-    scored: int  # predictions (causal), masked tokens (masked) or tokens (drift) per pass
-    windows: int
-    window: int
+    measure: str | None  # "causal", "masked" or "drift" (MEASURES names them)
+    text: str | None
+    tokens: int | None  # tokens fed to the model per pass
+    scored: int | None  # predictions (causal), masked tokens (masked) or tokens (drift) per pass
+    windows: int | None
+    window: int | None
     baseline: float
     runs: tuple[Run, ...]
-    rotary: str
-    baseline_seconds: float
-    seconds: float  # all edit runs together
-    predictors: dict[str, str] = field(default_factory=dict)
+    rotary: str | None
+    baseline_seconds: float | None
+    seconds: float | None  # all edit runs together
+    predictors: dict[str, str | None] = field(default_factory=dict)  # edit -> the weight-space figure it is
     healing: Healing | None = None  # with heal=: the edits after fine-tuning, against a control (experiment.heal)
     estimate: Estimate | None = None  # --estimate: how it was made and how well it agreed with the exact runs
+
+    @property
+    def measure_name(self) -> str | None:
+        """The measure in words ("next-token cross-entropy"); None for a measure qkinspect does not know."""
+        return MEASURES.get(self.measure or "")
 
     def table_rows(self) -> list[dict[str, Any]]:
         """The CSV's rows: one per run (`run_rows`)."""
@@ -120,10 +137,13 @@ class Agreement:
 
 @dataclass(frozen=True)
 class Estimate:
-    probes: int
-    seconds: float  # the estimate of every head and edit (edits, reruns, backward passes)
-    verify_seconds: float  # the exact runs of the verified heads
+    """How the cost map was estimated, and how well it agreed with the exact runs of the verified heads."""
+
+    probes: int | None  # backward passes with labels sampled from the model (the curvature term's K)
+    seconds: float | None  # the estimate of every head and edit (edits, reruns, backward passes)
+    verify_seconds: float | None  # the exact runs of the verified heads
     agreement: tuple[Agreement, ...]
+    spot_tokens: int = 0  # the tokens each spot check scored (0: no head called for one)
 
 
 @dataclass(frozen=True)
@@ -136,6 +156,18 @@ class HealPoint:
     # the unedited model's (what fine-tuning alone did)
     diff: float
     se: float | None  # standard error of diff, paired token by token, block-clustered as the exact runs' Δloss
+
+
+@dataclass(frozen=True)
+class HealChange:
+    """How far a healed curve moved over the run's last quarter (qkinspect.experiment.heal_curve.late_change): the
+    difference between two of its points, paired token by token. Near zero within its standard error: the curve has
+    flattened; clearly negative: healing was still winning cost back when the run stopped."""
+
+    start: int  # the step of the earlier point: the last one scored at or before three quarters of the steps
+    end: int  # the last step
+    change: float  # diff at `end` minus diff at `start` (an edited run: its cost; the control: its own gain)
+    se: float | None  # standard error of `change`, block-clustered as the exact runs' Δloss; None: one block
 
 
 @dataclass(frozen=True)
@@ -169,6 +201,7 @@ class HealedRun:
     train_loss: tuple[float, ...]  # training loss per step
     seconds: float
     curve: tuple[HealPoint, ...] = ()  # the run scored at step 0, every eval_every steps and at the last
+    late: HealChange | None = None  # the cost's change over the last quarter (None: no point scored in between)
 
 
 @dataclass(frozen=True)
@@ -197,6 +230,7 @@ class Healing:
     precision: Precision | None = None  # what the training steps computed in, and why
     device: str = "cpu"
     step_seconds: float | None = None  # the median training step of the edited runs (forward, backward, update)
+    control_late: HealChange | None = None  # the control's own change over the last quarter (as HealedRun.late)
 
 
 # -- the JSON document ------------------------------------------------------------------------------------------
@@ -204,12 +238,10 @@ class Healing:
 def experiment_json(result: ExperimentResult) -> dict[str, Any]:
     """The JSON document (`qkinspect experiment -f json`, docs/experiments.md#output): the model, what was measured
     on which text, the baseline, and every run."""
-    from qkinspect.experiment.model.scoring import MEASURES
-
     rows = run_rows(result)
     body = {
         "model": model_dict(result.model),
-        "measure": {"kind": result.measure, "name": MEASURES[result.measure], "text": result.text,
+        "measure": {"kind": result.measure, "name": result.measure_name, "text": result.text,
                     "tokens": result.tokens, "scored": result.scored, "windows": result.windows,
                     "window": result.window, "rotary": result.rotary},
         "baseline": result.baseline,
@@ -239,6 +271,7 @@ def run_rows(result: ExperimentResult) -> list[dict[str, Any]]:
              "layer": r.layer, "head": r.head, "heads": r.heads, "loss": r.loss, "dloss": r.dloss,
              "dloss_se": r.dloss_se, "dloss_ratio_ablate": r.ratio, "dloss_estimate": r.dloss_estimate,
              "dloss_estimate_se": r.dloss_estimate_se, "moved": r.moved, "unreliable": r.unreliable,
+             "reach": r.reach, "spot": r.spot, "spot_se": r.spot_se,
              "predicted": r.predicted, "predictor": result.predictors.get(r.edit), "offset0_only": r.offset0,
              "seconds": r.seconds} for r in result.runs]
 
@@ -249,6 +282,7 @@ def estimate_dict(result: ExperimentResult) -> dict[str, Any] | None:
     if e is None:
         return None
     return {"probes": e.probes, "seconds": e.seconds, "verify_seconds": e.verify_seconds,
+            "spot_tokens": e.spot_tokens,
             "agreement": [{"edit": a.edit, "verified": a.verified, "rho": a.rho, "sampled": a.sampled,
                            "rho_sampled": a.rho_sampled} for a in e.agreement]}
 
@@ -256,7 +290,7 @@ def estimate_dict(result: ExperimentResult) -> dict[str, Any] | None:
 def notes(result: ExperimentResult) -> list[str]:
     """What the reader must know before trusting per-head numbers."""
     out = []
-    if any(r.scope == "head" for r in result.runs) and result.scored < MIN_SCORED:
+    if any(r.scope == "head" for r in result.runs) and result.scored is not None and result.scored < MIN_SCORED:
         out.append(f"only {result.scored} tokens were scored: per-head Δloss needs at least {MIN_SCORED} "
                    "(--tokens) to rise above its noise; read each against its standard error")
     if result.estimate is not None and not result.estimate.agreement:

@@ -7,12 +7,21 @@ it come from one unedited pass) and restored exactly before the next run.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qkinspect.experiment.edits.names import Edit
-from qkinspect.experiment.requests import LIBRARY_NAMES, HealOptions, Names, Request, check_model, check_request
+from qkinspect.experiment.requests import (
+    LIBRARY_NAMES,
+    HealOptions,
+    Names,
+    Request,
+    check_model,
+    check_request,
+    check_window,
+)
 from qkinspect.experiment.results import ExperimentResult, Run, beyond_error
 from qkinspect.progress import phase
 
@@ -127,7 +136,7 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
         opts = replace(opts, text=read_text(opts.text, what=names.heal_text))
     phase(progress, "loading the model")
     info, originals, hf = open_experiment(model, revision, layers, heads, tokenizer, device=device, edits=chosen,
-                                          names=names)
+                                          names=names, scope=scope, window=window)
     if opts:
         check_healable(hf, names)
     spec = info.blocks[0]
@@ -142,6 +151,10 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
         fed.append(hf.tokenizer.mask_token_id)
     check_token_ids(fed, hf.model.get_input_embeddings().num_embeddings, hf.tokenizer_source)
     units = make_units(scope, sorted(originals), head_list)
+    if estimate:
+        from qkinspect.experiment import estimate as est  # torch's autograd: only with --estimate
+
+        est.check_sites(hf, sorted(originals), names.estimate)  # before any pass over the text
     runs_edits = chosen + ([REFERENCE] if reference and REFERENCE not in chosen else [])
     with boundary(info.source, "transformers cannot run the model"):  # the unedited pass: the checkpoint's own
         scorer = Scorer(hf, ids, batch_tokens=batch_tokens, seed=seed)
@@ -149,8 +162,6 @@ def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: in
         base = scorer.baseline(cache={first_layer(unit) for unit in units}, progress=progress)
         t_base = time.perf_counter() - t0
     if estimate:
-        from qkinspect.experiment import estimate as est  # torch's autograd: only with --estimate
-
         runs_e, summary = est.estimated_runs(scorer, originals, head_list, runs_edits, base, rotary=rotary,
                                              probes=probes or est.PROBES, verify=verify, seed=seed,
                                              progress=progress)
@@ -186,28 +197,33 @@ def _predictors(edits: list[Edit], originals: dict) -> dict[str, str]:
 
 
 def open_experiment(model, revision, layers, heads, tokenizer, device: str | None = None, edits: Sequence[Edit] = (),
-                    names: Names = LIBRARY_NAMES):
+                    names: Names = LIBRARY_NAMES, scope: str | None = None, window: int | None = None):
     """The model's identity, its chosen layers in the canonical layout (qkinspect's loader), and the transformers
-    model (the same files, through transformers' own classes). The selection and `edits` are checked against the
-    model's description (`requests.check_model`) before any weight is read."""
+    model (the same files, through transformers' own classes). The selection and `edits` (on the heads `scope`
+    edits together) are checked against the model's description (`requests.check_model`), and transformers' config
+    (read from the staged checkpoint, `runtime.staged_config`: its values, and the `window` against its positions)
+    before any weight is read."""
     from qkinspect.errors import UnsupportedModelError
     from qkinspect.experiment.model.in_memory import hf_in_memory
-    from qkinspect.experiment.model.runtime import load_hf
+    from qkinspect.experiment.model.runtime import load_hf, staged_config
     from qkinspect.loading import open_model
 
-    with open_model(model, revision=revision) as m:
+    with open_model(model, revision=revision) as m, contextlib.ExitStack() as stack:
         info = m.info
-        check_model(info, edits, layers, heads, names)
+        check_model(info, edits, layers, heads, names, scope)
+        staged = None if info.format == "memory" else stack.enter_context(staged_config(m.resolved))
+        if staged is not None and window is not None:
+            check_window(staged[1], window, names)
         spec = info.blocks[0]
         wanted = sorted(set(layers)) if layers is not None else list(range(spec.n_layers))
         from qkinspect.experiment.heal import on_cpu
 
         originals = {i: on_cpu(m.layer(spec.key, i)) for i in wanted}  # the edits are computed on the CPU
-        if m.info.format == "memory":
+        if staged is None:
             hf = hf_in_memory(m.resolved, tokenizer)
             _check_in_place(hf, device)
         else:
-            hf = load_hf(m.resolved, tokenizer, device=device or "cpu")
+            hf = load_hf(m.resolved, tokenizer, device=device or "cpu", option=names.tokenizer, staged=staged)
     if len(hf.layers) != spec.n_layers:
         raise UnsupportedModelError(f"{info.source}: transformers built {len(hf.layers)} layers, "
                                     f"the checkpoint has {spec.n_layers}")

@@ -130,6 +130,7 @@ METRICS: dict[str, MetricSpec] = {m.name: m for m in _HEAD + _LAYER}
 HEAD_METRIC_NAMES = tuple(m.name for m in _HEAD)
 LAYER_METRIC_NAMES = tuple(m.name for m in _LAYER)
 LAYER_FORM = ("symmetry_layer", "directionality_layer")
+INTEGER_METRICS = ("qk_k90",)  # counts (stored as floats): tables print a whole value without decimals
 # Groups that are unions of the metrics' own groups, plus the two selections by default-ness.
 _UNIONS = {"spectrum": ("rank", "eigen"), "similarity": ("overlap", "cosine", "cka")}
 

@@ -51,9 +51,11 @@ class Checkpoint:
         return dataclasses.asdict(self)
 
 
-def discover(specs: Iterable[str], revisions: Iterable[str] | None = None) -> list[Checkpoint]:
+def discover(specs: Iterable[str], revisions: Iterable[str] | None = None,
+             option: str = "revisions") -> list[Checkpoint]:
     """The checkpoints named by `specs` (globs expanded in natural order, duplicates dropped), with steps, sorted by
-    step when every checkpoint has one, else in the order given.
+    step when every checkpoint has one, else in the order given. `option` names `revisions` in errors as the
+    caller does ("--revisions" from the CLI).
 
     Raises:
         InputError: a spec that names nothing, a glob that matches nothing, revisions for a local path, no specs.
@@ -61,7 +63,7 @@ def discover(specs: Iterable[str], revisions: Iterable[str] | None = None) -> li
     revs = [r for r in (revisions or []) if r]
     found: dict[str, Checkpoint] = {}
     for spec in specs:
-        for ck in _expand(str(spec), revs):
+        for ck in _expand(str(spec), revs, option):
             found.setdefault(ck.identity, ck)
     if not found:
         raise InputError("sweep: no checkpoints given")
@@ -77,13 +79,13 @@ def with_steps(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
     return [dataclasses.replace(c, step=i, step_source="order") for i, c in enumerate(checkpoints)]
 
 
-def _expand(spec: str, revisions: list[str]) -> list[Checkpoint]:
+def _expand(spec: str, revisions: list[str], option: str) -> list[Checkpoint]:
     from qkinspect.loading.resolve import is_hub_id
 
     path = Path(spec).expanduser()
     if revisions:
         if path.exists() or not is_hub_id(spec):
-            raise InputError(f"--revisions applies to hub ids (org/name), not to {spec}")
+            raise InputError(f"{option} applies to hub ids (org/name), not to {spec}")
         return [Checkpoint(spec, r, f"{spec}@{r}", f"hub:{spec}@{r}") for r in revisions]
     if _GLOB.search(spec):
         matches = [Path(p) for p in sorted(glob.glob(str(path)), key=natural_key)]

@@ -37,6 +37,7 @@ from qkinspect.records import model_info
 from qkinspect.sweep import keys, store, task
 from qkinspect.sweep.checkpoints import Checkpoint
 from qkinspect.sweep.keys import Failure
+from qkinspect.sweep.names import LIBRARY_NAMES, EngineNames
 
 CONNECT_TIMEOUT = "20s"
 
@@ -75,7 +76,8 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
               scheduler: str | None = None, workers: int | None = None, threads: int | None = None,
               device: str = "cpu", progress: Callable[[Status], None] | None = None,
               check: Callable[[ModelInfo], None] | None = None,
-              notice: Callable[[str], None] | None = None, same_shapes: bool = True) -> Outcome:
+              notice: Callable[[str], None] | None = None, same_shapes: bool = True,
+              names: EngineNames = LIBRARY_NAMES) -> Outcome:
     """Analyse every checkpoint with `options` (as `qkinspect.analyze` takes them), one result file each in `folder`.
 
     Args:
@@ -91,18 +93,20 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
             computed again); the reasons are also in `Outcome.refused`.
         same_shapes: refuse checkpoints whose attention shapes differ (a sweep); False for models of any shape
             (the atlas, qkinspect.zoo).
+        names: how errors name the options (`qkinspect.sweep.names`): these arguments' names by default; the CLI
+            passes its own.
 
     Raises:
         InputError: the checkpoints' attention shapes differ (with `same_shapes`, before any analysis), the
             scheduler cannot be reached, or `check` refuses. KeyboardInterrupt after cancelling the pending tasks.
     """
     folder = Path(folder)
-    check_threads(threads)
-    check_workers(workers)
+    check_threads(threads, names.threads)
+    check_workers(workers, names.workers)
     if scheduler is not None:
         from qkinspect.sweep.scheduler import check_address
 
-        check_address(scheduler)
+        check_address(scheduler, names.scheduler)
     store.check_folder(folder)  # created once the checkpoints pass the checks
     options = keys.normalized_options(options)
     plan = [(ck, key, store.result_path(folder, ck, key)) for ck in checkpoints
@@ -117,7 +121,7 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
     if not todo:
         _check_before_work(checkpoints, infos, check, same_shapes)
     else:
-        with connect(scheduler, workers, threads, len(todo)) as (client, task_threads):
+        with connect(scheduler, workers, threads, len(todo), names) as (client, task_threads):
             models = _describe(client, todo, outcome.failures)
             _check_before_work(checkpoints, {**infos, **models}, check, same_shapes)
             store.prepare(folder)
@@ -145,25 +149,26 @@ def _stored(folder: Path, plan, options) -> tuple[dict[str, dict], list[str]]:
 
 @contextlib.contextmanager
 def connect(scheduler: str | None, workers: int | None, threads: int | None,
-            n_tasks: int) -> Iterator[tuple[Any, int | None]]:
+            n_tasks: int, names: EngineNames = LIBRARY_NAMES) -> Iterator[tuple[Any, int | None]]:
     """A Dask client (to `scheduler`, or to a new LocalCluster) and the torch threads each task should use."""
     from distributed import Client, LocalCluster
 
-    check_threads(threads)
-    check_workers(workers)
+    check_threads(threads, names.threads)
+    check_workers(workers, names.workers)
     logging.getLogger("distributed").setLevel(logging.ERROR)  # the CLI reports failures itself, once
     if scheduler is not None:
         if workers is not None:
-            raise InputError("--workers sizes the local cluster; with --scheduler the cluster's own workers run")
+            raise InputError(f"{names.workers} sizes the local cluster; with {names.scheduler} the cluster's own "
+                             "workers run")
         from qkinspect.sweep.scheduler import check_address, probe, security
 
-        address = check_address(scheduler)
-        probe(address)  # a Dask scheduler answers, in bounded time; anything else is refused here
-        extra = {"security": security(address)} if address.startswith("tls://") else {}
+        address = check_address(scheduler, names.scheduler)
+        probe(address, option=names.scheduler)  # a Dask scheduler answers, in bounded time; else refused here
+        extra = {"security": security(address, names.scheduler)} if address.startswith("tls://") else {}
         try:
             client = Client(address, timeout=CONNECT_TIMEOUT, **extra)
         except Exception as e:  # noqa: BLE001 - whatever the peer provokes in Dask's client is one line
-            raise InputError(f"--scheduler {address}: cannot connect ({type(e).__name__}: {e})") from None
+            raise InputError(f"{names.said('scheduler', address)}: cannot connect ({type(e).__name__}: {e})") from None
         with contextlib.closing(client):
             yield client, threads
         return

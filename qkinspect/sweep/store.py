@@ -49,7 +49,7 @@ class SweepFolder(Tabular):
     def rows(self, by: str = "head") -> list[dict[str, Any]]:
         """The tidy table: a row per (checkpoint, step, block, layer, head), or per layer with by="layer"."""
         if by not in ("head", "layer"):
-            raise InputError(f"--by: {by!r} is not head or layer")
+            raise InputError(f"by={by!r}: expected head or layer")
         out = []
         for ck in self.checkpoints:
             doc = self.results.get(ck.identity)

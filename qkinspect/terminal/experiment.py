@@ -13,12 +13,11 @@ def render_experiment(console, result, rows: list[dict[str, Any]], notes: list[s
     then the legend, the estimate's agreement, the predictors, healing and `notes`."""
     from rich.text import Text
 
-    from qkinspect.experiment.model.scoring import MEASURES
     from qkinspect.terminal.tables import Column, fit_tables, fmt_spec
 
     baseline = 0.0 if abs(result.baseline) < 5e-5 else result.baseline  # no "-0.0000" for a drift of ~0
     console.print(Text(result.model.name, style="bold") + Text(
-        f"  {MEASURES[result.measure]} on {result.text}: {result.tokens} tokens ({result.windows} × "
+        f"  {result.measure_name} on {result.text}: {result.tokens} tokens ({result.windows} × "
         f"{result.window}), baseline {baseline:.4f}"), soft_wrap=True)
     cells = {"edit": [r["edit"] for r in rows], "scope": [r["scope"] for r in rows],
              "layer": [fmt_spec(r["layer"], "d") for r in rows], "head": [fmt_spec(r["head"], "d") for r in rows],
@@ -46,7 +45,8 @@ def render_experiment(console, result, rows: list[dict[str, Any]], notes: list[s
                   + ", pred=weight-space prediction"
                   + (", est=estimated Δloss, ±MC=Monte-Carlo standard error of the estimate's curvature term alone "
                      "(not the estimate's error: the exact runs and ρ below measure that), !=unreliable estimate "
-                     "(the edit moves the head's output by more than 4 times its size)" if estimated else "")
+                     "(an exact run on part of the text, made where the edit moves the residual stream far, found "
+                     "the cost far above it)" if estimated else "")
                   + (", off0=exact at offset 0 only (rotary)" if "off0" in cells else "")
                   + "; -=none: " + ("Δloss and ± of a head not run exactly, " if estimated else "")
                   + "layer or head of a run over several, pred of an edit without a prediction",

@@ -12,6 +12,19 @@ def _recovered(r) -> str:
     return f"{100 * r.recovered:.0f}%"
 
 
+LATE_WORDS = (", last ¼=how far −control moved over the run's last quarter (from the last step scored at or before "
+              "¾ of the steps to the end) ± its paired standard error: near 0 the curve has flattened, negative it "
+              "was still falling")
+
+
+def _late(change) -> str:
+    """A late change as `+0.0012±0.0040` (`-` where there is none)."""
+    if change is None:
+        return "-"
+    se = "" if change.se is None else f"±{change.se:.4f}"
+    return f"{change.change:+.4f}{se}"
+
+
 def render_healing(console, healing) -> None:
     """The healed runs as a table: healed loss, the control's, their difference ± its standard error, the cost
     before healing and the share recovered."""
@@ -35,10 +48,17 @@ def render_healing(console, healing) -> None:
               Column("±se", [fmt_spec(r.se, ".4f") for r in runs]),
               Column("unhealed Δ", [fmt_spec(r.unhealed, "+.4f") for r in runs]),
               Column("recovered", [_recovered(r) for r in runs])]
+    if any(r.late is not None for r in runs):
+        values.append(Column("last ¼", [_late(r.late) for r in runs]))
     for t in fit_tables(labels, values, width=console.width):
         console.print(t)
     console.print("columns: healed=loss after healing, −control=healed loss − healed control loss (the edit's cost "
                   "after healing) ± its standard error, unhealed Δ=the edit's Δloss before healing, recovered=1 − "
-                  "(−control)/(unhealed Δ), shown where the unhealed Δ exceeds 2 se", highlight=False, soft_wrap=True)
+                  "(−control)/(unhealed Δ), shown where the unhealed Δ exceeds 2 se"
+                  + LATE_WORDS * any(r.late is not None for r in runs),
+                  highlight=False, soft_wrap=True)
+    if h.control_late is not None:
+        console.print(f"control over the last quarter (steps {h.control_late.start}→{h.control_late.end}): "
+                      f"{_late(h.control_late)}", highlight=False, soft_wrap=True)
     for note in h.notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)

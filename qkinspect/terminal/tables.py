@@ -89,7 +89,6 @@ def basis_dependent(names: Iterable[str]) -> list[str]:
     return [n for n in names if n in METRICS and METRICS[n].gauge_invariant != "yes"]
 
 
-INTEGER_METRICS = ("qk_k90",)  # counts, stored as floats: printed without decimals when whole
 
 
 def fmt_value(v: Any, digits: int = 3) -> str:
@@ -226,6 +225,8 @@ def empty_columns(records: Sequence, columns: Iterable[str]) -> list[str]:
 
 def _cell(metric: str, v: Any):
     from rich.text import Text
+
+    from qkinspect.metrics.registry import INTEGER_METRICS
 
     if metric in INTEGER_METRICS and isinstance(v, float) and v.is_integer():
         v = int(v)

@@ -136,7 +136,7 @@ def read_atlas(folder: str | Path) -> AtlasResult:
         if e["entry"] == "saved":
             doc = read_saved(folder / e["file"]).to_dict()
             if not doc["processing"].get("layer_form"):
-                atlas.notes.append(f"{e['name']}: saved without --layer-form, so it has no layer-form records")
+                atlas.notes.append(f"{e['name']}: saved without the layer form, so it has no layer-form records")
         elif e["name"] in results:
             doc = results[e["name"]]
         else:

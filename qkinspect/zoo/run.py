@@ -22,6 +22,7 @@ from typing import Any
 from qkinspect.errors import InputError
 from qkinspect.sweep.checkpoints import Checkpoint
 from qkinspect.sweep.keys import Failure
+from qkinspect.sweep.names import LIBRARY_NAMES, EngineNames
 from qkinspect.zoo.inputs import SavedEntry, entries
 from qkinspect.zoo.result import AtlasResult, read_atlas
 
@@ -67,12 +68,12 @@ def atlas_options(options: dict[str, Any]) -> dict[str, Any]:
 def run_atlas(items: list[Checkpoint | SavedEntry], options: dict[str, Any], folder: str | Path, *,
               scheduler: str | None = None, workers: int | None = None, threads: int | None = None,
               device: str = "cpu", progress: Callable | None = None,
-              notice: Callable[[str], None] | None = None) -> AtlasOutcome:
+              notice: Callable[[str], None] | None = None, names: EngineNames = LIBRARY_NAMES) -> AtlasOutcome:
     """Build the atlas of `items` (from `entries`) in `folder`.
 
     Args:
         options: metrics, precision, fold_ln (atlas_options); the layer form is always measured.
-        scheduler, workers, threads, device, progress, notice: as qkinspect.sweep.run_sweep takes them.
+        scheduler, workers, threads, device, progress, notice, names: as qkinspect.sweep.run_sweep takes them.
 
     Raises:
         InputError: a bad option, a saved analysis that is not one, an unreachable scheduler (before any work).
@@ -86,15 +87,16 @@ def run_atlas(items: list[Checkpoint | SavedEntry], options: dict[str, Any], fol
 
     folder = Path(folder)
     options = atlas_options({k: v for k, v in options.items() if k != "layer_form"})
-    check_threads(threads)
-    check_workers(workers)
+    check_threads(threads, names.threads)
+    check_workers(workers, names.workers)
     models = [e for e in items if isinstance(e, Checkpoint)]
     if scheduler is not None:
         from qkinspect.sweep.scheduler import check_address, probe
 
-        address = check_address(scheduler)
+        address = check_address(scheduler, names.scheduler)
         if models:
-            probe(address)  # a scheduler that is not one is refused before the folder is made (run_sweep asks again)
+            # a scheduler that is not one is refused before the folder is made (run_sweep asks again)
+            probe(address, option=names.scheduler)
     check_folder(folder)
     # a saved analysis is checked now (bad input: before any work) and kept as `analyze -o` wrote it
     saved = [(e, {"kind": "analyze", **read_saved(e.path).to_dict()}) for e in items if isinstance(e, SavedEntry)]
@@ -116,7 +118,8 @@ def run_atlas(items: list[Checkpoint | SavedEntry], options: dict[str, Any], fol
     outcome = AtlasOutcome(folder, saved=[e.name for e, _ in saved])
     if models:
         done = run_sweep(models, options, folder / store.MODELS, scheduler=scheduler, workers=workers,
-                         threads=threads, device=device, progress=progress, notice=notice, same_shapes=False)
+                         threads=threads, device=device, progress=progress, notice=notice, same_shapes=False,
+                         names=names)
         outcome.computed, outcome.skipped = done.computed, done.skipped
         outcome.failures, outcome.refused = done.failures, done.refused
     store.write_manifest(folder, options, manifest, outcome.failures)

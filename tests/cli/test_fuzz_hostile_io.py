@@ -155,10 +155,56 @@ def test_fuzz_runs_json(changes, ops):
         # the report's experiment section, drawn to nowhere: what passed the check must not fail later
         try:
             with bounded():
-                doc = read_experiment(runs)
-                experiment_figure(doc)
+                result = read_experiment(runs)
+                experiment_figure(result)
                 pages = TextPages(lambda fig: None)
-                _experiment(pages, doc, runs)
+                _experiment(pages, result, runs)
+                pages.close()
+        except InputError:
+            pass
+
+
+def estimated_and_healed() -> dict:
+    """A document with every section the records type: estimated runs, the estimate's agreement, healing curves."""
+    from qkinspect.experiment.results import experiment_json
+    from qkinspect.records import json_safe
+    from tests.experiment.test_saved_experiment import full_result
+
+    return json_safe(experiment_json(full_result()))
+
+
+BASE_TYPED = estimated_and_healed()
+TYPED_NUMBERS = ("dloss_estimate", "dloss_estimate_se", "moved", "rho", "verified", "probes", "diff", "se", "step",
+                 "lr", "steps", "batch_windows", "control_loss")
+
+
+@FUZZ
+@given(changes=json_mutations(BASE_TYPED) | value_mutations(BASE_TYPED, TYPED_NUMBERS, odd_numbers),
+       ops=st.none() | byte_edits(6000))
+def test_fuzz_estimate_and_healing_json(changes, ops):
+    """The cost map and the healing figure, and the report's section of an estimated map, from a mutated document
+    with an estimate and healing: what the reader lets through draws."""
+    from qkinspect.experiment.saved import read_experiment
+    from qkinspect.report.analysis.pdf import _experiment
+    from qkinspect.report.experiment.costmap import costmap_figure
+    from qkinspect.report.experiment.healing import healing_figure
+    from qkinspect.report.pages import TextPages
+
+    with tempfile.TemporaryDirectory() as d:
+        work = Path(d)
+        runs = work / "map.json"
+        write_doc(runs, apply_mutations(json.loads(json.dumps(BASE_TYPED)), changes), ops)
+        for kind in ("costmap", "healing"):
+            out = work / f"{kind}.png"
+            check_cli(["plot", "--kind", kind, "--experiment", runs, "-o", out], out, work)
+        try:
+            with bounded():
+                result = read_experiment(runs)
+                for draw in (costmap_figure, healing_figure):
+                    with contextlib.suppress(InputError):  # nothing of that kind left to draw: refused in a line
+                        draw(result)
+                pages = TextPages(lambda fig: None)
+                _experiment(pages, result, runs)
                 pages.close()
         except InputError:
             pass
@@ -299,7 +345,7 @@ def test_fuzz_scheduler_replies(reply, close, capfd):
 
     with listener(reply, close) as port, bounded():
         t0 = time.perf_counter()
-        with pytest.raises(InputError, match=f"--scheduler tcp://127.0.0.1:{port}: "):
+        with pytest.raises(InputError, match=f"^scheduler='tcp://127.0.0.1:{port}': "):
             scheduler.probe(f"tcp://127.0.0.1:{port}", seconds=1.0)
         assert time.perf_counter() - t0 < 1.0 + 6
     assert "Traceback" not in capfd.readouterr().err

@@ -252,8 +252,10 @@ def test_the_worker_cap_follows_the_cores(monkeypatch):
 
     monkeypatch.setattr(limits, "cores", lambda: 3)
     limits.check_workers(12)
-    with pytest.raises(InputError, match="--workers: 13 is more than the 12 local worker processes .* 3 cores"):
+    with pytest.raises(InputError, match="^workers: 13 is more than the 12 local worker processes .* 3 cores"):
         limits.check_workers(13)
+    with pytest.raises(InputError, match="^--workers: 13 is more than"):
+        limits.check_workers(13, "--workers")  # as the CLI names it
 
 
 def test_run_sweep_checks_before_anything(tmp_path):
@@ -261,8 +263,10 @@ def test_run_sweep_checks_before_anything(tmp_path):
     from qkinspect.sweep import Checkpoint, run_sweep
 
     ck = Checkpoint("x", None, "x", "x#0")
-    with pytest.raises(InputError, match="--threads: 2000 is more than"):
+    with pytest.raises(InputError, match="^threads: 2000 is more than"):
         run_sweep([ck], {}, tmp_path / "s", threads=2000)
+    with pytest.raises(InputError, match="^workers sizes the local cluster; with scheduler the cluster's own"):
+        run_sweep([ck], {}, tmp_path / "s", workers=2, scheduler="tcp://127.0.0.1:1")
     assert not (tmp_path / "s").exists()
 
 

@@ -9,6 +9,7 @@ from pypdf import PdfReader
 from typer.testing import CliRunner
 
 from qkinspect.cli.app import app
+from qkinspect.experiment.saved import read_experiment
 from qkinspect.report.experiment.costmap import costmap_figure, estimate_grid
 from tests.experiment import tiny_models as tiny
 
@@ -30,12 +31,13 @@ def estimated(tmp_path_factory):
 
 def test_costmap_draws_the_estimate_with_verified_heads_and_rho(estimated, tmp_path):
     _, runs, doc = estimated
-    g = estimate_grid(doc, "share_qk")
+    result = read_experiment(runs)
+    g = estimate_grid(result, "share_qk")
     assert g.layers == [1, 2] and g.heads == [0, 1, 2, 3]
     for r in doc["runs"]:
         if r["edit"] == "share_qk":
             assert g.values[g.layers.index(r["layer"]), r["head"]] == r["dloss_estimate"]
-    fig = costmap_figure(doc)
+    fig = costmap_figure(result)
     rho = doc["estimate"]["agreement"][0]["rho"]
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert f"share_qk estimate vs exact: ρ = {rho:.2f} over 3 verified heads: too few to tell" in \

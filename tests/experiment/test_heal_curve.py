@@ -7,10 +7,12 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qkinspect.experiment import heal as heal_mod
 from qkinspect.experiment import heal_curve
-from qkinspect.experiment.heal_curve import choose_precision, eval_steps
+from qkinspect.experiment.heal_curve import choose_precision, eval_steps, late_change, late_start
 from qkinspect.experiment.requests import HealOptions
 from qkinspect.experiment.results import Precision
 from qkinspect.experiment.run import run_experiment
@@ -34,6 +36,37 @@ def test_eval_steps():
     for bad in (0, -1, True, 2.5):  # refused before anything loads, named as the library spells it
         with pytest.raises(InputError, match=r"heal\.eval_every="):
             run_experiment("no-such-model", "share_qk", heal=HealOptions(steps=2, eval_every=bad))
+
+
+def test_late_start_is_the_last_point_at_or_before_three_quarters():
+    assert late_start(100, eval_steps(100, 10)) == 70
+    assert late_start(200, eval_steps(200, 10)) == 150
+    assert late_start(5, eval_steps(5, 2)) == 2
+    assert late_start(100, eval_steps(100, 30)) == 60
+    assert late_start(4, eval_steps(4, None)) is None  # only the last point: no late part
+    assert late_start(3, eval_steps(3, 10)) is None  # 0 and the last
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(-5, 5), st.floats(-5, 5), st.floats(-5, 5), st.floats(-5, 5)), min_size=4,
+                max_size=40), st.integers(2, 6))
+def test_late_change_is_the_paired_difference_of_two_points(rows, n_blocks):
+    """change = point(end).diff − point(start).diff exactly (a mean is linear); its standard error is the block
+    standard error of the per-token change, which is zero when the curve did not move token by token."""
+    from qkinspect.experiment.heal_curve import point
+    from qkinspect.experiment.model.scoring import block_se
+
+    t = torch.tensor(rows, dtype=torch.float64)
+    run = {1: t[:, 0], 3: t[:, 1]}
+    ref = {1: t[:, 2], 3: t[:, 3]}
+    blocks = torch.arange(len(rows)) % n_blocks
+    c = late_change(1, 3, run, ref, blocks)
+    a, b = point(1, run[1], ref[1], blocks), point(3, run[3], ref[3], blocks)
+    assert (c.start, c.end) == (1, 3)
+    assert c.change == pytest.approx(b.diff - a.diff, abs=1e-9)
+    assert c.se == block_se((run[3] - ref[3]) - (run[1] - ref[1]), blocks)
+    still = late_change(1, 3, {1: run[1], 3: run[1] + 0.25}, ref[1], blocks)  # every token moved alike: se 0
+    assert still.change == pytest.approx(0.25) and still.se == pytest.approx(0.0, abs=1e-12)
 
 
 def _separately(hf_copy, folder, family, scorer_ids, batch_tokens, seed):
@@ -96,7 +129,15 @@ def test_every_point_is_a_separate_scoring_of_the_same_weights(folders, family, 
         assert run.curve[0].diff == pytest.approx(exact.dloss, rel=1e-4, abs=1e-6)  # step 0: the unhealed cost
         assert (run.loss, run.diff, run.se) == (run.curve[-1].loss, run.curve[-1].diff, run.curve[-1].se)
         assert run.violation < 1e-6
-    assert h.precision.dtype == "float32" and "--heal-float32" in h.precision.reason
+        # the late change: steps 2 -> 5, paired token by token with the control at each step
+        e2, e5, c2, c5 = mine[1], mine[3], control[1], control[3]
+        assert (run.late.start, run.late.end) == (2, 5)
+        assert run.late.change == pytest.approx(float(((e5 - c5) - (e2 - c2)).mean()), rel=1e-9, abs=1e-12)
+        assert run.late.change == pytest.approx(run.curve[3].diff - run.curve[1].diff, abs=1e-9)
+        assert run.late.se is not None and run.late.se > 0
+    assert (h.control_late.start, h.control_late.end) == (2, 5)
+    assert h.control_late.change == pytest.approx(float((control[3] - control[1]).mean()), rel=1e-9, abs=1e-12)
+    assert h.precision.dtype == "float32" and h.precision.reason == "float32 asked for (heal.float32)"
 
 
 def test_precision_is_measured_against_the_smallest_standard_error(folders, monkeypatch):
@@ -175,6 +216,7 @@ def test_cli_curve_in_the_document_and_the_figure(folders, tmp_path):
     doc = validate(json.loads(out.read_text()))
     h = doc["healing"]
     assert h["eval_every"] == 2 and h["precision"]["dtype"] == "float32"
+    assert h["precision"]["reason"] == "float32 asked for (--heal-float32)"  # the CLI's own name
     assert [p["step"] for p in h["control_curve"]] == [0, 2, 4]
     assert all([p["step"] for p in x["curve"]] == [0, 2, 4] for x in h["runs"])
     png = tmp_path / "healing.png"

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from qkinspect.cli.app import app
 from qkinspect.errors import InputError
 from qkinspect.experiment.results import spearman
-from qkinspect.experiment.saved import read_experiment
+from qkinspect.experiment.saved import check_experiment, read_experiment
 from qkinspect.report.experiment.figure import dloss_grid, experiment_figure
 from tests.experiment import tiny_models as tiny
 
@@ -40,11 +40,12 @@ def test_spearman_against_a_dense_reference():
 
 def test_grid_and_figure_from_runs():
     doc = synthetic()
-    g = dloss_grid(doc, "share_qk")
+    result = check_experiment(doc, "runs.json")
+    g = dloss_grid(result, "share_qk")
     assert g.values.shape == (3, 4) and g.layers == [0, 1, 2]
     assert g.values[1, 2] == next(r["dloss"] for r in doc["runs"]
                                   if (r["edit"], r["layer"], r["head"]) == ("share_qk", 1, 2))
-    fig = experiment_figure(doc)
+    fig = experiment_figure(result)
     titles = [ax.get_title() for ax in fig.get_axes()]
     assert {"share_qk", "ablate", "truncating the rank", "does the weight metric predict the cost?"} <= set(titles)
     legend = [" ".join(t.get_text().split()) for ax in fig.get_axes() if ax.get_legend()

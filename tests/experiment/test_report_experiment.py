@@ -12,8 +12,9 @@ from scipy.stats import spearmanr
 from typer.testing import CliRunner
 
 from qkinspect.cli.app import app
-from qkinspect.report.experiment import summary as es
-from qkinspect.report.experiment.pages import dfmt
+from qkinspect.experiment import costs
+from qkinspect.experiment.saved import check_experiment
+from qkinspect.report.experiment.pages import dfmt, meaning
 from qkinspect.report.rho import rho_text
 from qkinspect.report.style import fmt
 from tests.experiment import tiny_models as tiny
@@ -157,8 +158,10 @@ def test_refusals(setup, tmp_path, case):
     assert str(runs) in r.stderr and not out.exists()
 
 
-def _doc(runs: list[dict]) -> dict:
-    return {"kind": "experiment", "baseline": 2.0, "predictors": {"share_qk": "shared_qk_distance"}, "runs": runs}
+def _doc(runs: list[dict]):
+    """The records of a document that records only its runs, its baseline and its predictors."""
+    return check_experiment({"kind": "experiment", "baseline": 2.0, "predictors": {"share_qk": "shared_qk_distance"},
+                             "runs": runs}, "runs.json")
 
 
 def _run(edit, scope, layer, head, dloss, predicted=None, ratio=None, se=0.001):
@@ -172,24 +175,24 @@ def test_summary_logic_on_known_numbers():
     runs += [_run("ablate", "head", 0, h, 0.1) for h in range(4)]
     runs += [_run("share_qk", "layer", 0, None, 0.3), _run("ablate", "layer", 0, None, 0.6)]
     doc = _doc(runs)
-    assert es.edits(doc) == ["share_qk", "ablate"]
-    c = es.edit_cost(doc, "share_qk")
+    assert costs.edits(doc) == ["share_qk", "ablate"]
+    c = costs.edit_cost(doc, "share_qk")
     assert (c.scope, c.units, c.dloss, c.ratio) == ("layer", 1, 0.3, 0.5)  # the widest scope run
     # free: Δloss + 2 se within 0.1 of ablating (0.1): 0.001 + 0.002 and 0.005 + 0.002 are, 0.02 is not
-    assert [(h.head, h.dloss) for h in es.free_heads(es.head_costs(doc, "share_qk"))] == [(0, 0.001), (1, 0.005)]
-    assert [h.head for h in es.costly_heads(es.head_costs(doc, "share_qk"))] == [3, 2, 1]
+    assert [(h.head, h.dloss) for h in costs.free_heads(costs.head_costs(doc, "share_qk"))] == [(0, 0.001), (1, 0.005)]
+    assert [h.head for h in costs.costly_heads(costs.head_costs(doc, "share_qk"))] == [3, 2, 1]
     noisy = _doc([_run("share_qk", "head", 0, 0, 0.005, ratio=0.05, se=0.004), _run("ablate", "head", 0, 0, 0.1)])
-    assert es.free_heads(es.head_costs(noisy, "share_qk")) == []  # 0.005 + 2 × 0.004 > 0.01: noise could hide it
-    assert es.costly_heads(es.head_costs(noisy, "share_qk")) == []
-    p = es.prediction(doc, "share_qk")
+    assert costs.free_heads(costs.head_costs(noisy, "share_qk")) == []  # 0.005 + 2 × 0.004 > 0.01: noise could hide it
+    assert costs.costly_heads(costs.head_costs(noisy, "share_qk")) == []
+    p = costs.prediction(doc, "share_qk")
     # 4 heads in perfect order: scipy's p is ~0, but 1 of the 24 orders of 4 heads is perfect by chance
-    assert (p.n, p.rho) == (4, pytest.approx(1.0)) and "4 heads are too few to tell" in es.meaning(p)
+    assert (p.n, p.rho) == (4, pytest.approx(1.0)) and "4 heads are too few to tell" in meaning(p)
     many = _doc([_run("share_qk", "head", i, h, 0.001 * (4 * i + h + 1), 0.1 * (4 * i + h)) for i in range(3)
                  for h in range(4)])
-    assert "closely predicts the cost" in es.meaning(es.prediction(many, "share_qk"))
+    assert "closely predicts the cost" in meaning(costs.prediction(many, "share_qk"))
     doc = _doc([r for r in runs if r["scope"] == "head"])
-    c = es.edit_cost(doc, "share_qk")
+    c = costs.edit_cost(doc, "share_qk")
     assert (c.scope, c.units) == ("head", 4) and c.dloss == pytest.approx(0.076)
     assert c.ratio == pytest.approx(0.076 / 0.4)
-    assert es.edit_cost(_doc([_run("share_qk", "head", 0, 0, 0.1)]), "share_qk").ratio is None  # no ablate runs
-    assert es.prediction(_doc([_run("share_qk", "head", 0, h, 0.1, h) for h in range(4)]), "share_qk") is None
+    assert costs.edit_cost(_doc([_run("share_qk", "head", 0, 0, 0.1)]), "share_qk").ratio is None  # no ablate runs
+    assert costs.prediction(_doc([_run("share_qk", "head", 0, h, 0.1, h) for h in range(4)]), "share_qk") is None

@@ -230,12 +230,42 @@ def test_report_computes_no_statistic_and_bench_imports_no_cli():
         tree = ast.parse(p.read_text(encoding="utf-8"))
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
-        assert not any(n.split(".")[0] in ("scipy", "statsmodels") for n in names), p
+        assert not any(n.split(".")[0] in ("scipy", "statsmodels", "statistics") for n in names), p
+    assert not statistics_computed(PACKAGE / "report" / "experiment")
     for p in sorted((ROOT / "bench").glob("*.py")):
         tree = ast.parse(p.read_text(encoding="utf-8"))
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
         assert not any(n == "qkinspect.cli" or n.startswith("qkinspect.cli.") for n in names), p
+
+
+# Calls that compute a statistic of numbers (numpy's, math's, statistics', scipy's, an array's own method).
+STATISTICS = {"mean", "median", "average", "std", "var", "percentile", "quantile", "nanmean", "nanmedian", "nanstd",
+              "nanvar", "nanpercentile", "nanquantile", "fsum", "fmean", "spearmanr", "pearsonr", "corrcoef"}
+
+
+def statistics_computed(folder: Path) -> list[str]:
+    """'file:line name' for each call of a statistic (np.mean, math.fsum, values.mean(), ...) in the modules under
+    `folder`: the experiment's numbers (an edit's summed cost, the mean Δloss per K) are experiment.costs'."""
+    bad = []
+    for p in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+                if name in STATISTICS:
+                    bad.append(f"{p.name}:{node.lineno} {name}")
+    return bad
+
+
+def test_the_statistics_check_sees_a_mean_and_a_sum(tmp_path):
+    """What report/experiment held before the costs moved to the library: np.mean over each K, math.fsum."""
+    (tmp_path / "figure.py").write_text("import numpy as np\ndef f(v):\n    return float(np.mean(v))\n")
+    (tmp_path / "summary.py").write_text("import math\ndef f(v):\n    return math.fsum(v), v.std()\n")
+    assert statistics_computed(tmp_path) == ["figure.py:3 mean", "summary.py:3 fsum", "summary.py:3 std"]
+    (tmp_path / "figure.py").write_text("def f(ax, points):\n    ax.plot(*zip(*points))\n")
+    (tmp_path / "summary.py").unlink()
+    assert statistics_computed(tmp_path) == []
 
 
 LOWER = ("qkinspect.loading", "qkinspect.metrics")  # the floors every capability stands on
@@ -313,3 +343,22 @@ def test_the_home_check_sees_a_borrowed_name(tmp_path):
     (tmp_path / "engine.py").write_text("def f():\n    from pkg.store import result_key\n")
     (tmp_path / "other.py").write_text("from pkg.keys import KIND, result_key\n")
     assert borrowed(tmp_path, "pkg") == ["pkg.engine imports result_key from pkg.store"]
+
+
+SHARED_DRAWING = tuple(f"qkinspect.report.{m}" for m in ("style", "heatmap", "grid", "titles", "pages", "tables"))
+
+
+def reading_records(edges: dict[str, set[str]], shared: tuple[str, ...], package: str = "qkinspect") -> dict:
+    """module -> what it imports of the package beyond the shared pieces, for each shared piece."""
+    return {name: sorted(d for d in edges[name] if d.startswith(package) and d not in shared)
+            for name in shared if any(d.startswith(package) and d not in shared for d in edges.get(name, ()))}
+
+
+def test_the_shared_drawing_pieces_read_no_subjects_records():
+    """report/ by subject over the shared pieces: style, heatmap and its grid, titles, pages and their tables serve
+    the analysis, the experiment, the sweep and the atlas alike, so they import nothing of the package but each
+    other (report.grid once read AnalysisResult for the analysis alone; report.tables built its per-layer tables)."""
+    assert not reading_records(package_graph(), SHARED_DRAWING)
+    old = {"qkinspect.report.grid": {"qkinspect.records", "qkinspect.report.style"}}  # the tree before the move
+    assert reading_records(old, ("qkinspect.report.grid", "qkinspect.report.style")) == {
+        "qkinspect.report.grid": ["qkinspect.records"]}

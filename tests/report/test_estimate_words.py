@@ -1,7 +1,7 @@
 """The estimated map's figures and pages say what they show: short, disjoint lists of predicted cheapest and
 costliest heads; every Spearman ρ with its number of heads and interval (or "too few to tell"); the estimate's ±
 named as the Monte-Carlo error of its curvature term; `plot --kind experiment` of a map keeps its head axis whole.
-Documents are built in code (no model is run)."""
+Documents are built in code and read as `plot` and `report` read them (no model is run)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ import io
 import numpy as np
 import pytest
 
+from qkinspect.experiment.results import ExperimentResult
+from qkinspect.experiment.saved import check_experiment
 from qkinspect.report.experiment import costmap
 from qkinspect.report.experiment.figure import dloss_grid, experiment_figure
 from qkinspect.report.pages import TextPages
 
 
 def estimated_doc(layers: int = 3, heads: int = 3, verified=((0, 0), (0, 2), (1, 1), (2, 0), (2, 2), (1, 2)),
-                  rho: float | None = -1.0) -> dict:
-    """An `experiment --estimate` document: every head estimated, the `verified` ones run exactly."""
+                  rho: float | None = -1.0) -> ExperimentResult:
+    """An `experiment --estimate` document, read back: every head estimated, the `verified` ones run exactly."""
     rng = np.random.default_rng(1)
     runs = []
     for i in range(layers):
@@ -29,18 +31,17 @@ def estimated_doc(layers: int = 3, heads: int = 3, verified=((0, 0), (0, 2), (1,
                          "dloss": float(rng.normal(0.01, 0.01)) if exact else None,
                          "dloss_se": 0.002 if exact else None, "loss": 3.0 if exact else None})
     n = len(verified)
-    return {"kind": "experiment", "model": {"name": "tiny"}, "baseline": 3.0,
-            "measure": {"name": "next-token cross-entropy", "scored": 64, "text": "a text"},
-            "estimate": {"probes": 4, "agreement": [{"edit": "share_qk", "verified": n, "rho": rho,
-                                                       "sampled": 2, "rho_sampled": 1.0}]},
-            "runs": runs}
+    return check_experiment({"kind": "experiment", "model": {"name": "tiny"}, "baseline": 3.0,
+                             "measure": {"name": "next-token cross-entropy", "scored": 64, "text": "a text"},
+                             "estimate": {"probes": 4, "agreement": [{"edit": "share_qk", "verified": n, "rho": rho,
+                                                                        "sampled": 2, "rho_sampled": 1.0}]},
+                             "runs": runs}, "map.json")
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 9, 16, 40, 144])
 def test_the_predicted_cheapest_and_costliest_are_short_and_disjoint(n):
     """9 heads listed 8 as cheapest and 8 as costliest."""
-    runs = sorted((r for r in estimated_doc(layers=n, heads=1, verified=())["runs"]),
-                  key=lambda r: r["dloss_estimate"])
+    runs = sorted(estimated_doc(layers=n, heads=1, verified=()).runs, key=lambda r: r.dloss_estimate)
     words = costmap.extremes_words(runs)
     if n == 1:
         assert words.startswith("One head estimated reliably: L0.H0")
@@ -51,7 +52,7 @@ def test_the_predicted_cheapest_and_costliest_are_short_and_disjoint(n):
     k = costmap.named_each(n)
     assert len(cheap_heads) == len(dear_heads) == k >= 1 and not cheap_heads & dear_heads
     assert k <= costmap.NAMED and 2 * k <= n and (k <= n // 4 or n < 4)
-    assert cheap_heads == {f"L{r['layer']}.H{r['head']}" for r in runs[:k]}
+    assert cheap_heads == {f"L{r.layer}.H{r.head}" for r in runs[:k]}
 
 
 def _section_text(doc) -> str:

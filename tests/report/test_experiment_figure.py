@@ -10,6 +10,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from qkinspect.experiment.saved import check_experiment
 from qkinspect.report.experiment.figure import experiment_figure
 from qkinspect.report.heatmap import CellNumbers
 from qkinspect.report.style import PAGE, style
@@ -27,6 +28,11 @@ def runs_doc(scope: str, layers: int = 6, heads: int = 9, ranks=(4, 8), se: bool
             for e in (*EDITS, *(f"rank:{k}" for k in ranks)) for i, h in units]
     return {"kind": "experiment", "model": {"name": "/models/SmolLM2-135M.Q8_0.gguf"}, "baseline": 2.5,
             "measure": {"name": "next-token cross-entropy"}, "runs": runs}
+
+
+def drawn(doc: dict):
+    """The experiment figure of `doc`, read as `plot` reads it."""
+    return experiment_figure(check_experiment(doc, "runs.json"))
 
 
 def _drawn_numbers(fig, dpi: float | None = None) -> list:
@@ -54,7 +60,7 @@ def _overlaps(boxes) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("layers, heads, dpi", [(6, 9, 100), (6, 9, 200), (2, 3, 100), (12, 16, 200),
                                                 (3, 4, 72)])
 def test_cell_numbers_fit_their_cells_and_never_overlap(layers, heads, dpi):
-    fig = experiment_figure(runs_doc("head", layers, heads))
+    fig = drawn(runs_doc("head", layers, heads))
     panels = _drawn_numbers(fig, dpi)
     assert len(panels) == len(EDITS) + 2
     for boxes, cell_w, cell_h in panels:
@@ -64,9 +70,9 @@ def test_cell_numbers_fit_their_cells_and_never_overlap(layers, heads, dpi):
 
 def test_numbers_are_written_where_cells_are_large():
     """Big cells carry their numbers (the test above would pass with none drawn at all)."""
-    panels = _drawn_numbers(experiment_figure(runs_doc("head", 2, 3, ranks=())), 100)
+    panels = _drawn_numbers(drawn(runs_doc("head", 2, 3, ranks=())), 100)
     assert all(len(boxes) == 6 for boxes, _, _ in panels)
-    small = _drawn_numbers(experiment_figure(runs_doc("head", 12, 16, ranks=())), 100)
+    small = _drawn_numbers(drawn(runs_doc("head", 12, 16, ranks=())), 100)
     assert all(boxes == [] for boxes, _, _ in small)  # 192 cells per panel: the colour bar carries the scale
 
 
@@ -75,7 +81,7 @@ def test_the_report_page_draws_no_smudge():
     from qkinspect.report.pages import page_canvas
 
     page = Figure(figsize=PAGE, layout="constrained")
-    experiment_figure(runs_doc("head", 6, 9), canvas=page_canvas(page, {}))
+    experiment_figure(check_experiment(runs_doc("head", 6, 9), "runs.json"), canvas=page_canvas(page, {}))
     with style():
         page.savefig(io.BytesIO(), format="pdf")
     for ax in page.get_axes():
@@ -89,7 +95,7 @@ def test_the_report_page_draws_no_smudge():
 @pytest.mark.parametrize("scope", ["model", "layer"])
 def test_every_edit_run_is_drawn_at_model_and_layer_scope(scope):
     doc = runs_doc(scope)
-    fig = experiment_figure(doc)
+    fig = drawn(doc)
     assert "SmolLM2-135M.Q8_0.gguf" in fig.get_suptitle().replace("\n", "")
     axes = [ax for ax in fig.get_axes() if ax.get_visible()]
     bars = [ax for ax in axes if ax.get_title() in ("all chosen heads edited at once", "each layer edited alone")]
@@ -107,5 +113,5 @@ def test_every_edit_run_is_drawn_at_model_and_layer_scope(scope):
 def test_a_lone_model_run_is_drawn():
     doc = runs_doc("model", ranks=(), se=False)
     doc["runs"] = doc["runs"][:1]
-    fig = experiment_figure(doc)
+    fig = drawn(doc)
     assert [p.get_height() for ax in fig.get_axes() for p in ax.patches] == [doc["runs"][0]["dloss"]]

@@ -101,7 +101,7 @@ def test_metric_heatmap_shows_the_metric(results, name, centred):
     """Each block's panel holds the metric's per-head values; signed metrics get a scale centred at 0."""
     from matplotlib.colors import TwoSlopeNorm
 
-    from qkinspect.report.grid import head_grid
+    from qkinspect.report.analysis.arrays import head_grid
 
     r = results["bart"]
     fig = figures.figure(r, "metric", metric_name=name)

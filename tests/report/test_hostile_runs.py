@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 
 from qkinspect.cli.app import app
 from qkinspect.errors import InputError
+from qkinspect.experiment.results import experiment_json
 from qkinspect.experiment.saved import MAX_CELLS, check_experiment, read_experiment
+from qkinspect.records import json_safe
 from qkinspect.report.experiment.figure import experiment_figure
 from tests.one_line import one_error_line
 
@@ -22,8 +24,8 @@ from tests.one_line import one_error_line
 def document() -> dict:
     """What `qkinspect experiment -o runs.json` writes for a 2-layer, 2-head model (two edits, head scope)."""
     runs = [{"edit": e, "scope": "head", "layer": i, "head": h, "heads": 1, "loss": 5.0 + d, "dloss": d,
-             "dloss_ratio_ablate": 0.5, "predicted": 0.1 * (i + h + 1), "predictor": "p", "offset0_only": False,
-             "seconds": 0.01}
+             "dloss_ratio_ablate": 0.5, "predicted": 0.1 * (i + h + 1),
+             "predictor": "shared_qk_distance" if e == "share_qk" else None, "offset0_only": False, "seconds": 0.01}
             for e, d in (("share_qk", 0.01), ("ablate", 0.02)) for i in range(2) for h in range(2)]
     runs[0]["dloss"] = 0.03
     runs.append({"edit": "rank:4", "scope": "model", "layer": None, "head": None, "heads": 4, "loss": 5.1,
@@ -39,9 +41,15 @@ def document() -> dict:
 
 
 def test_a_good_document_passes_and_draws():
+    """Read into the writer's records, it is written again as it was (the runs; the rest as it says)."""
     doc = document()
-    assert check_experiment(copy.deepcopy(doc), "runs.json") == doc
-    experiment_figure(doc)
+    result = check_experiment(copy.deepcopy(doc), "runs.json")
+    again = json_safe(experiment_json(result))
+    assert [{k: r[k] for k in doc["runs"][i]} for i, r in enumerate(again["runs"])] == doc["runs"]
+    assert [again[k] for k in ("baseline", "measure", "predictors")] == [doc[k] for k in ("baseline", "measure",
+                                                                                         "predictors")]
+    assert (result.model.name, result.model.blocks[0].n_heads, result.estimate, result.healing) == ("m", 2, None, None)
+    experiment_figure(result)
 
 
 def mutate(doc: dict, where: str, value) -> dict:
@@ -168,5 +176,5 @@ def test_the_real_experiment_output_passes(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["experiment", str(model), "--edit", "share_qk,rank:4", "--tokens", "64",
                                  "--window", "32", "--layers", "0", "-o", str(runs)])
     assert r.exit_code == 0, r.stderr
-    assert read_experiment(runs)["runs"]
+    assert read_experiment(runs).runs
     assert Path(runs).stat().st_size > 0

@@ -87,7 +87,7 @@ def test_report_text_is_searchable_for_the_demo(results, tmp_path):
     # the registry's gauge field in words: basis-dependent metrics are not passed off as invariant
     assert "gauge-invariant (describes the model)" in flat
     from qkinspect.metrics.registry import METRICS
-    from qkinspect.report.tables import shown_metrics
+    from qkinspect.report.analysis.tables import shown_metrics
 
     shown = shown_metrics(r)
     assert "symmetry" in shown and "cka_qk" not in shown  # the report defines what it shows

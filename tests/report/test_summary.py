@@ -73,7 +73,7 @@ def test_the_rank_verdict_follows_the_numbers(eff, stable, k90, verdict):
 
 
 def test_whole_counts_in_the_tables():
-    from qkinspect.report.tables import layer_tables
+    from qkinspect.report.analysis.tables import layer_tables
 
     r = _with_ranks(256, [150, 151], [6.4, 6.6], [65, 66])
     cells = [c for t in layer_tables(r) for i, h in enumerate(t.header) if h == "qk_k90" for c in

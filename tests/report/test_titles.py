@@ -72,14 +72,16 @@ def test_fit_wraps_breaks_and_shortens():
 
 
 def test_experiment_and_trajectory_figures(tmp_path):
+    from qkinspect.experiment.saved import check_experiment
     from qkinspect.report.experiment.figure import experiment_figure
     from qkinspect.report.sweep.trajectory import trajectory
     from tests.experiment.test_plot_experiment import synthetic as runs
 
     doc = runs()
     doc["model"]["name"] = LONG_NAMES[0]
-    assert texts_outside(experiment_figure(doc)) == []
-    assert texts_outside(retitle(experiment_figure(doc), LONG_NAMES[1])) == []
+    result = check_experiment(doc, "runs.json")
+    assert texts_outside(experiment_figure(result)) == []
+    assert texts_outside(retitle(experiment_figure(result), LONG_NAMES[1])) == []
     rows = [{"checkpoint": f"c{s}", "step": s, "block": "encoder", "layer": i, "head": h, "symmetry": 0.1 * s}
             for s in range(3) for i in range(2) for h in range(2)]
     assert texts_outside(trajectory(rows, "symmetry", name=LONG_NAMES[0])) == []

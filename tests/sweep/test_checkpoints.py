@@ -60,7 +60,7 @@ def test_hub_revisions_are_one_checkpoint_each():
 @pytest.mark.parametrize("specs, revisions, error, message", [
     (["{tmp}/nothing-*"], None, ModelNotFoundError, "the pattern matches no checkpoint"),
     (["{tmp}/missing"], None, ModelNotFoundError, "no such file or folder"),
-    (["{tmp}"], ["main"], InputError, "--revisions applies to hub ids"),
+    (["{tmp}"], ["main"], InputError, "^revisions applies to hub ids"),
     ([], None, InputError, "no checkpoints given"),
 ])
 def test_bad_specs(tmp_path, specs, revisions, error, message):

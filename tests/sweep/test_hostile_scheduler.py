@@ -87,7 +87,7 @@ def short_probe(monkeypatch):
 def test_probe_refuses_what_is_not_a_scheduler(kind, short_probe, capfd):
     with listener(REPLIES[kind]) as port:
         t0 = time.perf_counter()
-        with pytest.raises(InputError, match=f"^--scheduler tcp://127.0.0.1:{port}: (no answer|not a Dask sch)"):
+        with pytest.raises(InputError, match=f"^scheduler='tcp://127.0.0.1:{port}': (no answer|not a Dask sch)"):
             scheduler.probe(f"tcp://127.0.0.1:{port}")
         assert time.perf_counter() - t0 < scheduler.PROBE_SECONDS + 6
     assert "Traceback" not in capfd.readouterr().err  # Dask's own CRITICAL log of the garbage is kept quiet
@@ -98,8 +98,10 @@ def test_nothing_listening_is_quick():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
     t0 = time.perf_counter()
-    with pytest.raises(InputError, match=f"--scheduler tcp://127.0.0.1:{port}: cannot connect \\(Connection refused"):
+    with pytest.raises(InputError, match=f"^scheduler='tcp://127.0.0.1:{port}': cannot connect \\(Connection refused"):
         scheduler.probe(f"tcp://127.0.0.1:{port}", seconds=10)
+    with pytest.raises(InputError, match=f"^--scheduler tcp://127.0.0.1:{port}: cannot connect \\(Connection refused"):
+        scheduler.probe(f"tcp://127.0.0.1:{port}", seconds=10, option="--scheduler")  # as the CLI names it
     assert time.perf_counter() - t0 < 2
 
 
@@ -125,8 +127,11 @@ def test_addresses_are_checked_before_connecting(address, message):
     if message is None:
         assert scheduler.check_address(address) == "tcp://127.0.0.1:8786"
         return
-    with pytest.raises(InputError, match=message):
+    with pytest.raises(InputError, match=message) as library:
         scheduler.check_address(address)
+    with pytest.raises(InputError, match=message) as cli:
+        scheduler.check_address(address, "--scheduler")
+    assert str(library.value).startswith("scheduler") and str(cli.value).startswith("--scheduler")
 
 
 def test_plain_host_port_and_ipv6():

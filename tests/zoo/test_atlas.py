@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from qkinspect.errors import InputError
 from tests.one_line import one_error_line
 from tests.zoo.conftest import NEEDS_DASK
 
@@ -258,7 +259,7 @@ def test_a_saved_analysis_is_an_entry_with_nothing_recomputed(cluster, zoo, cli,
             "--metrics", METRICS, "-f", "json")
     assert r.exit_code == 0, r.stderr
     assert "note: 1 computed, 0 already in" in r.stderr and "2 saved analyses" in r.stderr
-    assert f"note: {bare}: saved without --layer-form, so it has no layer-form records" in r.stderr
+    assert f"note: {bare}: saved without the layer form, so it has no layer-form records" in r.stderr
     assert len(list((tmp_path / "out" / "models" / "results").glob("*.json"))) == 1  # only the llama analysed
     doc = json.loads(r.stdout)
     assert doc["models"] == [str(saved), str(zoo["llama"]), str(bare)]
@@ -293,13 +294,13 @@ def test_a_model_that_fails_is_reported_and_the_others_kept(cluster, zoo, cli, t
 @pytest.mark.parametrize(("args", "says"), [
     (["/no/such/model"], "/no/such/model: no such file or folder"),
     (["--from", "/no/such/list.txt"], "/no/such/list.txt"),
-    (["--from", "EMPTY"], "names no model"),
-    ([], "no models given"),
+    (["--from", "EMPTY"], "error: --from EMPTY: names no model"),
+    ([], "error: atlas: no models given (MODEL arguments, --from or --hf-cache)"),
     (["NOT_ANALYSIS"], "not a saved analysis"),
     (["BERT", "--metrics", "nope"], "unknown metric 'nope'"),
     (["BERT", "--precision", "float16"], "float16"),
-    (["BERT", "--workers", "0"], "--workers"),
-    (["BERT", "--scheduler", "DEAD"], "cannot connect"),
+    (["BERT", "--workers", "0"], "error: --workers: 0 must be at least 1"),
+    (["BERT", "--scheduler", "DEAD"], "error: --scheduler DEAD: cannot connect"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(zoo, cli, tmp_path, args, says):
     import socket
@@ -312,6 +313,26 @@ def test_bad_input_is_one_line_and_writes_nothing(zoo, cli, tmp_path, args, says
     (tmp_path / "NOT_ANALYSIS.json").write_text('{"schema": "qkinspect/1", "kind": "sweep"}')
     subst = {"EMPTY": str(tmp_path / "EMPTY"), "NOT_ANALYSIS": str(tmp_path / "NOT_ANALYSIS.json"),
              "BERT": str(zoo["bert"])}
+    subst["DEAD"] = args[args.index("--scheduler") + 1] if "--scheduler" in args else "DEAD"
     r = cli("atlas", *[subst.get(a, a) for a in args], "--out", tmp_path / "out")
-    one_error_line(r, says)
+    one_error_line(r, _put(says, subst))
+    assert not (tmp_path / "out").exists()
+
+
+def _put(text: str, subst: dict[str, str]) -> str:
+    for k, v in subst.items():
+        text = text.replace(k, v)
+    return text
+
+
+def test_the_library_names_its_own_arguments(zoo, tmp_path):
+    """What the CLI says with its options (above), the library says with its arguments."""
+    import qkinspect
+
+    (tmp_path / "empty.txt").write_text("# nothing\n")
+    for kwargs, says in (({}, "^atlas: no models given \\(models, from_file or hf_cache\\)$"),
+                         ({"from_file": tmp_path / "empty.txt"}, f"^from_file='{tmp_path / 'empty.txt'}': names no"),
+                         ({"models": [str(zoo["bert"])], "workers": 0}, "^workers: 0 must be at least 1$")):
+        with pytest.raises(InputError, match=says):
+            qkinspect.atlas(out=tmp_path / "out", **kwargs)
     assert not (tmp_path / "out").exists()

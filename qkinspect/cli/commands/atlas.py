@@ -71,6 +71,7 @@ def register(app: typer.Typer) -> None:
         Example (a saved analysis among the models): qkinspect analyze ./my-bert --layer-form -o bert.json;
         qkinspect atlas bert.json ./my-gpt2 --out atlas/
         """
+        from qkinspect.sweep.names import CLI_NAMES
         from qkinspect.zoo.inputs import entries
         from qkinspect.zoo.run import atlas_options, run_atlas
 
@@ -78,11 +79,11 @@ def register(app: typer.Typer) -> None:
         sel = Selection.parse(metrics=metrics, precision=precision, device=device, fold_ln=fold_ln)
         options = {"metrics": sel.metrics, "precision": sel.precision, "fold_ln": sel.fold_ln}
         atlas_options(options)  # refused before the models are looked for
-        items = entries(models or [], from_file=from_file, hf_cache=hf_cache)
+        items = entries(models or [], from_file=from_file, hf_cache=hf_cache, names=CLI_NAMES)
         try:
             outcome = run_atlas(items, options, out, scheduler=scheduler, workers=workers, threads=threads,
                                 device=sel.device, progress=ProgressLine("atlas"),
-                                notice=lambda why: note(f"{why}; computing it again"))
+                                notice=lambda why: note(f"{why}; computing it again"), names=CLI_NAMES)
         except KeyboardInterrupt:
             note(f"stopped; the models done are kept in {out}: run the same command to resume")
             raise

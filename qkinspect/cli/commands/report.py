@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,6 +23,9 @@ from qkinspect.cli.options import (
 from qkinspect.cli.output import note
 from qkinspect.errors import InputError
 from qkinspect.files import atomic_write, check_writable, write_rendered
+
+if TYPE_CHECKING:
+    from qkinspect.experiment.results import ExperimentResult
 
 # The report shows every default metric and the head-by-head overlap figure.
 REPORT_METRICS = ("default", "shared_qk_distance", "head_overlap")
@@ -120,8 +123,10 @@ def check_report_path(output: Path | None, html: bool = False) -> Path:
     return output
 
 
-def read_runs(path: Path | None, *, html: bool = False, sweep: bool = False) -> tuple[dict, Path] | None:
-    """The --experiment document and its path (None without --experiment); InputError where it cannot go."""
+def read_runs(path: Path | None, *, html: bool = False,
+              sweep: bool = False) -> tuple[ExperimentResult, Path] | None:
+    """The --experiment document's records (qkinspect.experiment.saved) and its path (None without --experiment);
+    InputError where it cannot go."""
     if path is None:
         return None
     if html or sweep:
@@ -145,7 +150,7 @@ def read_composition_option(path: Path | None, *, html: bool = False, sweep: boo
 
 
 def write_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
-                 revision: str | None = None, experiment: tuple[dict, Path] | None = None,
+                 revision: str | None = None, experiment: tuple[ExperimentResult, Path] | None = None,
                  title: str | None = None, composition=None) -> int:
     """Analyse `model` (or read a saved analysis) and write the PDF report atomically to `output`; returns the
     number of pages. `experiment` (read_runs) adds the experiment section; InputError when it was run on another
@@ -162,10 +167,9 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
     from qkinspect.report.analysis.pdf import write_pdf  # matplotlib: after the checks, so that errors come fast
 
     if experiment is not None:
-        from qkinspect.records import model_dict
-        from qkinspect.report.experiment.summary import check_same_model
+        from qkinspect.experiment.saved import check_same_model
 
-        check_same_model(experiment[0], model_dict(result.model), experiment[1])
+        check_same_model(experiment[0], result.model, experiment[1])
     if composition is not None and (diff := shape_differences(composition.model, result.model)):
         raise InputError(f"--composition: computed on {composition.model.name}, another shape ({diff[0]})")
     # rendered in memory, then written: a full disk is an OSError of that write, not an error inside matplotlib

@@ -87,17 +87,19 @@ def register(app: typer.Typer) -> None:
         --out pythia/ --scheduler tcp://head-node:8786 -o pythia.csv
         """
         from qkinspect.sweep import discover, run_sweep
+        from qkinspect.sweep.names import CLI_NAMES
 
         name = check_engine_options("sweep", fmt, output, threads, workers, scheduler)
         sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
-        checkpoints = discover(specs, [r.strip() for r in revisions.split(",")] if revisions else None)
+        checkpoints = discover(specs, [r.strip() for r in revisions.split(",")] if revisions else None,
+                               CLI_NAMES.revisions)
         options = {k: v for k, v in sel.kwargs().items() if k != "device"} | {"layer_form": layer_form}
         try:
             outcome = run_sweep(checkpoints, options, out, scheduler=scheduler, workers=workers, threads=threads,
                                 device=sel.device, progress=None if QUIET["on"] else ProgressLine(),
                                 check=lambda info: check_checkpoint(info, sel),
-                                notice=lambda why: note(f"{why}; computing it again"))
+                                notice=lambda why: note(f"{why}; computing it again"), names=CLI_NAMES)
         except KeyboardInterrupt:
             note(f"stopped; the checkpoints done are kept in {out}: run the same command to resume")
             raise
@@ -125,13 +127,15 @@ def check_engine_options(command: str, fmt: SweepFormat | None, output: Path | N
     format to write."""
     if importlib.util.find_spec("distributed") is None:
         raise InputError(f"{command} needs Dask distributed: pip install 'qkinspect[sweep]'")
+    from qkinspect.sweep.names import CLI_NAMES
+
     name = check_sweep_output(fmt, output)
-    check_threads(threads)
-    check_workers(workers)
+    check_threads(threads, CLI_NAMES.threads)
+    check_workers(workers, CLI_NAMES.workers)
     if scheduler is not None:
         from qkinspect.sweep.scheduler import check_address
 
-        check_address(scheduler)
+        check_address(scheduler, CLI_NAMES.scheduler)
     return name
 
 

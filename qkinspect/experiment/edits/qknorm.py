@@ -41,24 +41,36 @@ def normed(layer: AttentionLayer) -> bool:
 
 
 def check(layer: AttentionLayer, edit: Edit, idx: list[int]) -> None:
-    """Refuse, in one line that says why, what cannot be defined through this layer's q/k norms."""
+    """Refuse, in one line that says why, what cannot be defined through this layer's q/k norms. What the norms'
+    form decides (`check_form`) is refused from the model's description before it is loaded
+    (`qkinspect.experiment.requests.check_model`); it is checked here again, on the layer as read."""
     name, where = edit.name, f"{layer.block} layer {layer.layer}"
     if name not in DEFINED or not normed(layer):
         return
     if layer.q_norm is None or layer.k_norm is None:
         raise EditError(f"{where}: {name} under q/k norms needs both norms' gains, and this layer's adapter "
                         "gives only one")
-    if layer.extra.get("qk_norm_kind", "rmsnorm") != "rmsnorm":
-        raise EditError(f"{where}: {name} is defined through RMSNorm q/k norms only; a LayerNorm q/k norm adds "
-                        "its own bias after the projection, which one matrix for queries and keys cannot share")
-    if layer.extra.get("qk_norm_scope") == "projection" and sorted(idx) != list(range(layer.spec.n_heads)):
-        raise EditError(f"{where}: {name} on some heads only is not defined here: the q/k norm divides every "
-                        "head's queries (and keys) by one RMS over the whole projection, so editing some heads "
-                        "rescales the others' scores (and leaves share_qk's asymmetric); edit every head of the "
-                        "layer together (--scope layer)")
+    check_form(where, name, layer.extra.get("qk_norm_kind", "rmsnorm"), layer.extra.get("qk_norm_scope", "head"),
+               sorted(idx) == list(range(layer.spec.n_heads)))
     if name in ONE_MATRIX and (layer.b_Q is None) != (layer.b_K is None):
         raise EditError(f"{where}: {name} under q/k norms needs a query bias and a key bias or neither (the "
                         "bias is part of the projection the norm divides)")
+
+
+def check_form(where: str, name: str, kind: str, scope: str, every_head: bool, together: str = "") -> None:
+    """EditError for what the q/k norms' form cannot define for the edit `name`: a LayerNorm q/k norm (`kind`
+    "layernorm"), or some heads only (`every_head` False) where the norm's RMS runs over the whole projection
+    (`scope` "projection", OLMo2). `together` says how the caller edits every head at once (" (--scope layer)")."""
+    if name not in DEFINED:
+        return
+    if kind != "rmsnorm":
+        raise EditError(f"{where}: {name} is defined through RMSNorm q/k norms only; a LayerNorm q/k norm adds "
+                        "its own bias after the projection, which one matrix for queries and keys cannot share")
+    if scope == "projection" and not every_head:
+        raise EditError(f"{where}: {name} on some heads only is not defined here: the q/k norm divides every "
+                        "head's queries (and keys) by one RMS over the whole projection, so editing some heads "
+                        "rescales the others' scores (and leaves share_qk's asymmetric); edit every head of the "
+                        f"layer together{together}")
 
 
 def per_head(gain: Tensor, rows: Tensor) -> Tensor:

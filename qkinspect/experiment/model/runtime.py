@@ -64,30 +64,42 @@ def quiet_transformers() -> Iterator[None]:
         hf_logging.enable_progress_bar()
 
 
-def load_hf(resolved, tokenizer: Any = None, device: str = "cpu") -> HFModel:
+@contextlib.contextmanager
+def staged_config(resolved) -> Iterator[tuple[Any, Any]]:
+    """The checkpoint staged in its private folder (`guard.staged`) and transformers' config read from it, with
+    the values the runner uses checked (`guard.check_config`): no weight is read, so what the config refuses is
+    refused before the model is loaded; `load_hf` builds the model from them while the folder is there."""
+    from qkinspect.experiment.model import guard
+
+    with quiet_transformers(), guard.staged(resolved) as st, guard.no_gguf_bar(st.gguf):
+        yield st, _config(st)
+
+
+def load_hf(resolved, tokenizer: Any = None, device: str = "cpu", option: str = "tokenizer",
+            staged: tuple[Any, Any] | None = None) -> HFModel:
     """Load `resolved` (from `qkinspect.loading.resolve`) with transformers' own classes in float32, eval mode,
     on `device` ("cpu", "cuda", "cuda:N"; checked by the caller).
 
     Decoders are causal LMs. Encoders are masked LMs when the checkpoint has the head (every head tensor present),
     else bare encoders measured by drift. `tokenizer`: a tokenizer object, or a folder/vocab file to read one
     from; None reads the model's own (its folder, or the GGUF's metadata). transformers reads only checked files,
-    from a private folder, and what it raises is translated (`qkinspect.loading.boundary`).
+    from a private folder, and what it raises is translated (`qkinspect.loading.boundary`). `option`: how errors
+    name the tokenizer argument (a `Names` entry: "--tokenizer" from the CLI). `staged`: what `staged_config`
+    gave, when the caller checked the config first (its folder still there); None stages the checkpoint here.
 
     Raises:
         UnsupportedModelError: a family the write-back does not know.
         CheckpointError: no tokenizer, or transformers cannot build the model or the tokenizer from the files.
     """
-    from qkinspect.experiment.model import guard
-
     family = family_of(resolved.config.model_type)
-    with quiet_transformers(), guard.staged(resolved) as st, guard.no_gguf_bar(st.gguf):
-        config = _config(st)
+    with contextlib.ExitStack() as stack:
+        st, config = staged if staged is not None else stack.enter_context(staged_config(resolved))
         with boundary(st.shown, "transformers cannot build the model from it"):
             model, kind = _load_model(family, st.where, {**st.kw, "config": config}, st.shown)
-        tok, tok_shown = load_tokenizer(tokenizer, st)
+        tok, tok_shown = load_tokenizer(tokenizer, st, option)
     if len(tok) <= len(set(tok.all_special_ids)):  # transformers builds an empty one from a bare config
         raise CheckpointError(f"{tok_shown}: no tokenizer vocabulary found; "
-                              "name one with --tokenizer (a folder or a vocab.txt)")
+                              f"name one with {option} (a folder or a vocab.txt)")
     model.eval()
     if device != "cpu":
         model.to(device)
@@ -130,16 +142,17 @@ def _complete(auto, where: str, kw: dict[str, Any], shown: Any) -> nn.Module:
     return model
 
 
-def load_tokenizer(tokenizer: Any, st) -> tuple[Any, Any]:
-    """(the tokenizer, what names it in messages): the object given, a --tokenizer folder or vocab.txt (checked
-    as the model's own files are), or the model's own (its folder's files, or the GGUF's metadata)."""
+def load_tokenizer(tokenizer: Any, st, option: str = "tokenizer") -> tuple[Any, Any]:
+    """(the tokenizer, what names it in messages): the object given, a folder or vocab.txt (checked as the
+    model's own files are), or the model's own (its folder's files, or the GGUF's metadata). `option` names the
+    argument in errors as the caller spells it ("--tokenizer" from the CLI)."""
     from transformers import AutoTokenizer
 
     from qkinspect.experiment.model import guard
 
     if tokenizer is not None and not isinstance(tokenizer, (str, bytes)) and not hasattr(tokenizer, "__fspath__"):
         return tokenizer, "the tokenizer given"
-    hint = "; name one with --tokenizer (a folder or a vocab.txt)"
+    hint = f"; name one with {option} (a folder or a vocab.txt)"
     if tokenizer is None:
         if st.gguf and not st.tokenizer_files:
             raise CheckpointError(f"{st.shown}: no tokenizer in its metadata (tokenizer.ggml.tokens){hint}")
@@ -158,7 +171,7 @@ def load_tokenizer(tokenizer: Any, st) -> tuple[Any, Any]:
                             native=True):
             return wordpiece(t, lower_case=False), t
     if not t.is_dir():
-        raise CheckpointError(f"{t}: no such file or folder (--tokenizer)")
+        raise CheckpointError(f"{t}: no such file or folder ({option})")
     with guard.staged_tokenizer(t) as (where, files):
         if not files:
             raise CheckpointError(f"{t}: no tokenizer files ({', '.join(guard.TOKENIZER_FILES[:5])} …){hint}")

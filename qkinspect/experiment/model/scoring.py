@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from qkinspect.errors import InputError
 from qkinspect.experiment.model.runtime import CAUSAL, DRIFT, MASKED, HFModel
-from qkinspect.experiment.requests import BYTES_PER_TOKEN, LIBRARY_NAMES, Names, Text, check_amounts
+from qkinspect.experiment.requests import BYTES_PER_TOKEN, LIBRARY_NAMES, Names, Text, check_amounts, check_window
 from qkinspect.progress import phase
 from qkinspect.reading import MAX_TEXT_BYTES
 
@@ -37,7 +37,6 @@ MASK_FRACTION = 0.15
 # units (a batch-means / cluster standard error): the loss changes of neighbouring tokens are correlated, so the
 # per-token standard error would be too small (docs/experiments.md, "Error bars").
 BLOCK = 64
-MEASURES = {CAUSAL: "next-token cross-entropy", MASKED: "masked-LM cross-entropy", DRIFT: "drift"}
 
 
 def default_text() -> Text:
@@ -72,9 +71,7 @@ def windows(hf: HFModel, text: Text, tokens: int, window: int, names: Names = LI
     tokens, as they were trained. With fewer tokens than one window, one window of what there is. A window the
     model cannot take is an InputError naming the option as the caller spells it (`names`)."""
     check_amounts(tokens, window, names)
-    limit = getattr(hf.model.config, "max_position_embeddings", None)
-    if limit and window > limit:
-        raise InputError(f"{names.said('window', window)}: this model takes at most {limit} positions")
+    check_window(hf.model.config, window, names)
     tok = hf.tokenizer
     wrap = hf.kind != CAUSAL and tok.cls_token_id is not None and tok.sep_token_id is not None
     bos = hf.kind == CAUSAL and _adds_bos(tok)

@@ -12,7 +12,16 @@ from matplotlib.figure import Figure
 
 from qkinspect.errors import InputError
 from qkinspect.records import AnalysisResult
-from qkinspect.report.grid import block_values, blocks_of, d_head, head_grid, require, spectra_layers, spectra_of, title
+from qkinspect.report.analysis.arrays import (
+    block_values,
+    blocks_of,
+    d_head,
+    head_grid,
+    require,
+    spectra_layers,
+    spectra_of,
+    title,
+)
 from qkinspect.report.style import HEADS_CMAP, Canvas, fmt, integer_ticks, new_figure, panel_grid, style, tick_step
 from qkinspect.report.titles import suptitle
 

@@ -14,8 +14,9 @@ from qkinspect.metrics.registry import head_metric
 from qkinspect.records import AnalysisResult
 from qkinspect.report import heatmap
 from qkinspect.report.analysis import curves
+from qkinspect.report.analysis.arrays import blocks_of, head_grid, layer_record, require, title
 from qkinspect.report.analysis.summary import qk_norm_caveat
-from qkinspect.report.grid import Grid, blocks_of, head_grid, layer_record, require, title
+from qkinspect.report.grid import Grid
 from qkinspect.report.style import (
     DIVERGING,
     SEQUENTIAL,

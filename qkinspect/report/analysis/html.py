@@ -14,13 +14,14 @@ from html import escape
 
 from qkinspect.errors import InputError
 from qkinspect.records import AnalysisResult
+from qkinspect.report.analysis.arrays import renamed
 from qkinspect.report.analysis.figures import figure
 from qkinspect.report.analysis.pdf import plan_figures
 from qkinspect.report.analysis.summary import summary
+from qkinspect.report.analysis.tables import layer_tables
 from qkinspect.report.analysis.text import blocks_table, gauge_words, metric_definitions, processing_pairs
-from qkinspect.report.grid import renamed
 from qkinspect.report.style import NUMBER_NOTE, style
-from qkinspect.report.tables import Table, layer_tables
+from qkinspect.report.tables import Table
 from qkinspect.version import __version__
 
 CSS = """body{font-family:"DejaVu Sans",sans-serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.45}

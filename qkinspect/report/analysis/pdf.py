@@ -18,14 +18,15 @@ from matplotlib.backends.backend_pdf import PdfPages
 from matplotlib.figure import Figure
 
 from qkinspect.errors import InputError
+from qkinspect.experiment.results import ExperimentResult
 from qkinspect.records import AnalysisResult
 from qkinspect.report.analysis import text
+from qkinspect.report.analysis.arrays import blocks_of, renamed
 from qkinspect.report.analysis.figures import figure, shows_raw_qk
 from qkinspect.report.analysis.summary import qk_norm_caveat, summary
-from qkinspect.report.grid import blocks_of, renamed
+from qkinspect.report.analysis.tables import layer_tables
 from qkinspect.report.pages import TextPages, figure_page, page_canvas, put_caption
 from qkinspect.report.style import PAGE, style
-from qkinspect.report.tables import layer_tables
 from qkinspect.version import __version__
 
 
@@ -50,11 +51,13 @@ def plan_figures(result: AnalysisResult) -> list[FigurePlan]:
 
 
 def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
-              experiment: tuple[dict, Path] | None = None, title: str | None = None, composition=None) -> int:
+              experiment: tuple[ExperimentResult, Path] | None = None, title: str | None = None,
+              composition=None) -> int:
     """Write the report to `target` (a path or a binary file); returns the number of pages.
-    The caller makes the write atomic (the CLI writes a temporary file and renames it). `experiment`, the
-    document `qkinspect experiment` wrote (qkinspect.experiment.saved.read_experiment) and its path, adds the experiment
-    section after the summary: its words, its figure and the cheapest and costliest heads. `title` names the
+    The caller makes the write atomic (the CLI writes a temporary file and renames it). `experiment`, an
+    experiment's records (`run_experiment`'s result, or its document read back by
+    qkinspect.experiment.saved.read_experiment) and the path it is named by, adds the experiment section after the
+    summary: its words, its figure and the cheapest and costliest heads. `title` names the
     model in the report's title, footer and figure titles (the cover still gives its identity). `composition`, a
     CompositionResult (qkinspect.composition), adds the composition section after the figures.
 
@@ -106,36 +109,37 @@ def _figures(pages: TextPages, result: AnalysisResult) -> list[str]:
     return skipped
 
 
-def _experiment(pages: TextPages, doc: dict, path: Path) -> None:
+def _experiment(pages: TextPages, result: ExperimentResult, path: Path) -> None:
     """The experiment section: its words, its figure (when it has one to draw) and its head tables."""
+    from qkinspect.experiment.costs import edits
     from qkinspect.report.experiment import costmap
     from qkinspect.report.experiment import pages as experiment_pages
     from qkinspect.report.experiment.figure import experiment_figure
 
     pages.new_page()
-    if costmap.estimated_edits(doc):  # an estimated map (experiment --estimate): the section is built on it
-        costmap.estimate_section(pages, doc, path)
+    if costmap.estimated_edits(result):  # an estimated map (experiment --estimate): the section is built on it
+        costmap.estimate_section(pages, result, path)
         pages.flush()
         page = Figure(figsize=PAGE, layout="constrained")
         slot: dict = {}
-        costmap.costmap_figure(doc, canvas=page_canvas(page, slot))
+        costmap.costmap_figure(result, canvas=page_canvas(page, slot))
         put_caption(slot["caption"], costmap.CAPTION)
         pages.add_page(page)
-        for e in costmap.estimated_edits(doc):
-            pages.table(costmap.estimate_table(doc, e))
+        for e in costmap.estimated_edits(result):
+            pages.table(costmap.estimate_table(result, e))
         pages.paragraph(costmap.TABLE_LEGEND, size=8, color="0.25")
         return
-    experiment_pages.experiment_section(pages, doc, path)
+    experiment_pages.experiment_section(pages, result, path)
     pages.flush()
     page = Figure(figsize=PAGE, layout="constrained")
     slot = {}
     try:
-        experiment_figure(doc, canvas=page_canvas(page, slot))
+        experiment_figure(result, canvas=page_canvas(page, slot))
     except InputError as e:
         pages.paragraph(f"No experiment figure: {e}.")
     else:
         put_caption(slot["caption"], experiment_pages.CAPTION)
         pages.add_page(page)
-    for e in experiment_pages.es.edits(doc):
-        if e != "ablate" and (t := experiment_pages.head_table(doc, e)) is not None:
+    for e in edits(result):
+        if e != "ablate" and (t := experiment_pages.head_table(result, e)) is not None:
             pages.table(t)

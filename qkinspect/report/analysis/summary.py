@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qkinspect.records import AnalysisResult, HeadRecord
-from qkinspect.report.grid import block_values, blocks_of
+from qkinspect.report.analysis.arrays import block_values, blocks_of
 from qkinspect.report.style import NUMBER_NOTE, count_text, fmt
 
 N_EXTREMES = 3  # how many most / least symmetric heads the summary names

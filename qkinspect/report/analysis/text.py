@@ -72,7 +72,7 @@ def cover(pages: TextPages, result: AnalysisResult, date: dt.datetime, title: st
 
 
 def _n_shown(result: AnalysisResult) -> int:
-    from qkinspect.report.tables import shown_metrics
+    from qkinspect.report.analysis.tables import shown_metrics
 
     return len(shown_metrics(result))
 
@@ -123,7 +123,7 @@ def definitions(pages: TextPages, result: AnalysisResult) -> None:
                     "W_Q → W_Q G, W_K → W_K G⁻ᵀ leaves every score unchanged for any invertible G; only "
                     "quantities invariant under this gauge describe the model rather than its parametrisation, "
                     "and each definition says which it is.", color="0.25")
-    from qkinspect.report.tables import shown_metrics
+    from qkinspect.report.analysis.tables import shown_metrics
 
     for d in metric_definitions(shown_metrics(result)):
         pages.heading(d["name"], size=10)

@@ -1,2 +1,3 @@
-"""The experiment's figure (`figure`), the estimated cost map (`costmap`), and its section of the model report:
-what the runs say (`summary`) and its pages (`pages`). They read the document `qkinspect.experiment.saved` checked."""
+"""The experiment's figure (`figure`), the estimated cost map (`costmap`), the healing curves (`healing`), and its
+section of the model report (`pages`), drawn and written from the experiment's records (`run_experiment`'s result,
+or the document `qkinspect.experiment.saved` reads back); what the runs cost is `qkinspect.experiment.costs`'."""

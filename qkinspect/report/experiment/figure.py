@@ -1,17 +1,18 @@
-"""The experiment figure, drawn from the JSON that `qkinspect experiment` writes: Δloss per head as a layer × head
-heatmap for each edit, the weight-space prediction against Δloss (with Spearman's rank correlation, the library's:
-qkinspect.experiment.results), and Δloss against K for `rank:K` edits. Only reading and arranging runs here. The
-document is read and checked by qkinspect.experiment.saved.read_experiment."""
+"""The experiment figure, drawn from an experiment's records (`run_experiment`'s result, or the JSON `qkinspect
+experiment` writes read back by qkinspect.experiment.saved.read_experiment): Δloss per head as a layer × head heatmap
+for each edit, the weight-space prediction against Δloss (with Spearman's rank correlation, the library's:
+qkinspect.experiment.results), and the mean Δloss against K for `rank:K` edits (qkinspect.experiment.costs). Only
+arranging and drawing runs here."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from qkinspect.errors import InputError
-from qkinspect.experiment.results import spearman
+from qkinspect.experiment.costs import measured, rank_points
+from qkinspect.experiment.results import ExperimentResult, Run, spearman
 from qkinspect.report.grid import Grid
 from qkinspect.report.heatmap import colorbar, diverging_norm_unbounded, draw
 from qkinspect.report.rho import rho_text
@@ -19,48 +20,48 @@ from qkinspect.report.style import Canvas, new_figure
 from qkinspect.report.titles import fit, suptitle
 
 
-def _head_runs(doc: dict[str, Any], edit: str) -> list[dict[str, Any]]:
-    return [r for r in doc["runs"] if r["edit"] == edit and r["scope"] == "head" and r.get("dloss") is not None]
+def _head_runs(result: ExperimentResult, edit: str) -> list[Run]:
+    return measured(result, "head", edit)
 
 
-def dloss_grid(doc: dict[str, Any], edit: str) -> Grid:
+def dloss_grid(result: ExperimentResult, edit: str) -> Grid:
     """Δloss of the head-scope runs of `edit`, layer × head (NaN where a head was not run exactly), over every layer
-    and head the document holds a head-scope run of `edit` for: an estimated map's axes stay whole, its heads not
+    and head the experiment holds a head-scope run of `edit` for: an estimated map's axes stay whole, its heads not
     run exactly grey, never dropped from the axis."""
-    every = [r for r in doc["runs"] if r["edit"] == edit and r["scope"] == "head"]
-    return runs_grid(_head_runs(doc, edit), edit, "dloss", layers=sorted({r["layer"] for r in every}),
-                     heads=sorted({r["head"] for r in every}))
+    every = [r for r in result.runs if r.edit == edit and r.scope == "head"]
+    return runs_grid(_head_runs(result, edit), edit, "dloss", layers=sorted({r.layer for r in every}),
+                     heads=sorted({r.head for r in every}))
 
 
-def runs_grid(runs: list[dict[str, Any]], edit: str, field: str, *, layers: list[int] | None = None,
+def runs_grid(runs: list[Run], edit: str, field: str, *, layers: list[int] | None = None,
               heads: list[int] | None = None) -> Grid:
     """`field` of head-scope `runs` of `edit`, layer × head (NaN where a head has no run), over `layers` and `heads`
     (default: those the runs hold)."""
-    layers = layers if layers is not None else sorted({r["layer"] for r in runs})
-    heads = heads if heads is not None else sorted({r["head"] for r in runs})
+    layers = layers if layers is not None else sorted({r.layer for r in runs})  # type: ignore[type-var]
+    heads = heads if heads is not None else sorted({r.head for r in runs})  # type: ignore[type-var]
     values = np.full((len(layers), len(heads)), np.nan)  # (n_layers, n_heads)
     for r in runs:
-        values[layers.index(r["layer"]), heads.index(r["head"])] = r[field]
+        values[layers.index(r.layer), heads.index(r.head)] = getattr(r, field)  # type: ignore[arg-type]
     return Grid(block="", metric=edit, layers=layers, heads=heads, values=values)
 
 
-def _edits(doc: dict[str, Any]) -> list[str]:
-    names = list(dict.fromkeys(r["edit"] for r in doc["runs"]))
-    return [e for e in names if _head_runs(doc, e)]
+def _edits(result: ExperimentResult) -> list[str]:
+    names = list(dict.fromkeys(r.edit for r in result.runs))
+    return [e for e in names if _head_runs(result, e)]
 
 
-def experiment_figure(doc: dict[str, Any], canvas: Canvas = new_figure, title: str | None = None):
+def experiment_figure(result: ExperimentResult, canvas: Canvas = new_figure, title: str | None = None):
     """Every edit run of the experiment, under a title naming the model: heatmaps of Δloss per head (one per edit
     run head by head, one colour scale), the weight-space prediction against Δloss, bars of Δloss per edit for
     the runs of whole layers or of the whole model, and Δloss against K for `rank:K` edits. `title` replaces the
     figure's title.
 
     Raises:
-        InputError: the document holds no run with a loss.
+        InputError: the experiment holds no run with a loss.
     """
-    edits = _edits(doc)
-    ranks = _rank_points(doc)
-    panels = _panels(doc, edits, ranks)
+    edits = _edits(result)
+    ranks = rank_points(result)
+    panels = _panels(result, edits, ranks)
     if not edits and not panels:
         raise InputError("the experiment holds no run with a loss: nothing to draw")
     cols = min(3, len(edits))  # heatmaps three a row: wide enough for their cells
@@ -73,35 +74,35 @@ def experiment_figure(doc: dict[str, Any], canvas: Canvas = new_figure, title: s
     else:
         top, bottom = (fig, None) if edits else (None, fig)
     if edits:
-        _heatmaps(top, doc, edits, rows, cols)
+        _heatmaps(top, result, edits, rows, cols)
     if panels:
         axes = bottom.subplots(n_bottom, min(2, len(panels)), squeeze=False).ravel()
         for ax, draw_panel in zip(axes, panels, strict=False):
             draw_panel(ax)
         for ax in axes[len(panels):]:
             ax.set_visible(False)
-    name = Path(str(doc.get("model", {}).get("name", ""))).name  # a file's name, not its whole path
-    measure = (doc.get("measure") or {}).get("name", "loss")
+    name = Path(str(result.model.name or "")).name  # a file's name, not its whole path
+    measure = result.measure_name or "loss"
     suptitle(fig, title or f"{name}: what editing the attention heads costs (Δ {measure}; unedited "
-                           f"{doc['baseline']:.3f})")
+                           f"{result.baseline:.3f})")
     return fig
 
 
-def _panels(doc: dict[str, Any], edits: list[str], ranks: list[tuple[int, float]]) -> list:
+def _panels(result: ExperimentResult, edits: list[str], ranks: list[tuple[int, float]]) -> list:
     """The panels under the heatmaps, each a function drawing on an Axes."""
     out = []
-    if any(r.get("predicted") is not None for e in edits for r in _head_runs(doc, e)):
-        out.append(lambda ax: _scatter(ax, doc, [e for e in edits if e != "ablate"] or edits))
+    if any(r.predicted is not None for e in edits for r in _head_runs(result, e)):
+        out.append(lambda ax: _scatter(ax, result, [e for e in edits if e != "ablate"] or edits))
     for scope in ("model", "layer"):
-        if _scope_runs(doc, scope):
-            out.append(lambda ax, scope=scope: _bars(ax, doc, scope))
+        if measured(result, scope):
+            out.append(lambda ax, scope=scope: _bars(ax, result, scope))
     if len(ranks) >= 2:
         out.append(lambda ax: _rank_curve(ax, ranks))
     return out
 
 
-def _heatmaps(sub, doc: dict[str, Any], edits: list[str], rows: int, cols: int) -> None:
-    grids = [dloss_grid(doc, e) for e in edits]
+def _heatmaps(sub, result: ExperimentResult, edits: list[str], rows: int, cols: int) -> None:
+    grids = [dloss_grid(result, e) for e in edits]
     norm = diverging_norm_unbounded(*[g.values for g in grids])
     axes = sub.subplots(rows, cols, squeeze=False).ravel()
     for ax, g in zip(axes, grids, strict=False):
@@ -110,7 +111,7 @@ def _heatmaps(sub, doc: dict[str, Any], edits: list[str], rows: int, cols: int) 
     for ax in axes[len(grids):]:
         ax.set_visible(False)
     colorbar(sub, im, list(axes[: len(grids)]), "Δloss")
-    estimated = any(r.get("dloss_estimate") is not None for r in doc["runs"])
+    estimated = any(r.dloss_estimate is not None for r in result.runs)
     what = ("each head edited alone: exact Δloss of the verified heads (grey: estimated only, not run exactly; "
             "--kind costmap draws every estimate)" if estimated
             else "each head edited alone: Δloss per head (numbers where they fit their cells)")
@@ -122,30 +123,26 @@ def _dnumber(x: float) -> str:
     return f"{x:.2g}"
 
 
-def _scope_runs(doc: dict[str, Any], scope: str) -> list[dict[str, Any]]:
-    return [r for r in doc["runs"] if r["scope"] == scope and r.get("dloss") is not None]
-
-
-def _edit_order(runs: list[dict[str, Any]]) -> list[str]:
-    names = list(dict.fromkeys(r["edit"] for r in runs))
+def _edit_order(runs: list[Run]) -> list[str]:
+    names = list(dict.fromkeys(r.edit for r in runs))
     return [e for e in names if e != "ablate"] + [e for e in names if e == "ablate"]  # the yardstick last
 
 
-def _bars(ax, doc: dict[str, Any], scope: str) -> None:
+def _bars(ax, result: ExperimentResult, scope: str) -> None:
     """Δloss per edit of the runs at `scope` ("model": one bar per edit; "layer": a group of bars per layer),
     with ± one standard error where the runs carry one."""
-    runs = _scope_runs(doc, scope)
+    runs = measured(result, scope)
     edits = _edit_order(runs)
-    layers = sorted({r["layer"] for r in runs}) if scope == "layer" else [None]
+    layers = sorted({r.layer for r in runs}) if scope == "layer" else [None]  # type: ignore[type-var]
     width = 0.8 / len(edits) if scope == "layer" else 0.7
     for k, e in enumerate(edits):
-        by_unit = {r["layer"]: r for r in runs if r["edit"] == e}
+        by_unit = {r.layer: r for r in runs if r.edit == e}
         xs = [i for i, layer in enumerate(layers) if layer in by_unit]
         pts = [by_unit[layers[i]] for i in xs]
         x = np.array(xs, dtype=float) + ((k - (len(edits) - 1) / 2) * width if scope == "layer" else k)
-        se = [r.get("dloss_se") for r in pts]
+        se = [r.dloss_se for r in pts]
         err = None if any(v is None for v in se) else se
-        ax.bar(x, [r["dloss"] for r in pts], width=width, yerr=err, capsize=2, color=f"C{k % 10}",
+        ax.bar(x, [r.dloss for r in pts], width=width, yerr=err, capsize=2, color=f"C{k % 10}",
                label=e if scope == "layer" else None)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_ylabel("Δloss")
@@ -163,9 +160,9 @@ def _bars(ax, doc: dict[str, Any], scope: str) -> None:
         ax.set_title("all chosen heads edited at once")
 
 
-def _scatter(ax, doc: dict[str, Any], edits: list[str]) -> None:
+def _scatter(ax, result: ExperimentResult, edits: list[str]) -> None:
     for e in edits:
-        pts = [(r["predicted"], r["dloss"]) for r in _head_runs(doc, e) if r.get("predicted") is not None]
+        pts = [(r.predicted, r.dloss) for r in _head_runs(result, e) if r.predicted is not None]
         if not pts:
             continue
         x, y = zip(*pts, strict=True)
@@ -175,23 +172,10 @@ def _scatter(ax, doc: dict[str, Any], edits: list[str]) -> None:
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("weight-space prediction")
     ax.set_ylabel("Δloss")
-    estimated = any(r.get("dloss_estimate") is not None for r in doc["runs"])
+    estimated = any(r.dloss_estimate is not None for r in result.runs)
     ax.set_title("does the weight metric predict the cost?" + ("\n(verified heads only: chosen to include the "
                                                                 "extremes)" if estimated else ""))
     ax.legend(fontsize="small")
-
-
-def _rank_points(doc: dict[str, Any]) -> list[tuple[int, float]]:
-    """(K, Δloss) per rank:K edit at the widest scope that holds two K or more (one scope: a model's Δloss and a
-    head's are not averaged together), the mean over that scope's runs (layers or heads)."""
-    for scope in ("model", "layer", "head"):
-        by_k: dict[int, list[float]] = {}
-        for r in _scope_runs(doc, scope):
-            if r["edit"].startswith("rank:"):
-                by_k.setdefault(int(r["edit"].split(":")[1]), []).append(r["dloss"])
-        if len(by_k) >= 2:
-            return sorted((k, float(np.mean(v))) for k, v in by_k.items())
-    return []
 
 
 def _rank_curve(ax, points: list[tuple[int, float]]) -> None:
