@@ -6,6 +6,9 @@ A check for refactors that must not change behaviour: run `record` before, `reco
     python bench/same_outputs.py record /tmp/after
     python bench/same_outputs.py compare /tmp/before /tmp/after
 
+Each recording runs the qkinspect of the current folder (`python -m` puts it first on the path, before PYTHONPATH):
+run `record` in the checkout of the code to record (it says which it records).
+
 `record FOLDER NAME...` records only the cases whose names start with one of the NAMEs (and the cases whose
 documents they read), for a change that touches only some commands: compare two such recordings.
 
