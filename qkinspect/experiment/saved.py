@@ -48,8 +48,8 @@ MAX_RUNS = 1 << 20  # runs in one document (and healed runs, steps of a training
 MAX_CELLS = 1 << 20  # layers × heads of one edit's heatmap (a 7B model has 1 024; the largest ones ~16 000)
 MAX_COUNT = 1 << 62  # tokens, parameters, steps
 
-NUMBERS = ("loss", "dloss", "dloss_ratio_ablate", "predicted", "dloss_estimate")
-ERRORS = ("seconds", "dloss_se", "dloss_estimate_se")  # numbers from 0
+NUMBERS = ("loss", "dloss", "dloss_ratio_ablate", "predicted", "dloss_estimate", "spot")
+ERRORS = ("seconds", "dloss_se", "dloss_estimate_se", "spot_se")  # numbers from 0
 # The model's identity and its blocks' shapes: an experiment goes into the report of the model it was run on only.
 IDENTITY = ("source", "revision", "model_type", "format", "architecture")
 BLOCK_SHAPE = ("name", "n_layers", "n_heads", "n_kv_heads", "d_model", "d_head")
@@ -172,13 +172,15 @@ def _run(c: Checker, run: Any, key: str, layers: int, heads: int) -> Run:
     values = {name: c.number(run.get(name), f"{key}.{name}", low=0 if name in ERRORS else -MAX_VALUE)
               for name in (*NUMBERS, *ERRORS)}
     moved = c.number(run.get("moved"), f"{key}.moved", low=0, high=math.inf)  # |Δo| / |o|: large where o ~ 0
+    reach = c.number(run.get("reach"), f"{key}.reach", low=0, high=math.inf)
     c.text(run.get("predictor"), f"{key}.predictor", null=True)
     offset0 = _flag(c, run.get("offset0_only", False), f"{key}.offset0_only", null=False)
     return Run(edit=edit, scope=scope, layer=layer, head=head, heads=n, loss=values["loss"], dloss=values["dloss"],
                ratio=values["dloss_ratio_ablate"], predicted=values["predicted"], offset0=bool(offset0),
                seconds=values["seconds"], forward_seconds=None, dloss_se=values["dloss_se"],
                dloss_estimate=values["dloss_estimate"], dloss_estimate_se=values["dloss_estimate_se"], moved=moved,
-               unreliable=_flag(c, run.get("unreliable"), f"{key}.unreliable", null=True))
+               unreliable=_flag(c, run.get("unreliable"), f"{key}.unreliable", null=True), reach=reach,
+               spot=values["spot"], spot_se=values["spot_se"])
 
 
 def _check_grids(c: Checker, runs: tuple[Run, ...]) -> None:
@@ -212,7 +214,8 @@ def _estimate(c: Checker, est: Any) -> Estimate | None:
     return Estimate(probes=c.index(est.get("probes"), "estimate.probes", null=True),
                     seconds=c.number(est.get("seconds"), "estimate.seconds", low=0),
                     verify_seconds=c.number(est.get("verify_seconds"), "estimate.verify_seconds", low=0),
-                    agreement=tuple(agreement))
+                    agreement=tuple(agreement),
+                    spot_tokens=c.index(est.get("spot_tokens"), "estimate.spot_tokens", null=True) or 0)
 
 
 def _items(c: Checker, x: Any, key: str, *, null: bool = True) -> list:

@@ -45,7 +45,8 @@ def render_experiment(console, result, rows: list[dict[str, Any]], notes: list[s
                   + ", pred=weight-space prediction"
                   + (", est=estimated Δloss, ±MC=Monte-Carlo standard error of the estimate's curvature term alone "
                      "(not the estimate's error: the exact runs and ρ below measure that), !=unreliable estimate "
-                     "(the edit moves the head's output by more than 4 times its size)" if estimated else "")
+                     "(an exact run on part of the text, made where the edit moves the residual stream far, found "
+                     "the cost far above it)" if estimated else "")
                   + (", off0=exact at offset 0 only (rotary)" if "off0" in cells else "")
                   + "; -=none: " + ("Δloss and ± of a head not run exactly, " if estimated else "")
                   + "layer or head of a run over several, pred of an edit without a prediction",

@@ -194,6 +194,28 @@ def test_the_all_heads_rerun_gives_each_heads_own_change(models, family, edit):
         assert float((per_head[:, h] - ref).norm() / ref.norm()) < 1e-4, h  # float32 rounding of a difference
 
 
+@pytest.mark.parametrize(("family", "edit"), [("llama", "share_qk"), ("bert", "rank:2"), ("gpt2", "ablate")])
+def test_reach_is_the_heads_change_against_its_layers_whole_output(models, family, edit):
+    """reach = |Δo_h| / |o| over every token, o the output projection's whole output (every head and the bias),
+    against each single-head edit's change of that output and the output itself, both from the model's modules."""
+    hf, layers, s = _setup(models[family])
+    H = layers[1].spec.n_heads
+    found = estimate_heads(s, {1: layers[1]}, list(range(H)), [parse_edit(edit)], probes=2)
+    site = sites(hf.layers[1])
+    outs = []
+    hook = _get(hf.layers[1], site.output).register_forward_hook(lambda m, a, o: outs.append(o.double()))
+    try:
+        s.score()
+    finally:
+        hook.remove()
+    whole = sum(float(o.pow(2).sum()) for o in outs)
+    for x in found:
+        change = _o_proj_change(hf, s, 1, apply_edit(layers[1], parse_edit(edit), [x.head]).layer)
+        ref = (sum(float(d.double().pow(2).sum()) for d in change) / whole) ** 0.5
+        # float32 differences of outputs, against a change of reach · |o|
+        assert x.reach == pytest.approx(ref, rel=1e-4, abs=1e-6), (family, x.head)
+
+
 def test_an_edit_that_changes_nothing_is_estimated_at_zero(models):
     hf, layers, s = _setup(models["llama"])
     d = layers[2].spec.d_head
@@ -255,14 +277,18 @@ def test_run_experiment_estimates_every_head_and_verifies_some(models, family):
 def test_verification_picks_the_extremes_the_flagged_and_a_seeded_sample():
     from qkinspect.experiment.estimate import HeadEstimate, choose
 
+    excess = {13: 1.0, 21: 0.5, 25: 0.2}  # spot − estimate of the flagged heads, in units of 0.1 (their spot_se)
     found = [HeadEstimate(layer=h // 10, head=h % 10, edit="share_qk", first=float(h), curvature=0.0, se=0.0,
-                          moved=0.5 + (h == 13), unreliable=h == 13, predicted=None, offset0=False)
+                          moved=0.5, reach=0.05 + 0.1 * (h in excess), unreliable=h in excess,
+                          spot=float(h) + excess[h] if h in excess else None, spot_se=0.1 if h in excess else None,
+                          predicted=None, offset0=False)
              for h in range(40)]
     chosen, sampled = choose(found, 8, seed=1)
     keys = {(x.layer, x.head) for x in chosen}
     assert len(chosen) == 8
-    assert {(0, 0), (0, 1), (3, 8), (3, 9), (1, 3)} <= keys  # 2 cheapest, 2 costliest, the flagged one
-    assert len(sampled) == 3 and sampled <= keys
+    # 2 cheapest, 2 costliest, the 2 flagged furthest above their estimate (of 3), then a seeded sample
+    assert {(0, 0), (0, 1), (3, 8), (3, 9), (1, 3), (2, 1)} <= keys
+    assert len(sampled) == 2 and sampled <= keys and sampled.isdisjoint({(1, 3), (2, 1)})
     assert choose(found, 8, seed=1) == (chosen, sampled)
     assert len(choose(found, 100)[0]) == 40
 

@@ -179,3 +179,8 @@ def test_smollm2_gguf_estimate_of_the_last_layer():
     ablate = [x for x in r.runs if x.edit == "ablate"]
     assert all(x.moved == pytest.approx(1.0) for x in ablate)  # Δo_h = −o_h
     assert [a.verified for a in r.estimate.agreement] == [3, 3]
+    for e in ("share_qk", "ablate"):  # the spot check: a quarter of each edit's heads (3 of 9), on both windows
+        checked = [x for x in r.runs if x.edit == e and x.spot is not None]  # (one of 64 holds one block of 64)
+        assert len(checked) == 3 and all(x.spot_se is not None for x in checked)
+        assert min(x.reach for x in checked) >= max(x.reach for x in r.runs if x.edit == e and x.spot is None)
+    assert r.estimate.spot_tokens == 2 * 63

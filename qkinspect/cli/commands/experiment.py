@@ -63,7 +63,9 @@ RotaryOpt = Annotated[Rotary, typer.Option(
                      "rotary (exact at offset 0 only; flagged).")]
 EstimateOpt = Annotated[bool, typer.Option(
     "--estimate", help="Estimate every head × edit from one clean pass and --probes backward passes, instead of "
-                       "one exact run each; --verify heads are run exactly to check it (--scope head).")]
+                       "one exact run each; heads whose edit moves the residual stream far are spot-checked on a "
+                       "quarter of the text (flagged where the cost is far above the estimate), --verify heads are "
+                       "run exactly to check it (--scope head).")]
 ProbesOpt = Annotated[int | None, typer.Option(
     "--probes", metavar="K", help="--estimate: backward passes with sampled labels for the curvature term "
                                   "(default 16).")]

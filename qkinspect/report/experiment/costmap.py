@@ -104,7 +104,8 @@ LISTED = 8
 CAPTION = ("The cost map: each edit's estimated Δloss (the edited model's loss minus the unedited one's) for every "
            "head edited alone, layers × heads, each edit on its own diverging colour scale centred at 0 (red: the "
            "edit costs loss). Circles: heads run exactly to check the estimate; crosses: estimates flagged "
-           "unreliable (the edit moves the head's output by more than 4 times its size). The title gives Spearman's "
+           "unreliable (an exact run on part of the text, made where the edit moves the residual stream far, found "
+           "the cost far above the estimate). The title gives Spearman's "
            "rank correlation ρ between estimate and exact Δloss over the verified heads (chosen to include the "
            "predicted extremes, which flatters ρ), with its 95 % interval, or \"too few to tell\" under 10 heads.")
 
@@ -112,8 +113,9 @@ CAPTION = ("The cost map: each edit's estimated Δloss (the edited model's loss 
 TABLE_LEGEND = ("estimate: the estimated Δloss (first-order term plus Monte-Carlo curvature term). MC error: the "
                 "Monte-Carlo standard error of the curvature term alone, from the K probes; it is not the "
                 "estimate's error, which the exact runs and ρ measure. exact, ± s.e.: the exact run's Δloss and its "
-                "standard error over the scored tokens. n/a: the head was not run exactly. flagged: the edit moves "
-                "the head's output by more than 4 times its size.")
+                "standard error over the scored tokens. n/a: the head was not run exactly. flagged: an exact run on "
+                "part of the text, made where the edit moves the residual stream far, found the cost far above "
+                "the estimate.")
 
 
 def _d(x: float | None) -> str:
