@@ -6,6 +6,9 @@ A check for refactors that must not change behaviour: run `record` before, `reco
     python bench/same_outputs.py record /tmp/after
     python bench/same_outputs.py compare /tmp/before /tmp/after
 
+Each recording runs the qkinspect of the current folder (`python -m` puts it first on the path, before PYTHONPATH):
+run `record` in the checkout of the code to record (it says which it records).
+
 `record FOLDER NAME...` records only the cases whose names start with one of the NAMEs (and the cases whose
 documents they read), for a change that touches only some commands: compare two such recordings.
 
@@ -157,6 +160,9 @@ def record(folder: Path, only: tuple[str, ...] = ()) -> None:
         picked = [c for c in chosen if c[0].startswith(only)]
         read = {key for _, args, _ in picked for a in args for key in SAVED.values() if "{" + key + "}" in a}
         chosen = [c for c in chosen if c in picked or SAVED.get(c[0]) in read]
+    where = subprocess.run([sys.executable, "-c", "import qkinspect; print(qkinspect.__file__)"], capture_output=True,
+                           env=env, text=True).stdout.strip()
+    print(f"recording the qkinspect of {where} (python -m runs the one in the current folder first)", file=sys.stderr)
     for name, args, suffix in chosen:
         out = folder / f"{name}{suffix}" if suffix else None
         argv = [a.format(out=out, **saved) for a in args]

@@ -292,9 +292,9 @@ def notes(result: ExperimentResult) -> list[str]:
     out = []
     if any(r.scope == "head" for r in result.runs) and result.scored is not None and result.scored < MIN_SCORED:
         out.append(f"only {result.scored} tokens were scored: per-head Δloss needs at least {MIN_SCORED} "
-                   "(--tokens) to rise above its noise; read each against its standard error")
+                   "to rise above its noise (score more tokens); read each against its standard error")
     if result.estimate is not None and not result.estimate.agreement:
-        out.append("the estimate was not checked against exact runs (--verify 0)")
+        out.append("the estimate was not checked against exact runs (no head was verified)")
     return out
 
 

@@ -49,11 +49,11 @@ def fold_ln(layer: AttentionLayer) -> AttentionLayer:
         >>> folded.norm_q is None  # the norm now lives in the weights  # doctest: +SKIP
         True
     """
-    where = f"--fold-ln: {layer.block} layer {layer.layer}"
+    where = f"cannot fold the input norm into the projections: {layer.block} layer {layer.layer}"
     if layer.norm_q is None:
-        raise InputError(f"{where}: the model gives no norm before the query projection")
+        raise InputError(f"{where} has no norm before the query projection")
     if layer.norm_kv is None:
-        raise InputError(f"{where}: the model gives no norm before the key/value projections")
+        raise InputError(f"{where} has no norm before the key/value projections")
     W_Q, b_Q = _fold_norm(layer.W_Q, layer.b_Q, layer.norm_q)
     W_K, b_K = _fold_norm(layer.W_K, layer.b_K, layer.norm_kv)
     W_V, b_V = _fold_norm(layer.W_V, layer.b_V, layer.norm_kv)
@@ -83,7 +83,7 @@ def fold_qk_norm(layer: AttentionLayer) -> AttentionLayer:
         True
     """
     if layer.q_norm is None or layer.k_norm is None:
-        raise InputError(f"--fold-qk-norm: {layer.block} layer {layer.layer} has no q/k norm gains to fold")
+        raise InputError(f"cannot fold q/k-norm gains: {layer.block} layer {layer.layer} has none")
     W_Q, W_K = _up(layer.W_Q), _up(layer.W_K)
     H, G, d = W_Q.shape[0], W_K.shape[0], W_Q.shape[2]
     gq = _per_head_gain(layer.q_norm.to(W_Q.dtype), H, d)

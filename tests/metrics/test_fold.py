@@ -65,5 +65,5 @@ def test_fold_qk_norm_scales_scores_by_the_gains():
 
 
 def test_fold_qk_norm_without_gains_is_an_input_error():
-    with pytest.raises(InputError, match="no q/k norm"):
+    with pytest.raises(InputError, match=r"cannot fold q/k-norm gains: .* layer 0 has none"):
         fold_qk_norm(make_layer(5))
