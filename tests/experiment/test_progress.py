@@ -67,8 +67,11 @@ def test_the_estimate_counts_its_backward_passes_and_its_verification(llama):
     rec = Recorder()
     run_experiment(llama, "share_qk", tokens=96, window=32, estimate=True, probes=3, verify=2, reference=False,
                    progress=rec)
-    assert rec.names() == ["loading the model", "baseline", "estimate: gradients", "verifying the estimate"]
-    grads, verify = rec.phases[2:]
+    assert rec.names() == ["loading the model", "baseline", "estimate: gradients", "estimate: spot checks",
+                           "verifying the estimate"]
+    grads, spot, verify = rec.phases[2:]
+    assert spot["unit"] == "exact runs on part of the text" and spot["total"] >= 1
+    _counted_to_the_end(spot)
     assert grads["unit"] == "backward passes" and grads["total"] % (3 + 1) == 0  # per chunk: the loss + 3 probes
     _counted_to_the_end(grads)
     assert (verify["total"], verify["unit"]) == (2, "exact runs")
