@@ -66,7 +66,7 @@ def late_change(start: int, end: int, tokens: dict[int, Tensor], reference: dict
     (tokens[end] − ref[end]) − (tokens[start] − ref[start]) with `ref` the reference at each step (an edited run:
     the control's per-token losses at the same step; the control: the unedited model's, one tensor for both), and its
     block standard error: the two points are scored on the same tokens, so their difference is paired token by token
-    and its standard error is below the √(se_start² + se_end²) of two unpaired points."""
+    and its standard error is usually below the √(se_start² + se_end²) of two unpaired points."""
     ref = reference if isinstance(reference, dict) else {start: reference, end: reference}
     d = (tokens[end] - ref[end]) - (tokens[start] - ref[start])
     return HealChange(start=start, end=end, change=float(d.mean()), se=block_se(d, blocks))
