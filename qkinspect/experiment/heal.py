@@ -74,8 +74,6 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
     blocks = scorer.blocks
     control_curve = tuple(point(k, c_tokens[k], scorer.base_tokens, blocks) for k in at)
     start = late_start(opts.steps, at)
-    late = (lambda t, ref: None) if start is None else (
-        lambda t, ref: late_change(start, opts.steps, t, ref, blocks))
     control_loss = control_curve[-1].loss
     control.release()
     done = 1
@@ -105,7 +103,7 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
                 loss=last.loss, control_loss=control_loss, diff=last.diff, se=last.se, unhealed=unhealed,
                 recovered=1 - last.diff / unhealed if unhealed else None, violation=healer.violation,
                 train_loss=tuple(healer.losses), seconds=time.perf_counter() - t1, curve=tuple(curve),
-                late=late(e_tokens, c_tokens)))
+                late=late_change(start, opts.steps, e_tokens, c_tokens, blocks)))
             done += 1
     return Healing(
         steps=opts.steps, train=opts.train, trained=TRAINED[opts.train], trained_parameters=control.n_trained,
@@ -116,7 +114,7 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
         eval_every=opts.eval_every, control_curve=control_curve, precision=precision,
         device=str(next(hf.model.parameters()).device),
         step_seconds=float(torch.tensor(step_times).median()) if step_times else None,
-        control_late=late(c_tokens, scorer.base_tokens))
+        control_late=late_change(start, opts.steps, c_tokens, scorer.base_tokens, blocks))
 
 
 def check_healable(hf: HFModel, names: Names = LIBRARY_NAMES) -> None:

@@ -60,13 +60,16 @@ def late_start(steps: int, at: list[int]) -> int | None:
     return inside[-1] if inside else None
 
 
-def late_change(start: int, end: int, tokens: dict[int, Tensor], reference: dict[int, Tensor] | Tensor,
-                blocks: Tensor) -> HealChange:
+def late_change(start: int | None, end: int, tokens: dict[int, Tensor], reference: dict[int, Tensor] | Tensor,
+                blocks: Tensor) -> HealChange | None:
     """How far a curve moved between steps `start` and `end`: mean over the scored tokens of
     (tokens[end] − ref[end]) − (tokens[start] − ref[start]) with `ref` the reference at each step (an edited run:
     the control's per-token losses at the same step; the control: the unedited model's, one tensor for both), and its
     block standard error: the two points are scored on the same tokens, so their difference is paired token by token
-    and its standard error is usually below the √(se_start² + se_end²) of two unpaired points."""
+    and its standard error is usually below the √(se_start² + se_end²) of two unpaired points. None where `start`
+    is (late_start found no point between step 0 and the last)."""
+    if start is None:
+        return None
     ref = reference if isinstance(reference, dict) else {start: reference, end: reference}
     d = (tokens[end] - ref[end]) - (tokens[start] - ref[start])
     return HealChange(start=start, end=end, change=float(d.mean()), se=block_se(d, blocks))
