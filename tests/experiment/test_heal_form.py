@@ -123,3 +123,125 @@ def test_separate_projections_are_read_as_views_of_the_parameters(models):
         assert a.q_proj.weight.data_ptr() == a.k_proj.weight.data_ptr() == form.W_K.data_ptr()
         assert a.o_proj.weight.data_ptr() == form.W_O.data_ptr()
         assert a.q_proj.weight.shape == (64, 64) and a.v_proj.weight.shape == (64, 64)  # K/V expanded: 4 heads
+
+
+def _grads(healer, ids):
+    """The loss and every trained parameter's gradient of one training forward + backward (inside `cached`)."""
+    healer.model.train()
+    for p in healer.params:
+        p.grad = None
+    with cached(healer._forms()):
+        loss = healer.model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    return float(loss.detach()), [p.grad.clone() if p.grad is not None else None for p in healer.params]
+
+
+def _same_grads(hf, edit, heads, monkeypatch):
+    """A healer with the projections' forwards (`projections`) against one with every projection reading its
+    gathered weight: the same loss and gradients to float rounding."""
+    import qkinspect.experiment.edits.parametrised as parametrised
+
+    fast, ids = _healer(hf, edit, heads)
+    with monkeypatch.context() as m:
+        m.setattr(parametrised, "projections", lambda *a: {})
+        slow, _ = _healer(hf, edit, heads)
+    assert not any("forward" in mod.__dict__ for mod in slow.model.modules())
+    (a, ga), (b, gb) = _grads(fast, ids), _grads(slow, ids)
+    assert abs(a - b) <= 1e-6 * abs(b)
+    assert len(ga) == len(gb)
+    for x, y in zip(ga, gb, strict=True):
+        assert (x is None) == (y is None)
+        if x is not None:
+            torch.testing.assert_close(x, y, rtol=0, atol=1e-5 * max(float(y.abs().max()), 1e-12))
+    return fast
+
+
+@pytest.mark.parametrize("edit", EDITS)
+@pytest.mark.parametrize("which", ["all", "one"])
+def test_projections_compute_what_the_gathered_weights_compute(models, edit, which, monkeypatch):
+    hf, _ = models["llama"]
+    _same_grads(hf, edit, list(range(4)) if which == "all" else [1], monkeypatch)
+
+
+def test_projections_compute_the_shared_key_once_and_the_values_on_their_rows(models, monkeypatch):
+    """share_qk on every head of a grouped-query layer (4 heads, 2 value rows): q_proj and k_proj are one matmul
+    within a step, v_proj multiplies the 2 value rows and no gathered W_V is built; outside `cached`, and where
+    the first output was changed in place, each projection computes its own."""
+    import qkinspect.experiment.edits.parametrised as parametrised
+
+    hf, _ = models["llama"]
+    healer, ids = _healer(hf, "share_qk", list(range(4)))
+    form, _ = healer.forms[LAYER]
+    a = healer.model.model.layers[LAYER].self_attn
+    assert {n: type(m.__dict__.get("forward")).__name__ for n, m in a.named_children()} == {
+        "q_proj": "_Projection", "k_proj": "_Projection", "v_proj": "_Projection", "o_proj": "NoneType"}
+    assert form.deferred == {"W_V"}
+    calls: list[int] = []
+    compute = parametrised._Projection.compute
+    monkeypatch.setattr(parametrised._Projection, "compute", lambda self, x: calls.append(1) or compute(self, x))
+    x = torch.randn(1, 5, 64)
+    with cached([form]):
+        q = a.q_proj(x)
+        assert a.k_proj(x) is q and len(calls) == 1
+        assert "W_V" not in form._cache["t"]  # the forward read no gathered value
+        v = a.v_proj(x)
+        assert v.shape == (1, 5, 64) and "W_V" not in form._cache["t"]
+        torch.testing.assert_close(v, x @ a.v_proj.weight.T, rtol=0, atol=1e-6)  # reading the weight gathers it
+        assert "W_V" in form._cache["t"]
+        q = a.q_proj(x)
+        q.mul_(2)  # changed in place: the pair's other projection computes its own
+        torch.testing.assert_close(a.k_proj(x), q / 2, rtol=0, atol=0)
+    calls.clear()
+    k = a.k_proj(x)
+    assert a.q_proj(x) is not k and len(calls) == 2  # no sharing outside `cached`
+
+
+def test_projections_are_only_given_where_they_apply(models):
+    """One edited head of a group: the keys are gathered (a tie copies them into the queries), the values are
+    still rows; a fused projection (GPT-2's c_attn) keeps its gathered weight."""
+    hf, _ = models["llama"]
+    healer, _ = _healer(hf, "share_qk", [1])
+    a = healer.model.model.layers[LAYER].self_attn
+    assert {n for n, m in a.named_children() if "forward" in m.__dict__} == {"v_proj"}
+    assert healer.forms[LAYER][0].deferred == {"W_V"}
+    hf, _ = models["gpt2"]
+    healer, _ = _healer(hf, "share_qk", list(range(4)))
+    assert not any("forward" in m.__dict__ for m in healer.model.modules())
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])  # OLMo2's whole-projection norm is not healed
+@pytest.mark.parametrize("edit", ["share_qk", "symmetric", "share_qkv"])
+def test_projections_on_qk_norm_families(tmp_path, family, edit, monkeypatch):
+    """Through q/k norms (the norms read the projections' outputs): the same loss and gradients as the gathered
+    weights, with the keys shared and the values on their rows where every head shares its matrix."""
+    _, _, hf = open_experiment(str(tiny_models.WRITEBACK_FAMILIES[family](tmp_path / family)), None, [LAYER], None,
+                               None)
+    heads = list(range(hf.model.config.num_attention_heads))
+    healer = _same_grads(hf, edit, heads, monkeypatch)
+    a = healer.model.model.layers[LAYER].self_attn
+    if edit == "share_qk":
+        assert type(a.k_proj.__dict__.get("forward")).__name__ == "_Projection"
+
+
+def test_attention_only_healing_holds_the_weights_it_does_not_train_once(models):
+    """Attention-only: the healed copy's embeddings, MLPs and norms are frozen Parameters over the scored model's
+    own memory (no second copy); the projections it trains are its own. After training, the scored model is as
+    it was: values, Parameter objects, requires_grad. Every parameter training: nothing shared."""
+    hf, _ = models["llama"]
+    params = dict(hf.model.named_parameters())
+    before = {n: (p.detach().clone(), p.requires_grad) for n, p in params.items()}
+    healer, _ = _healer(hf, "share_qk", list(range(4)))
+    healer.opts = HealOptions(steps=2, lr=1e-2)
+    healer.train()
+    held = {p.data_ptr() for p in params.values()}
+    own = dict(healer.model.named_parameters())
+    shared = {n for n, p in own.items() if p.numel() and p.data_ptr() in held}
+    assert {n for n in shared if any(w in n for w in ("mlp", "embed", "norm", "lm_head"))} == shared
+    assert {"model.embed_tokens.weight", f"model.layers.{LAYER}.mlp.up_proj.weight"} <= shared
+    assert all(not own[n].requires_grad and own[n] is not params[n] for n in shared)
+    assert not any(p.data_ptr() in held for p in healer.params)
+    assert dict(hf.model.named_parameters()) == params
+    for n, p in params.items():
+        assert torch.equal(p, before[n][0]) and p.requires_grad == before[n][1], n
+    every = Healer(hf, {}, HealOptions(steps=1, train="all"), [], "gauge")
+    assert not any(p.data_ptr() in held for p in every.model.parameters())

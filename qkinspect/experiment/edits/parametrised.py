@@ -80,6 +80,7 @@ class EditForm(nn.Module):
         self.register_buffer("kv", layer.kv_index()[h].clone())
         both_b = "b_Q" in self.names and "b_K" in self.names
         self.derived: set[str] = set()  # canonical tensors the constraint fills whole: no parameter
+        self.deferred: set[str] = set()  # canonical tensors computed only where a module weight reads them (`defer`)
         if self.kind in TIES and self.all_q:
             self.derived |= {"W_Q", "b_Q"} if both_b else {"W_Q"}
         if self.kind == "share_qkv" and self.all_kv:
@@ -109,7 +110,12 @@ class EditForm(nn.Module):
         elif self.kind == "rank":
             self._init_rank(layer, edit.k or 0)
         with torch.no_grad():
-            check = self.tensors()
+            free = {n: self._free(n) for n in self.names if n not in self.derived}
+            check = self.tensors(free)
+        # canonical tensors the constraint leaves as their parameter reads them (a projection may compute on the
+        # parameter's rows: `projections`), and those that are one tensor (one projection's output serves both)
+        self.untouched = {n for n in free if check[n] is free[n]}
+        self.alias = {n: next(m for m in self.names if check[m] is check[n]) for n in self.names}
         for n in self.names:
             want = getattr(layer, n).to(torch.float32)
             err = float((check[n].detach() - want).abs().max()) if want.numel() else 0.0
@@ -158,10 +164,12 @@ class EditForm(nn.Module):
         take = self._buffers.get(f"take_{name}")
         return x if take is None else _take(x, take)
 
-    def tensors(self) -> dict[str, Tensor]:
+    def tensors(self, free: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
         """The layer's canonical tensors, the constraint applied (in the parameters' memory layout, so that a
-        module weight read as a view of a canonical tensor needs no copy)."""
-        t = {n: self._free(n) for n in self.names if n not in self.derived}
+        module weight read as a view of a canonical tensor needs no copy). `free`: the free tensors as `_free`
+        reads them, where the caller has them."""
+        t = (dict(free) if free is not None
+             else {n: self._free(n) for n in self.names if n not in self.derived and n not in self.deferred})
         h, kv = self.heads, self.kv
         if self.kind in TIES:
             signed = self.kind == "symmetric"  # the other ties' signs are all +1: no multiply
@@ -204,8 +212,7 @@ class EditForm(nn.Module):
         cache = self.__dict__.get("_cache")
         if cache is not None and "flat" in cache:
             return cache["flat"]
-        t = self.constrained()
-        flat = torch.cat([t[n].reshape(-1) for n in self.names])
+        flat = torch.cat([self.canonical(n).reshape(-1) for n in self.names])
         if cache is not None:
             cache["flat"] = flat
         return flat
@@ -213,7 +220,25 @@ class EditForm(nn.Module):
     def read(self, st: Strided) -> Tensor:
         """The module weight at strided placement `st`: its canonical tensor with permuted axes (a view where the
         parameter is stored in that order)."""
-        return self.constrained()[self.offsets[st.start]].permute(st.perm).reshape(st.out)
+        return self.canonical(self.offsets[st.start]).permute(st.perm).reshape(st.out)
+
+    def canonical(self, name: str) -> Tensor:
+        """Canonical tensor `name`, constraint applied (`constrained()[name]`); a deferred one (`defer`) is
+        gathered here, where a module weight reads it (once inside `cached`)."""
+        t = self.constrained()
+        if name not in t:
+            with torch.autocast(self.heads.device.type, enabled=False):
+                t[name] = self._free(name)  # inside `cached`, t is the cached dict: kept for the next read
+        return t[name]
+
+    def deferrable(self, name: str) -> bool:
+        """Whether canonical tensor `name` can be left out of `constrained()` (`deferred`: gathered only where a
+        module weight reads it, `canonical`): the constraint neither changes nor reads it, an untouched parameter
+        read by heads through `take_<name>` (an expanded value), not a key a tie copies into the queries. For a
+        projection computing on the parameter's rows (`projections`), so that no step builds the gathered tensor
+        its forward does not use."""
+        return (name in self.untouched and f"take_{name}" in self._buffers
+                and not (self.kind in TIES and name in ("W_K", "b_K")))
 
     def violation(self, t: dict[str, Tensor]) -> Tensor:
         """How far canonical tensors `t` (as the model's modules hold them) are from the edit's set, relative to
@@ -385,11 +410,14 @@ def parametrise(block: nn.Module, maps: dict[str, Tensor | Strided], form: EditF
     """Put `form` behind the block's written parameters named in `maps`; returns the parameters left to train
     (the form's, and the originals of the elements the form does not cover). An original whose every element
     comes from the form is emptied (the form holds the values), so the edited layers are held once. A form
-    parameter read whole by one module weight is stored in that weight's axis order (`EditForm.store`)."""
+    parameter read whole by one module weight is stored in that weight's axis order (`EditForm.store`); linear
+    projections compute from the form's parameters where that costs less than their gathered weight
+    (`projections`)."""
     for index in maps.values():
         if isinstance(index, Strided):
             form.store(form.offsets[index.start], index.perm)
     params: list[nn.Parameter] = list(form.parameters())
+    projections(block, maps, form)
     for name, index in maps.items():
         path, _, attr = name.rpartition(".")
         module = block.get_submodule(path)
@@ -435,3 +463,97 @@ def canonical_from(block: nn.Module, maps: dict[str, Tensor | Strided], form: Ed
             out[n] = flat[offset:offset + size].view(form.shapes[n])
         offset += size
     return out
+
+
+def projections(block: nn.Module, maps: dict[str, Tensor | Strided], form: EditForm) -> dict[str, str]:
+    """Give the block's linear projections a forward that costs no more than the unedited model's, where their
+    weights are read from `form` as views (`Strided`); returns {module path: which} for those changed.
+
+    - "rows": a weight the constraint leaves as its parameter with heads reading shared rows (an expanded value:
+      SmolLM2's 9 heads reading 3 value rows) is computed on the rows, x Wᵀ over the distinct heads, and its output
+      channels gathered to the heads: no gathered weight is built and kept for the backward, and a third of the
+      matmul.
+    - "shared": projections whose weights (and biases) are one tensor (share_qk on every head: q_proj and k_proj
+      both read the key parameter) called on the same input within `cached` (one forward and its backward) compute
+      once; the second call returns the first's output, so autograd adds both uses' gradients into one matmul's.
+    The module weights still read as before (`module.weight`, for the constraint check and the trackers); outside
+    `cached` a shared projection computes its own output. The outputs equal the gathered weights' to float
+    rounding (the same products, summed in the same order per output channel)."""
+    paths: dict[str, dict[str, Strided]] = {}
+    for name, index in maps.items():
+        path, _, attr = name.rpartition(".")
+        paths.setdefault(path, {})[attr] = index  # type: ignore[assignment]
+    plans: dict[str, tuple] = {}
+    for path, got in paths.items():
+        module = block.get_submodule(path)
+        w, b = got.get("weight"), got.get("bias")
+        has_bias = getattr(module, "bias", None) is not None
+        if (not isinstance(module, nn.Linear) or set(got) - {"weight", "bias"} or not isinstance(w, Strided)
+                or (has_bias and not isinstance(b, Strided)) or (b is not None and not has_bias)):
+            continue
+        wn = form.offsets[w.start]
+        bn = form.offsets[b.start] if b is not None else None
+        plans[path] = (module, w, b, wn, bn)
+    shared: dict[tuple, list[str]] = {}
+    for path, (_, w, b, wn, bn) in plans.items():
+        key = (form.alias[wn], w.perm, w.out, form.alias[bn] if bn else None, b.perm if b else None)
+        shared.setdefault(key, []).append(path)
+    made: dict[str, str] = {}
+    for path, (module, w, b, wn, bn) in plans.items():
+        rows = _rows_plan(form, w, b, wn, bn)
+        key = (form.alias[wn], w.perm, w.out, form.alias[bn] if bn else None, b.perm if b else None)
+        twins = len(shared[key]) > 1
+        if rows is None and not twins:
+            continue
+        if rows is not None:  # the forward reads the rows themselves: no gathered tensor per step
+            form.deferred.update(name for name in rows[:2] if name is not None)
+        module.forward = _Projection(module, form, rows, key if twins else None)
+        made[path] = "shared" if twins else "rows"
+    return made
+
+
+def _rows_plan(form: EditForm, w: Strided, b: Strided | None, wn: str, bn: str | None):
+    """(weight name, bias name, output channels to gather) where a Linear weight is an untouched parameter of rows
+    read by heads through `take_<name>` in the Linear layout ((n, D, d) as (n·d, D), the parameter stored so),
+    the bias alike; else None."""
+    take = form._buffers.get(f"take_{wn}")
+    if (take is None or not form.deferrable(wn) or len(w.shape) != 3 or w.perm != (0, 2, 1)
+            or form.perm.get(wn) != (0, 2, 1) or w.out != (w.shape[0] * w.shape[2], w.shape[1])):
+        return None
+    if bn is not None:
+        b_take = form._buffers.get(f"take_{bn}")
+        if (b is None or not form.deferrable(bn) or b_take is None or not torch.equal(b_take, take)
+                or b.perm != (0, 1) or bn in form.perm):
+            return None
+    d = w.shape[2]
+    cols = (take.unsqueeze(1) * d + torch.arange(d, device=take.device)).reshape(-1)
+    return wn, bn, cols
+
+
+class _Projection:
+    """A Linear's forward computed from its EditForm (`projections`): on the parameter's rows with the output
+    gathered (`rows`), and/or shared with the projections of the same tensor within `cached` (`key`)."""
+
+    def __init__(self, module: nn.Linear, form: EditForm, rows, key: tuple | None):
+        self.module, self.form, self.rows, self.key = module, form, rows, key
+
+    def compute(self, x: Tensor) -> Tensor:
+        if self.rows is None:
+            return type(self.module).forward(self.module, x)
+        wn, bn, cols = self.rows
+        dtype = self.module.parametrizations["weight"].original.dtype
+        W = self.form._parameters[wn]  # (rows, d, D): read now (an optimizer step updates it in place)
+        bias = self.form._parameters[bn].reshape(-1).to(dtype) if bn is not None else None
+        return nn.functional.linear(x, W.reshape(-1, W.shape[-1]).to(dtype), bias).index_select(-1, cols)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        cache = self.form.__dict__.get("_cache")
+        if self.key is None or cache is None or x.is_inference():  # inference tensors keep no version count
+            return self.compute(x)
+        outputs = cache.setdefault("outputs", {})
+        hit = outputs.pop(self.key, None)
+        if hit is not None and hit[0] is x and hit[1]._version == hit[2] and x._version == hit[3]:
+            return hit[1]  # held only until the other projection of the pair takes it; unchanged in place
+        y = self.compute(x)
+        outputs[self.key] = (x, y, y._version, x._version)
+        return y
