@@ -179,15 +179,18 @@ def test_projections_compute_the_shared_key_once_and_the_values_on_their_rows(mo
     calls: list[int] = []
     compute = parametrised._Projection.compute
     monkeypatch.setattr(parametrised._Projection, "compute", lambda self, x: calls.append(1) or compute(self, x))
+    gathered: list[str] = []  # the canonical tensors read through their heads' rows (`take`)
+    free = parametrised.EditForm._free
+    monkeypatch.setattr(parametrised.EditForm, "_free", lambda self, n: gathered.append(n) or free(self, n))
     x = torch.randn(1, 5, 64)
     with cached([form]):
         q = a.q_proj(x)
         assert a.k_proj(x) is q and len(calls) == 1
-        assert "W_V" not in form._cache["t"]  # the forward read no gathered value
         v = a.v_proj(x)
-        assert v.shape == (1, 5, 64) and "W_V" not in form._cache["t"]
+        assert v.shape == (1, 5, 64) and "W_V" not in gathered  # the forward built no gathered value
         torch.testing.assert_close(v, x @ a.v_proj.weight.T, rtol=0, atol=1e-6)  # reading the weight gathers it
-        assert "W_V" in form._cache["t"]
+        assert gathered.count("W_V") == 1
+        assert a.v_proj.weight.shape == (64, 64) and gathered.count("W_V") == 1  # once per `cached` block
         q = a.q_proj(x)
         q.mul_(2)  # changed in place: the pair's other projection computes its own
         torch.testing.assert_close(a.k_proj(x), q / 2, rtol=0, atol=0)
