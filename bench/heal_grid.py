@@ -28,6 +28,7 @@ def main() -> None:
     from qkinspect.experiment.requests import HealOptions
     from qkinspect.experiment.results import save_experiment
     from qkinspect.experiment.run import open_experiment, run_experiment
+    from qkinspect.files import check_writable
     from qkinspect.records import json_safe
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,6 +48,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=float("inf"), help="seconds")
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)  # before the hours of training, not at the first document
+    check_writable(args.out / "heal_grid_summary.json")
 
     t_start = time.perf_counter()
     model_path = args.model or smollm2()
