@@ -65,6 +65,7 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
     maps: dict[tuple, dict[str, Tensor]] = {}  # the write-back's layout per layer, probed once for all runs
     at = eval_steps(opts.steps, opts.eval_every)
     total = 1 + len(units) * len(edits)
+    probe_layouts(hf, units, edits, rotary, maps, names)  # a layout healing cannot keep: refused before training
     control = Healer(hf, {}, opts, batches, rotary, maps)
     precision = choose_precision(scorer, control.hf, threshold, opts.float32, names.heal_float32)
     c_tokens: dict[int, Tensor] = {}
@@ -115,6 +116,40 @@ def heal_runs(hf: HFModel, scorer: Scorer, source: Text, tokens: int, window: in
         device=str(next(hf.model.parameters()).device),
         step_seconds=float(torch.tensor(step_times).median()) if step_times else None,
         control_late=late_change(start, opts.steps, c_tokens, scorer.base_tokens, blocks))
+
+
+def probe_layouts(hf: HFModel, units: Sequence[Unit], edits: Sequence[Edit], rotary: str,
+                  layouts: dict[tuple, dict[str, Tensor | Strided]], names: Names = LIBRARY_NAMES) -> None:
+    """The write-back's layout of every edited layer the runs will build (`layouts`, keyed as the Healers key it:
+    they reuse it), probed on the scored model before any training (each probe undone exactly): a layer whose
+    write-back does arithmetic on the values (OLMo2's whole-projection key norm repeated for grouped-query heads
+    that an edit gave keys of their own) cannot keep the edit while it trains, and is refused here, not after the
+    control has trained. Where the scored model is not float32 (a model in memory), its layers cannot hold the
+    probes exactly: each Healer probes its float32 copy instead, as it does for a layout not probed here."""
+    from qkinspect.loading import open_model
+
+    if any(p.is_floating_point() and p.dtype != torch.float32 for p in hf.model.parameters()):
+        return
+    with open_model(hf.model) as source:
+        block_key = source.info.blocks[0].key
+        for unit in units:
+            for edit in edits:
+                for i, heads in unit:
+                    layer = on_cpu(source.layer(block_key, i))
+                    edited = apply_edit(layer, edit, heads, rotary=rotary).layer
+                    key = _layout_key(i, edited)
+                    if key in layouts:
+                        continue
+                    try:
+                        layouts[key] = module_maps(hf, edited)
+                    except InputError as e:
+                        raise InputError(f"{names.heal} cannot keep {edit} on layer {i} while it trains: "
+                                         f"{str(e).removeprefix('healing: ')}") from None
+
+
+def _layout_key(i: int, edited) -> tuple:
+    """The write-back's layout depends on the layer and its tensors' shapes, not their values."""
+    return (i, *((n, tuple(t.shape)) for n in CANON if (t := getattr(edited, n)) is not None))
 
 
 def check_healable(hf: HFModel, names: Names = LIBRARY_NAMES) -> None:
@@ -189,8 +224,8 @@ class Healer:
                 if i in edits:
                     edit, heads = edits[i]
                     edited = apply_edit(layer, edit, heads, rotary=rotary).layer
-                    key = (i, *((n, tuple(t.shape)) for n in CANON if (t := getattr(edited, n)) is not None))
-                    if key not in layouts:  # the layout depends on the layer and its tensors' shapes, not values
+                    key = _layout_key(i, edited)
+                    if key not in layouts:  # probed before training (probe_layouts) where heal_runs built it
                         layouts[key] = module_maps(self.hf, edited)
                     maps = {name: m.to(self.device) for name, m in layouts[key].items()}  # on the CPU: no copy
                     self.whole[i] = {name: isinstance(m, Strided) or bool((m >= 0).all())

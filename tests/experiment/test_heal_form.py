@@ -248,3 +248,40 @@ def test_attention_only_healing_holds_the_weights_it_does_not_train_once(models)
         assert torch.equal(p, before[n][0]) and p.requires_grad == before[n][1], n
     every = Healer(hf, {}, HealOptions(steps=1, train="all"), [], "gauge")
     assert not any(p.data_ptr() in held for p in every.model.parameters())
+
+
+def test_a_layout_healing_cannot_keep_is_refused_before_any_training(tmp_path, monkeypatch):
+    """Grouped-query OLMo2 (one key norm over the whole projection): share_qk on every head gives each query head a
+    key of its own, and the write-back repeats the key norm's gains for them, arithmetic a parametrisation cannot
+    follow. The run is refused in one line naming the edit and layer before the control trains."""
+    from qkinspect.errors import InputError
+    from qkinspect.experiment import heal as heal_mod
+    from qkinspect.experiment.run import run_experiment
+    from tests.experiment.test_heal import _text
+
+    folder = tiny_models.WRITEBACK_FAMILIES["olmo2"](tmp_path / "olmo2")
+    monkeypatch.setattr(heal_mod.Healer, "train", lambda *a, **k: pytest.fail("trained before the refusal"))
+    with pytest.raises(InputError, match=r"^heal cannot keep share_qk on layer 1 while it trains: the llama "
+                                         r"write-back changes values \(self_attn\.k_norm\.weight\)"):
+        run_experiment(str(folder), "share_qk", scope="layer", layers=[1], tokens=96, window=32, reference=False,
+                       heal=HealOptions(steps=2, batch_tokens=64, text=_text()))
+
+
+def test_probing_the_layouts_leaves_the_scored_model_as_it_was(models, monkeypatch):
+    """probe_layouts writes index probes into the scored model's layers and undoes each: the same modules, the
+    same values; the layouts it records are the ones the healers then reuse (no second probe)."""
+    from qkinspect.experiment import heal as heal_mod
+
+    hf, _ = models["llama"]
+    modules = dict(hf.model.named_modules())
+    state = {k: v.clone() for k, v in hf.model.state_dict().items()}
+    layouts: dict = {}
+    heal_mod.probe_layouts(hf, [[(LAYER, [0, 1, 2, 3])], [(LAYER, [1])]], [parse_edit("share_qk")], "gauge", layouts)
+    assert len(layouts) == 1  # keyed by the layer and the edited tensors' shapes: the same for both units
+    assert dict(hf.model.named_modules()) == modules
+    assert all(torch.equal(hf.model.state_dict()[k], v) for k, v in state.items())
+    probed = []
+    original = heal_mod.module_maps
+    monkeypatch.setattr(heal_mod, "module_maps", lambda *a: probed.append(1) or original(*a))
+    Healer(hf, {LAYER: (parse_edit("share_qk"), [1])}, HealOptions(steps=1), [], "gauge", layouts)
+    assert not probed
