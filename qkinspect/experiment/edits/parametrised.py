@@ -493,15 +493,15 @@ def projections(block: nn.Module, maps: dict[str, Tensor | Strided], form: EditF
             continue
         wn = form.offsets[w.start]
         bn = form.offsets[b.start] if b is not None else None
-        plans[path] = (module, w, b, wn, bn)
+        # what the projection computes: which tensor (one object for tied names), in which layout, with which bias
+        key = (form.alias[wn], w.perm, w.out, form.alias[bn] if bn else None, b.perm if b else None)
+        plans[path] = (module, w, b, wn, bn, key)
     shared: dict[tuple, list[str]] = {}
-    for path, (_, w, b, wn, bn) in plans.items():
-        key = (form.alias[wn], w.perm, w.out, form.alias[bn] if bn else None, b.perm if b else None)
-        shared.setdefault(key, []).append(path)
+    for path, plan in plans.items():
+        shared.setdefault(plan[-1], []).append(path)
     made: dict[str, str] = {}
-    for path, (module, w, b, wn, bn) in plans.items():
+    for path, (module, w, b, wn, bn, key) in plans.items():
         rows = _rows_plan(form, w, b, wn, bn)
-        key = (form.alias[wn], w.perm, w.out, form.alias[bn] if bn else None, b.perm if b else None)
         twins = len(shared[key]) > 1
         if rows is None and not twins:
             continue
