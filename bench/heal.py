@@ -94,6 +94,12 @@ def plain_step(model, inputs, bf16: bool, device) -> float:
     return time.perf_counter() - t0
 
 
+def trains(name: str, train: str) -> bool:
+    """Whether the plain copy trains parameter `name`: every one, or (attention) the blocks' projections, as
+    healing does."""
+    return train == "all" or (("attn" in name or "attention" in name) and "norm" not in name)
+
+
 def float_copy(model):
     """A float32 copy of `model` (`Module.float()` is refused for a model transformers dequantized from GGUF)."""
     out = copy.deepcopy(model)
@@ -154,14 +160,13 @@ def main() -> None:
     # memory (in a child process: --memory-only): a plain float32 copy trained two steps, then a healer's
     # construction and two steps (each beside the scored model alone, measured from the same starting point)
     floats = sum(p.numel() * 4 for p in model.parameters())
-    train_all = args.train == "all"
     trained = sum(p.numel() for n, p in model.named_parameters()  # attention: the blocks' projections
-                  if train_all or (("attn" in n or "attention" in n) and "norm" not in n))
+                  if trains(n, args.train))
     base = rss.mark()
     if args.memory_only:
         plain = float_copy(model)
         for n, p in plain.named_parameters():
-            p.requires_grad_(train_all or (("attn" in n or "attention" in n) and "norm" not in n))
+            p.requires_grad_(trains(n, args.train))
         opt = adamw([p for p in plain.parameters() if p.requires_grad], 1e-4)
         for _ in range(2):  # as healing's steps: forward, backward, the AdamW update
             plain(**batches[0], labels=batches[0]["input_ids"]).loss.backward()
@@ -191,7 +196,7 @@ def main() -> None:
     # time: each healing step beside a plain forward + backward of a float32 copy, alternating, per precision
     plain = float_copy(model)
     for n, p in plain.named_parameters():
-        p.requires_grad_(args.train == "all" or (("attn" in n or "attention" in n) and "norm" not in n))
+        p.requires_grad_(trains(n, args.train))
     for precision in precisions:
         bf16 = precision == "bfloat16"
         plain_s, heal_s = [], []
