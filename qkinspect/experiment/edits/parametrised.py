@@ -80,7 +80,7 @@ class EditForm(nn.Module):
         self.register_buffer("kv", layer.kv_index()[h].clone())
         both_b = "b_Q" in self.names and "b_K" in self.names
         self.derived: set[str] = set()  # canonical tensors the constraint fills whole: no parameter
-        self.deferred: set[str] = set()  # canonical tensors computed only where a module weight reads them (`defer`)
+        self.deferred: set[str] = set()  # canonical tensors built only where a module weight reads them (`deferrable`)
         if self.kind in TIES and self.all_q:
             self.derived |= {"W_Q", "b_Q"} if both_b else {"W_Q"}
         if self.kind == "share_qkv" and self.all_kv:
@@ -223,7 +223,7 @@ class EditForm(nn.Module):
         return self.canonical(self.offsets[st.start]).permute(st.perm).reshape(st.out)
 
     def canonical(self, name: str) -> Tensor:
-        """Canonical tensor `name`, constraint applied (`constrained()[name]`); a deferred one (`defer`) is
+        """Canonical tensor `name`, constraint applied (`constrained()[name]`); a deferred one (`deferrable`) is
         gathered here, where a module weight reads it (once inside `cached`)."""
         t = self.constrained()
         if name not in t:
