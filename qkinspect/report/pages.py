@@ -18,13 +18,15 @@ FIRST_COLUMN = 0.7  # inches for a table's first (left-aligned) column
 MAX_COLUMN = 1.25  # inches at most for any other column
 MIN_COLUMN = 0.8  # inches at least: wider tables are split into several
 TABLE_SIZE = 7.5
+CELL_FONT = "DejaVu Sans Mono"
+CELL_GAP = 0.15  # inches at least between a table's first column and the next one's widest cell
 CAPTION_SIZE = 8.5
 CAPTION_SPACE = 1.3  # inches kept under each figure for its caption
 
 
-def text_width(s: str, size: float, bold: bool = False) -> float:
-    """Width of `s` in inches at `size` points in the report font."""
-    prop = FontProperties(family="DejaVu Sans", size=size, weight="bold" if bold else "normal")
+def text_width(s: str, size: float, bold: bool = False, family: str = "DejaVu Sans") -> float:
+    """Width of `s` in inches at `size` points in the report font (or `family`: a table's cells are monospaced)."""
+    prop = FontProperties(family=family, size=size, weight="bold" if bold else "normal")
     return text_to_path.get_text_width_height_descent(s, prop, ismath=False)[0] / 72
 
 
@@ -180,9 +182,12 @@ class TextPages:
 
     def _table(self, t: Table, size: float) -> None:
         lh = size * LEADING / 72
-        col = min(MAX_COLUMN, (self.width - FIRST_COLUMN) / max(1, len(t.header) - 1))
+        # the first column as wide as its widest cell needs ("layer 16 head 6" ran into the next column's cell)
+        first = max([FIRST_COLUMN, *(text_width(r[0], size, family=CELL_FONT) + CELL_GAP for r in t.rows)])
+        first = min(first, self.width / 2)
+        col = min(MAX_COLUMN, (self.width - first) / max(1, len(t.header) - 1))
         # each column's anchor: the first column's left edge, the others' right edges (numbers align)
-        rights = [0.0] + [FIRST_COLUMN + col * (i + 1) - 0.08 for i in range(len(t.header) - 1)]
+        rights = [0.0] + [first + col * (i + 1) - 0.08 for i in range(len(t.header) - 1)]
         header, hsize = header_lines(t.header, col - 0.1, size)
         depth = max(len(h) for h in header)
         self.heading(t.title, size=10)
@@ -193,7 +198,7 @@ class TextPages:
                 self._header(header, depth, rights, hsize, lh)
             self.y -= lh
             for i, (x, cell) in enumerate(zip(rights, row, strict=True)):
-                self._put(MARGIN + x, cell, size, ha="left" if i == 0 else "right", family="DejaVu Sans Mono")
+                self._put(MARGIN + x, cell, size, ha="left" if i == 0 else "right", family=CELL_FONT)
         self.y -= 0.15
 
     def _header(self, header: list[list[str]], depth: int, rights: list[float], size: float, lh: float) -> None:

@@ -68,3 +68,21 @@ def test_the_q_k_norm_caveat_is_on_the_figures_and_captions_it_concerns(qwen3):
     assert all(caveat not in p.caption for p in plan_figures(folded))
     assert caveat not in figures.figure(folded, "symmetry").get_suptitle()
     assert dict(processing_pairs(raw))["qk_norm_not_folded"] == "decoder"
+
+
+def test_a_table_column_never_runs_into_the_next():
+    """The composition pages ran two columns together ("layer 16 head 6layer 19 head 0" where the text is read
+    or copied): the first column is as wide as its widest cell, so each row's cells stand apart on the page."""
+    pypdf = pytest.importorskip("pypdf")
+    from matplotlib.backends.backend_pdf import PdfPages
+
+    rows = [[f"layer {16 + i} head {6 + i}", f"layer {19 + i} head {i}", "0.123", "4.56"] for i in range(4)]
+    buf = io.BytesIO()
+    with PdfPages(buf) as pdf:
+        pages = TextPages(pdf.savefig)
+        pages.table(Table("Q-composition: the 4 strongest pairs", ["earlier head a", "later head b", "score",
+                                                                   "score / null"], rows))
+        pages.close()
+    text = pypdf.PdfReader(io.BytesIO(buf.getvalue())).pages[0].extract_text()
+    for row in rows:
+        assert " ".join(row) in text, text
