@@ -39,6 +39,7 @@ REPORT_METRICS = ("symmetry", "symmetry_layer", "directionality", "overlap_qk", 
                   "qk_effective_rank", "shared_qk_distance")
 SIZE_METRICS = ("symmetry_layer", "symmetry", "overlap_qk")
 LAYER_FORM = ("symmetry_layer", "directionality_layer")
+LAYER_FORM_MATH = r"the layer form $\Sigma_hW_Q^{h}W_K^{g(h)\top}$"  # mathtext: no spaces (titles wrap at them)
 
 
 def colours(n: int) -> list:
@@ -80,10 +81,17 @@ def _short(name: str) -> str:
     return name if len(name) <= 48 else "…" + name[-47:]
 
 
+def _chance(atlas, metric: str) -> dict[tuple[str, str], float]:
+    """(model, block) -> the chance level of `metric` (its random baseline) where the records have one."""
+    return {(r["model"], r["block"]): r["chance"] for r in atlas.records
+            if r["metric"] == metric and r["scope"] == "model" and r.get("chance") is not None}
+
+
 def _legend(fig, atlas, palette: dict[str, Any], kinds: Sequence[str], *, markers: bool,
-            towers: dict[tuple[str, str], str] | None = None) -> None:
+            towers: dict[tuple[str, str], str] | None = None, chance: bool = False) -> None:
     """Models by colour, block kinds by line style (or marker), beside the panels; columns as the count needs.
-    `towers`: a model's further blocks of one kind, by marker (an entry each)."""
+    `towers`: a model's further blocks of one kind, by marker (an entry each); `chance`: an entry for the chance
+    levels (thin dotted lines, or ticks, in the model's colour)."""
     models = [m for m in atlas.models if m in palette]
     handles = [Line2D([], [], color=palette[m], linewidth=2) for m in models]
     labels = [_short(m) for m in models]
@@ -95,6 +103,10 @@ def _legend(fig, atlas, palette: dict[str, Any], kinds: Sequence[str], *, marker
             handles.append(Line2D([], [], color="0.2", linestyle="none" if markers else LINESTYLES[k],
                                   marker=MARKERS[k] if markers else None))
             labels.append(KIND_TITLES[k])
+    if chance:
+        handles.append(Line2D([], [], color="0.2", linestyle="none" if markers else (0, (1, 2)), linewidth=0.8,
+                              marker="_" if markers else None, markersize=9))
+        labels.append("chance level (random weights of the model's shapes)")
     n = len(handles)
     size = 7 if n <= 16 else 6 if n <= 40 else 5
     ncol = 1 if n <= 24 else 2 if n <= 60 else 3
@@ -124,6 +136,7 @@ def depth_figure(atlas, metric: str = "symmetry", *, canvas: Canvas = new_figure
     band = max(0.05, 0.22 / math.sqrt(max(1, len(drawn))))
     towers = _towers(kind_of, lines)
     layer_form = metric in LAYER_FORM
+    chance = _chance(atlas, metric)
     with style():
         fig = canvas(0.9 + 2.5 * len(kinds), _width(len(drawn)))
         axes = fig.subplots(len(kinds), 1, squeeze=False, sharex=True, sharey=True)[:, 0]
@@ -139,6 +152,8 @@ def depth_figure(atlas, metric: str = "symmetry", *, canvas: Canvas = new_figure
                 q1 = np.array([p["q1"] for p in points])
                 q3 = np.array([p["q3"] for p in points])
                 c = palette[model]
+                if (model, block) in chance:
+                    ax.axhline(chance[(model, block)], color=c, linestyle=(0, (1, 2)), linewidth=0.8, alpha=0.9)
                 if len(points) == 1:
                     ax.errorbar(x, med, yerr=[med - q1, q3 - med], color=c, marker="o", markersize=3, capsize=2)
                     continue
@@ -151,9 +166,11 @@ def depth_figure(atlas, metric: str = "symmetry", *, canvas: Canvas = new_figure
             ax.grid(True, axis="y")
             ax.set_xlim(-0.02, 1.02)
         axes[-1].set_xlabel("normalised depth l / (L − 1)   (0: first layer, 1: last)")
-        _legend(fig, atlas, palette, kinds, markers=False, towers=towers)
-        what = ("the layer form Σ_h W_Q^h W_K^{h//rep}ᵀ per layer" if layer_form else
-                "median over each layer's heads (line), quartiles (band)")
+        _legend(fig, atlas, palette, kinds, markers=False, towers=towers, chance=bool(chance))
+        what = (LAYER_FORM_MATH + " per layer, query head h with key head g(h) = h // (heads / kv heads)"
+                if layer_form else "median over each layer's heads (line), quartiles (band)")
+        if chance:
+            what += "; dotted: each model's chance level"
         suptitle(fig, f"{name or atlas.folder}: {metric} against depth\n{what}")
     return fig
 
@@ -171,6 +188,7 @@ def size_figure(atlas, metric: str = "symmetry_layer", *, canvas: Canvas = new_f
     palette = dict(zip(drawn, colours(len(drawn)), strict=True))
     kinds = [k for k in KINDS if any(kind_of.get((r["model"], r["block"])) == k for r in rows)]
     over = "layers" if metric in LAYER_FORM else "heads"
+    chance = _chance(atlas, metric)
     with style():
         fig = canvas(4.2, _width(len(drawn)))
         ax = fig.subplots()
@@ -179,13 +197,16 @@ def size_figure(atlas, metric: str = "symmetry_layer", *, canvas: Canvas = new_f
             x = params[r["model"]] * JITTER[kind]  # a model's blocks side by side, not on top of each other
             ax.errorbar([x], [r["median"]], yerr=[[r["median"] - r["q1"]], [r["q3"] - r["median"]]],
                         color=palette[r["model"]], marker=MARKERS[kind], markersize=5, capsize=2, linewidth=1)
+            if (r["model"], r["block"]) in chance:
+                ax.plot([x], [chance[(r["model"], r["block"])]], color=palette[r["model"]], marker="_",
+                        markersize=9, linestyle="none")
         ax.set_xscale("log")
         ax.set_xlabel("attention parameters (W_Q, W_K, W_V, W_O of every block), log scale")
         ax.set_ylabel(f"{metric} (median over {over})")
         ax.grid(True, axis="y")
-        _legend(fig, atlas, palette, kinds, markers=True)
+        _legend(fig, atlas, palette, kinds, markers=True, chance=bool(chance))
         suptitle(fig, f"{name or atlas.folder}: {metric} against model size\nmedian over {over} (marker), "
-                      "quartiles (bar)")
+                      "quartiles (bar)" + ("; chance level (tick)" if chance else ""))
     return fig
 
 
