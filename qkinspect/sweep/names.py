@@ -21,6 +21,7 @@ class EngineNames:
     models: str = "models"
     from_file: str = "from_file"
     hf_cache: str = "hf_cache"
+    out: str = "out"
 
     def said(self, option: str, value: object, quoted: bool = False) -> str:
         """`option` given `value`, as the caller wrote it: "--scheduler x" (CLI) or "scheduler='x'" (library)."""
@@ -29,4 +30,4 @@ class EngineNames:
 
 LIBRARY_NAMES = EngineNames()
 CLI_NAMES = EngineNames(scheduler="--scheduler", workers="--workers", threads="--threads", revisions="--revisions",
-                        models="MODEL arguments", from_file="--from", hf_cache="--hf-cache")
+                        models="MODEL arguments", from_file="--from", hf_cache="--hf-cache", out="--out")

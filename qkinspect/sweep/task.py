@@ -27,7 +27,8 @@ def analyze_checkpoint(spec: str, revision: str | None, options: dict[str, Any],
                        threads: int | None = None) -> dict[str, Any]:
     """`qkinspect.analyze` on one checkpoint with `options` (layers, heads, blocks, metrics, precision, fold_ln,
     fold_qk_norm, layer_form): its schema-qkinspect/1 dict, plus where, with how many torch threads, and how long
-    it ran.
+    it ran. `fold_qk_norm` folds where the model has q/k norms; a model without them is measured as stored (the
+    atlas's models differ; the sweep command refuses the option for checkpoints without q/k norms before any work).
 
     `threads` (torch intra-op threads) defaults to this machine's cores shared among the worker's task slots.
     """
@@ -35,6 +36,8 @@ def analyze_checkpoint(spec: str, revision: str | None, options: dict[str, Any],
 
     t0 = time.perf_counter()
     threads = threads or _share_of_cores()
+    if options.get("fold_qk_norm") and not any(b["qk_norm"] for b in describe(spec, revision)["blocks"]):
+        options = {**options, "fold_qk_norm": False}  # nothing to fold (an atlas's models without q/k norms)
     result = analysis.analyze(spec, revision=revision, device=device, spectra=None, threads=threads, **options)
     if not result.heads:
         from qkinspect.errors import InputError

@@ -39,6 +39,26 @@ def is_atlas(path: object) -> bool:
     return path is not None and isinstance(path, (str, Path)) and (Path(path) / MANIFEST).is_file()
 
 
+def check_out(folder: Path, option: str = "out") -> None:
+    """InputError, before any work and without writing anything, when `folder` is not empty and is not an atlas
+    folder: a sweep folder (whose `report` would then show the atlas and hide the sweep) or anything else. `option`
+    names the folder as the caller does (the CLI's --out)."""
+    from qkinspect.errors import said
+
+    if not folder.is_dir() or is_atlas(folder):
+        return  # a new folder, or an atlas to resume (a path that is no folder is the sweep's check_folder's)
+    if (folder / "sweep.json").exists():
+        raise InputError(f"{said(option, str(folder))}: a sweep folder, not an atlas folder; give the atlas a new or "
+                         "empty folder")
+    try:
+        empty = next(os.scandir(folder), None) is None
+    except OSError as e:
+        raise InputError(f"{said(option, str(folder))}: cannot read the folder ({e.strerror or e})") from None
+    if not empty:
+        raise InputError(f"{said(option, str(folder))}: holds files but is not an atlas folder (no {MANIFEST}); give "
+                         "the atlas a new or empty folder")
+
+
 def saved_path(folder: Path, name: str, doc_text: str) -> Path:
     """Where a saved analysis is kept in the atlas folder: its name made safe, and a digest of its content."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[-80:] or "analysis"

@@ -16,12 +16,14 @@ SUMMARY_METRICS = ("symmetry", "symmetry_layer", "directionality", "overlap_qk",
 
 @dataclass
 class AtlasResult:
-    """An atlas: `records` (RECORD_FIELDS dicts: model, block, metric, scope, layer, depth, median, q1, q3, n),
-    `facts` (one dict per model and block: family, layers, heads, kv heads, d_model, d_head, positional, q/k norm,
-    attention parameters), the models in the order given, the failures, notes (e.g. a saved analysis without
-    the layer form), and `baselines`: each block's random baseline as its analysis measured it (the same statistic
-    for Gaussian weights of the block's shapes: mean, std, n), which tells structure from chance (an overlap of
-    0.4 is chance where d_head / d_model = 0.4).
+    """An atlas: `records` (RECORD_FIELDS dicts: model, block, metric, scope, layer, depth, median, q1, q3, n,
+    chance, vs_chance, path), `facts` (one dict per model and block: family, layers, heads, kv heads, d_model,
+    d_head, positional, q/k norm and whether it was measured raw, attention parameters, path), the models in the
+    order given (named as `qkinspect info` names them; `paths` maps each to the model as given), the failures,
+    notes (e.g. a saved analysis without the layer form, blocks with q/k norms measured raw), and `baselines`:
+    each block's random baseline as its analysis measured it (the same statistic for Gaussian weights of the
+    block's shapes: mean, std, n), which tells structure from chance (an overlap of 0.4 is chance where
+    d_head / d_model = 0.4).
 
     Example:
         >>> atlas = qkinspect.atlas(["./bert", "./gpt2"], out="atlas/")  # doctest: +SKIP
@@ -38,6 +40,7 @@ class AtlasResult:
     failures: list[Failure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     baselines: list[dict[str, Any]] = field(default_factory=list)  # model, block, metric, mean, std, n
+    paths: dict[str, str] = field(default_factory=dict)  # model name -> the model as given (path, id, file)
 
     @property
     def metrics(self) -> list[str]:
@@ -53,7 +56,7 @@ class AtlasResult:
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per model and block: its facts, then the median of each summary metric (over heads; the layer
-        form's over layers)."""
+        form's over layers) and, where the metric has a random baseline, its chance level (`<metric>_chance`)."""
         out = []
         for f in self.facts:
             row = dict(f)
@@ -61,6 +64,8 @@ class AtlasResult:
                 s = self.summary(m, f["model"], f["block"])
                 if s is not None:
                     row[m] = s["median"]
+                    if s.get("chance") is not None:
+                        row[f"{m}_chance"] = s["chance"]
             out.append(row)
         return out
 
@@ -86,6 +91,7 @@ class AtlasResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"folder": str(self.folder), "options": self.options, "models": list(self.models),
+                "paths": [self.paths.get(m, m) for m in self.models],
                 "facts": self.facts, "records": self.records, "baselines": self.baselines, "notes": list(self.notes),
                 "failures": [{"model": f.name, "error": f.error} for f in self.failures]}
 
@@ -131,19 +137,44 @@ def read_atlas(folder: str | Path) -> AtlasResult:
         sweep = read_sweep(folder / store.MODELS)
         results = {ck.name: sweep.results[ck.identity]["result"] for ck in sweep.checkpoints
                    if ck.identity in sweep.results}
-    atlas = AtlasResult(folder, options, [e["name"] for e in entries], failures=list(failures))
+    docs: list[tuple[dict[str, str], dict[str, Any] | None]] = []
     for e in entries:
         if e["entry"] == "saved":
-            doc = read_saved(folder / e["file"]).to_dict()
-            if not doc["processing"].get("layer_form"):
-                atlas.notes.append(f"{e['name']}: saved without the layer form, so it has no layer-form records")
-        elif e["name"] in results:
-            doc = results[e["name"]]
-        else:
-            continue  # failed (listed in failures), or not computed yet (an interrupted atlas)
-        records, facts = entry_stats(e["name"], doc, e["entry"])
+            docs.append((e, read_saved(folder / e["file"]).to_dict()))
+        else:  # None: failed (listed in failures), or not computed yet (an interrupted atlas)
+            docs.append((e, results.get(e["name"])))
+    names = display_names([(e["name"], doc) for e, doc in docs])
+    atlas = AtlasResult(folder, options, names, failures=list(failures),
+                        paths={n: e["name"] for n, (e, _) in zip(names, docs, strict=True)})
+    for name, (e, doc) in zip(names, docs, strict=True):
+        if doc is None:
+            continue
+        if e["entry"] == "saved" and not doc["processing"].get("layer_form"):
+            atlas.notes.append(f"{e['name']}: saved without the layer form, so it has no layer-form records")
+        records, facts = entry_stats(name, doc, e["entry"], path=e["name"])
         atlas.records += records
         atlas.facts += facts
-        atlas.baselines += [{"model": e["name"], **{k: b.get(k) for k in ("block", "metric", "mean", "std", "n")}}
+        atlas.baselines += [{"model": name, **{k: b.get(k) for k in ("block", "metric", "mean", "std", "n")}}
                             for b in doc.get("baselines") or []]
+    raw = [f"{f['model']} [{f['block']}]" for f in atlas.facts if f.get("qk_norm_raw")]
+    if raw:
+        atlas.notes.append(f"q/k norms not folded ({', '.join(raw)}): measured raw, the W_Q W_Kᵀ of the stored "
+                           f"projections, not what attention computes; {QK_NORM_HINT}")
     return atlas
+
+
+# How an atlas is measured with the q/k-norm gains folded in, as the command and the library spell it.
+QK_NORM_HINT = "an atlas with --fold-qk-norm (fold_qk_norm=True) measures W_Q diag(γ_q γ_k) W_Kᵀ"
+
+
+def display_names(entries: list[tuple[str, dict[str, Any] | None]]) -> list[str]:
+    """Each entry's name as `qkinspect info` names the model (the analysis's model name: from the config or the GGUF
+    metadata, else the folder's or file's base name); the path as given where there is no analysis. A name two
+    entries share is numbered from its second entry on ("name (2)"), so every model keeps its own line and colour."""
+    names = [(doc or {}).get("model", {}).get("name") or given for given, doc in entries]
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n} ({seen[n]})")
+    return out

@@ -26,7 +26,7 @@ from qkinspect.sweep.names import LIBRARY_NAMES, EngineNames
 from qkinspect.zoo.inputs import SavedEntry, entries
 from qkinspect.zoo.result import AtlasResult, read_atlas
 
-OPTION_NAMES = ("metrics", "precision", "fold_ln")
+OPTION_NAMES = ("metrics", "precision", "fold_ln", "fold_qk_norm")
 
 
 @dataclass
@@ -45,8 +45,9 @@ class AtlasOutcome:
 
 
 def atlas_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The analysis options of an atlas (metrics, precision, fold_ln) as the sweep takes them, layer form on;
-    InputError for an unknown option, metric or precision, before any work."""
+    """The analysis options of an atlas (metrics, precision, fold_ln, fold_qk_norm) as the sweep takes them, layer
+    form on; InputError for an unknown option, metric or precision, before any work. `fold_qk_norm` folds the q/k
+    norm gains of each model that has them (qkinspect.sweep.task); the others are measured as stored."""
     from qkinspect.analysis import PRECISIONS
     from qkinspect.metrics.registry import resolve_metrics
     from qkinspect.sweep.keys import normalized_options
@@ -62,7 +63,8 @@ def atlas_options(options: dict[str, Any]) -> dict[str, Any]:
     if precision not in PRECISIONS:
         raise InputError(f"precision={precision!r}: choose float32 or float64")
     return normalized_options({"metrics": list(metrics) if metrics is not None else None, "precision": precision,
-                               "fold_ln": bool(options.get("fold_ln", False)), "layer_form": True})
+                               "fold_ln": bool(options.get("fold_ln", False)),
+                               "fold_qk_norm": bool(options.get("fold_qk_norm", False)), "layer_form": True})
 
 
 def run_atlas(items: list[Checkpoint | SavedEntry], options: dict[str, Any], folder: str | Path, *,
@@ -72,11 +74,12 @@ def run_atlas(items: list[Checkpoint | SavedEntry], options: dict[str, Any], fol
     """Build the atlas of `items` (from `entries`) in `folder`.
 
     Args:
-        options: metrics, precision, fold_ln (atlas_options); the layer form is always measured.
+        options: metrics, precision, fold_ln, fold_qk_norm (atlas_options); the layer form is always measured.
         scheduler, workers, threads, device, progress, notice, names: as qkinspect.sweep.run_sweep takes them.
 
     Raises:
-        InputError: a bad option, a saved analysis that is not one, an unreachable scheduler (before any work).
+        InputError: a bad option, a saved analysis that is not one, an unreachable scheduler, a folder that holds
+            files but is not an atlas's (a sweep folder among them): before any work.
         KeyboardInterrupt after cancelling the pending tasks (what is written is kept: run again to resume).
     """
     from qkinspect.limits import check_threads, check_workers
@@ -98,6 +101,7 @@ def run_atlas(items: list[Checkpoint | SavedEntry], options: dict[str, Any], fol
             # a scheduler that is not one is refused before the folder is made (run_sweep asks again)
             probe(address, option=names.scheduler)
     check_folder(folder)
+    store.check_out(folder, names.out)
     # a saved analysis is checked now (bad input: before any work) and kept as `analyze -o` wrote it
     saved = [(e, {"kind": "analyze", **read_saved(e.path).to_dict()}) for e in items if isinstance(e, SavedEntry)]
     try:
@@ -128,8 +132,8 @@ def run_atlas(items: list[Checkpoint | SavedEntry], options: dict[str, Any], fol
 
 def atlas(models: list[str] | tuple[str, ...] | str = (), *, out: str | Path, from_file: str | Path | None = None,
           hf_cache: bool = False, metrics: list[str] | str | None = None, precision: str = "float32",
-          fold_ln: bool = False, device: str = "cpu", scheduler: str | None = None, workers: int | None = None,
-          threads: int | None = None, progress: Callable | None = None) -> AtlasResult:
+          fold_ln: bool = False, fold_qk_norm: bool = False, device: str = "cpu", scheduler: str | None = None,
+          workers: int | None = None, threads: int | None = None, progress: Callable | None = None) -> AtlasResult:
     """The atlas of many models of any family, shape and format: per model and block, each metric's distribution
     over heads, the layer form, and per layer the median over heads at normalised depth l / (L − 1), with the
     models' facts (docs/atlas.md).
@@ -140,6 +144,8 @@ def atlas(models: list[str] | tuple[str, ...] | str = (), *, out: str | Path, fr
         out: the atlas folder (created; a re-run skips the models done).
         from_file: a file naming one model a line. hf_cache: every model the local Hugging Face cache holds.
         metrics, precision, fold_ln, device: as `qkinspect.analyze` takes them (the layer form is always on).
+        fold_qk_norm: fold the q/k-norm gains (Qwen3, OLMo2, Gemma3) of each model that has them, so that its
+            form is what attention computes; without it those models are measured raw, and flagged.
         scheduler, workers, threads, progress: as `qkinspect.sweep.run_sweep` takes them (a script that starts
             the local cluster needs an `if __name__ == "__main__":` guard).
 
@@ -151,6 +157,6 @@ def atlas(models: list[str] | tuple[str, ...] | str = (), *, out: str | Path, fr
         >>> atlas.to_pandas().query("scope == 'layer' and metric == 'symmetry'")  # doctest: +SKIP
     """
     items = entries([models] if isinstance(models, str) else list(models), from_file=from_file, hf_cache=hf_cache)
-    options = {"metrics": metrics, "precision": precision, "fold_ln": fold_ln}
+    options = {"metrics": metrics, "precision": precision, "fold_ln": fold_ln, "fold_qk_norm": fold_qk_norm}
     return run_atlas(items, options, out, scheduler=scheduler, workers=workers, threads=threads, device=device,
                      progress=progress).read()

@@ -33,9 +33,10 @@ from typing import Any
 
 import numpy as np
 
-RECORD_FIELDS = ("model", "block", "metric", "scope", "layer", "depth", "median", "q1", "q3", "n")
+RECORD_FIELDS = ("model", "block", "metric", "scope", "layer", "depth", "median", "q1", "q3", "n", "chance",
+                 "vs_chance", "path")
 FACT_FIELDS = ("model", "block", "kind", "family", "format", "layers", "heads", "kv_heads", "d_model", "d_head",
-               "positional", "qk_norm", "attention_params", "entry")
+               "positional", "qk_norm", "qk_norm_raw", "attention_params", "entry", "path")
 LAYER_FORM = ("symmetry_layer", "directionality_layer")
 HEAD_LABELS = ("block", "layer", "head", "kv_head", "rank_q", "rank_k", "rank_v")
 SINGLE_LAYER_DEPTH = 0.5
@@ -85,15 +86,39 @@ def block_key(block: Mapping[str, Any]) -> str:
     return block.get("label") or block["name"]
 
 
-def facts(name: str, model: Mapping[str, Any], entry: str = "model") -> list[dict[str, Any]]:
+def facts(name: str, model: Mapping[str, Any], entry: str = "model", *, path: str | None = None,
+          raw: Sequence[str] = ()) -> list[dict[str, Any]]:
     """One row per block of the model: the model's facts beside its statistics (`kind`: encoder, decoder or
-    cross; `entry`: "model" for a model analysed by the atlas, "saved" for a saved analysis)."""
+    cross; `entry`: "model" for a model analysed by the atlas, "saved" for a saved analysis; `path`: the model as
+    given; `qk_norm_raw`: a block with q/k norms measured raw, its gains not folded in (`raw` names them))."""
     return [{"model": name, "block": block_key(b), "kind": b["name"], "family": model.get("model_type"),
              "format": model.get("format"),
              "layers": b["n_layers"], "heads": b["n_heads"], "kv_heads": b["n_kv_heads"], "d_model": b["d_model"],
              "d_head": b["d_head"], "positional": b.get("positional"), "qk_norm": bool(b.get("qk_norm")),
-             "attention_params": attention_params(b), "entry": entry}
+             "qk_norm_raw": bool(b.get("qk_norm")) and block_key(b) in raw,
+             "attention_params": attention_params(b), "entry": entry, "path": name if path is None else path}
             for b in model["blocks"]]
+
+
+def raw_qk_norm_blocks(doc: Mapping[str, Any]) -> list[str]:
+    """The blocks of an analysis document that have q/k norms and were measured raw (their gains not folded)."""
+    processing = doc.get("processing") or {}
+    if processing.get("fold_qk_norm"):
+        return []
+    return [block_key(b) for b in doc["model"]["blocks"] if b.get("qk_norm")]
+
+
+def chance_levels(doc: Mapping[str, Any]) -> dict[tuple[str, str], float]:
+    """(block, metric) -> the mean of the analysis's random baseline for that metric: the value Gaussian weights of
+    the block's shapes give (for the overlaps ≈ d_head / d_model), the chance level a measured value is read
+    against."""
+    out = {}
+    for b in doc.get("baselines") or []:
+        mean = _num(b.get("mean"))
+        if mean is not None and math.isfinite(mean) and isinstance(b.get("block"), str) \
+                and isinstance(b.get("metric"), str):
+            out[(b["block"], b["metric"])] = mean
+    return out
 
 
 def head_metrics(heads: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -101,11 +126,16 @@ def head_metrics(heads: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(dict.fromkeys(k for r in heads for k in r if k not in HEAD_LABELS))
 
 
-def entry_stats(name: str, doc: Mapping[str, Any], entry: str = "model") -> tuple[list[dict], list[dict]]:
+def entry_stats(name: str, doc: Mapping[str, Any], entry: str = "model",
+                path: str | None = None) -> tuple[list[dict], list[dict]]:
     """(records, facts) of one model's analysis document (`AnalysisResult.to_dict()`, a sweep result's
     `result`, a saved analysis): records as RECORD_FIELDS dicts, block by block in the model's order, then metric
-    by metric (per-head metrics in the analysis's order, then the layer form), the model-scope record first."""
+    by metric (per-head metrics in the analysis's order, then the layer form), the model-scope record first.
+    `name` names the model in the records, `path` (default: `name`) is the model as it was given; `chance` is the
+    metric's random baseline in the block (None where the analysis has none) and `vs_chance` the median over it."""
     model = doc["model"]
+    chance = chance_levels(doc)
+    path = name if path is None else path
     heads, layers = doc.get("heads") or [], doc.get("layers") or []
     records: list[dict[str, Any]] = []
     metrics = head_metrics(heads)
@@ -119,28 +149,35 @@ def entry_stats(name: str, doc: Mapping[str, Any], entry: str = "model") -> tupl
             whole = quartiles([_num(r.get(metric)) for r in mine])
             if whole[3] == 0:
                 continue
-            records.append(_record(name, key, metric, "model", None, None, whole))
+            level = chance.get((key, metric))
+            records.append(_record(name, key, metric, "model", None, None, whole, level, path))
             for layer in sorted(by_layer):
                 stats = quartiles([_num(r.get(metric)) for r in by_layer[layer]])
                 if stats[3]:
-                    records.append(_record(name, key, metric, "layer", layer, depth(layer, n_layers), stats))
+                    records.append(_record(name, key, metric, "layer", layer, depth(layer, n_layers), stats, level,
+                                           path))
         rows = sorted((r for r in layers if r["block"] == key), key=lambda r: r["layer"])
         for metric in LAYER_FORM:
             values = [(r["layer"], _num(r.get(metric))) for r in rows]
             values = [(layer, v) for layer, v in values if v is not None and math.isfinite(v)]
             if not values:
                 continue
-            records.append(_record(name, key, metric, "model", None, None, quartiles([v for _, v in values])))
+            level = chance.get((key, metric))
+            records.append(_record(name, key, metric, "model", None, None, quartiles([v for _, v in values]), level,
+                                   path))
             for layer, v in values:
-                records.append(_record(name, key, metric, "layer", layer, depth(layer, n_layers), (v, v, v, 1)))
-    return records, facts(name, model, entry)
+                records.append(_record(name, key, metric, "layer", layer, depth(layer, n_layers), (v, v, v, 1),
+                                       level, path))
+    return records, facts(name, model, entry, path=path, raw=raw_qk_norm_blocks(doc))
 
 
 def _record(model: str, block: str, metric: str, scope: str, layer: int | None, depth_: float | None,
-            stats: tuple) -> dict[str, Any]:
+            stats: tuple, chance: float | None = None, path: str | None = None) -> dict[str, Any]:
     median, q1, q3, n = stats
+    ratio = median / chance if chance is not None and chance > 0 else None
     return {"model": model, "block": block, "metric": metric, "scope": scope, "layer": layer, "depth": depth_,
-            "median": median, "q1": q1, "q3": q3, "n": n}
+            "median": median, "q1": q1, "q3": q3, "n": n, "chance": chance, "vs_chance": ratio,
+            "path": model if path is None else path}
 
 
 def _num(v: Any) -> float | None:

@@ -53,16 +53,17 @@ def test_each_entry_equals_an_independent_computation(built, zoo):
     out, r = built
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["kind"] == "atlas" and doc["models"] == [str(zoo[k]) for k in ("bert", "llama", "bart")]
+    assert doc["kind"] == "atlas" and doc["paths"] == [str(zoo[k]) for k in ("bert", "llama", "bart")]
     assert "note: 3 computed, 0 already in" in r.stderr
     from tests.cli.schema import validate
 
     validate(doc)
     records = doc["records"]
-    assert set(records[0]) == {"model", "block", "metric", "scope", "layer", "depth", "median", "q1", "q3", "n"}
+    assert set(records[0]) == {"model", "block", "metric", "scope", "layer", "depth", "median", "q1", "q3", "n",
+                               "chance", "vs_chance", "path"}
     for name in ("bert", "llama", "bart"):
         want = independent(zoo[name], METRICS.split(","))
-        mine = [x for x in records if x["model"] == str(zoo[name])]
+        mine = [x for x in records if x["path"] == str(zoo[name])]
         assert {x["block"] for x in mine} == {b.key for b in want["info"].blocks}
         checked = 0
         for x in mine:
@@ -83,8 +84,9 @@ def test_each_entry_equals_an_independent_computation(built, zoo):
         import qkinspect
 
         chance = qkinspect.analyze(zoo[name], metrics=METRICS.split(","), layers="0").baselines
-        assert [b for b in doc["baselines"] if b["model"] == str(zoo[name])] == [
-            {"model": str(zoo[name]), "block": b.block, "metric": b.metric, "mean": pytest.approx(b.mean, abs=1e-12),
+        named = doc["models"][doc["paths"].index(str(zoo[name]))]
+        assert [b for b in doc["baselines"] if b["model"] == named] == [
+            {"model": named, "block": b.block, "metric": b.metric, "mean": pytest.approx(b.mean, abs=1e-12),
              "std": pytest.approx(b.std, abs=1e-12), "n": b.n} for b in chance]
 
 
@@ -106,8 +108,8 @@ def test_facts_are_the_models_own(built, zoo):
     from qkinspect.loading import open_model
 
     doc = json.loads(built[1].stdout)
-    facts = {(f["model"], f["block"]): f for f in doc["facts"]}
-    assert [(f["block"], f["kind"]) for f in doc["facts"] if f["model"] == str(zoo["bart"])] == [
+    facts = {(f["path"], f["block"]): f for f in doc["facts"]}
+    assert [(f["block"], f["kind"]) for f in doc["facts"] if f["path"] == str(zoo["bart"])] == [
         ("encoder", "encoder"), ("decoder", "decoder"), ("cross", "cross")]
     for name, family in (("bert", "bert"), ("llama", "llama"), ("bart", "bart")):
         with open_model(zoo[name]) as m:
@@ -130,7 +132,7 @@ def test_the_layer_form_pairs_query_head_h_with_kv_head_h_over_rep(built, zoo):
     from qkinspect.loading import open_model
 
     doc = json.loads(built[1].stdout)
-    got = {x["layer"]: x["median"] for x in doc["records"] if x["model"] == str(zoo["llama"])
+    got = {x["layer"]: x["median"] for x in doc["records"] if x["path"] == str(zoo["llama"])
            and x["metric"] == "symmetry_layer" and x["scope"] == "layer"}
     with open_model(zoo["llama"]) as m:
         for layer in m.layers():
@@ -199,7 +201,8 @@ def test_the_library_reads_what_the_cli_wrote(built, zoo):
     atlas = qkinspect.read_atlas(out)
     assert atlas.records == json.loads(r.stdout)["records"]
     df = atlas.to_pandas()
-    assert list(df.columns) == ["model", "block", "metric", "scope", "layer", "depth", "median", "q1", "q3", "n"]
+    assert list(df.columns) == ["model", "block", "metric", "scope", "layer", "depth", "median", "q1", "q3", "n",
+                                "chance", "vs_chance", "path"]
     one = df[(df.metric == "symmetry") & (df.scope == "model")]
     assert len(one) == 5 and isinstance(one, pd.DataFrame)
     assert len(atlas.to_pandas("models")) == 5
@@ -220,7 +223,7 @@ def test_relative_paths_read_from_another_folder(cluster, zoo, cli, tmp_path, mo
             "-f", "json")
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["models"] == ["bert", "zoo"]
+    assert doc["paths"] == ["bert", "zoo"] and doc["models"] == ["bert", "bart"]  # named as `info` names them
     monkeypatch.chdir(tmp_path)
     r = cli("plot", "work/out", "-o", "d.png")
     assert r.exit_code == 0, r.stderr
@@ -262,13 +265,13 @@ def test_a_saved_analysis_is_an_entry_with_nothing_recomputed(cluster, zoo, cli,
     assert f"note: {bare}: saved without the layer form, so it has no layer-form records" in r.stderr
     assert len(list((tmp_path / "out" / "models" / "results").glob("*.json"))) == 1  # only the llama analysed
     doc = json.loads(r.stdout)
-    assert doc["models"] == [str(saved), str(zoo["llama"]), str(bare)]
+    assert doc["paths"] == [str(saved), str(zoo["llama"]), str(bare)]
     from qkinspect.zoo.stats import entry_stats
 
-    expected, _ = entry_stats(str(saved), json.loads(saved.read_text()), "saved")
-    assert [x for x in doc["records"] if x["model"] == str(saved)] == expected
-    assert {f["entry"] for f in doc["facts"] if f["model"] == str(saved)} == {"saved"}
-    assert not [x for x in doc["records"] if x["model"] == str(bare) and x["metric"] == "symmetry_layer"]
+    expected, _ = entry_stats(doc["models"][0], json.loads(saved.read_text()), "saved", path=str(saved))
+    assert [x for x in doc["records"] if x["path"] == str(saved)] == expected
+    assert {f["entry"] for f in doc["facts"] if f["path"] == str(saved)} == {"saved"}
+    assert not [x for x in doc["records"] if x["path"] == str(bare) and x["metric"] == "symmetry_layer"]
     saved.unlink()  # the atlas keeps its own copy: the folder alone draws it
     assert len(qkinspect.read_atlas(tmp_path / "out").facts) == 1 + 1 + 3
 
@@ -286,7 +289,7 @@ def test_a_model_that_fails_is_reported_and_the_others_kept(cluster, zoo, cli, t
     assert r.stderr.strip().splitlines()[-1].startswith("error: 1 of 3 models failed")
     assert f"warning: failed: {bad}: " in r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
-    assert {x["model"] for x in rows} == {str(zoo["bert"]), str(zoo["bart"])}
+    assert {x["path"] for x in rows} == {str(zoo["bert"]), str(zoo["bart"])}
     manifest = json.loads((tmp_path / "out" / "atlas.json").read_text())
     assert [f["model"] for f in manifest["failures"]] == [str(bad)]
 

@@ -53,8 +53,8 @@ def test_killed_atlas_resumes_without_recomputing(slow_zoo, tmp_path):
     assert f"note: {6 - len(kept)} computed, {len(kept)} already in {out}" in r.stderr
     assert {p: p.stat().st_mtime_ns for p in kept} == kept  # the kept results were not computed again
     lines = r.stdout.splitlines()
-    assert lines[0] == "model,block,metric,scope,layer,depth,median,q1,q3,n"
-    assert {line.split(",")[0] for line in lines[1:]} == {str(p) for p in slow_zoo}
+    assert lines[0] == "model,block,metric,scope,layer,depth,median,q1,q3,n,chance,vs_chance,path"
+    assert {line.split(",")[-1] for line in lines[1:]} == {str(p) for p in slow_zoo}
 
 
 def fake_cache(root: Path, model: Path) -> Path:
@@ -82,7 +82,7 @@ def test_hf_cache_models_are_discovered_and_analysed_offline(zoo, tmp_path):
                   "--workers", "1", "-f", "json", env=env)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["models"] == [str(zoo["bart"]), "org/tiny-bert"]
+    assert doc["paths"] == [str(zoo["bart"]), "org/tiny-bert"] and doc["models"] == ["bart", "org/tiny-bert"]
     import qkinspect as qk
 
     want = qk.analyze(zoo["bert"], metrics=["symmetry"]).heads

@@ -41,6 +41,14 @@ FromOpt = Annotated[Path | None, typer.Option(
     "--from", metavar="FILE", help="A file naming the models, one a line (# starts a comment).")]
 HfCacheOpt = Annotated[bool, typer.Option(
     "--hf-cache", help="Every model the local Hugging Face cache holds (HF_HUB_CACHE or HF_HOME), by repo id.")]
+AtlasFoldQkNormOpt = Annotated[bool, typer.Option(
+    "--fold-qk-norm",
+    help="Fold the per-head q/k-norm gains (Qwen3, OLMo2, Gemma3) into W_Q and W_K of each model that has them, "
+         "so that its form is W_Q diag(γ_q γ_k) W_Kᵀ, what attention computes; the other models are measured as "
+         "stored. Without it those models are measured raw, and flagged.")]
+VsChanceOpt = Annotated[bool, typer.Option(
+    "--vs-chance", help="The table's overlaps as ratios to their chance level (1 = what random weights of the "
+                        "model's shapes give); the records always hold both (chance, vs_chance).")]
 
 POSITIONAL = {"absolute": "abs", "relative": "rel"}
 # The table answers the seeds' questions (symmetry, Q/K/V similarity); every metric is in the records.
@@ -51,9 +59,10 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def atlas(
         models: ModelsArg = None, out: AtlasOutOpt = ..., from_file: FromOpt = None, hf_cache: HfCacheOpt = False,
-        metrics: MetricsOpt = None, fold_ln: FoldLnOpt = False, precision: PrecisionOpt = Precision.float32,
-        device: DeviceOpt = DeviceChoice.cpu, scheduler: SchedulerOpt = None, workers: WorkersOpt = None,
-        threads: ThreadsOpt = None, fmt: SweepFormatOpt = None, output: OutputOpt = None,
+        metrics: MetricsOpt = None, fold_ln: FoldLnOpt = False, fold_qk_norm: AtlasFoldQkNormOpt = False,
+        precision: PrecisionOpt = Precision.float32, device: DeviceOpt = DeviceChoice.cpu,
+        scheduler: SchedulerOpt = None, workers: WorkersOpt = None, threads: ThreadsOpt = None,
+        fmt: SweepFormatOpt = None, output: OutputOpt = None, vs_chance: VsChanceOpt = False,
     ) -> None:
         """Compare many models of any family, shape and format: per model and block (an encoder-decoder has
         three), each metric's median and quartiles over heads, the layer form (Σ_h W_Q W_Kᵀ with query head h
@@ -77,7 +86,8 @@ def register(app: typer.Typer) -> None:
 
         name = check_engine_options("atlas", fmt, output, threads, workers, scheduler)
         sel = Selection.parse(metrics=metrics, precision=precision, device=device, fold_ln=fold_ln)
-        options = {"metrics": sel.metrics, "precision": sel.precision, "fold_ln": sel.fold_ln}
+        options = {"metrics": sel.metrics, "precision": sel.precision, "fold_ln": sel.fold_ln,
+                   "fold_qk_norm": fold_qk_norm}
         atlas_options(options)  # refused before the models are looked for
         items = entries(models or [], from_file=from_file, hf_cache=hf_cache, names=CLI_NAMES)
         try:
@@ -92,7 +102,7 @@ def register(app: typer.Typer) -> None:
              f"saved analyses, {len(outcome.failures)} failed")
         for line in result.notes:
             note(line)
-        write_table(atlas_document(result), name, output)
+        write_table(atlas_document(result, vs_chance=vs_chance), name, output)
         for f in outcome.failures:
             warn(f"failed: {f.name}: {f.error}")
         if outcome.failures:
@@ -100,26 +110,27 @@ def register(app: typer.Typer) -> None:
                               f"{out / 'atlas.json'}); run the same command to retry them")
 
 
-def atlas_document(result) -> Document:
+def atlas_document(result, *, vs_chance: bool = False) -> Document:
     """JSON: the envelope with the atlas (folder, options, models, facts, records, notes, failures); rows: the tidy
     records; the table: a row per model and block."""
     return Document(json=envelope("atlas", **result.to_dict()), rows=result.records,
-                    render=lambda console: render_atlas(console, result))
+                    render=lambda console: render_atlas(console, result, vs_chance=vs_chance))
 
 
-def render_atlas(console, result) -> None:
+def render_atlas(console, result, *, vs_chance: bool = False) -> None:
     from qkinspect.terminal.tables import print_lines
 
-    tables, lines = atlas_tables(result.rows(), width=console.width)
+    tables, lines = atlas_tables(result.rows(), width=console.width, vs_chance=vs_chance)
     for t in tables:
         console.print(t)
     print_lines(console, lines)
 
 
-def atlas_tables(rows: list[dict[str, Any]], *, width: int = 80) -> tuple[list, list[str]]:
+def atlas_tables(rows: list[dict[str, Any]], *, width: int = 80, vs_chance: bool = False) -> tuple[list, list[str]]:
     """A row per model and block: its layers, heads, positions and attention parameters, then the medians of the
-    seeds' metrics (d_model, d_head and the rest are in the records and facts); model names wider than a quarter of
-    `width` are numbered, the numbers spelt out in the returned lines (with the legend)."""
+    seeds' metrics with the overlaps' chance level (d_model, d_head and the rest are in the records and facts; with
+    `vs_chance` the overlaps are ratios to it); a block with q/k norms measured raw is marked `*`; model names wider
+    than a quarter of `width` are numbered, the numbers spelt out in the returned lines (with the legend)."""
     from qkinspect.terminal.tables import Column, fit_tables, fmt_value, legend, short_name
 
     names = list(dict.fromkeys(r["model"] for r in rows))
@@ -127,22 +138,41 @@ def atlas_tables(rows: list[dict[str, Any]], *, width: int = 80) -> tuple[list, 
     ids = {n: str(i + 1) for i, n in enumerate(names)}
     labels = [Column("#" if numbered else "model", [ids[r["model"]] if numbered else r["model"] for r in rows],
                      left=not numbered),
-              Column("block", [r["block"] for r in rows], left=True)]
+              Column("block", [r["block"] + ("*" if r.get("qk_norm_raw") else "") for r in rows], left=True)]
     values = [Column("L", [str(r["layers"]) for r in rows]),
               Column("H:kv", [f"{r['heads']}:{r['kv_heads']}" for r in rows]),
               Column("pos", [POSITIONAL.get(r["positional"], str(r["positional"])) for r in rows], left=True),
               Column("params", [_count(r["attention_params"]) for r in rows])]
     shown = [m for m in TABLE_METRICS if any(r.get(m) is not None for r in rows)]
-    values += [Column(short_name(m), [fmt_value(r.get(m)) for r in rows]) for m in shown]
+    overlaps = [m for m in shown if m.startswith("overlap_")]
+    for m in shown:
+        cells = [fmt_value(_over(r.get(m), r.get(f"{m}_chance")) if vs_chance and m in overlaps else r.get(m))
+                 for r in rows]
+        values.append(Column(short_name(m) + ("/ch" if vs_chance and m in overlaps else ""), cells))
+    chance = next((f"{m}_chance" for m in overlaps if any(r.get(f"{m}_chance") is not None for r in rows)), None)
+    if chance:
+        values.append(Column("chance", [fmt_value(r.get(chance)) for r in rows]))
     several = len(rows) > len(names)  # a model of several blocks: a rule between models
     sections = [i for i in range(1, len(rows)) if several and rows[i]["model"] != rows[i - 1]["model"]]
     lines = [
         "medians over each block's heads (sym_sum: the layer form's, over layers); L layers, H:kv query and "
         "key/value heads, params attention weights; widths, quartiles and per-layer medians: -o FILE",
         legend(shown)]
+    if chance:
+        lines.append("chance: the Q/K overlap of random weights of the block's shapes (≈ d_head / d_model), the "
+                     "level an overlap is read against; " + ("ov_*/ch: each overlap over its own chance level"
+                                                             if vs_chance else "--vs-chance shows the overlaps as "
+                                                             "ratios to it") + "; every chance level: -o FILE")
+    if any(r.get("qk_norm_raw") for r in rows):
+        lines.append("* q/k norms not folded: measured raw (the stored projections' W_Q W_Kᵀ), not what attention "
+                     "computes; --fold-qk-norm folds the gains")
     if numbered:
         lines.append("models: " + ", ".join(f"{ids[n]}={n}" for n in names))
     return fit_tables(labels, values, width=width, sections=sections), lines
+
+
+def _over(value: float | None, chance: float | None) -> float | None:
+    return value / chance if value is not None and chance else None
 
 
 def _count(n: int) -> str:
