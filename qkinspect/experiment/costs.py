@@ -134,11 +134,35 @@ def rank_points(result: ExperimentResult) -> list[tuple[int, float]]:
     """(K, mean Δloss) per `rank:K` edit, K ascending, at the widest scope that holds two K or more (one scope: a
     model's Δloss and a head's are not averaged together), the mean over that scope's runs (layers or heads);
     empty when no scope holds two."""
+    return [(k, float(np.mean([r.dloss for r in runs]))) for k, runs in _rank_runs(result)]
+
+
+def rank_errors(result: ExperimentResult) -> list[float | None]:
+    """Beside each of `rank_points`: the mean of its runs' standard errors, which bounds the standard error of
+    their mean from above (the runs score the same tokens, so their errors are correlated, at most fully); None
+    where a run has no standard error."""
+    out = []
+    for _, runs in _rank_runs(result):
+        ses = [r.dloss_se for r in runs]
+        out.append(None if any(x is None for x in ses) else float(np.mean(ses)))
+    return out
+
+
+def typical_se(runs: list[Run]) -> tuple[float, float] | None:
+    """(median, largest) standard error of the runs' Δloss; None when a run has none (or there are no runs)."""
+    ses = [r.dloss_se for r in runs]
+    if not ses or any(x is None for x in ses):
+        return None
+    return float(np.median(ses)), float(max(ses))  # type: ignore[type-var]
+
+
+def _rank_runs(result: ExperimentResult) -> list[tuple[int, list[Run]]]:
+    """The `rank:K` runs by K, ascending, at the widest scope that holds two K or more; empty when none does."""
     for scope in SCOPES_WIDEST_FIRST:
-        by_k: dict[int, list[float]] = {}
+        by_k: dict[int, list[Run]] = {}
         for r in measured(result, scope):
             if r.edit.startswith("rank:"):
-                by_k.setdefault(int(r.edit.split(":")[1]), []).append(r.dloss)  # type: ignore[arg-type]
+                by_k.setdefault(int(r.edit.split(":")[1]), []).append(r)
         if len(by_k) >= 2:
-            return sorted((k, float(np.mean(v))) for k, v in by_k.items())
+            return sorted(by_k.items())
     return []

@@ -115,3 +115,21 @@ def test_a_lone_model_run_is_drawn():
     doc["runs"] = doc["runs"][:1]
     fig = drawn(doc)
     assert [p.get_height() for ax in fig.get_axes() for p in ax.patches] == [doc["runs"][0]["dloss"]]
+
+
+def test_every_run_carries_its_standard_error_in_the_figure():
+    """Issue 39: each head's Δloss against the prediction has its ± s.e. bar, the rank curve its bars, and the
+    heatmaps say the standard error (at 512 tokens it is as large as the head-to-head differences)."""
+    from matplotlib.collections import LineCollection
+
+    doc = runs_doc("head")
+    fig = drawn(doc)
+    axes = {ax.get_title().split("\n")[0]: ax for ax in fig.figure.get_axes() if ax.get_visible()}
+    scatter = axes["does the weight metric predict the cost?"]
+    bars = [c for c in scatter.collections if isinstance(c, LineCollection)]
+    assert bars and all(len(c.get_segments()) == 6 * 9 for c in bars)
+    segment = bars[0].get_segments()[0]
+    assert abs(segment[1][1] - segment[0][1]) == pytest.approx(2 * 0.002)
+    assert any(isinstance(c, LineCollection) for c in axes["truncating the rank"].collections)
+    words = " ".join(t.get_text() for sub in fig.figure.subfigs for t in sub.texts).replace("\n", " ")
+    assert "s.e. of each Δloss 0.002" in words

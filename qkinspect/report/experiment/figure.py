@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from qkinspect.errors import InputError
-from qkinspect.experiment.costs import measured, rank_points
+from qkinspect.experiment.costs import measured, rank_errors, rank_points, typical_se
 from qkinspect.experiment.results import ExperimentResult, Run, spearman
 from qkinspect.report.grid import Grid
 from qkinspect.report.heatmap import colorbar, diverging_norm_unbounded, draw
@@ -97,7 +97,7 @@ def _panels(result: ExperimentResult, edits: list[str], ranks: list[tuple[int, f
         if measured(result, scope):
             out.append(lambda ax, scope=scope: _bars(ax, result, scope))
     if len(ranks) >= 2:
-        out.append(lambda ax: _rank_curve(ax, ranks))
+        out.append(lambda ax: _rank_curve(ax, ranks, rank_errors(result)))
     return out
 
 
@@ -115,6 +115,9 @@ def _heatmaps(sub, result: ExperimentResult, edits: list[str], rows: int, cols: 
     what = ("each head edited alone: exact Δloss of the verified heads (grey: estimated only, not run exactly; "
             "--kind costmap draws every estimate)" if estimated
             else "each head edited alone: Δloss per head (numbers where they fit their cells)")
+    se = typical_se([r for e in edits for r in _head_runs(result, e)])
+    if se is not None:
+        what += f"; s.e. of each Δloss {se[0]:.2g} (median; largest {se[1]:.2g}): differences within ~2 s.e. are noise"
     suptitle(sub, what, x=0.02, ha="left", fontsize=9)
 
 
@@ -168,20 +171,24 @@ def _scatter(ax, result: ExperimentResult, edits: list[str]) -> None:
         x, y = zip(*pts, strict=True)
         rho = spearman(list(x), list(y))
         label = fit(f"{e}: Spearman {rho_text(rho, len(pts))}", 2.3, 7.5)  # the panel is ~3 in wide
-        ax.scatter(x, y, s=10, alpha=0.7, label=label)
+        se = [r.dloss_se for r in _head_runs(result, e) if r.predicted is not None]
+        err = None if any(v is None for v in se) else se
+        ax.errorbar(x, y, yerr=err, fmt="o", markersize=3, alpha=0.7, elinewidth=0.7, capsize=0, label=label)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("weight-space prediction")
-    ax.set_ylabel("Δloss")
+    ax.set_ylabel("Δloss (± one s.e.)")
     estimated = any(r.dloss_estimate is not None for r in result.runs)
     ax.set_title("does the weight metric predict the cost?" + ("\n(verified heads only: chosen to include the "
                                                                 "extremes)" if estimated else ""))
     ax.legend(fontsize="small")
 
 
-def _rank_curve(ax, points: list[tuple[int, float]]) -> None:
+def _rank_curve(ax, points: list[tuple[int, float]], errors: list[float | None] | None = None) -> None:
+    """Mean Δloss against K, with bars of the mean standard error (a bound on the mean's) where every run has one."""
     k, d = zip(*points, strict=True)
-    ax.plot(k, d, marker="o")
+    err = None if errors is None or any(e is None for e in errors) else errors
+    ax.errorbar(k, d, yerr=err, marker="o", capsize=2)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("K (rank kept of W_Q W_Kᵀ)")
-    ax.set_ylabel("mean Δloss")
+    ax.set_ylabel("mean Δloss (± mean s.e.)" if err is not None else "mean Δloss")
     ax.set_title("truncating the rank")
