@@ -24,7 +24,9 @@ CAPTION = ("Composition of earlier heads (rows) into later heads (columns), as s
            "per pair of layers, the root mean square over its head pairs (1: random heads on average). Bottom: "
            "every head pair, heads in layer order with lines between layers. Q: the earlier head writes what the "
            "later head's queries read; K: its keys; V: its values. Grey: no such pair (a head composes only into "
-           "later layers).")
+           "later layers). The colour scale stops at the 0.999 quantile of the ratios (at least 2); an arrow at "
+           "the top of the colour bar marks ratios above it, drawn in its top colour, and its label gives the "
+           "largest.")
 LISTED = 10  # rows of each table in the report
 
 
@@ -99,6 +101,8 @@ def composition_figure(result: CompositionResult, canvas: Canvas = new_figure, t
     finite = np.concatenate([g[np.isfinite(g)] for g, _, _ in heads.values()])
     top = float(np.quantile(finite, 0.999)) if finite.size else 1.0
     norm = Normalize(0.0, max(2.0, top))
+    largest = float(finite.max()) if finite.size else 0.0
+    cut = largest > norm.vmax  # the scale stops at the 0.999 quantile: the few pairs above it share its top colour
     n = len(kinds)
     width = 7.0
     panel = (width - 0.9) / n
@@ -127,8 +131,9 @@ def composition_figure(result: CompositionResult, canvas: Canvas = new_figure, t
             ax.set_xlabel("later layer (b)")
             ax.set_ylabel("earlier layer (a)" if c == 0 else "")
             ax.set_facecolor(MISSING)
-    cb = fig.colorbar(im, ax=axes, shrink=0.6, aspect=30, pad=0.02)
-    cb.set_label("score / null (1 = random heads)")
+    cb = fig.colorbar(im, ax=axes, shrink=0.6, aspect=30, pad=0.02, extend="max" if cut else "neither")
+    cb.set_label("score / null (1 = random heads)" + (f"; the arrow: above {norm.vmax:.2f}, up to {largest:.2f}"
+                                                       if cut else ""))
     cb.ax.axhline(1.0, color="white", lw=1.5)
     suptitle(fig, title or f"{result.model.name}: composition between heads (score / null)")
     return fig
@@ -137,7 +142,8 @@ def composition_figure(result: CompositionResult, canvas: Canvas = new_figure, t
 def _cmap():
     import matplotlib
 
-    return matplotlib.colormaps[CMAP].with_extremes(bad=MISSING)
+    cm = matplotlib.colormaps[CMAP]
+    return cm.with_extremes(bad=MISSING, over=cm(1.0))  # past the scale's top: its top colour (the bar's arrow)
 
 
 def top_table(result: CompositionResult, kind: str, n: int = LISTED) -> Table | None:

@@ -100,3 +100,17 @@ def test_report_refuses_a_bad_composition_document(llama, tmp_path, make, says):
 def test_report_composition_is_pdf_only(llama, saved, tmp_path):
     one_error_line(run("report", llama, "--composition", saved, "--html", "-o", tmp_path / "r.html"),
                    "--composition", "PDF report only")
+
+
+def test_ratios_past_the_colour_scale_are_marked(llama):
+    """Issue 39: the scale stops at the 0.999 quantile (2.4 on SmolLM2) while the top pair was 5.4, with no mark:
+    the colour bar now ends in an arrow where ratios lie above it, and says how far they go."""
+    r = qkinspect.composition(str(llama))
+    key = ("decoder", 0, "decoder", 2, "k")
+    r.scores[key][0, 0] = 40 * r.baseline("decoder", "decoder")  # one pair far above every other
+    with style():
+        fig = composition_figure(r)
+    (cb,) = [im.colorbar for ax in fig.axes for im in ax.images if im.colorbar is not None]
+    assert cb.extend == "max" and "up to 40.00" in cb.ax.get_ylabel()
+    cmap = fig.axes[0].images[0].get_cmap()
+    assert cmap.get_over()[:3] == pytest.approx(cmap(1.0)[:3])  # past the top: the top colour, not white
