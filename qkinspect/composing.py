@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from qkinspect.analysis import torch_threads
-from qkinspect.composition_records import BlockPair, CompositionProcessing, CompositionResult
+from qkinspect.composition_records import BY, BlockPair, CompositionProcessing, CompositionResult
 from qkinspect.composition_streams import Unit, block_pairs, units
 from qkinspect.device import check_device
 from qkinspect.errors import InputError
@@ -72,6 +72,7 @@ def composition(
     device: str = "cpu",
     progress: Progress | None = None,
     revision: str | None = None,
+    by: str = "head",
 ) -> CompositionResult:
     """Q-, K- and V-composition scores of every earlier head into every later head, each beside its null 1/√D.
 
@@ -90,6 +91,9 @@ def composition(
         device: "cpu", "cuda" or "cuda:N".
         progress: called as progress(done, total) after each later layer.
         revision: hub revision when `model` is a hub id.
+        by: "head" (each later query head, the default) or "kv-head": each later key/value head with its query
+            heads taken together (CompositionResult.by_kv_head: under grouped-query attention the query heads of
+            one group score nearly alike, and a list by query head repeats one key head).
 
     Returns:
         CompositionResult: the scores per (earlier layer, later layer, kind), its records, block pairs, processing.
@@ -105,6 +109,8 @@ def composition(
         True
     """
     req = _request(kinds, precision, device, fold_ln, fold_qk_norm)
+    if by not in BY:
+        raise InputError(f"by={by!r}: choose {' or '.join(BY)}")
     with opened(model, revision) as m:
         sides = {}
         for side, lay, hd in (("from", from_layers, from_heads), ("to", to_layers, to_heads)):
@@ -129,7 +135,7 @@ def composition(
             _run(m, req, todo, result, progress)
         result.processing = _processing(req, m.info, blocks)
     result.scores = dict(sorted(result.scores.items(), key=lambda kv: _order(kv[0], every)))
-    return result
+    return result.by_kv_head() if by == "kv-head" else result
 
 
 def _name(option: str, value, fallback: str) -> str:
@@ -375,6 +381,7 @@ def _score_piece(held: _Held, piece: list[Unit], u: Unit, B: torch.Tensor, kinds
         for j, kind in enumerate(kinds):
             arr = normalised(num[i, :, j], held.norm[a], read.norm[kind]).numpy()
             result.scores[(a.block, a.layer, u.block, u.layer, kind)] = arr
+            result.read_norms[(u.block, u.layer, kind)] = read.norm[kind].double().cpu().numpy()
             bad = ~np.isfinite(arr)
             if bad.any():
                 result.warnings.append(f"{a.block} layer {a.layer} -> {u.block} layer {u.layer} ({kind}): "

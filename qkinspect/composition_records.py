@@ -34,7 +34,11 @@ DEFINITIONS = {
     "baseline": "1/√D: the root-mean-square score of Gaussian factors of any shapes (E[score²] = 1/D exactly), "
                 "D the width of the stream a writes and b reads",
     "ratio": "score / baseline",
+    "by_kv_head": "with by kv-head, the later side is a key/value head g and its query heads G(g) stacked side by "
+                  "side: ‖W_OV^a [X^b]_{b∈G(g)}‖_F / (‖W_OV^a‖_F ‖[X^b]_{b∈G(g)}‖_F), X^b = W_QK^b (q), W_QK^bᵀ (k), "
+                  "W_OV^b (v); = √(Σ_b ‖X^b‖² score_b² / Σ_b ‖X^b‖²), the same null 1/√D",
 }
+BY = ("head", "kv-head")
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class CompositionProcessing:
     rotary: tuple[str, ...] = ()  # blocks with rotary positions: their W_QK is the zero-offset form
     qk_norm_not_folded: tuple[str, ...] = ()  # blocks with q/k norms whose gains were not folded in
     dequantized: str | None = None
+    by: str = "head"  # "kv-head": the later side grouped by key/value head (by_kv_head)
 
 
 @dataclass(frozen=True)
@@ -81,14 +86,17 @@ class CompositionRecord:
     kind: str
     score: float
     baseline: float
+    to_heads: tuple[int, ...] | None = None  # by kv-head: `to_head` is the key/value head, these its query heads
 
     @property
     def ratio(self) -> float:
         return self.score / self.baseline
 
     def row(self, blocks: bool = True) -> dict[str, Any]:
+        later = ({"to_head": self.to_head} if self.to_heads is None else
+                 {"to_kv_head": self.to_head, "to_heads": list(self.to_heads)})
         out = {"from_block": self.from_block, "from_layer": self.from_layer, "from_head": self.from_head,
-               "to_block": self.to_block, "to_layer": self.to_layer, "to_head": self.to_head, "kind": self.kind,
+               "to_block": self.to_block, "to_layer": self.to_layer, **later, "kind": self.kind,
                "score": self.score, "baseline": self.baseline, "ratio": self.ratio}
         if not blocks:
             del out["from_block"], out["to_block"]
@@ -103,7 +111,10 @@ class CompositionResult:
     """Everything `qkinspect.composition` returns.
 
     `scores[(from_block, from_layer, to_block, to_layer, kind)]`: an (H_a, H_b) float64 array over all heads of the
-    two layers (NaN for a head with a zero norm); `heads()` and `rows()` apply the head selection.
+    two layers (NaN for a head with a zero norm); `heads()` and `rows()` apply the head selection. With
+    `processing.by == "kv-head"` the later side is the key/value heads, (H_a, G_b) (`by_kv_head`).
+    `read_norms[(block, layer, kind)]`: each later head's ‖W_QK^b‖_F (q, k) or ‖W_OV^b‖_F (v), which weigh the
+    query heads of a key/value head when they are taken together.
     """
 
     model: ModelInfo
@@ -111,6 +122,49 @@ class CompositionResult:
     pairs: list[BlockPair]
     scores: dict[Key, np.ndarray] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    read_norms: dict[tuple[str, int, str], np.ndarray] = field(default_factory=dict)
+
+    @property
+    def by_kv(self) -> bool:
+        return self.processing.by == "kv-head"
+
+    def query_heads(self, block: str, kv_head: int) -> tuple[int, ...]:
+        """The selected query heads of a later block's key/value head (h // (heads / kv heads) == kv_head)."""
+        spec = self.model.block(block)
+        rep = spec.n_heads // spec.n_kv_heads
+        return tuple(h for h in _chosen(self.processing.to_heads, spec.n_heads).tolist() if h // rep == kv_head)
+
+    def by_kv_head(self) -> CompositionResult:
+        """The same scores with the later side grouped by key/value head: one score per (earlier head, key/value
+        head, kind), that of its selected query heads stacked side by side (DEFINITIONS["by_kv_head"]): the root
+        of the mean square of their scores weighted by ‖X^b‖², the query heads' own share of the stacked form. For
+        K composition this is how strongly a writes into the key head's keys as the group's queries read them;
+        under multi-head attention (a key head per query head) it is the head's own score.
+
+        Raises:
+            InputError: a result without the later heads' norms (a document saved before they were kept).
+        """
+        if self.by_kv:
+            return self
+        out = {}
+        for key, s in self.scores.items():
+            fb, fl, tb, tl, kind = key
+            norms = self.read_norms.get((tb, tl, kind))
+            if norms is None:
+                raise InputError(f"{tb} layer {tl} ({kind}): the later heads' norms were not kept, so their key/value "
+                                 "heads cannot be scored; compute the composition again")
+            spec = self.model.block(tb)
+            grouped = np.full((s.shape[0], spec.n_kv_heads), np.nan)
+            for g in range(spec.n_kv_heads):
+                heads = list(self.query_heads(tb, g))
+                if heads:
+                    w = norms[heads] ** 2  # (len G,)
+                    grouped[:, g] = np.sqrt((s[:, heads] ** 2 * w).sum(axis=1) / w.sum())
+            out[key] = grouped
+        from dataclasses import replace
+
+        return CompositionResult(self.model, replace(self.processing, by="kv-head"), self.pairs, out,
+                                 list(self.warnings), dict(self.read_norms))
 
     @property
     def multi_block(self) -> bool:
@@ -124,10 +178,19 @@ class CompositionResult:
         raise KeyError((from_block, to_block))
 
     def heads(self, key: Key) -> tuple[np.ndarray, np.ndarray]:
-        """The selected (earlier, later) head indexes of one score array."""
+        """The selected (earlier, later) head indexes of one score array (by kv-head: the later key/value heads
+        with a selected query head)."""
         p = self.processing
         H_a, H_b = self.scores[key].shape
+        if self.by_kv:
+            later = np.array([g for g in range(H_b) if self.query_heads(key[2], g)], dtype=np.int64)
+            return _chosen(p.from_heads, H_a), later
         return _chosen(p.from_heads, H_a), _chosen(p.to_heads, H_b)
+
+    def _record(self, key: Key, a: int, b: int) -> CompositionRecord:
+        fb, fl, tb, tl, kind = key
+        return CompositionRecord(fb, fl, a, tb, tl, b, kind, float(self.scores[key][a, b]), self.baseline(fb, tb),
+                                 self.query_heads(tb, b) if self.by_kv else None)
 
     def records(self, kinds: tuple[str, ...] | None = None) -> Iterator[CompositionRecord]:
         """One record per selected (earlier head, later head, kind), earlier layer first, then later layer, kind."""
@@ -135,11 +198,12 @@ class CompositionResult:
             fb, fl, tb, tl, kind = key
             if kinds is not None and kind not in kinds:
                 continue
-            base = self.baseline(fb, tb)
+            base = self.baseline(fb, tb)  # once per layer pair: a 7B model has 1.5 million records
             rows, cols = self.heads(key)
+            later = [(b, self.query_heads(tb, b) if self.by_kv else None) for b in cols.tolist()]
             for a in rows.tolist():
-                for b in cols.tolist():
-                    yield CompositionRecord(fb, fl, a, tb, tl, b, kind, float(s[a, b]), base)
+                for b, group in later:
+                    yield CompositionRecord(fb, fl, a, tb, tl, b, kind, float(s[a, b]), base, group)
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """The records as tidy dicts (`from_block`/`to_block` only for a model with several blocks)."""
@@ -156,13 +220,17 @@ class CompositionResult:
             n = a.size
             score = s[np.ix_(rows, cols)].ravel()
             base = self.baseline(fb, tb)
+            later = (("to_head", b.ravel()),) if not self.by_kv else (
+                ("to_kv_head", b.ravel()),
+                ("to_heads", np.array([",".join(map(str, self.query_heads(tb, g))) for g in b.ravel()], dtype=object)))
             for name, v in (("from_block", np.full(n, fb, dtype=object)), ("from_layer", np.full(n, fl)),
                             ("from_head", a.ravel()), ("to_block", np.full(n, tb, dtype=object)),
-                            ("to_layer", np.full(n, tl)), ("to_head", b.ravel()),
+                            ("to_layer", np.full(n, tl)), *later,
                             ("kind", np.full(n, kind, dtype=object)), ("score", score),
                             ("baseline", np.full(n, base)), ("ratio", score / base)):
                 parts.setdefault(name, []).append(v)
-        names = [n for n in ("from_block", "from_layer", "from_head", "to_block", "to_layer", "to_head", "kind",
+        later_names = ("to_kv_head", "to_heads") if self.by_kv else ("to_head",)
+        names = [n for n in ("from_block", "from_layer", "from_head", "to_block", "to_layer", *later_names, "kind",
                              "score", "baseline", "ratio") if self.multi_block or n not in ("from_block", "to_block")]
         return {n: np.concatenate(parts[n]) if parts.get(n) else np.array([]) for n in names}
 
@@ -193,11 +261,7 @@ class CompositionResult:
                 if np.isfinite(flat[i]):
                     best.append((float(flat[i]), key, int(rows[i // len(cols)]), int(cols[i % len(cols)])))
         best.sort(key=lambda t: -t[0])
-        out = []
-        for _, (fb, fl, tb, tl, kd), a, b in best[:n]:
-            out.append(CompositionRecord(fb, fl, a, tb, tl, b, kd, float(self.scores[(fb, fl, tb, tl, kd)][a, b]),
-                                         self.baseline(fb, tb)))
-        return out
+        return [self._record(key, a, b) for _, key, a, b in best[:n]]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: schema, tool, model, processing, definitions, block pairs, records, warnings."""
@@ -206,6 +270,8 @@ class CompositionResult:
         return {"schema": SCHEMA, "kind": "composition", "tool": {"name": "qkinspect", "version": __version__},
                 "model": model_dict(self.model), "processing": asdict(self.processing), "definitions": DEFINITIONS,
                 "pairs": [asdict(p) for p in self.pairs], "records": list(self.rows()),
+                "read_norms": [{"block": b, "layer": layer, "kind": k, "norms": v.tolist()}
+                               for (b, layer, k), v in self.read_norms.items()],
                 "warnings": list(self.warnings)}
 
 
@@ -251,16 +317,28 @@ def _from_dict(doc: Mapping[str, Any]) -> CompositionResult:
             if k in CompositionProcessing.__dataclass_fields__}
     pairs = [BlockPair(str(p["from_block"]), str(p["to_block"]), tuple(map(str, p["kinds"])), int(p["width"]),
                        str(p["rule"])) for p in doc["pairs"]]
+    processing = CompositionProcessing(**proc)
+    if processing.by not in BY:
+        raise ValueError(f"processing.by is {processing.by!r}, not one of {', '.join(BY)}")
+    by_kv = processing.by == "kv-head"
     shapes = {b.key: b.n_heads for b in info.blocks}
+    later = {b.key: b.n_kv_heads if by_kv else b.n_heads for b in info.blocks}
     scores: dict[Key, np.ndarray] = {}
     one_block = info.blocks[0].key if len(info.blocks) == 1 else None
     for r in doc["records"]:
         fb, tb = str(r.get("from_block", one_block)), str(r.get("to_block", one_block))
         key = (fb, int(r["from_layer"]), tb, int(r["to_layer"]), str(r["kind"]))
         if key not in scores:
-            scores[key] = np.full((shapes[fb], shapes[tb]), np.nan)
-        a, b, v = int(r["from_head"]), int(r["to_head"]), r["score"]
-        if key[4] not in KIND_TEXT or not (0 <= a < shapes[fb] and 0 <= b < shapes[tb]):
+            scores[key] = np.full((shapes[fb], later[tb]), np.nan)
+        a, b, v = int(r["from_head"]), int(r["to_kv_head" if by_kv else "to_head"]), r["score"]
+        if key[4] not in KIND_TEXT or not (0 <= a < shapes[fb] and 0 <= b < later[tb]):
             raise ValueError(f"record {r!r} names a kind or head this model does not have")
         scores[key][a, b] = np.nan if v is None else float(v)
-    return CompositionResult(info, CompositionProcessing(**proc), pairs, scores, list(doc.get("warnings", [])))
+    norms = {}
+    for n in doc.get("read_norms", []):
+        b = str(n["block"])
+        v = np.asarray([np.nan if x is None else float(x) for x in n["norms"]], dtype=np.float64)
+        if str(n["kind"]) not in KIND_TEXT or v.shape != (shapes[b],):
+            raise ValueError(f"read_norms of {b} layer {n['layer']} ({n['kind']}): not {shapes[b]} head norms")
+        norms[(b, int(n["layer"]), str(n["kind"]))] = v
+    return CompositionResult(info, processing, pairs, scores, list(doc.get("warnings", [])), norms)

@@ -58,8 +58,9 @@ def head_grid(result: CompositionResult, kind: str) -> tuple[np.ndarray, list[in
     """(earlier heads, later heads) ratios, heads in layer order; and where each layer starts on either axis."""
     rows, cols = axes_units(result)
     size = {b.key: b.n_heads for b in result.model.blocks}
+    later = {b.key: b.n_kv_heads if result.by_kv else b.n_heads for b in result.model.blocks}  # by kv-head: G_b
     r0 = np.cumsum([0] + [size[u[0]] for u in rows])
-    c0 = np.cumsum([0] + [size[u[0]] for u in cols])
+    c0 = np.cumsum([0] + [later[u[0]] for u in cols])
     out = np.full((r0[-1], c0[-1]), np.nan)
     for key, s in result.scores.items():
         if key[4] == kind:
@@ -152,10 +153,12 @@ def top_table(result: CompositionResult, kind: str, n: int = LISTED) -> Table | 
         return None
     multi = result.multi_block
     name = lambda b, layer, h: f"{b + ' ' if multi else ''}layer {layer} head {h}"  # noqa: E731
-    rows = [[name(r.from_block, r.from_layer, r.from_head), name(r.to_block, r.to_layer, r.to_head), fmt(r.score),
-             fmt(r.ratio)] for r in recs]
-    return Table(f"{KIND_TITLE[kind]}: the {len(recs)} strongest pairs", ["earlier head a", "later head b", "score",
-                                                                            "score / null"], rows)
+    later = (lambda r: name(r.to_block, r.to_layer, r.to_head)) if not result.by_kv else (  # noqa: E731
+        lambda r: f"{r.to_block + ' ' if multi else ''}layer {r.to_layer} kv {r.to_head} ({len(r.to_heads)} q)")
+    rows = [[name(r.from_block, r.from_layer, r.from_head), later(r), fmt(r.score), fmt(r.ratio)] for r in recs]
+    return Table(f"{KIND_TITLE[kind]}: the {len(recs)} strongest pairs", ["earlier head a", "later head b" if not
+                                                                            result.by_kv else "later key/value head b",
+                                                                            "score", "score / null"], rows)
 
 
 def composition_section(pages: TextPages, result: CompositionResult, add_figure) -> None:

@@ -56,6 +56,18 @@ FromHeadsOpt = Annotated[str | None, typer.Option(
 ToHeadsOpt = Annotated[str | None, typer.Option("--to-heads", metavar="LIST", help="Later heads (default: --heads).")]
 
 
+class By(str, Enum):
+    head = "head"
+    kv_head = "kv-head"
+
+
+ByOpt = Annotated[By, typer.Option(
+    "--by", metavar="UNIT",
+    help="The later side by query head (head, the default) or by key/value head (kv-head: one row per key/value "
+         "head, its query heads named and taken together; under grouped-query attention a group's query heads "
+         "score nearly alike).")]
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def composition(
@@ -64,12 +76,15 @@ def register(app: typer.Typer) -> None:
         from_heads: FromHeadsOpt = None, to_heads: ToHeadsOpt = None, block: BlockOpt = None,
         fold_ln: FoldOpt = True, fold_qk_norm: FoldQkNormOpt = False, precision: PrecisionOpt = Precision.float32,
         device: DeviceOpt = Device.cpu, revision: RevisionOpt = None, fmt: FormatOpt = None,
-        output: OutputOpt = None,
+        output: OutputOpt = None, by: ByOpt = By.head,
     ) -> None:
         """How strongly each earlier head's output feeds each later head's queries (q), keys (k) and values (v):
         Elhage et al.'s composition scores from the weights, each beside the score of random heads (1/√d_model).
 
         Example: qkinspect composition ./my-llama --kinds k --top 20
+
+        Example (one row per key/value head under grouped-query attention): qkinspect composition model.gguf
+        --kinds k --by kv-head
 
         Example (every pair as rows): qkinspect composition model.gguf -o composition.parquet
         """
@@ -95,7 +110,7 @@ def register(app: typer.Typer) -> None:
                                 or b.name in options["blocks"]], fold_qk_norm, "--fold-qk-norm")
             with progress("composing heads") as p:
                 result = compose(m, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, precision=precision.value,
-                                 device=check_device(device), progress=p, **options)
+                                 device=check_device(device), progress=p, by=by.value, **options)
         for w in result.warnings:
             warn(w)
         for line in notes(result):
@@ -162,9 +177,24 @@ def composition_document(result, top: int = 10, *, json: bool = True) -> Documen
                     render=lambda console: render(console, result, top))
 
 
-def _head(block: str, layer: int, head: int, multi: bool) -> str:
+def _head(block: str, layer: int, head: int, multi: bool, heads: tuple[int, ...] | None = None) -> str:
+    """"L3 H5"; a key/value head with its query heads (by kv-head): "L18 KV2 (H12-17)"."""
     short = {"encoder": "enc", "decoder": "dec", "cross": "cross"}.get(block, block)
-    return f"{short + ' ' if multi else ''}L{layer} H{head}"
+    unit = f"H{head}" if heads is None else f"KV{head} (H{spans(heads)})"
+    return f"{short + ' ' if multi else ''}L{layer} {unit}"
+
+
+def spans(heads) -> str:
+    """Head indexes as ranges: (12, 13, 14, 17) -> "12-14,17"."""
+    out, run = [], []
+    for h in heads:
+        if run and h != run[-1] + 1:
+            out.append(run)
+            run = []
+        run.append(h)
+    if run:
+        out.append(run)
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in out)
 
 
 KIND_TITLE = {"q": "Q-composition: a writes what b's queries read",
@@ -186,13 +216,21 @@ def render(console, result, top: int) -> None:
         if not recs:
             continue
         cols = [Column("earlier a", [_head(r.from_block, r.from_layer, r.from_head, multi) for r in recs], left=True),
-                Column("later b", [_head(r.to_block, r.to_layer, r.to_head, multi) for r in recs], left=True)]
+                Column("later b", [_head(r.to_block, r.to_layer, r.to_head, multi, r.to_heads) for r in recs],
+                       left=True)]
         vals = [Column("score", [fmt_value(r.score, 4) for r in recs]),
                 Column("null", [fmt_value(r.baseline, 4) for r in recs]),
                 Column("ratio", [fmt_value(r.ratio, 2) for r in recs])]
         for t in fit_tables(cols, vals, width=console.width, title=f"{KIND_TITLE[kind]} (top {len(recs)})"):
             console.print(t)
     lines = ["null = 1/√d_model, the RMS score of random Gaussian heads; ratio = score / null"]
+    if result.by_kv:
+        lines.append("by key/value head: b is a key/value head KVg with its query heads (H…) stacked side by side, "
+                     "each weighted by its own ‖W_QK‖² (q, k) or ‖W_OV‖² (v); under multi-head attention the same "
+                     "as by head")
+    elif any(b.n_kv_heads < b.n_heads for b in info.blocks) and any(k in p.kinds for k in ("k", "v")):
+        lines.append("grouped-query attention: the query heads of one key/value head share its keys and values, so "
+                     "their K and V scores are nearly alike; --by kv-head gives one row per key/value head")
     if multi:
         lines += [f"{q.from_block} -> {q.to_block} ({','.join(q.kinds)}): {q.rule}" for q in result.pairs]
     print_lines(console, lines)
