@@ -6,7 +6,8 @@
   cross dotted). A block of one layer is a point at depth 0.5 with its quartile bar.
 - `size_figure`: each model's median of a metric (over heads; for the layer form over layers) against its
   attention parameter count (log axis), quartile bars; marker shape by block kind.
-- `write_atlas_pdf`: a cover (models, facts, failures) and these figures for the metrics the atlas holds.
+- `write_atlas_pdf`: a cover (models, facts, failures) and these figures for the metrics the atlas holds, each on a
+  page with its caption (`depth_caption`, `size_caption`).
 
 A model keeps its colour in every figure; with many models the legend goes beside the panels in columns and the
 bands fade, so 40 models stay readable.
@@ -39,6 +40,7 @@ REPORT_METRICS = ("symmetry", "symmetry_layer", "directionality", "overlap_qk", 
                   "qk_effective_rank", "shared_qk_distance")
 SIZE_METRICS = ("symmetry_layer", "symmetry", "overlap_qk")
 LAYER_FORM = ("symmetry_layer", "directionality_layer")
+LEGEND_NAME = 36  # characters of a model's name in a legend (models are named as `info` names them: short)
 LAYER_FORM_MATH = r"the layer form $\Sigma_hW_Q^{h}W_K^{g(h)\top}$"  # mathtext: no spaces (titles wrap at them)
 
 
@@ -78,7 +80,7 @@ def _towers(kind_of: dict[tuple[str, str], str], keys) -> dict[tuple[str, str], 
 
 
 def _short(name: str) -> str:
-    return name if len(name) <= 48 else "…" + name[-47:]
+    return name if len(name) <= LEGEND_NAME else "…" + name[-(LEGEND_NAME - 1):]
 
 
 def _chance(atlas, metric: str) -> dict[tuple[str, str], float]:
@@ -108,8 +110,8 @@ def _legend(fig, atlas, palette: dict[str, Any], kinds: Sequence[str], *, marker
                               marker="_" if markers else None, markersize=9))
         labels.append("chance level (random weights of the model's shapes)")
     n = len(handles)
-    size = 7 if n <= 16 else 6 if n <= 40 else 5
-    ncol = 1 if n <= 24 else 2 if n <= 60 else 3
+    size = 8 if n <= 16 else 7  # the model report's legends are 8 pt; never below 7 (40 models read at 7)
+    ncol = 1 if n <= 26 else 2 if n <= 60 else 3
     fig.legend(handles, labels, loc="outside right center", frameon=False, fontsize=size, ncol=ncol,
                handlelength=2.2, borderaxespad=0.2)
     if fig.figure is fig and fig.get_layout_engine() is not None:  # a figure of its own (not a report page's part):
@@ -232,7 +234,9 @@ def cover_lines(atlas, version: str, date: dt.datetime, title: str | None = None
         qk = chance.get((f["model"], f["block"], "overlap_qk"))
         lines.append((f"  {f['model']} [{f['block']}]: {f['family']}, {f['layers']} layers, {f['heads']}:"
                       f"{f['kv_heads']} heads, d_model {f['d_model']}, d_head {f['d_head']}, {f['positional']}"
-                      f"{', q/k norm' if f['qk_norm'] else ''}, {f['attention_params']:,} attention parameters"
+                      f"{', q/k norm' if f['qk_norm'] else ''}"
+                      f"{' (measured raw, not folded)' if f.get('qk_norm_raw') else ''}, "
+                      f"{f['attention_params']:,} attention parameters"
                       + (f"; symmetry median {sym['median']:.3f}" if sym else "")
                       + (f"; overlap by chance {qk:.3f}" if qk is not None else ""), 7))
     if len(atlas.facts) > 70:
@@ -252,12 +256,53 @@ def _cover(lines: list[tuple[str, int]]) -> Figure:
     return fig
 
 
+def depth_caption(atlas, metric: str) -> str:
+    """What a depth figure of the report shows, in words: the axes, the line and band, the chance level, the models
+    measured raw."""
+    if metric in LAYER_FORM:
+        what = (f"{metric} of each layer's summed form Σ_h W_Q^h W_K^{{g(h)}}ᵀ, query head h paired with the "
+                "key/value head g(h) = h // (heads / kv heads) it reads: one value per layer, a line per model and "
+                "block.")
+    else:
+        what = (f"{metric}: a line per model and block through the median over each layer's heads, the band its "
+                "quartiles (the middle half of the heads).")
+    text = (f"{what} x: normalised depth l / (L − 1) of each block's own L layers (0 first, 1 last; a block of one "
+            "layer is a point at 0.5). Panels by block kind (encoder dashed, decoder solid, cross-attention dotted); "
+            "a model keeps its colour in every figure.")
+    if _chance(atlas, metric):
+        text += (" Thin dotted lines: each model's chance level, the value random weights of its shapes give "
+                 "(≈ d_head / d_model for an overlap), which differs by model: read each line against its own.")
+    return text + _raw_note(atlas, metric)
+
+
+def size_caption(atlas, metric: str) -> str:
+    over = "layers" if metric in LAYER_FORM else "heads"
+    text = (f"{metric}: each model's median over its {over} (marker; shape by block kind) with its quartiles "
+            "(bar), against its attention parameters (W_Q, W_K, W_V, W_O of every block, log scale); a model's "
+            "blocks sit side by side.")
+    if _chance(atlas, metric):
+        text += " Ticks: each model's chance level (random weights of its shapes)."
+    return text + _raw_note(atlas, metric)
+
+
+def _raw_note(atlas, metric: str) -> str:
+    """The q/k-norm models measured raw, where the metric depends on the q/k-norm gains (an overlap compares column
+    spaces, which a gain on the head's side leaves as they are)."""
+    raw = list(dict.fromkeys(f["model"] for f in atlas.facts if f.get("qk_norm_raw")))
+    if not raw or metric.startswith("overlap_"):
+        return ""
+    shown = ", ".join(raw[:6]) + (f" and {len(raw) - 6} more" if len(raw) > 6 else "")
+    return (f" Measured raw, q/k-norm gains not folded in: {shown}; their W_Q W_Kᵀ is the stored projections', not "
+            "what attention computes (an atlas with --fold-qk-norm folds them).")
+
+
 def write_atlas_pdf(atlas, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
                     title: str | None = None) -> int:
-    """Write the atlas report as a PDF: the cover, a depth figure per metric, the size figures; returns the
-    number of pages."""
+    """Write the atlas report as a PDF: the cover, a depth figure per metric, the size figures, each figure on a
+    page of its own with its caption, as the model report places them; returns the number of pages."""
     from matplotlib.backends.backend_pdf import PdfPages
 
+    from qkinspect.report.pages import TextPages, figure_page
     from qkinspect.version import __version__
 
     if not atlas.records:
@@ -268,9 +313,13 @@ def write_atlas_pdf(atlas, target: str | Path | IO[bytes], *, date: dt.datetime 
     lines.insert(5, (f"figures: {', '.join(metrics)} against depth; {', '.join(sizes)} against attention "
                      "parameters", 9))
     with style(), PdfPages(target, metadata={"Title": f"qkinspect atlas report: {title or atlas.folder}"}) as pdf:
-        pdf.savefig(_cover(lines))
+        pages = TextPages(pdf.savefig, footer=f"qkinspect atlas report: {title or atlas.folder}")
+        pages.add_page(_cover(lines))
         for metric in metrics:
-            pdf.savefig(depth_figure(atlas, metric, name=title))
+            figure_page(pages, lambda canvas, m=metric: depth_figure(atlas, m, canvas=canvas, name=title),
+                        depth_caption(atlas, metric))
         for metric in sizes:
-            pdf.savefig(size_figure(atlas, metric, name=title))
-        return 1 + len(metrics) + len(sizes)
+            figure_page(pages, lambda canvas, m=metric: size_figure(atlas, m, canvas=canvas, name=title),
+                        size_caption(atlas, metric))
+        pages.close()
+        return pages.count

@@ -128,3 +128,30 @@ def test_two_towers_of_one_kind_are_told_apart():
     (ax,) = [a for a in fig.axes if a.get_title(loc="left")]
     assert [line.get_marker() for line in ax.get_lines()] == ["None", "o"]
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["clip", "clip [vision]"]
+
+
+@pytest.mark.parametrize("n", [3, 40])
+def test_the_report_captions_every_figure_and_its_legends_are_readable(n, tmp_path):
+    """Issue 39: the atlas report had no captions and legends near 5 pt; now each figure is on a page with its caption
+    (as the model report's), legends at 7 pt at least, chance levels and raw q/k-norm models said."""
+    pypdf = pytest.importorskip("pypdf")
+    from qkinspect.report.atlas import depth_figure, size_figure, write_atlas_pdf
+
+    atlas = synthetic_atlas(n)
+    atlas.facts[1]["qk_norm_raw"] = True
+    for r in atlas.records:
+        if r["metric"] == "overlap_qk":
+            r["chance"] = 0.125
+    for fig in (depth_figure(atlas, "overlap_qk"), size_figure(atlas, "symmetry_layer")):
+        assert min(t.get_fontsize() for t in fig.legends[0].get_texts()) >= 7
+    pages = write_atlas_pdf(atlas, tmp_path / "a.pdf")
+    texts = [p.extract_text().replace("\n", " ") for p in pypdf.PdfReader(tmp_path / "a.pdf").pages]
+    assert len(texts) == pages
+    figures = texts[1:]
+    assert all("against depth" not in t or "normalised depth l / (L − 1) of each block's own" in t for t in figures)
+    assert all("attention parameters (W_Q, W_K, W_V, W_O of every block, log scale)" in t for t in figures[-2:])
+    overlap = next(t for t in figures if "overlap_qk against depth" in t)
+    assert "each model's chance level" in overlap
+    symmetry = next(t for t in figures if "symmetry against depth" in t)
+    assert f"Measured raw, q/k-norm gains not folded in: {atlas.facts[1]['model']}" in symmetry
+    assert "(measured raw, not folded)" in texts[0]
