@@ -132,7 +132,8 @@ def entry_stats(name: str, doc: Mapping[str, Any], entry: str = "model",
     `result`, a saved analysis): records as RECORD_FIELDS dicts, block by block in the model's order, then metric
     by metric (per-head metrics in the analysis's order, then the layer form), the model-scope record first.
     `name` names the model in the records, `path` (default: `name`) is the model as it was given; `chance` is the
-    metric's random baseline in the block (None where the analysis has none) and `vs_chance` the median over it."""
+    metric's random baseline in the block (None where the analysis has none) and `vs_chance` the median over it (for
+    the overlaps, whose chance is a level above zero; None for the others)."""
     model = doc["model"]
     chance = chance_levels(doc)
     path = name if path is None else path
@@ -174,7 +175,8 @@ def entry_stats(name: str, doc: Mapping[str, Any], entry: str = "model",
 def _record(model: str, block: str, metric: str, scope: str, layer: int | None, depth_: float | None,
             stats: tuple, chance: float | None = None, path: str | None = None) -> dict[str, Any]:
     median, q1, q3, n = stats
-    ratio = median / chance if chance is not None and chance > 0 else None
+    # a ratio to chance where chance is a level above zero: the overlaps (symmetry's chance is ≈ 0, of either sign)
+    ratio = median / chance if chance is not None and chance > 0 and metric.startswith("overlap") else None
     return {"model": model, "block": block, "metric": metric, "scope": scope, "layer": layer, "depth": depth_,
             "median": median, "q1": q1, "q3": q3, "n": n, "chance": chance, "vs_chance": ratio,
             "path": model if path is None else path}

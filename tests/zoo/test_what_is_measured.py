@@ -21,7 +21,8 @@ def _doc(qk_norm: bool, folded: bool, chance: float | None = None) -> dict:
         b["qk_norm"] = qk_norm
     doc["processing"] = {"fold_qk_norm": folded}
     if chance is not None:
-        doc["baselines"] = [{"block": "decoder", "metric": "overlap_qk", "mean": chance, "std": 0.01, "n": 8}]
+        doc["baselines"] = [{"block": "decoder", "metric": "overlap_qk", "mean": chance, "std": 0.01, "n": 8},
+                            {"block": "decoder", "metric": "symmetry", "mean": 0.001, "std": 0.002, "n": 8}]
     return doc
 
 
@@ -81,7 +82,9 @@ def test_every_overlap_record_has_its_chance_level_and_the_ratio():
     records, _ = entry_stats("m", _doc(False, False, chance=0.25))
     ov = [r for r in records if r["metric"] == "overlap_qk"]
     assert ov and all(r["chance"] == 0.25 and r["vs_chance"] == pytest.approx(r["median"] / 0.25) for r in ov)
-    assert all(r["chance"] is None and r["vs_chance"] is None for r in records if r["metric"] == "symmetry")
+    # symmetry's chance is ≈ 0, of either sign: kept, but no ratio to it
+    assert all(r["chance"] == 0.001 and r["vs_chance"] is None for r in records if r["metric"] == "symmetry")
+    assert all(r["chance"] is None for r in records if r["metric"] == "symmetry_layer")
 
 
 def test_the_table_shows_the_chance_level_and_offers_the_ratio():

@@ -69,13 +69,19 @@ def register(app: typer.Typer) -> None:
         reading key head h // (heads/kv heads)), and per layer the median over heads at normalised depth
         l/(L-1), beside the model's facts. Runs on Dask as sweep does (a local cluster, or --scheduler); each
         model's analysis is written to --out DIR as it finishes, and a re-run skips those done. The table has a
-        row per model and block; -o FILE writes the tidy records (model, block, metric, scope, layer, depth,
-        median, q1, q3, n). Failed models are listed at the end (exit 3). plot DIR and report DIR draw it.
+        row per model and block, the overlaps beside their chance level (random weights of the model's
+        shapes); -o FILE writes the tidy records (model, block, metric, scope, layer, depth, median, q1, q3, n,
+        chance, vs_chance, path). Models are named as info names them. Models with q/k norms (Gemma-3, Qwen3,
+        OLMo2) are measured raw and flagged unless --fold-qk-norm. Failed models are listed at the end
+        (exit 3). plot DIR and report DIR draw it.
 
         Example: qkinspect atlas $DEMO SmolLM2-135M-Instruct.Q4_1.gguf --out atlas/ -o atlas.csv
 
         Example (every model in the local Hugging Face cache, on a cluster): qkinspect atlas --hf-cache --out
         atlas/ --scheduler tcp://head-node:8786 -o atlas.parquet
+
+        Example (q/k norms folded, overlaps as ratios to chance): qkinspect atlas gemma-3-270m.gguf $DEMO
+        --out atlas/ --fold-qk-norm --vs-chance
 
         Example (a saved analysis among the models): qkinspect analyze ./my-bert --layer-form -o bert.json;
         qkinspect atlas bert.json ./my-gpt2 --out atlas/
@@ -160,7 +166,7 @@ def atlas_tables(rows: list[dict[str, Any]], *, width: int = 80, vs_chance: bool
         legend(shown)]
     if chance:
         lines.append("chance: the Q/K overlap of random weights of the block's shapes (≈ d_head / d_model), the "
-                     "level an overlap is read against; " + ("ov_*/ch: each overlap over its own chance level"
+                     "level an overlap is read against; " + ("ovl_*/ch: each overlap over its own chance level"
                                                              if vs_chance else "--vs-chance shows the overlaps as "
                                                              "ratios to it") + "; every chance level: -o FILE")
     if any(r.get("qk_norm_raw") for r in rows):
