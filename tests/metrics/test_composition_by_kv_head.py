@@ -112,3 +112,17 @@ def test_by_is_checked():
 
     with pytest.raises(InputError, match="^by='kv': choose head or kv-head$"):
         qkinspect.composition(None, by="kv")
+
+
+def test_the_figure_and_report_table_draw_key_value_heads(gqa):
+    from qkinspect.report.composition import composition_figure, head_grid, top_table
+    from qkinspect.report.style import style
+
+    path, _ = gqa
+    r = qkinspect.composition(str(path), by="kv-head")
+    grid, rows, cols = head_grid(r, "k")
+    assert grid.shape == (2 * 6, 2 * 2) and cols == [0, 2]  # earlier layers 0-1 by query head, later by kv head
+    with style():
+        composition_figure(r)
+    t = top_table(r, "k", 3)
+    assert t.header[1] == "later key/value head b" and all(" kv " in row[1] and "(3 q)" in row[1] for row in t.rows)

@@ -155,3 +155,9 @@ def test_the_report_captions_every_figure_and_its_legends_are_readable(n, tmp_pa
     symmetry = next(t for t in figures if "symmetry against depth" in t)
     assert f"Measured raw, q/k-norm gains not folded in: {atlas.facts[1]['model']}" in symmetry
     assert "(measured raw, not folded)" in texts[0]
+    if n == 3:  # the HTML report has the same captions
+        from qkinspect.report.analysis.html import render_atlas_html
+
+        page = render_atlas_html(atlas)
+        assert page.count("<figcaption>") == pages - 1 and "each model&#x27;s chance level" in page
+        assert "(q/k norm raw)" in page and "overlap by chance" in page

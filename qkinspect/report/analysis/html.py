@@ -73,7 +73,14 @@ def render_sweep_html(sweep, *, date: dt.datetime | None = None, name: str | Non
 def render_atlas_html(atlas, *, date: dt.datetime | None = None, name: str | None = None) -> str:
     """An atlas's report (qkinspect.zoo.read_atlas) as one HTML string: what it holds, a table of every model and
     block (shape and medians), failures and notes, and the depth and size figures (inline SVG), as in the PDF."""
-    from qkinspect.report.atlas import SIZE_METRICS, atlas_metrics, depth_figure, size_figure
+    from qkinspect.report.atlas import (
+        SIZE_METRICS,
+        atlas_metrics,
+        depth_caption,
+        depth_figure,
+        size_caption,
+        size_figure,
+    )
     from qkinspect.report.style import fmt
 
     if not atlas.records:
@@ -90,23 +97,23 @@ def render_atlas_html(atlas, *, date: dt.datetime | None = None, name: str | Non
              f"<h1>{escape('qkinspect atlas report' + (': ' + name if name else ''))}</h1>",
              *(f"<p class='meta'>{escape(text)}</p>" for text in facts)]
     shown = [m for m in ("symmetry", "symmetry_layer", "overlap_qk", "overlap_qv", "overlap_kv") if m in atlas.metrics]
-    rows = [[r["model"], r["block"], str(r["family"]), str(r["layers"]), f"{r['heads']}:{r['kv_heads']}",
-             str(r["d_model"]), str(r["d_head"]), str(r["positional"]), f"{r['attention_params']:,}",
-             *(fmt(r.get(m)) for m in shown)] for r in atlas.rows()]
+    rows = [[r["model"], r["block"] + (" (q/k norm raw)" if r.get("qk_norm_raw") else ""), str(r["family"]),
+             str(r["layers"]), f"{r['heads']}:{r['kv_heads']}", str(r["d_model"]), str(r["d_head"]),
+             str(r["positional"]), f"{r['attention_params']:,}", *(fmt(r.get(m)) for m in shown),
+             fmt(r.get("overlap_qk_chance"))] for r in atlas.rows()]
     header = ["model", "block", "family", "layers", "heads:kv", "d_model", "d_head", "positional",
-              "attention params", *shown]
+              "attention params", *shown, "overlap by chance"]
     parts.append(_table(Table("Models (medians over heads; the layer form's over layers)", header, rows)))
     if atlas.failures:
         parts.append(_table(Table("Failures", ["model", "error"], [[f.name, f.error] for f in atlas.failures])))
     parts += [f"<p class='meta'>note: {escape(n)}</p>" for n in atlas.notes]
     parts.append("<h2>Figures</h2>")
     for metric in metrics:
-        parts.append(f"<figure>{_svg(depth_figure(atlas, metric, name=name))}<figcaption>{escape(metric)} against "
-                     "normalised depth: per model and block, the median over each layer's heads and its quartile "
-                     "band.</figcaption></figure>")
+        parts.append(f"<figure>{_svg(depth_figure(atlas, metric, name=name))}<figcaption>"
+                     f"{escape(depth_caption(atlas, metric))}</figcaption></figure>")
     for metric in sizes:
-        parts.append(f"<figure>{_svg(size_figure(atlas, metric, name=name))}<figcaption>{escape(metric)}: each "
-                     "model's median against its attention parameters, quartile bars.</figcaption></figure>")
+        parts.append(f"<figure>{_svg(size_figure(atlas, metric, name=name))}<figcaption>"
+                     f"{escape(size_caption(atlas, metric))}</figcaption></figure>")
     return "\n".join([*parts, "</body></html>"])
 
 
