@@ -161,3 +161,11 @@ def test_the_report_captions_every_figure_and_its_legends_are_readable(n, tmp_pa
         page = render_atlas_html(atlas)
         assert page.count("<figcaption>") == pages - 1 and "each model&#x27;s chance level" in page
         assert "(q/k norm raw)" in page and "overlap by chance" in page
+
+
+def test_the_layer_form_subtitle_is_math_not_source_text():
+    """The subtitle read `Σ_h W_Q^h W_K^{h//rep}ᵀ` verbatim; it is mathtext now, and says what g(h) is."""
+    from qkinspect.report.atlas import depth_figure
+
+    title = depth_figure(synthetic_atlas(2), "symmetry_layer").get_suptitle()
+    assert "{h//rep}" not in title and "$\\Sigma_h" in title.replace("\n", "") and "g(h) = h //" in title
