@@ -130,11 +130,15 @@ def constrain(kind: str, variant: str, model: nn.Module, device: str) -> Built:
     if kind in EDITED:
         edit = parse_edit("share_qk" if kind == "share_qk_reformer" else variant.removesuffix(MATCHED))
         heads = list(range(model.config.num_attention_heads))
+        outputs = _outputs(model) if kind == "share_qkv" else None
         healer = Healer(hf, {i: (edit, heads) for i in range(n_layers)}, HealOptions(steps=1, train="all"), [],
                         "gauge")
         if kind == "share_qk_reformer":
             use_reformer_attention(healer.model)
         forms = [f for f, _ in healer.forms.values()]
+        if outputs is not None:  # the edit refits W_O to a trained W_V it replaces; a twin keeps its initial W_O
+            for form, W_O in zip(forms, outputs, strict=True):
+                _set_free(form, "W_O", W_O)
 
         def violation() -> float:
             with torch.no_grad(), cached(forms):
@@ -152,6 +156,23 @@ def constrain(kind: str, variant: str, model: nn.Module, device: str) -> Built:
                      note=free.note)
     trained = _trained(model)
     return Built(model, trained, [], lambda: 0.0, _count(trained), family)
+
+
+def _outputs(model: nn.Module) -> list[Tensor]:
+    """Each layer's canonical W_O (H, d, D), as the standard twin has it."""
+    from qkinspect.loading import open_model
+
+    with open_model(model) as source:
+        key = source.info.blocks[0].key
+        return [source.layer(key, i).W_O.detach().clone() for i in range(source.info.blocks[0].n_layers)]
+
+
+def _set_free(form, name: str, value: Tensor) -> None:
+    """Write canonical `value` into the form's parameter `name`, in the axis order the form stores it."""
+    p = getattr(form, name)
+    perm = form.perm.get(name)
+    with torch.no_grad():
+        p.copy_(value.permute(perm) if perm is not None else value)
 
 
 def _trained(model: nn.Module) -> list[nn.Parameter]:
