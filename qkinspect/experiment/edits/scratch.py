@@ -47,7 +47,7 @@ def without_self(allowed: Tensor) -> Tensor:
 
 def _attend(module, scores: Tensor, value: Tensor, allowed: Tensor, dropout: float) -> tuple[Tensor, Tensor]:
     scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(value.dtype)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     rep = weights.shape[1] // value.shape[1]
     v = value.repeat_interleave(rep, dim=1) if rep > 1 else value  # query head h reads value head h // rep
