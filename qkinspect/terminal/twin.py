@@ -35,4 +35,4 @@ def render_twin(console, summary: list[dict[str, Any]], sweep: list[dict[str, An
         console.print(Text(f"failed: {f['variant']} seed {f['seed']} lr {f['lr']:g}: {f['error']}", style="red"),
                       soft_wrap=True)
     for n in notes:
-        console.print(Text(f"note: {n}", style="dim"), soft_wrap=True)
+        console.print(Text(f"* {n}", style="dim"), soft_wrap=True)
