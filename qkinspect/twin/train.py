@@ -61,7 +61,6 @@ def run_twin(folder: str, variant: str, seed: int, lr: float, spec: dict[str, An
                                      ctx).astype(np.int64)).to(device)
     at = set(eval_steps(steps, spec["eval_every"]))
     tracker = _tracker(root, variant, seed, lr, spec)
-    from qkinspect.experiment.edits.parametrised import cached
     from qkinspect.experiment.heal import adamw
 
     opt = adamw(built.trained, lr)
@@ -85,12 +84,7 @@ def run_twin(folder: str, variant: str, seed: int, lr: float, spec: dict[str, An
         for group in opt.param_groups:
             group["lr"] = lr_at(k, lr, spec["warmup"], steps)
         x = torch.from_numpy(gather(train, starts[k], ctx).astype(np.int64)).to(device)  # (batch, context + 1)
-        with cached(built.forms):
-            loss = next_token_loss(built.model, x)
-            loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
+        losses.append(train_step(built, opt, x))
         step_seconds.append(time.perf_counter() - t1)
         if on_step is not None:
             on_step(built, k + 1)
@@ -103,6 +97,19 @@ def run_twin(folder: str, variant: str, seed: int, lr: float, spec: dict[str, An
             "train_losses": losses, "violation": violation, "seconds": time.perf_counter() - t0,
             "step_seconds": float(np.median(step_seconds)) if step_seconds else None,
             "trajectory": trajectory(tracker), "checkpoint": saved, "note": built.note, "threads": threads}
+
+
+def train_step(built, opt, x) -> float:
+    """One optimizer step of the twin on windows `x` (B, context + 1); its loss. The constraint's form is computed
+    once for the forward and its backward (`parametrised.cached`)."""
+    from qkinspect.experiment.edits.parametrised import cached
+
+    with cached(built.forms):
+        loss = next_token_loss(built.model, x)
+        loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(loss.detach())
 
 
 def next_token_loss(model, x):

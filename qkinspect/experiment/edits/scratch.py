@@ -72,7 +72,7 @@ def bilinear_attention(module, query: Tensor, key: Tensor, value: Tensor, attent
     `module.qk` (H, D, D); queries and keys are not read."""
     x = module.qk_input  # (B, T, D)
     scaling = 1 / math.sqrt(value.shape[-1]) if scaling is None else scaling
-    xw = torch.einsum("btd,hde->bhte", x, module.qk)  # (B, H, T, D)
+    xw = x.unsqueeze(1) @ module.qk  # (B, 1, T, D) @ (H, D, D) -> (B, H, T, D)
     scores = (xw @ x.transpose(-2, -1).unsqueeze(1)) * scaling  # (B, H, T, D) @ (B, 1, D, T) -> (B, H, T, T)
     allowed = visible(attention_mask, x.shape[1], x.shape[1], x.device)
     return _attend(module, scores, value, allowed, dropout)
@@ -202,10 +202,21 @@ def bilinear(hf) -> Held:
                     t = getattr(proj, attr, None)
                     if t is not None:
                         pinned += _pin(proj, attr, torch.ones_like(t, dtype=torch.bool), torch.zeros_like(t))
+                proj.forward = _Zeros(proj.out_features)  # its weight is 0 and its output not read: no matmul
     hf.model.set_attn_implementation(BILINEAR)
     return Held(pinned, lambda: 0.0, note="a transformers class has no d_model × d_model W_QK per head: the "
                 "tensors are saved as model.safetensors (qk: (heads, d_model, d_model) per layer) with the config, "
                 "and analyze cannot read them")
+
+
+class _Zeros:
+    """A projection's forward whose weight is pinned at 0: zeros of its output's shape."""
+
+    def __init__(self, width: int):
+        self.width = width
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.new_zeros(*x.shape[:-1], self.width)
 
 
 def _keep_input(module: nn.Module, args: tuple, kwargs: dict):
