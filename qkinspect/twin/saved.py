@@ -55,6 +55,14 @@ def read_twin(folder: str | Path) -> Twin:
     if setup.get("text", {}).get("demo"):
         notes.insert(0, "no text given: trained on Python's own pydoc_data.topics, a demo")
     notes += [f"{r.variant} seed {r.seed}: {r.note}" for r in runs if r.note and r.seed == 0]
+    order = {v: i for i, v in enumerate(variants)}  # the plan's order, then seed and rate; others after
+
+    def rank(r) -> tuple:
+        return (order.get(r.variant, len(order)), r.variant, r.seed, r.lr)
+
+    runs.sort(key=rank)
+    points.sort(key=lambda p: (*rank(p), p.step))
+    trajectories.sort(key=lambda t: (*rank(t), t.step, t.layer, t.head, t.metric))
     sweep, chosen = _lr_sweep(runs, variants, lrs)
     summaries = _summaries(runs, points, variants, seeds, chosen, margin)
     return Twin(folder, setup, tuple(runs), tuple(points), tuple(trajectories), summaries, sweep, failures,

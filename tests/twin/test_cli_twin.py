@@ -88,5 +88,8 @@ def test_outputs(tmp_path):
     assert set(table.column("step").to_pylist()) == {0, 1, 2}
     doc = json.loads(twin(*base, "-f", "json").stdout)
     assert doc["kind"] == "twin" and doc["setup"]["tokenizer"]["kind"] == "char"
+    from tests.cli.schema import validate
+
+    validate(doc)
     table = twin(*base, "-f", "table").stdout
     assert "verdict" in table and "share_qk" in table
