@@ -49,7 +49,8 @@ def config_for(shape: Shape, vocab: int, intermediate: int | None = None, names:
         cfg = _from_file(shape.config, names)
     elif shape.arch == "gpt2":
         cfg = GPT2Config(vocab_size=vocab, n_embd=shape.d_model, n_layer=shape.layers, n_head=shape.heads,
-                         n_positions=shape.context, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                         n_positions=shape.context, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                         bos_token_id=None, eos_token_id=None)
     else:
         mlp = 16 * math.ceil(8 * shape.d_model / 3 / 16)  # SwiGLU's 8/3 d_model, a multiple of 16
         cfg = LlamaConfig(vocab_size=vocab, hidden_size=shape.d_model, intermediate_size=mlp,

@@ -194,6 +194,9 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
     _whole(context, "context", names, 2, 1 << 16)
     if config is None and d_model % heads:
         raise InputError(f"{names.said('d_model', d_model)}: must be a multiple of {names.said('heads', heads)}")
+    if config is None and arch == "llama" and (d_model // heads) % 2:
+        raise InputError(f"{names.said('d_model', d_model)} / {names.said('heads', heads)}: rotary positions turn "
+                         "pairs of dimensions, so a llama head's size must be even")
     cfg = Path(config) if config is not None else None
     if cfg is not None and not cfg.is_file():
         raise InputError(f"{names.said('config', cfg)}: no such file (a transformers config.json)")

@@ -84,6 +84,10 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
                         eval_windows=eval_windows, track_every=track_every, margin=margin, device=device,
                         save_checkpoints=save_checkpoints, scheduler=scheduler, workers=workers, threads=threads,
                         names=names)
+    if req.shape.config is not None:  # a config.json it cannot use is refused before the text is read
+        from qkinspect.twin.model import config_for
+
+        config_for(req.shape, 2, names=names)
     if req.device == "cuda":
         from qkinspect.device import check_device
 

@@ -28,6 +28,7 @@ def twin(*args):
     (["--lr", "0"], ["--lr"]),
     (["--tokenizer", "bpe:3"], ["--tokenizer"]),
     (["--d-model", "30", "--heads", "4"], ["--d-model", "--heads"]),
+    (["--d-model", "12", "--heads", "4"], ["--d-model", "--heads", "even"]),
     (["--steps", "0"], ["--steps"]),
     (["--text", "missing.txt"], ["--text", "no such file"]),
     (["--config", "missing.json"], ["--config"]),

@@ -116,13 +116,17 @@ def register(app: typer.Typer) -> None:
         from qkinspect.twin.request import CLI_NAMES
         from qkinspect.twin.run import twin as run_twin
 
-        result = run_twin(out, variants=variants, match_params=match_params, arch=arch.value, layers=layers,
-                          d_model=d_model, heads=heads, context=context, config=config, text=text,
-                          tokenizer=tokenizer, seeds=seeds, lr=lr, steps=steps, warmup=warmup, batch=batch,
-                          eval_every=eval_every, eval_windows=eval_windows, track_every=track_every, margin=margin,
-                          device=device.value, save_checkpoints=save_checkpoints, scheduler=scheduler,
-                          workers=workers, threads=threads, progress=lambda line: note(f"twin: {line}"),
-                          names=CLI_NAMES)
+        try:
+            result = run_twin(out, variants=variants, match_params=match_params, arch=arch.value, layers=layers,
+                              d_model=d_model, heads=heads, context=context, config=config, text=text,
+                              tokenizer=tokenizer, seeds=seeds, lr=lr, steps=steps, warmup=warmup, batch=batch,
+                              eval_every=eval_every, eval_windows=eval_windows, track_every=track_every,
+                              margin=margin, device=device.value, save_checkpoints=save_checkpoints,
+                              scheduler=scheduler, workers=workers, threads=threads,
+                              progress=lambda line: note(f"twin: {line}"), names=CLI_NAMES)
+        except KeyboardInterrupt:
+            note(f"stopped; the runs done are kept in {out}: run the same command to resume")
+            raise
         doc = Document(json=result.to_dict(), rows=result.rows(rows.value), render=result.render_table)
         if parquet:
             write_parquet(doc.rows, output)
