@@ -38,7 +38,8 @@ class Built:
     violation: Any
     params: int
     family: str
-    note: str | None = None  # why a transformers class cannot hold the trained twin (bilinear)
+    note: str | None = None  # what its checkpoint does not carry (the Reformer's attention), or why no class holds it
+    plain: bool = True  # whether its class holds the trained twin (not bilinear)
 
 
 def config_for(shape: Shape, vocab: int, intermediate: int | None = None, names: Names = LIBRARY_NAMES):
@@ -134,8 +135,11 @@ def constrain(kind: str, variant: str, model: nn.Module, device: str) -> Built:
         outputs = _outputs(model) if kind == "share_qkv" else None
         healer = Healer(hf, {i: (edit, heads) for i in range(n_layers)}, HealOptions(steps=1, train="all"), [],
                         "gauge")
+        note = None
         if kind == "share_qk_reformer":
             use_reformer_attention(healer.model)
+            note = ("the Reformer's key normalisation and self mask are its attention function's, not the weights': "
+                    "a transformers class runs the saved share_qk weights as standard attention")
         forms = [f for f, _ in healer.forms.values()]
         if outputs is not None:  # the edit refits W_O to a trained W_V it replaces; a twin keeps its initial W_O
             for form, W_O in zip(forms, outputs, strict=True):
@@ -147,14 +151,14 @@ def constrain(kind: str, variant: str, model: nn.Module, device: str) -> Built:
                      for i, (form, maps) in healer.forms.items()]
             return float(torch.stack([x.float() for x in v]).max())
 
-        return Built(healer.model, healer.params, forms, violation, _count(healer.params), family)
+        return Built(healer.model, healer.params, forms, violation, _count(healer.params), family, note)
     if kind == "wq_identity":
         free = pin_query_identity(hf)
         return Built(model, _trained(model), [], free.violation, _count(_trained(model)) - free.pinned, family)
     if kind == "bilinear":
         free = bilinear(hf)
         return Built(model, _trained(model), [], free.violation, _count(_trained(model)) - free.pinned, family,
-                     note=free.note)
+                     note=free.note, plain=False)
     trained = _trained(model)
     return Built(model, trained, [], lambda: 0.0, _count(trained), family)
 

@@ -60,7 +60,7 @@ class TwinRun:
     step_seconds: float | None  # median seconds per optimizer step
     violation: float  # the largest departure from the constraint at the evaluated steps (0 for standard)
     checkpoint: str | None  # the folder under the twin folder, with --save-checkpoints
-    note: str | None  # why analyze cannot read the checkpoint, where it cannot
+    note: str | None  # what its checkpoint does not carry (the Reformer's attention), or why analyze cannot read it
     threads: int
 
 

@@ -187,8 +187,10 @@ def save_checkpoint(root: Path, variant: str, seed: int, built) -> str:
     folder = root / "checkpoints" / f"{variant.replace(':', '').replace('+', '-')}-s{seed}"
     folder.mkdir(parents=True, exist_ok=True)
     tensors = state_tensors(built.model)
-    if built.note is None:
+    if built.plain:
         plain_copy(built.model.config, tensors).save_pretrained(folder)
+        if built.note:
+            (folder / "README.txt").write_text(built.note + "\n", encoding="utf-8")
     else:
         from safetensors.torch import save_file
 

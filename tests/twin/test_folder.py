@@ -59,7 +59,8 @@ def test_no_held_out_token_in_a_training_batch(tmp_path):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_saved_checkpoints_read_back_by_analyze_with_symmetry_one(tmp_path, small_text, arch):
-    result = qkinspect.twin(tmp_path, text=small_text, variants="share_qk,symmetric", arch=arch, seeds=1, steps=3,
+    result = qkinspect.twin(tmp_path, text=small_text, variants="share_qk,symmetric,share_qk_reformer", arch=arch,
+                            seeds=1, steps=3,
                             save_checkpoints=True, **TINY)
     for run in result.runs:
         folder = tmp_path / run.checkpoint
