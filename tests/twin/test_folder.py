@@ -92,3 +92,13 @@ def test_the_reader_refuses_a_bad_folder_in_one_line(tmp_path, small_text):
         read_twin(tmp_path)
     with pytest.raises(InputError, match="no such file"):
         read_twin(tmp_path / "nothing")
+
+
+def test_bpe_is_trained_on_the_training_text_only(tmp_path):
+    text = text_file(tmp_path / "t.txt", 4000, held_out_marker=True)
+    result = qkinspect.twin(tmp_path / "out", text=text, tokenizer="bpe:300", seeds=1, steps=2, variants=[], **TINY)
+    tok = result.setup["tokenizer"]
+    assert tok["kind"] == "bpe:300" and len(tok["sha256"]) == 64
+    vocab = json.loads((tmp_path / "out" / "tokens" / "tokenizer.txt").read_text())["model"]["vocab"]
+    assert not any("ZZ" in piece for piece in vocab)  # 'Z' runs only in the held-out text: never merged
+    assert result.setup["text"]["sha256"] and result.setup["text"]["files"] == ["t.txt"]
