@@ -52,7 +52,8 @@ def read_twin(folder: str | Path) -> Twin:
     failures = tuple(Failure(_s(f.get("variant"), where, "failures.variant"), int(_num(f.get("seed"), where,
                      "failures.seed")), _num(f.get("lr"), where, "failures.lr"), _s(f.get("error"), where,
                      "failures.error")) for f in _list(manifest, "failures", where, default=[]) if isinstance(f, dict))
-    if setup.get("text", {}).get("demo"):
+    text = setup.get("text")
+    if isinstance(text, dict) and text.get("demo") is True:
         notes.insert(0, "no text given: trained on Python's own pydoc_data.topics, a demo")
     notes += [f"{r.variant} seed {r.seed}: {r.note}" for r in runs if r.note and r.seed == 0]
     order = {v: i for i, v in enumerate(variants)}  # the plan's order, then seed and rate; others after

@@ -82,6 +82,10 @@ def test_bilinear_saves_its_tensors_and_says_why_analyze_cannot(tmp_path, small_
 def test_the_reader_refuses_a_bad_folder_in_one_line(tmp_path, small_text):
     qkinspect.twin(tmp_path, text=small_text, seeds=1, steps=2, variants=[], **TINY)
     run = next((tmp_path / "runs").iterdir())
+    manifest = json.loads((tmp_path / "twin.json").read_text())
+    manifest["setup"]["text"] = 5  # what the reader does not need is not trusted either: no crash
+    (tmp_path / "twin.json").write_text(json.dumps(manifest))
+    assert read_twin(tmp_path).runs
     doc = json.loads(run.read_text())
     doc["run"]["points"][0]["val_loss"] = "NaN"
     run.write_text(json.dumps(doc))
