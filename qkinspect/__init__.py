@@ -5,6 +5,7 @@ from qkinspect.version import __version__
 
 __all__ = [
     "__version__", "QkinspectError", "analyze", "atlas", "composition", "directions", "load", "read_atlas", "track",
+    "twin",
 ]
 
 
@@ -34,6 +35,10 @@ def __getattr__(name: str):
         from qkinspect.loading import load
 
         return load
+    if name == "twin":  # the package, callable as qkinspect.twin(out, ...)
+        import qkinspect.twin as twin
+
+        return twin
     if name == "track":
         from qkinspect.callback import track
 

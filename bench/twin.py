@@ -1,0 +1,102 @@
+"""Benchmark twin training (`qkinspect twin`): each twin's optimizer step against a plain transformers training
+step of the same model, and the cost of tracking each head's metrics, measured in one run.
+
+Prints, at nanoGPT's CPU scale by default (llama, 4 layers, d_model 128, 4 heads, context 64, batch 12, a
+character-sized vocabulary of 85), one torch thread:
+  (a) per variant, its step as `qkinspect twin` runs it (`qkinspect.twin.train.train_step`: forward and backward
+      with the constraint's form computed once, the AdamW update) beside a plain step (the standard model, torch's
+      AdamW, the same loss) on the same batch, alternating, so that a shared machine's load falls on both: the
+      ratio of the medians (targets: standard <= 1.1, each constraint <= 1.3);
+  (b) tracking: the seconds of one measurement of every head (qkinspect.callback.Tracker, symmetry and Q/K overlap)
+      over 100 of the standard twin's steps: the share of training that `--track-every 100` adds (target <= 5 %).
+
+Usage:
+  python bench/twin.py [--arch llama|gpt2] [--layers 4] [--d-model 128] [--heads 4] [--context 64] [--batch 12]
+                       [--variants standard,share_qk,...] [--rounds 12] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+import torch
+
+VARIANTS = "standard,share_qk,share_qk_reformer,symmetric,share_qkv,rank:8,wq_identity,bilinear"
+
+
+def plain_step(model, opt, x) -> float:
+    logits = model(input_ids=x[:, :-1]).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", default="llama")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--d-model", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=12)
+    ap.add_argument("--vocab", type=int, default=85)
+    ap.add_argument("--variants", default=VARIANTS)
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+
+    from qkinspect.callback import Tracker
+    from qkinspect.experiment.heal import adamw
+    from qkinspect.twin.model import build, config_for, standard_model
+    from qkinspect.twin.request import Shape
+    from qkinspect.twin.train import train_step
+
+    shape = Shape(args.arch, args.layers, args.d_model, args.heads, args.context)
+    x = torch.randint(0, args.vocab, (args.batch, args.context + 1), generator=torch.Generator().manual_seed(0))
+    plain = standard_model(config_for(shape, args.vocab), seed=0)
+    plain_opt = adamw(list(plain.parameters()), 1e-3)
+    out = {"shape": vars(args), "variants": {}}
+    print(f"{args.arch} {args.layers}x{args.d_model}, {args.heads} heads, context {args.context}, batch "
+          f"{args.batch}; one thread; median of {args.rounds - 2} alternating steps")
+    for variant in args.variants.split(","):
+        built = build(variant, shape, args.vocab, seed=0)
+        opt = adamw(built.trained, 1e-3)
+        mine, base = [], []
+        for _ in range(args.rounds):
+            base.append(timed(lambda: plain_step(plain, plain_opt, x)))
+            mine.append(timed(lambda: train_step(built, opt, x)))  # noqa: B023 - called at once
+        m, b = statistics.median(mine[2:]), statistics.median(base[2:])
+        out["variants"][variant] = {"step": m, "plain_step": b, "ratio": m / b, "params": built.params}
+        print(f"  {variant:18s} step {m * 1e3:7.1f} ms  plain {b * 1e3:7.1f} ms  ratio {m / b:5.2f}")
+    built = build("standard", shape, args.vocab, seed=0)
+    opt = adamw(built.trained, 1e-3)
+    with tempfile.TemporaryDirectory() as tmp:
+        tracker = Tracker(tmp, name="bench")
+        measures, steps = [], []
+        for k in range(5):
+            steps += [timed(lambda: train_step(built, opt, x)) for _ in range(4)]  # noqa: B023
+            measures.append(timed(lambda: tracker.measure(built.model, k)))  # noqa: B023
+    share = statistics.median(measures) / (100 * statistics.median(steps))
+    out["tracking"] = {"measure": statistics.median(measures), "step": statistics.median(steps),
+                       "share_at_100": share}
+    print(f"  tracking: one measurement {statistics.median(measures) * 1e3:.1f} ms = {share:.1%} of 100 steps")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

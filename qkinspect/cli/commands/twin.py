@@ -1,0 +1,139 @@
+"""`qkinspect twin`: the same small transformer trained from scratch, as standard and under each constraint."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from qkinspect.cli.options import Device, DeviceOpt, OutputOpt
+from qkinspect.cli.output import Document, check_output, check_parquet, emit, note, write_parquet
+
+
+class Arch(str, Enum):
+    llama = "llama"
+    gpt2 = "gpt2"
+
+
+class TwinFormat(str, Enum):
+    table = "table"
+    json = "json"
+    ndjson = "ndjson"
+    csv = "csv"
+    parquet = "parquet"
+
+
+class Rows(str, Enum):
+    runs = "runs"
+    trajectories = "trajectories"
+    summary = "summary"
+    lr = "lr"
+
+
+OutOpt = Annotated[Path, typer.Option(
+    "--out", metavar="DIR", show_default=False,
+    help="The twin folder: one file per run, written as each finishes; the same --out again skips those done.")]
+VariantsOpt = Annotated[str, typer.Option(
+    "--variants", metavar="V[,V…]",
+    help="Constraints: share_qk, share_qk_reformer, symmetric, share_qkv, rank:K, wq_identity, bilinear "
+         "(standard is always trained).")]
+MatchOpt = Annotated[bool, typer.Option(
+    "--match-params", help="Also train each constrained variant with its MLP resized to the standard twin's "
+                           "parameter count (within 1 %), as VARIANT+params.")]
+ArchOpt = Annotated[Arch, typer.Option("--arch", help="transformers class: llama (RoPE, SwiGLU) or gpt2 (learned "
+                                                      "absolute positions).")]
+LayersOpt = Annotated[int, typer.Option("--layers", metavar="N", help="Transformer blocks.")]
+DModelOpt = Annotated[int, typer.Option("--d-model", metavar="D", help="Residual width.")]
+HeadsOpt = Annotated[int, typer.Option("--heads", metavar="H", help="Attention heads per layer.")]
+ContextOpt = Annotated[int, typer.Option("--context", metavar="T", help="Tokens per training window.")]
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", metavar="FILE", help="A transformers config.json (llama or gpt2) instead of the sizes above.")]
+TextOpt = Annotated[Path | None, typer.Option(
+    "--text", metavar="FILE|DIR", help="UTF-8 text, or every .txt of a folder; the last 10 % of each file is held "
+                                       "out (default: Python's pydoc_data.topics, a demo).")]
+TokenizerOpt = Annotated[str, typer.Option("--tokenizer", metavar="char|byte|bpe:N",
+                                           help="Characters, bytes, or a BPE of N tokens trained on the training "
+                                                "text.")]
+SeedsOpt = Annotated[int, typer.Option("--seeds", metavar="N", help="Seeds 0..N-1 (initialisation and batch "
+                                                                    "order).")]
+LrOpt = Annotated[str, typer.Option("--lr", metavar="LR[,LR…]",
+                                    help="Learning rate; with several, each variant's best on seed 0 is used.")]
+StepsOpt = Annotated[int, typer.Option("--steps", metavar="N", help="Optimizer steps.")]
+WarmupOpt = Annotated[int | None, typer.Option("--warmup", metavar="N",
+                                               help="Warm-up steps (default: min(100, steps/10)).")]
+BatchOpt = Annotated[int, typer.Option("--batch", metavar="B", help="Windows per step.")]
+EvalOpt = Annotated[int | None, typer.Option("--eval-every", metavar="N",
+                                             help="Held-out loss every N steps (default: at the end).")]
+EvalWindowsOpt = Annotated[int, typer.Option("--eval-windows", metavar="N",
+                                             help="Fixed held-out windows evaluated (evenly spaced).")]
+TrackOpt = Annotated[int | None, typer.Option("--track-every", metavar="N",
+                                              help="Each head's symmetry and Q/K overlap every N steps.")]
+MarginOpt = Annotated[float, typer.Option("--margin", metavar="NATS",
+                                          help="Margin of the two one-sided tests on the held-out loss.")]
+CheckpointsOpt = Annotated[bool, typer.Option(
+    "--save-checkpoints", help="Each twin's final weights as a transformers folder under DIR/checkpoints/.")]
+SchedulerOpt = Annotated[str | None, typer.Option(
+    "--scheduler", metavar="ADDRESS", help="A running Dask scheduler (tcp://host:8786); default: a local cluster.")]
+WorkersOpt = Annotated[int | None, typer.Option(
+    "--workers", metavar="N", help="Local cluster: worker processes (default: one per core, at most one per run; "
+                                   "0: in this process).")]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", metavar="N", help="torch threads per run (default 1).")]
+FormatOpt = Annotated[TwinFormat | None, typer.Option(
+    "--format", "-f", show_default=False, metavar="FORMAT",
+    help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
+RowsOpt = Annotated[Rows, typer.Option("--rows", help="Which records csv, ndjson and parquet hold.")]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def twin(
+        out: OutOpt, variants: VariantsOpt = "share_qk", match_params: MatchOpt = False, arch: ArchOpt = Arch.llama,
+        layers: LayersOpt = 4, d_model: DModelOpt = 128, heads: HeadsOpt = 4, context: ContextOpt = 64,
+        config: ConfigOpt = None, text: TextOpt = None, tokenizer: TokenizerOpt = "char", seeds: SeedsOpt = 3,
+        lr: LrOpt = "1e-3", steps: StepsOpt = 2000, warmup: WarmupOpt = None, batch: BatchOpt = 12,
+        eval_every: EvalOpt = None, eval_windows: EvalWindowsOpt = 128, track_every: TrackOpt = None,
+        margin: MarginOpt = 0.02, device: DeviceOpt = Device.cpu, save_checkpoints: CheckpointsOpt = False,
+        scheduler: SchedulerOpt = None, workers: WorkersOpt = None, threads: ThreadsOpt = None,
+        fmt: FormatOpt = None, output: OutputOpt = None, rows: RowsOpt = Rows.runs,
+    ) -> None:
+        """Train the same small transformer from scratch, from the same seeds on the same text, as standard and
+        under each constraint, and compare held-out losses paired by seed (docs/twin.md). Each run is written to
+        --out DIR as it finishes; the same command again resumes. Failed runs are listed (exit 3).
+
+        Example: qkinspect twin --out twin/ --variants share_qk,symmetric --seeds 2 --steps 300 --layers 2
+        --d-model 64 --workers 0
+
+        Example (nanoGPT's CPU scale, an lr sweep): qkinspect twin --out shakespeare/ --text shakespeare/
+        --variants share_qk,share_qk_reformer,symmetric,share_qkv,bilinear --match-params --lr 3e-4,1e-3,3e-3
+        --eval-every 250 -o runs.csv
+        """
+        fmt_name = fmt.value if fmt is not None else None
+        parquet = check_parquet(fmt_name, output)
+        if not parquet:
+            check_output(fmt_name, output)
+        from qkinspect.twin.request import CLI_NAMES
+        from qkinspect.twin.run import twin as run_twin
+
+        try:
+            result = run_twin(out, variants=variants, match_params=match_params, arch=arch.value, layers=layers,
+                              d_model=d_model, heads=heads, context=context, config=config, text=text,
+                              tokenizer=tokenizer, seeds=seeds, lr=lr, steps=steps, warmup=warmup, batch=batch,
+                              eval_every=eval_every, eval_windows=eval_windows, track_every=track_every,
+                              margin=margin, device=device.value, save_checkpoints=save_checkpoints,
+                              scheduler=scheduler, workers=workers, threads=threads,
+                              progress=lambda line: note(f"twin: {line}"), names=CLI_NAMES)
+        except KeyboardInterrupt:
+            note(f"stopped; the runs done are kept in {out}: run the same command to resume")
+            raise
+        doc = Document(json=result.to_dict(), rows=result.rows(rows.value), render=result.render_table)
+        if parquet:
+            write_parquet(doc.rows, output)
+        else:
+            emit(doc, fmt_name, output)
+        if result.failures:
+            from qkinspect.errors import SweepFailed
+
+            raise SweepFailed(f"{len(result.failures)} runs failed (listed above, and in {out / 'twin.json'}); run "
+                              "the same command to retry them")

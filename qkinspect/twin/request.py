@@ -1,0 +1,231 @@
+"""What a twin training is asked to do, checked once, before torch is imported or any text is read: the variants,
+the model's shape, the tokenizer, the amounts, the learning rates, the engine's options.
+
+Errors name each option as the caller spells it (`Names`): the library's argument names by default (`steps=0`),
+the CLI's options when the CLI passes `CLI_NAMES` (`--steps 0`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from qkinspect.errors import InputError, said
+from qkinspect.suggest import did_you_mean
+
+# the variants, each a constraint held at every step (docs/twin.md); names as the experiment's edits where one exists
+VARIANTS = ("standard", "share_qk", "share_qk_reformer", "symmetric", "share_qkv", "rank", "wq_identity", "bilinear")
+ARCHS = ("llama", "gpt2")
+MATCHED = "+params"  # suffix of a constrained variant's arm whose saved parameters are given back to its MLP
+_RANK = re.compile(r"rank:([0-9]{1,6})")
+_BPE = re.compile(r"bpe:([0-9]{1,7})")
+MAX_STEPS = 10_000_000
+
+
+@dataclass(frozen=True)
+class Names:
+    """How the caller names each option in errors: `qkinspect.twin`'s arguments by default."""
+
+    out: str = "out"
+    variants: str = "variants"
+    match_params: str = "match_params"
+    arch: str = "arch"
+    layers: str = "layers"
+    d_model: str = "d_model"
+    heads: str = "heads"
+    context: str = "context"
+    config: str = "config"
+    text: str = "text"
+    tokenizer: str = "tokenizer"
+    seeds: str = "seeds"
+    lr: str = "lr"
+    steps: str = "steps"
+    warmup: str = "warmup"
+    batch: str = "batch"
+    eval_every: str = "eval_every"
+    eval_windows: str = "eval_windows"
+    track_every: str = "track_every"
+    margin: str = "margin"
+    device: str = "device"
+    scheduler: str = "scheduler"
+    workers: str = "workers"
+    threads: str = "threads"
+
+    def said(self, option: str, value: Any) -> str:
+        return said(getattr(self, option), value)
+
+
+LIBRARY_NAMES = Names()
+CLI_NAMES = Names(**{f.name: "--" + f.name.replace("_", "-") for f in fields(Names)})
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The model: transformers' `arch` class built from these sizes, or from a config.json (`config`)."""
+
+    arch: str
+    layers: int
+    d_model: int
+    heads: int
+    context: int
+    config: Path | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked twin request. `variants`: each once, standard first, each as its edit text (`rank:8`), then the
+    matched arms (`share_qk+params`) where asked. `lrs`: one value, or the values to choose from on seed 0."""
+
+    out: Path
+    variants: tuple[str, ...]
+    shape: Shape
+    text: Path | None
+    tokenizer: str
+    seeds: int
+    lrs: tuple[float, ...]
+    steps: int
+    warmup: int
+    batch: int
+    eval_every: int
+    eval_windows: int
+    track_every: int | None
+    margin: float
+    device: str
+    save_checkpoints: bool
+    scheduler: str | None
+    workers: int | None
+    threads: int
+
+    def training(self) -> dict[str, Any]:
+        """What a run's numbers depend on besides its variant, seed and learning rate (the resume key)."""
+        return {"shape": {"arch": self.shape.arch, "layers": self.shape.layers, "d_model": self.shape.d_model,
+                          "heads": self.shape.heads, "context": self.shape.context,
+                          "config": str(self.shape.config) if self.shape.config else None},
+                "tokenizer": self.tokenizer, "steps": self.steps, "warmup": self.warmup, "batch": self.batch,
+                "eval_every": self.eval_every, "eval_windows": self.eval_windows, "track_every": self.track_every,
+                "device": self.device, "save_checkpoints": self.save_checkpoints}
+
+
+def base_variant(variant: str) -> str:
+    """The constraint's name: `rank:8` -> rank, `share_qk+params` -> share_qk."""
+    return variant.removesuffix(MATCHED).partition(":")[0]
+
+
+def parse_variants(variants: str | Sequence[str], match_params: bool, names: Names = LIBRARY_NAMES) -> tuple[str, ...]:
+    texts = variants.split(",") if isinstance(variants, str) else list(variants)
+    out: list[str] = ["standard"]
+    for text in (t.strip() for t in texts):
+        if not text:
+            continue
+        name, sep, arg = text.partition(":")
+        if name not in VARIANTS:
+            raise InputError(f"{names.said('variants', text)}: unknown variant{did_you_mean(name, VARIANTS)}; "
+                             f"expected {', '.join(VARIANTS)} (rank as rank:K)")
+        if name == "rank" and _RANK.fullmatch(text) is None:
+            raise InputError(f"{names.said('variants', text)}: rank takes a whole number of dimensions, e.g. rank:8")
+        if name != "rank" and sep:
+            raise InputError(f"{names.said('variants', text)}: {name} takes no argument")
+        if text not in out:
+            out.append(text)
+    if match_params:
+        out += [v + MATCHED for v in out if v != "standard"]
+    return tuple(out)
+
+
+def parse_lrs(lr: float | str | Sequence[float], names: Names = LIBRARY_NAMES) -> tuple[float, ...]:
+    values: list[Any]
+    if isinstance(lr, str):
+        values = [t for t in (s.strip() for s in lr.split(",")) if t]
+    elif isinstance(lr, (int, float)):
+        values = [lr]
+    else:
+        values = list(lr)
+    out = []
+    for v in values:
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            x = math.nan
+        if isinstance(v, bool) or not math.isfinite(x) or not 0 < x < 10:
+            raise InputError(f"{names.said('lr', lr)}: each learning rate must be a number between 0 and 10")
+        if x not in out:
+            out.append(x)
+    if not out:
+        raise InputError(f"{names.said('lr', lr)}: give at least one learning rate")
+    return tuple(out)
+
+
+def check_tokenizer(tokenizer: str, names: Names = LIBRARY_NAMES) -> str:
+    if tokenizer in ("char", "byte"):
+        return tokenizer
+    m = _BPE.fullmatch(tokenizer) if isinstance(tokenizer, str) else None
+    if m is None or not 260 <= int(m.group(1)) <= 1_000_000:
+        raise InputError(f"{names.said('tokenizer', tokenizer)}: expected char, byte or bpe:N (N from 260 to 1000000, "
+                         "the BPE vocabulary trained on the training text)")
+    return tokenizer
+
+
+def _whole(value: Any, option: str, names: Names, low: int = 1, high: int = MAX_STEPS) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InputError(f"{names.said(option, value)}: expected a whole number from {low} to {high}")
+    return value
+
+
+def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk", match_params: bool = False,
+                  arch: str = "llama", layers: int = 4, d_model: int = 128, heads: int = 4, context: int = 64,
+                  config: str | Path | None = None, text: str | Path | None = None, tokenizer: str = "char",
+                  seeds: int = 3, lr: float | str | Sequence[float] = 1e-3, steps: int = 2000,
+                  warmup: int | None = None, batch: int = 12, eval_every: int | None = None,
+                  eval_windows: int = 128, track_every: int | None = None, margin: float = 0.02,
+                  device: str = "cpu", save_checkpoints: bool = False, scheduler: str | None = None,
+                  workers: int | None = None, threads: int | None = None,
+                  names: Names = LIBRARY_NAMES) -> Request:
+    """Every option that can be checked without torch, in one place; InputError naming the first bad one."""
+    chosen = parse_variants(variants, match_params, names)
+    if arch not in ARCHS:
+        raise InputError(f"{names.said('arch', arch)}: expected one of {', '.join(ARCHS)}{did_you_mean(arch, ARCHS)}")
+    for option, value in (("layers", layers), ("heads", heads)):
+        _whole(value, option, names, 1, 1024)
+    _whole(d_model, "d_model", names, 2, 1 << 16)
+    _whole(context, "context", names, 2, 1 << 16)
+    if config is None and d_model % heads:
+        raise InputError(f"{names.said('d_model', d_model)}: must be a multiple of {names.said('heads', heads)}")
+    if config is None and arch == "llama" and (d_model // heads) % 2:
+        raise InputError(f"{names.said('d_model', d_model)} / {names.said('heads', heads)}: rotary positions turn "
+                         "pairs of dimensions, so a llama head's size must be even")
+    cfg = Path(config) if config is not None else None
+    if cfg is not None and not cfg.is_file():
+        raise InputError(f"{names.said('config', cfg)}: no such file (a transformers config.json)")
+    src = Path(text) if text is not None else None
+    if src is not None and not (src.is_file() or src.is_dir()):
+        raise InputError(f"{names.said('text', src)}: no such file or folder")
+    check_tokenizer(tokenizer, names)
+    _whole(seeds, "seeds", names, 1, 10_000)
+    lrs = parse_lrs(lr, names)
+    _whole(steps, "steps", names)
+    warm = min(100, steps // 10) if warmup is None else _whole(warmup, "warmup", names, 0, steps)
+    _whole(batch, "batch", names, 1, 1 << 16)
+    every = steps if eval_every is None else _whole(eval_every, "eval_every", names)
+    _whole(eval_windows, "eval_windows", names, 1, 1 << 20)
+    if track_every is not None:
+        _whole(track_every, "track_every", names)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < math.inf:
+        raise InputError(f"{names.said('margin', margin)}: the margin is a loss difference in nats, 0 or more")
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"{names.said('device', device)}: expected cpu or cuda")
+    from qkinspect.limits import check_threads, check_workers
+
+    if workers is not None and workers != 0:
+        check_workers(workers, names.workers)
+    check_threads(threads, names.threads)
+    if scheduler is not None:
+        from qkinspect.sweep.scheduler import check_address
+
+        scheduler = check_address(scheduler, names.scheduler)
+    shape = Shape(arch, layers, d_model, heads, context, cfg)
+    return Request(Path(out), chosen, shape, src, tokenizer, seeds, lrs, steps, warm, batch, every, eval_windows,
+                   track_every, float(margin), device, bool(save_checkpoints), scheduler, workers, threads or 1)

@@ -1,0 +1,155 @@
+"""The twins' records: typed, frozen, one per tidy row (docs/twin.md, "Output").
+
+- `RunPoint` (kind "runs"): one evaluation of one run: variant, seed, lr, step, tokens seen, training loss (the
+  mean of the steps since the last evaluation), held-out loss, free parameters, seconds since the run began.
+- `TrajectoryPoint` (kind "trajectories"): one head's metric at one tracked step (`--track-every`).
+- `VariantSummary` (kind "summary"): a variant at its chosen learning rate over the seeds (qkinspect.twin.summary).
+- `LrTrial` (kind "lr"): seed 0's final held-out loss at each learning rate tried, and which was chosen.
+- `TwinRun`: one finished run (its constraint check, timing, checkpoint); `Failure`: a run that raised.
+`Twin` holds them all with the setup (text, tokenizer, model config, evaluation windows) and is what `qkinspect.twin`
+returns and `qkinspect.twin.saved.read_twin` reads back from the folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qkinspect.notebook import Tabular
+from qkinspect.records import envelope, json_safe
+
+KIND = "twin"
+ROW_KINDS = ("runs", "trajectories", "summary", "lr")
+
+
+@dataclass(frozen=True)
+class RunPoint:
+    variant: str
+    seed: int
+    lr: float
+    step: int
+    tokens: int
+    train_loss: float | None
+    val_loss: float
+    params: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TrajectoryPoint:
+    variant: str
+    seed: int
+    lr: float
+    step: int
+    layer: int
+    head: int
+    metric: str
+    value: float | None
+
+
+@dataclass(frozen=True)
+class TwinRun:
+    variant: str
+    seed: int
+    lr: float
+    params: int
+    val_loss: float
+    train_loss: float | None
+    seconds: float
+    step_seconds: float | None  # median seconds per optimizer step
+    violation: float  # the largest departure from the constraint at the evaluated steps (0 for standard)
+    checkpoint: str | None  # the folder under the twin folder, with --save-checkpoints
+    note: str | None  # what its checkpoint does not carry (the Reformer's attention), or why analyze cannot read it
+    threads: int
+
+
+@dataclass(frozen=True)
+class VariantSummary:
+    variant: str
+    params: int
+    lr: float
+    seeds: int
+    val_loss: float | None  # mean over seeds
+    val_losses: tuple[float, ...]  # each seed's, in seed order
+    diff: float | None  # mean of (variant − standard), paired by seed
+    ci_low: float | None
+    ci_high: float | None
+    p_better: float | None
+    p_not_worse: float | None
+    p_worse: float | None
+    verdict: str  # better / not worse / worse / can't tell ("reference" for standard)
+    steps_to_standard: int | None
+
+
+@dataclass(frozen=True)
+class LrTrial:
+    variant: str
+    lr: float
+    val_loss: float | None
+    chosen: bool
+
+
+@dataclass(frozen=True)
+class Failure:
+    variant: str
+    seed: int
+    lr: float
+    error: str
+
+
+@dataclass(frozen=True)
+class Twin(Tabular):
+    """Everything a twin folder holds. `setup`: the text (name, sha256, characters, how it is split, demo or not),
+    the tokenizer (kind, vocabulary, sha256), the model (arch and its transformers config), the training (steps,
+    warm-up, batch, lr values, margin) and the evaluation windows; `notes`: what the reader should know."""
+
+    folder: Path
+    setup: dict[str, Any]
+    runs: tuple[TwinRun, ...]
+    points: tuple[RunPoint, ...]
+    trajectories: tuple[TrajectoryPoint, ...]
+    summaries: tuple[VariantSummary, ...]
+    lr_sweep: tuple[LrTrial, ...]
+    failures: tuple[Failure, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def rows(self, kind: str = "runs") -> list[dict[str, Any]]:
+        """The tidy rows of one kind: runs, trajectories, summary or lr."""
+        from qkinspect.errors import InputError
+
+        chosen = {"runs": self.points, "trajectories": self.trajectories, "summary": self.summaries,
+                  "lr": self.lr_sweep}.get(kind)
+        if chosen is None:
+            raise InputError(f"kind={kind!r}: expected one of {', '.join(ROW_KINDS)}")
+        return [asdict(r) for r in chosen]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The document `-o FILE.json` writes (schema qkinspect/1, kind twin)."""
+        return json_safe(envelope(KIND, folder=str(self.folder), setup=self.setup,
+                                  runs=[asdict(r) for r in self.runs], points=self.rows("runs"),
+                                  trajectories=self.rows("trajectories"), summary=self.rows("summary"),
+                                  lr_sweep=self.rows("lr"), failures=[asdict(f) for f in self.failures],
+                                  notes=list(self.notes)))
+
+    def save(self, path: str | Path) -> None:
+        """Write `to_dict()` to `path` as JSON, atomically."""
+        from qkinspect.files import atomic_write, write_json
+
+        doc = self.to_dict()
+        atomic_write(Path(path), lambda f: write_json(doc, f))
+
+    def table_rows(self) -> list[dict[str, Any]]:
+        return self.rows("summary")
+
+    def render_table(self, console) -> None:
+        from qkinspect.terminal.twin import render_twin
+
+        render_twin(console, self.rows("summary"), self.rows("lr"), list(self.notes),
+                    [asdict(f) for f in self.failures])
+
+    def to_pandas(self, kind: str = "runs"):
+        """One kind of tidy rows (runs, trajectories, summary, lr) as a pandas DataFrame."""
+        from qkinspect.notebook import data_frame
+
+        return data_frame(self.rows(kind), f"to_pandas({kind!r})")

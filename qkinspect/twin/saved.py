@@ -1,0 +1,204 @@
+"""Read a twin folder back, checked (it is untrusted input: a folder someone sent, or one a run left half
+written), into the records `qkinspect.twin` returns (qkinspect.twin.results). Each bad value is one InputError
+naming the file and the key; a run file that does not belong to the folder's setup (another resume key) is left
+out and said in the notes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from qkinspect.errors import InputError
+from qkinspect.twin.results import Failure, LrTrial, RunPoint, TrajectoryPoint, Twin, TwinRun, VariantSummary
+from qkinspect.twin.summary import compare, steps_to
+
+MAX_FILE = 1 << 28  # 256 MiB: a run file larger than this is not one qkinspect wrote
+
+
+def is_twin_folder(path: Any) -> bool:
+    from qkinspect.twin.run import MANIFEST
+
+    return isinstance(path, (str, Path)) and (Path(path) / MANIFEST).is_file()
+
+
+def read_twin(folder: str | Path) -> Twin:
+    """The records of every run in the twin folder `folder`, with the per-variant summary of its plan."""
+    from qkinspect.twin.run import FOLDER_KIND, MANIFEST, RUN_KIND, RUNS
+
+    folder = Path(folder)
+    manifest = _json(folder / MANIFEST)
+    where = folder / MANIFEST
+    _expect(manifest.get("kind") == FOLDER_KIND, where, "kind", "not a twin folder's manifest")
+    key = _str(manifest, "key", where)
+    plan = _dict(manifest, "plan", where)
+    setup = _dict(manifest, "setup", where)
+    variants = [_s(v, where, "plan.variants") for v in _list(plan, "variants", where)]
+    seeds = _int(plan, "seeds", where)
+    lrs = [_num(x, where, "plan.lrs") for x in _list(plan, "lrs", where)]
+    margin = _num(plan.get("margin"), where, "plan.margin")
+    runs, points, trajectories, notes = [], [], [], []
+    for path in sorted((folder / RUNS).glob("*.json")) if (folder / RUNS).is_dir() else []:
+        doc = _json(path)
+        if doc.get("kind") != RUN_KIND or doc.get("key") != key:
+            notes.append(f"{path.name}: written for another setup; left out")
+            continue
+        run, pts, traj = _run(_dict(doc, "run", path), path)
+        runs.append(run)
+        points += pts
+        trajectories += traj
+    failures = tuple(Failure(_s(f.get("variant"), where, "failures.variant"), int(_num(f.get("seed"), where,
+                     "failures.seed")), _num(f.get("lr"), where, "failures.lr"), _s(f.get("error"), where,
+                     "failures.error")) for f in _list(manifest, "failures", where, default=[]) if isinstance(f, dict))
+    text = setup.get("text")
+    if isinstance(text, dict) and text.get("demo") is True:
+        notes.insert(0, "no text given: trained on Python's own pydoc_data.topics, a demo")
+    notes += [f"{r.variant} seed {r.seed}: {r.note}" for r in runs if r.note and r.seed == 0]
+    order = {v: i for i, v in enumerate(variants)}  # the plan's order, then seed and rate; others after
+
+    def rank(r) -> tuple:
+        return (order.get(r.variant, len(order)), r.variant, r.seed, r.lr)
+
+    runs.sort(key=rank)
+    points.sort(key=lambda p: (*rank(p), p.step))
+    trajectories.sort(key=lambda t: (*rank(t), t.step, t.layer, t.head, t.metric))
+    sweep, chosen = _lr_sweep(runs, variants, lrs)
+    summaries = _summaries(runs, points, variants, seeds, chosen, margin)
+    return Twin(folder, setup, tuple(runs), tuple(points), tuple(trajectories), summaries, sweep, failures,
+                tuple(notes))
+
+
+def _run(doc: dict[str, Any], where: Path) -> tuple[TwinRun, list[RunPoint], list[TrajectoryPoint]]:
+    variant, seed, lr = _str(doc, "variant", where), _int(doc, "seed", where), _num(doc.get("lr"), where, "lr")
+    params = _int(doc, "params", where)
+    pts = []
+    for p in _list(doc, "points", where):
+        _expect(isinstance(p, dict), where, "points", "each point is an object")
+        pts.append(RunPoint(variant, seed, lr, _int(p, "step", where), _int(p, "tokens", where),
+                            _opt(p.get("train_loss"), where, "points.train_loss"),
+                            _num(p.get("val_loss"), where, "points.val_loss"), params,
+                            _num(p.get("seconds"), where, "points.seconds")))
+    _expect(bool(pts), where, "points", "a run has at least one evaluation")
+    traj = []
+    for t in _list(doc, "trajectory", where, default=[]):
+        _expect(isinstance(t, dict), where, "trajectory", "each row is an object")
+        traj.append(TrajectoryPoint(variant, seed, lr, _int(t, "step", where), _int(t, "layer", where),
+                                    _int(t, "head", where), _str(t, "metric", where),
+                                    _opt(t.get("value"), where, "trajectory.value")))
+    checkpoint = doc.get("checkpoint")
+    note = doc.get("note")
+    _expect(checkpoint is None or isinstance(checkpoint, str), where, "checkpoint", "a folder name or null")
+    _expect(note is None or isinstance(note, str), where, "note", "text or null")
+    run = TwinRun(variant, seed, lr, params, pts[-1].val_loss, pts[-1].train_loss, _num(doc.get("seconds"), where,
+                  "seconds"), _opt(doc.get("step_seconds"), where, "step_seconds"),
+                  _num(doc.get("violation"), where, "violation"), checkpoint, note, _int(doc, "threads", where))
+    return run, pts, traj
+
+
+def _lr_sweep(runs: list[TwinRun], variants: list[str], lrs: list[float]):
+    """Seed 0's final held-out loss per (variant, lr) and each variant's chosen rate (the lowest; the only one
+    where one was given)."""
+    trials, chosen = [], {}
+    for v in variants:
+        losses = {r.lr: r.val_loss for r in runs if r.variant == v and r.seed == 0 and r.lr in lrs}
+        if len(lrs) == 1:
+            chosen[v] = lrs[0]
+        elif losses:
+            chosen[v] = min(losses, key=lambda x: (losses[x], x))
+        trials += [LrTrial(v, x, losses.get(x), chosen.get(v) == x) for x in lrs] if len(lrs) > 1 else []
+    return tuple(trials), chosen
+
+
+def _summaries(runs, points, variants, seeds, chosen, margin) -> tuple[VariantSummary, ...]:
+    def at(v: str) -> dict[int, TwinRun]:
+        return {r.seed: r for r in runs if r.variant == v and r.lr == chosen.get(v) and r.seed < seeds}
+
+    def curve(v: str) -> dict[int, float]:
+        by: dict[int, list[float]] = {}
+        for p in points:
+            if p.variant == v and p.lr == chosen.get(v) and p.seed < seeds:
+                by.setdefault(p.step, []).append(p.val_loss)
+        n = len(at(v))
+        return {k: sum(x) / len(x) for k, x in by.items() if len(x) == n}
+
+    std = at("standard")
+    std_curve = curve("standard")
+    target = std_curve[max(std_curve)] if std_curve else None
+    out = []
+    for v in variants:
+        mine = at(v)
+        if not mine:
+            continue
+        order = sorted(mine)
+        losses = tuple(mine[s].val_loss for s in order)
+        mean = sum(losses) / len(losses)
+        if v == "standard":
+            paired = compare([], margin)
+            verdict, diff, steps = "reference", 0.0, None
+        else:
+            paired = compare([mine[s].val_loss - std[s].val_loss for s in order if s in std], margin)
+            verdict, diff, steps = paired.verdict, paired.diff, steps_to(curve(v), target)
+        out.append(VariantSummary(v, mine[order[0]].params, chosen[v], len(order), mean, losses, diff,
+                                  paired.ci_low, paired.ci_high, paired.p_better, paired.p_not_worse,
+                                  paired.p_worse, verdict, steps))
+    return tuple(out)
+
+
+# -- checked values ------------------------------------------------------------------------------------------
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        if path.stat().st_size > MAX_FILE:
+            raise InputError(f"{path}: larger than a twin file can be")
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file (not a twin folder?)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{path}: not readable as JSON ({e})") from None
+    _expect(isinstance(doc, dict), path, "(top level)", "an object")
+    return doc
+
+
+def _expect(ok: bool, where: Path, key: str, what: str) -> None:
+    if not ok:
+        raise InputError(f"{where}: {key}: {what}")
+
+
+def _dict(doc: dict, key: str, where: Path) -> dict[str, Any]:
+    v = doc.get(key)
+    _expect(isinstance(v, dict), where, key, "expected an object")
+    return v
+
+
+def _list(doc: dict, key: str, where: Path, default: Any = None) -> list:
+    v = doc.get(key, default)
+    _expect(isinstance(v, list), where, key, "expected a list")
+    return v
+
+
+def _s(v: Any, where: Path, key: str) -> str:
+    _expect(isinstance(v, str) and len(v) < 10_000, where, key, "expected text")
+    return v
+
+
+def _str(doc: dict, key: str, where: Path) -> str:
+    return _s(doc.get(key), where, key)
+
+
+def _int(doc: dict, key: str, where: Path) -> int:
+    v = doc.get(key)
+    _expect(isinstance(v, int) and not isinstance(v, bool) and v >= 0, where, key, "expected a whole number")
+    return v
+
+
+def _num(v: Any, where: Path, key: str) -> float:
+    _expect(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), where, key,
+            "expected a finite number")
+    return float(v)
+
+
+def _opt(v: Any, where: Path, key: str) -> float | None:
+    return None if v is None else _num(v, where, key)
