@@ -14,7 +14,8 @@ from qkinspect.report.tables import Table
 
 MARGIN = 0.75  # inches on every side
 LEADING = 1.38  # line height as a multiple of the font size
-FIRST_COLUMN = 0.7  # inches for a table's first (left-aligned) column
+FIRST_COLUMN = 0.7  # inches at least for a table's first (left-aligned) column
+MONO_ADVANCE = 0.602  # DejaVu Sans Mono's advance per character, in ems: the width of a table's cells
 MAX_COLUMN = 1.25  # inches at most for any other column
 MIN_COLUMN = 0.8  # inches at least: wider tables are split into several
 TABLE_SIZE = 7.5
@@ -180,9 +181,11 @@ class TextPages:
 
     def _table(self, t: Table, size: float) -> None:
         lh = size * LEADING / 72
-        col = min(MAX_COLUMN, (self.width - FIRST_COLUMN) / max(1, len(t.header) - 1))
+        # the first column as wide as its widest cell (a long name such as share_qk_reformer), at least FIRST_COLUMN
+        first = max(FIRST_COLUMN, max((MONO_ADVANCE * size / 72 * len(r[0]) + 0.12 for r in t.rows), default=0.0))
+        col = min(MAX_COLUMN, (self.width - first) / max(1, len(t.header) - 1))
         # each column's anchor: the first column's left edge, the others' right edges (numbers align)
-        rights = [0.0] + [FIRST_COLUMN + col * (i + 1) - 0.08 for i in range(len(t.header) - 1)]
+        rights = [0.0] + [first + col * (i + 1) - 0.08 for i in range(len(t.header) - 1)]
         header, hsize = header_lines(t.header, col - 0.1, size)
         depth = max(len(h) for h in header)
         self.heading(t.title, size=10)

@@ -100,8 +100,9 @@ def gap_figure(twin: Twin, *, name: str | None = None, canvas: Canvas = new_figu
             ax.fill_between(steps, low, high, color=colour[variant], alpha=BAND_ALPHA, linewidth=0)
             ax.plot(steps, diff, color=colour[variant], linewidth=1.5, marker="o", markersize=2.5)
             s = verdicts.get(variant)
-            final = (f"final {fmt(s.diff)} [{fmt(s.ci_low)}, {fmt(s.ci_high)}]: {s.verdict}" if s is not None
-                     else "")
+            interval = f"[{fmt(s.ci_low)}, {fmt(s.ci_high)}]" if s is not None and s.ci_low is not None else \
+                "(no interval: one seed)"
+            final = f"final {fmt(s.diff)} {interval}: {s.verdict}" if s is not None else ""
             ax.set_title(f"{variant}\n{final}", loc="left", fontsize=8.5)
             ax.grid(True, axis="y")
         for ax in axes[len(by):]:

@@ -60,6 +60,7 @@ def setup_pairs(twin: Twin) -> list[tuple[str, str]]:
     s = twin.setup
     text, tok, train, ev = s.get("text", {}), s.get("tokenizer", {}), s.get("training", {}), s.get("evaluation", {})
     plan = s.get("plan", {})
+    n_seeds = plan.get("seeds", 1)
     demo = " (demo: no text was given)" if text.get("demo") else ""
     files = text.get("files") or []
     rates = "; ".join(f"{v} {lr:g}" for v, (lr, _) in chosen(twin).items())
@@ -81,7 +82,7 @@ def setup_pairs(twin: Twin) -> list[tuple[str, str]]:
         ("evaluation", f"{ev.get('windows', 'n/a')} windows ({ev.get('tokens', 0):,} tokens), "
                        + (f"every {ev['every']} steps" if ev.get("every") else "at the end only")
                        + f": {ev.get('what', '')}"),
-        ("seeds", f"{plan.get('seeds', 'n/a')} (0 … {max(0, plan.get('seeds', 1) - 1)}); a seed fixes the initial "
+        ("seeds", f"{n_seeds} ({'seed 0' if n_seeds == 1 else f'0 … {n_seeds - 1}'}); a seed fixes the initial "
                   "weights and the batch order of every variant"),
         ("learning rate", rates + (f" (each variant's best on seed 0 of {', '.join(f'{x:g}' for x in tried)})"
                                    if len(tried) > 1 else "")),
