@@ -63,10 +63,11 @@ def edges_at(collection, x: float) -> tuple[float, float]:
 def test_the_learning_figure_draws_the_mean_and_one_sd_over_seeds(twin):
     from qkinspect.report.twin.figures import learning_figure
 
-    ax = learning_figure(twin).axes[0]
+    fig = learning_figure(twin)
+    ax = fig.axes[0]
     lines = {line.get_label().split(" ")[0]: line for line in ax.get_lines()}
     assert set(lines) == set(VARIANTS)
-    assert "±1 s.d." in ax.get_legend().get_title().get_text()
+    assert "±1 s.d." in fig.legends[0].get_title().get_text()
     bands = dict(zip([v for v in lines], ax.collections, strict=True))  # drawn in the same order
     for variant, steps in losses(twin).items():
         order = sorted(steps)

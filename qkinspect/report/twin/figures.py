@@ -48,7 +48,8 @@ def _need_runs(twin: Twin) -> None:
 
 
 def learning_figure(twin: Twin, *, name: str | None = None, canvas: Canvas = new_figure) -> Figure:
-    """Held-out loss against step: per variant the mean over seeds (line) and ±1 s.d. (band).
+    """Held-out loss against step: per variant the mean over seeds (line) and ±1 s.d. (band); beside it, with
+    four or more evaluations, the second half of training on its own scale (where the variants part).
 
     Example:
         >>> fig = learning_figure(read_twin("twin-out"))  # doctest: +SKIP
@@ -56,20 +57,27 @@ def learning_figure(twin: Twin, *, name: str | None = None, canvas: Canvas = new
     _need_runs(twin)
     by = _by_variant(learning_curves(twin), order=list(chosen(twin)))
     colour = palette(twin)
+    steps_all = sorted({p.step for pts in by.values() for p in pts})
+    zoom = len(steps_all) >= 4
     with style():
-        fig = canvas(3.6)
-        ax = fig.subplots()
-        for variant, pts in by.items():
-            steps, mean, sd = _arrays(pts)
-            ax.plot(steps, mean, color=colour[variant], linewidth=1.5, marker="o", markersize=2.5,
-                    label=_label(twin, variant), zorder=3 if variant == "standard" else 2)
-            if np.isfinite(sd).any():
-                ax.fill_between(steps, mean - sd, mean + sd, color=colour[variant], alpha=BAND_ALPHA, linewidth=0)
-        ax.set_xlabel("training step")
-        ax.set_ylabel("held-out loss (nats per token)")
-        ax.grid(True, axis="y")
-        ax.legend(loc="upper right", frameon=False, title="line: mean over seeds; band: ±1 s.d.",
-                  title_fontsize=8)
+        fig = canvas(3.8)
+        axes = fig.subplots(1, 2 if zoom else 1, squeeze=False, width_ratios=[3, 2] if zoom else None)[0]
+        for k, ax in enumerate(axes):
+            start = steps_all[len(steps_all) // 2] if k else -np.inf
+            for variant, pts in by.items():
+                steps, mean, sd = _arrays([p for p in pts if p.step >= start])
+                ax.plot(steps, mean, color=colour[variant], linewidth=1.5, marker="o", markersize=2.5,
+                        label=_label(twin, variant), zorder=3 if variant == "standard" else 2)
+                if np.isfinite(sd).any():
+                    ax.fill_between(steps, mean - sd, mean + sd, color=colour[variant], alpha=BAND_ALPHA,
+                                    linewidth=0)
+            ax.set_xlabel("training step")
+            ax.grid(True, axis="y")
+        axes[0].set_ylabel("held-out loss (nats per token)")
+        if zoom:
+            axes[1].set_title("second half, on its own scale", loc="left", fontsize=8.5)
+        fig.legend(handles=axes[0].get_lines(), loc="outside lower center", ncols=min(3, len(by)), frameon=False,
+                   title="line: mean over seeds; band: ±1 s.d. over seeds", title_fontsize=8)
         suptitle(fig, f"{name or twin_name(twin)}: held-out loss over training")
     return fig
 
@@ -187,8 +195,9 @@ def learning_caption(twin: Twin) -> str:
     return ("Held-out loss (mean cross-entropy in nats per token on the fixed held-out windows) against the "
             "training step, each variant at its chosen learning rate. Line: the mean over seeds; band: ±1 "
             "standard deviation over seeds (the spread from seed to seed, not an interval of the mean; the gap "
-            "figure gives that). Steps enter where every seed was evaluated. Every twin sees the same batches in "
-            "the same order for a given seed, and each constrained twin starts from its standard twin's "
+            "figure gives that). Right (with four or more evaluations): the second half of training on its own "
+            "scale, where the variants part. Steps enter where every seed was evaluated. Every twin sees the same "
+            "batches in the same order for a given seed, and each constrained twin starts from its standard twin's "
             "initial weights.")
 
 
