@@ -85,9 +85,10 @@ def test_the_gap_figure_draws_the_paired_t_interval_and_the_margin(twin):
 
     axes = [ax for ax in gap_figure(twin).axes if ax.get_visible()]
     by = losses(twin)
-    assert [ax.get_title(loc="left").splitlines()[0] for ax in axes] == ["share_qk", "symmetric"]
+    assert [ax.get_title(loc="left").splitlines()[0] for ax in axes] == ["share_qk (3 paired seeds)",
+                                                                        "symmetric (3 paired seeds)"]
     for ax in axes:
-        variant = ax.get_title(loc="left").splitlines()[0]
+        variant = ax.get_title(loc="left").split(" ")[0]
         flat = sorted({round(float(line.get_ydata()[0]), 12) for line in ax.get_lines()
                        if len(set(line.get_ydata())) == 1 and len(line.get_ydata()) == 2})
         assert flat == [-0.02, 0.0, 0.02]  # zero and ± the margin (axhline)
@@ -232,3 +233,21 @@ def test_a_damaged_twin_folder_is_one_line_naming_the_file(cli, folder, tmp_path
                  ("report", bad, "-o", tmp_path / "r.pdf")):
         one_error_line(cli(*args), *says)
     assert not (tmp_path / "l.png").exists() and not (tmp_path / "r.pdf").exists()
+
+
+def test_the_report_lists_failed_runs(cli, folder, tmp_path):
+    from pypdf import PdfReader
+
+    failed = tmp_path / "failed"
+    shutil.copytree(folder, failed)
+    doc = json.loads((failed / "twin.json").read_text())
+    doc["failures"] = [{"variant": "symmetric", "seed": 2, "lr": 0.003, "error": "RuntimeError: out of memory"}]
+    (failed / "twin.json").write_text(json.dumps(doc))
+    next((failed / "runs").glob("symmetric-s2-*.json")).unlink()
+    out = tmp_path / "r.pdf"
+    assert cli("report", failed, "-o", out).exit_code == 0
+    text = " ".join(p.extract_text() for p in PdfReader(out).pages)
+    assert "Failed runs" in text and "symmetric seed 2 lr 0.003: RuntimeError: out of memory" in text
+    html = tmp_path / "r.html"
+    assert cli("report", failed, "--html", "-o", html).exit_code == 0
+    assert "RuntimeError: out of memory" in html.read_text()

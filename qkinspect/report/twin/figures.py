@@ -111,7 +111,8 @@ def gap_figure(twin: Twin, *, name: str | None = None, canvas: Canvas = new_figu
             interval = f"[{fmt(s.ci_low)}, {fmt(s.ci_high)}]" if s is not None and s.ci_low is not None else \
                 "(no interval: one seed)"
             final = f"final {fmt(s.diff)} {interval}: {s.verdict}" if s is not None else ""
-            ax.set_title(f"{variant}\n{final}", loc="left", fontsize=8.5)
+            n = f" ({pts[-1].seeds} paired seed{'s' if pts[-1].seeds != 1 else ''})"
+            ax.set_title(f"{variant}{n}\n{final}", loc="left", fontsize=8.5)
             ax.grid(True, axis="y")
         for ax in axes[len(by):]:
             ax.set_visible(False)

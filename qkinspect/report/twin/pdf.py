@@ -156,6 +156,7 @@ def runs_table(twin: Twin) -> Table:
 
 
 def failures_table(twin: Twin) -> Table | None:
+    """The failed runs and their errors (the HTML page's table; the PDF lists them as lines)."""
     if not twin.failures:
         return None
     return Table("Failed runs", ["variant", "seed", "lr", "error"],
@@ -220,8 +221,10 @@ def _first_page(pages, twin: Twin, name: str, version: str, date: dt.datetime) -
                     f"final one. {NUMBER_NOTE}", size=8)
     if (lr := lr_table(twin)) is not None:
         pages.table(lr)
-    if (failed := failures_table(twin)) is not None:
-        pages.table(failed)
+    if twin.failures:  # as lines, not a table: an error's text is longer than a column
+        pages.heading("Failed runs", size=10)
+        for f in twin.failures:
+            pages.paragraph(f"{f.variant} seed {f.seed} lr {f.lr:g}: {f.error}", size=8, color="#a00000")
     for note in twin.notes:
         pages.paragraph(f"note: {note}", size=8, color="#a00000")
     pages.table(runs_table(twin))
