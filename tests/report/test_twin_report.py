@@ -148,7 +148,7 @@ def test_the_report_holds_the_setup_the_summary_and_every_figure(cli, folder, tw
     setup = twin.setup
     for words in ("qkinspect twin report", "2 layers × width 32, 4 heads", "context 16", setup["text"]["sha256"],
                   "held out", "the last 10 %", "tokenizer", "char, vocabulary", "The answer holds at this scale",
-                  "seeds", "0.02 nats", "Learning-rate sweep"):
+                  "seeds", "0.02 nats", "Learning-rate sweep", "12 finished, 0 failed, of 12 planned"):
         assert words in first.replace("\n", " ") or words in text, words
     assert f"{_standard(twin).params:,} parameters" in first
     for s in twin.summaries:
@@ -247,6 +247,7 @@ def test_the_report_lists_failed_runs(cli, folder, tmp_path):
     out = tmp_path / "r.pdf"
     assert cli("report", failed, "-o", out).exit_code == 0
     text = " ".join(p.extract_text() for p in PdfReader(out).pages)
+    assert "11 finished, 1 failed, of 12 planned" in text.replace("\n", " ")
     assert "Failed runs" in text and "symmetric seed 2 lr 0.003: RuntimeError: out of memory" in text
     html = tmp_path / "r.html"
     assert cli("report", failed, "--html", "-o", html).exit_code == 0

@@ -87,7 +87,17 @@ def setup_pairs(twin: Twin) -> list[tuple[str, str]]:
         ("learning rate", rates + (f" (each variant's best on seed 0 of {', '.join(f'{x:g}' for x in tried)})"
                                    if len(tried) > 1 else "")),
         ("margin", f"{margin(twin):g} nats (the two one-sided tests)" if margin(twin) is not None else "n/a"),
+        ("runs", f"{len(twin.runs)} finished, {len(twin.failures)} failed, of {planned_runs(twin)} planned"
+                 + (" (the folder is still being filled, or was stopped)"
+                    if len(twin.runs) + len(twin.failures) < planned_runs(twin) else "")),
     ]
+
+
+def planned_runs(twin: Twin) -> int:
+    """How many runs the plan asks for: every variant at every rate on seed 0, then the other seeds at one rate."""
+    plan = twin.setup.get("plan", {})
+    variants, seeds, lrs = len(plan.get("variants", [])), plan.get("seeds", 0), len(plan.get("lrs", [])) or 1
+    return variants * (lrs + seeds - 1) if seeds else 0
 
 
 def scale_caveat(twin: Twin) -> str:
