@@ -16,7 +16,7 @@ from matplotlib.patches import Patch
 
 from qkinspect.errors import InputError
 from qkinspect.report.atlas import colours
-from qkinspect.report.style import HEADS_CMAP, Canvas, fmt, human_name, new_figure, panel_grid, style
+from qkinspect.report.style import HEADS_CMAP, Canvas, fmt, human_name, new_figure, style
 from qkinspect.report.titles import suptitle
 from qkinspect.twin.curves import chosen, gap_curves, learning_curves, margin, trajectory_curves
 from qkinspect.twin.results import Twin
@@ -92,7 +92,7 @@ def gap_figure(twin: Twin, *, name: str | None = None, canvas: Canvas = new_figu
     colour = palette(twin)
     m = margin(twin)
     verdicts = {s.variant: s for s in twin.summaries}
-    rows, cols = panel_grid(len(by), 2)
+    rows, cols = _grid(len(by))
     with style():
         fig = canvas(0.6 + 2.5 * rows)
         axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True).ravel()
@@ -114,13 +114,7 @@ def gap_figure(twin: Twin, *, name: str | None = None, canvas: Canvas = new_figu
             n = f" ({pts[-1].seeds} paired seed{'s' if pts[-1].seeds != 1 else ''})"
             ax.set_title(f"{variant}{n}\n{final}", loc="left", fontsize=8.5)
             ax.grid(True, axis="y")
-        for ax in axes[len(by):]:
-            ax.set_visible(False)
-        for ax in axes[::cols]:
-            ax.set_ylabel("variant − standard (nats)")
-        for ax in axes[(rows - 1) * cols:]:
-            ax.set_xlabel("training step")
-            ax.xaxis.set_tick_params(labelbottom=True)
+        _frame(axes, len(by), cols, "variant − standard (nats)")
         key = [Line2D([], [], color="0.2", linewidth=1.5, marker="o", markersize=2.5, label="mean over seeds"),
                Patch(color="0.2", alpha=BAND_ALPHA, label="95 % t-interval of the mean")]
         if m:
@@ -139,7 +133,7 @@ def trajectory_figure(twin: Twin, metric: str, *, name: str | None = None, canva
     for p in pts:
         by[p.variant][p.layer].append(p)
     n_layers = 1 + max(p.layer for p in pts)
-    rows, cols = panel_grid(len(by), 2)
+    rows, cols = _grid(len(by))
     cmap = colormaps[HEADS_CMAP]
     norm = BoundaryNorm(np.arange(n_layers + 1) - 0.5, cmap.N)
     with style():
@@ -154,13 +148,7 @@ def trajectory_figure(twin: Twin, metric: str, *, name: str | None = None, canva
                     ax.fill_between(steps, mean - sd, mean + sd, color=c, alpha=BAND_ALPHA, linewidth=0)
             ax.set_title(_label(twin, variant), loc="left", fontsize=8.5)
             ax.grid(True, axis="y")
-        for ax in axes[len(by):]:
-            ax.set_visible(False)
-        for ax in axes[::cols]:
-            ax.set_ylabel(human_name(metric))
-        for ax in axes[(rows - 1) * cols:]:
-            ax.set_xlabel("training step")
-            ax.xaxis.set_tick_params(labelbottom=True)
+        _frame(axes, len(by), cols, human_name(metric))
         from matplotlib.cm import ScalarMappable
 
         bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=[a for a in axes if a.get_visible()],
@@ -172,6 +160,26 @@ def trajectory_figure(twin: Twin, metric: str, *, name: str | None = None, canva
                    loc="outside lower center", ncols=2, frameon=False)
         suptitle(fig, f"{name or twin_name(twin)}: {human_name(metric)} ({metric}) over training")
     return fig
+
+
+def _grid(n: int) -> tuple[int, int]:
+    """(rows, cols) of n panels: one column up to three, else two (an empty cell at most, never five rows of
+    one)."""
+    return (n, 1) if n <= 3 else (-(-n // 2), 2)
+
+
+def _frame(axes, n: int, cols: int, y_label: str) -> None:
+    """Small multiples' labels: the cells past `n` hidden, `y_label` on the left column, the step axis under
+    every panel with no panel below it (the last row, and the row above an empty cell)."""
+    for i, ax in enumerate(axes):
+        if i >= n:
+            ax.set_visible(False)
+            continue
+        if i % cols == 0:
+            ax.set_ylabel(y_label)
+        if i + cols >= n:
+            ax.set_xlabel("training step")
+            ax.xaxis.set_tick_params(labelbottom=True)
 
 
 def _by_variant(points, order: list[str]) -> dict[str, list]:
