@@ -195,8 +195,9 @@ def refuse_twin_options(model: str | None, given: dict[str, object]) -> None:
     were set: a twin folder's figures and report read the folder's records only."""
     named = [k for k, v in given.items() if v not in (None, False, [], ())]
     if named:
-        raise InputError(f"{', '.join(named)}: not for a twin folder ({model}); its figures are drawn from its "
-                         "records (plot: --kind learning, gap or trajectory --metric NAME, --title)")
+        raise InputError(f"{', '.join(named)}: not for a twin folder ({model}); its figures and report are drawn "
+                         "from its records alone (plot takes --kind learning, gap or trajectory --metric NAME; both "
+                         "take --title)")
 
 
 def draw_twin(model: str | None, kind: Kind, metric: str | None, output: Path, *, title: str | None = None) -> str:
