@@ -252,3 +252,30 @@ def test_the_report_lists_failed_runs(cli, folder, tmp_path):
     html = tmp_path / "r.html"
     assert cli("report", failed, "--html", "-o", html).exit_code == 0
     assert "RuntimeError: out of memory" in html.read_text()
+
+
+def test_the_gap_at_the_last_step_is_the_summarys_difference_and_interval(twin):
+    from qkinspect.twin.curves import gap_curves
+
+    last = {}
+    for p in gap_curves(twin):
+        last[p.variant] = p  # in step order
+    for s in twin.summaries[1:]:
+        p = last[s.variant]
+        assert (p.seeds, p.diff, p.ci_low, p.ci_high) == pytest.approx((s.seeds, s.diff, s.ci_low, s.ci_high))
+
+
+def test_a_folder_with_no_finished_run_is_one_line(cli, folder, tmp_path):
+    empty = tmp_path / "empty"
+    shutil.copytree(folder, empty)
+    for run in (empty / "runs").glob("*.json"):
+        run.unlink()
+    one_error_line(cli("plot", empty, "-o", tmp_path / "l.png"), "no finished runs")
+    one_error_line(cli("report", empty, "-o", tmp_path / "r.pdf"), "no finished runs")
+    assert not list(tmp_path.glob("*.p*"))
+
+
+def test_a_title_of_your_own(cli, folder, tmp_path):
+    out = tmp_path / "gap.svg"
+    assert cli("plot", folder, "--kind", "gap", "--title", "tiny twins: the gap", "-o", out).exit_code == 0
+    assert "tiny twins: the gap" in out.read_text()
