@@ -14,7 +14,8 @@ from qkinspect.report.tables import Table
 
 MARGIN = 0.75  # inches on every side
 LEADING = 1.38  # line height as a multiple of the font size
-FIRST_COLUMN = 0.7  # inches for a table's first (left-aligned) column
+FIRST_COLUMN = 0.7  # inches at least for a table's first (left-aligned) column
+MONO_ADVANCE = 0.602  # DejaVu Sans Mono's advance per character, in ems: the width of a table's cells
 MAX_COLUMN = 1.25  # inches at most for any other column
 MIN_COLUMN = 0.8  # inches at least: wider tables are split into several
 TABLE_SIZE = 7.5

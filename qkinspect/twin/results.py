@@ -102,7 +102,8 @@ class Failure:
 class Twin(Tabular):
     """Everything a twin folder holds. `setup`: the text (name, sha256, characters, how it is split, demo or not),
     the tokenizer (kind, vocabulary, sha256), the model (arch and its transformers config), the training (steps,
-    warm-up, batch, lr values, margin) and the evaluation windows; `notes`: what the reader should know."""
+    warm-up, batch), the evaluation windows and the plan (variants, seeds, learning rates, margin); `notes`: what
+    the reader should know."""
 
     folder: Path
     setup: dict[str, Any]

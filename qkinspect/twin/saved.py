@@ -39,6 +39,8 @@ def read_twin(folder: str | Path) -> Twin:
     seeds = _int(plan, "seeds", where)
     lrs = [_num(x, where, "plan.lrs") for x in _list(plan, "lrs", where)]
     margin = _num(plan.get("margin"), where, "plan.margin")
+    # the plan as checked, beside the setup: the figures draw its margin
+    setup = {**setup, "plan": {"variants": variants, "seeds": seeds, "lrs": lrs, "margin": margin}}
     runs, points, trajectories, notes = [], [], [], []
     for path in sorted((folder / RUNS).glob("*.json")) if (folder / RUNS).is_dir() else []:
         doc = _json(path)

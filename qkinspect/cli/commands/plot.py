@@ -42,6 +42,8 @@ class Kind(str, Enum):
     compare = "compare"
     metric = "metric"
     trajectory = "trajectory"
+    learning = "learning"
+    gap = "gap"
     experiment = "experiment"
     costmap = "costmap"
     healing = "healing"
@@ -56,7 +58,8 @@ FigureOut = Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE"
                                                 help="The figure file: .png, .svg or .pdf (written atomically).")]
 MetricOpt = Annotated[str | None, typer.Option(
     "--metric", metavar="NAME", help="--kind metric: the per-head metric to map (any of `qkinspect analyze "
-    "--metrics`' head metrics, e.g. shared_qk_distance, qk_stable_rank, cka_qv).")]
+    "--metrics`' head metrics, e.g. shared_qk_distance, qk_stable_rank, cka_qv); --kind trajectory: the metric a "
+    "sweep computed or a twin folder tracked.")]
 LayerOpt = Annotated[int | None, typer.Option(
     "--layer", metavar="N", help="--kind heads: the layer to show (default: every layer as small multiples).")]
 ExperimentOpt = Annotated[Path | None, typer.Option(
@@ -94,6 +97,10 @@ def register(app: typer.Typer) -> None:
 
         Example: qkinspect plot --kind experiment --experiment runs.json -o experiment.png
 
+        Example (a twin folder: held-out loss over training, the paired gap to the standard twin, or a tracked
+        metric per layer): qkinspect plot twin-out/ --kind learning -o learning.png; qkinspect plot twin-out/ --kind
+        gap -o gap.png; qkinspect plot twin-out/ --kind trajectory --metric symmetry -o symmetry.png
+
         Example (an atlas folder: a metric against normalised depth, one line per model; or the medians against
         attention parameters): qkinspect plot atlas/ --kind depth --metric overlap_qk -o depth.png; qkinspect plot
         atlas/ --kind size --metric symmetry_layer -o size.png
@@ -107,7 +114,18 @@ def register(app: typer.Typer) -> None:
         ./my-llama --kind composition -o composition.png
         """
         output = check_figure_path(output)
+        from qkinspect.twin.saved import is_twin_folder
         from qkinspect.zoo.folder import is_atlas
+
+        if is_twin_folder(model) or kind in (Kind.learning, Kind.gap):
+            refuse_twin_options(model, {"--layers": layers, "--block": block, "--layer": layer, "--compare": compare,
+                                        "--experiment": experiment, "--revision": revision, "--fold-ln": fold_ln,
+                                        "--fold-qk-norm": fold_qk_norm,
+                                        "--precision": precision is not Precision.float32,
+                                        "--device": device is not Device.cpu})
+            drawn = draw_twin(model, kind, metric, output, title=title)
+            note(f"wrote the {drawn} figure to {output}")
+            return
 
         if is_atlas(model) or kind in (Kind.depth, Kind.size):
             given = {"--layers": layers, "--block": block, "--layer": layer, "--compare": compare,
@@ -167,6 +185,46 @@ def register(app: typer.Typer) -> None:
         draw_figure(model, kind.value, output, sel, layer=layer, other=compare, metric=metric, revision=revision,
                     title=title)
         note(f"wrote the {metric or kind.value} figure to {output}")
+
+
+TWIN_KINDS = (Kind.learning, Kind.gap, Kind.trajectory)
+
+
+def refuse_twin_options(model: str | None, given: dict[str, object]) -> None:
+    """InputError naming the options in `given` (option -> its value, or whether it differs from its default) that
+    were set: a twin folder's figures and report read the folder's records only."""
+    named = [k for k, v in given.items() if v not in (None, False, [], ())]
+    if named:
+        raise InputError(f"{', '.join(named)}: not for a twin folder ({model}); its figures and report are drawn "
+                         "from its records alone (plot takes --kind learning, gap or trajectory --metric NAME; both "
+                         "take --title)")
+
+
+def draw_twin(model: str | None, kind: Kind, metric: str | None, output: Path, *, title: str | None = None) -> str:
+    """A twin folder's figure (`qkinspect twin --out FOLDER`): learning (the default, also for --kind symmetry),
+    gap or trajectory of `metric` (default symmetry), saved to `output`. Returns what was drawn."""
+    from qkinspect.twin.saved import is_twin_folder, read_twin
+
+    if not is_twin_folder(model):
+        raise InputError(f"--kind {kind.value}: draws a twin folder (qkinspect twin --out FOLDER); "
+                         f"{model or 'no folder given'} is not one (it has no twin.json)")
+    kind = Kind.learning if kind is Kind.symmetry else kind
+    if kind not in TWIN_KINDS:
+        raise InputError(f"--kind {kind.value}: a twin folder draws --kind learning, gap or trajectory --metric "
+                         "NAME")
+    if metric is not None and kind is not Kind.trajectory:
+        raise InputError(f"--metric applies to --kind trajectory only, not --kind {kind.value}")
+    twin = read_twin(model)
+    from qkinspect.report.titles import retitle
+    from qkinspect.report.twin.figures import gap_figure, learning_figure, trajectory_figure  # matplotlib: last
+
+    if kind is Kind.trajectory:
+        metric = metric or "symmetry"
+        fig = trajectory_figure(twin, metric)
+    else:
+        fig = (gap_figure if kind is Kind.gap else learning_figure)(twin)
+    save_figure(retitle(fig, title), output)
+    return f"{metric} trajectory" if kind is Kind.trajectory else kind.value
 
 
 def refuse_sweep_folder(model: str | None, kind: str) -> None:

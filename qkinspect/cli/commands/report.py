@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 
@@ -69,6 +70,9 @@ def register(app: typer.Typer) -> None:
         Example (an atlas folder: its models, then each metric against depth and size): qkinspect report atlas/
         -o atlas.pdf
 
+        Example (a twin folder: the setup and its scale, the summary and verdicts, the learning, gap and
+        trajectory figures): qkinspect report twin-out/ -o twin.pdf
+
         Example (with an experiment's runs.json): qkinspect report ./my-bert --experiment runs.json -o report.pdf
 
         Example (with heads composing): qkinspect composition ./my-llama -o c.json; qkinspect report ./my-llama
@@ -79,6 +83,19 @@ def register(app: typer.Typer) -> None:
         """
         output = check_report_path(output, html=html)
         from qkinspect.sweep import is_sweep_folder
+        from qkinspect.twin.saved import is_twin_folder
+
+        if is_twin_folder(model):  # a twin folder (qkinspect twin --out)
+            from qkinspect.cli.commands.plot import refuse_twin_options
+
+            refuse_twin_options(model, {"--experiment": experiment, "--composition": composition, "--layers": layers,
+                                        "--block": block, "--fold-ln": fold_ln, "--fold-qk-norm": fold_qk_norm,
+                                        "--layer-form": layer_form, "--revision": revision,
+                                        "--precision": precision is not Precision.float32,
+                                        "--device": device is not Device.cpu})
+            n = write_twin_report(Path(model), output, html=html, title=title)
+            note(f"wrote an HTML twin report to {output}" if html else f"wrote {pages(n)} twin report to {output}")
+            return
         from qkinspect.zoo.folder import is_atlas
 
         if is_atlas(model):  # an atlas folder (qkinspect atlas --out)
@@ -177,22 +194,28 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
                                                            composition=composition))
 
 
+def write_folder_report(output: Path, html: bool, page: Callable[[], str], pdf: Callable[[IO[bytes]], int]) -> int:
+    """A folder's report written atomically: `page()`'s HTML with `html` (returns 1), else the PDF `pdf(buffer)`
+    renders in memory (returns its number of pages)."""
+    if html:
+        text = page()
+        atomic_write(output, lambda f: f.write(text))
+        return 1
+    return write_rendered(output, pdf)
+
+
 def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
     """The report of a sweep folder, written atomically as a PDF (returns the number of pages) or, with `html`,
     as one HTML page (returns 1)."""
+    from qkinspect.report.analysis.html import render_sweep_html
     from qkinspect.report.sweep.pdf import write_sweep_pdf
     from qkinspect.sweep import read_sweep
 
     sweep = read_sweep(folder)
     if not sweep.results:
         raise InputError(f"{folder}: the sweep has no results yet")
-    if html:
-        from qkinspect.report.analysis.html import render_sweep_html
-
-        page = render_sweep_html(sweep, name=title)
-        atomic_write(output, lambda f: f.write(page))
-        return 1
-    return write_rendered(output, lambda buffer: write_sweep_pdf(sweep, buffer, title=title))
+    return write_folder_report(output, html, lambda: render_sweep_html(sweep, name=title),
+                               lambda buffer: write_sweep_pdf(sweep, buffer, title=title))
 
 
 def write_atlas_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
@@ -203,15 +226,25 @@ def write_atlas_report(folder: Path, output: Path, *, html: bool = False, title:
     atlas = read_atlas(folder)
     if not atlas.records:
         raise InputError(f"{folder}: the atlas has no results yet")
-    if html:
-        from qkinspect.report.analysis.html import render_atlas_html
-
-        page = render_atlas_html(atlas, name=title)
-        atomic_write(output, lambda f: f.write(page))
-        return 1
+    from qkinspect.report.analysis.html import render_atlas_html  # matplotlib: after the checks
     from qkinspect.report.atlas import write_atlas_pdf
+    return write_folder_report(output, html, lambda: render_atlas_html(atlas, name=title),
+                               lambda buffer: write_atlas_pdf(atlas, buffer, title=title))
 
-    return write_rendered(output, lambda buffer: write_atlas_pdf(atlas, buffer, title=title))
+
+def write_twin_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
+    """The report of a twin folder (qkinspect twin --out), written atomically as a PDF (returns the number of
+    pages) or, with `html`, as one HTML page (returns 1)."""
+    from qkinspect.twin.saved import read_twin
+
+    twin = read_twin(folder)
+    if not twin.summaries:
+        raise InputError(f"{folder}: the twin folder has no finished runs yet")
+    from qkinspect.report.analysis.html import render_twin_html  # matplotlib: after the checks
+    from qkinspect.report.twin.pdf import write_twin_pdf
+
+    return write_folder_report(output, html, lambda: render_twin_html(twin, name=title),
+                               lambda buffer: write_twin_pdf(twin, buffer, title=title))
 
 
 def write_html_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,

@@ -1,0 +1,1 @@
+"""The twin's figures and report pages (docs/twin-figures.md)."""
