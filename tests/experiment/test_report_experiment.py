@@ -15,7 +15,7 @@ from qkinspect.cli.app import app
 from qkinspect.experiment import costs
 from qkinspect.experiment.saved import check_experiment
 from qkinspect.report.experiment.pages import dfmt, meaning
-from qkinspect.report.rho import rho_text
+from qkinspect.rho import rho_text
 from qkinspect.report.style import fmt
 from tests.experiment import tiny_models as tiny
 
