@@ -7,11 +7,13 @@ __all__ = [
     "__version__", "QkinspectError", "analyze", "atlas", "composition", "directions", "load", "read_atlas", "track",
 ]
 
+_MOVED = {"records": "qkinspect.analysis.results", "saved": "qkinspect.analysis.saved"}
+
 
 def __getattr__(name: str):
     # Lazy: importing qkinspect must stay cheap (the CLI's --help should not pay for torch).
     if name == "analyze":
-        from qkinspect.analysis import analyze
+        from qkinspect.analysis.run import analyze
 
         return analyze
     if name == "composition":
@@ -38,6 +40,10 @@ def __getattr__(name: str):
         from qkinspect.callback import track
 
         return track
+    if name in _MOVED:  # the analysis's modules before they became qkinspect.analysis (docs once named them)
+        from importlib import import_module
+
+        return import_module(_MOVED[name])
     raise AttributeError(f"module 'qkinspect' has no attribute {name!r}")
 
 

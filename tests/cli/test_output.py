@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from qkinspect.analysis.results import json_safe
 from qkinspect.cli.output import Document, atomic_write, choose_format, emit, write_csv, write_ndjson
 from qkinspect.errors import InputError, OutputError, one_line
-from qkinspect.records import json_safe
 
 
 @pytest.mark.parametrize("fmt, output, tty, expected", [

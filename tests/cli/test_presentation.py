@@ -77,7 +77,7 @@ def test_render_analysis_text():
 @pytest.mark.parametrize("width", [40, 60, 80, 120])
 def test_tables_fold_instead_of_cutting(width):
     """Every number is printed whole at any width: columns that do not fit go to a second table."""
-    from qkinspect.records import HeadRecord
+    from qkinspect.analysis.results import HeadRecord
     from qkinspect.terminal.tables import DEFAULT_COLUMNS
 
     r = result(SYM)

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qkinspect.rho import MIN_HEADS, spearman_interval
-from qkinspect.rho import rho_text
+from qkinspect.rho import MIN_HEADS, rho_text, spearman_interval
 
 rhos = st.floats(-1.0, 1.0, allow_nan=False)
 ns = st.integers(MIN_HEADS, 10_000)

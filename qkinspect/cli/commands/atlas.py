@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from qkinspect.analysis.results import envelope
 from qkinspect.cli.commands.sweep import (
     ProgressLine,
     SchedulerOpt,
@@ -29,7 +30,6 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import Document, note, warn
 from qkinspect.errors import SweepFailed
-from qkinspect.records import envelope
 
 ModelsArg = Annotated[list[str] | None, typer.Argument(
     help="Models: folders, weight files, GGUF files, hub ids (the local cache when offline), globs, and saved "

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from qkinspect.analysis.results import envelope
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -25,7 +26,6 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import Document, check_output, emit
 from qkinspect.errors import InputError
-from qkinspect.records import envelope
 
 ModelA = Annotated[str, typer.Argument(help="The reference checkpoint (A).", show_default=False, metavar="MODEL_A")]
 ModelB = Annotated[str, typer.Argument(help="The checkpoint compared with it (B); differences are B − A.",
@@ -100,7 +100,7 @@ def _diff(x, y) -> float:
 
 
 def compare_document(a, b, *, requested=None) -> Document:
-    from qkinspect.records import model_dict
+    from qkinspect.analysis.results import model_dict
     from qkinspect.terminal.tables import default_columns
 
     rows = head_deltas(a, b)

@@ -19,6 +19,7 @@ from typing import Any
 
 import typer
 
+from qkinspect.analysis.results import envelope
 from qkinspect.cli.options import (
     BlockOpt,
     LayersOpt,
@@ -31,7 +32,6 @@ from qkinspect.cli.options import (
 from qkinspect.cli.output import note, progress
 from qkinspect.errors import InputError
 from qkinspect.files import atomic_write_file, check_writable
-from qkinspect.records import envelope
 from qkinspect.selection import parse_indices
 
 TENSORS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "q_norm", "k_norm")
@@ -78,8 +78,8 @@ def extract_heads(model: str | None, output: Path, *, layers: tuple[int, ...] | 
 
 
 def _write(m, blocks: tuple[str, ...] | None, layers: tuple[int, ...] | None, path: Path) -> int:
+    from qkinspect.analysis.results import model_dict
     from qkinspect.cli.safetensors_writer import SafetensorsWriter
-    from qkinspect.records import model_dict
 
     steps = list(m.plan(blocks, layers))
     model = model_dict(m.info)

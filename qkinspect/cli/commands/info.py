@@ -6,9 +6,9 @@ from typing import Any
 
 import typer
 
+from qkinspect.analysis.results import envelope
 from qkinspect.cli.options import FormatOpt, ModelArg, OutputOpt, RevisionOpt
 from qkinspect.cli.output import Document, check_output, emit
-from qkinspect.records import envelope
 
 
 def register(app: typer.Typer) -> None:
@@ -25,8 +25,8 @@ def register(app: typer.Typer) -> None:
 
 def info_document(model: str | None, revision: str | None = None) -> Document:
     """The model's identity and block shapes; dtype and bytes come from the checkpoint's headers (no weights read)."""
+    from qkinspect.analysis.results import model_dict
     from qkinspect.loading import open_model
-    from qkinspect.records import model_dict
 
     with open_model(model, revision=revision) as m:
         info = m.info

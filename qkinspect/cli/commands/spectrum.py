@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from qkinspect.analysis.results import envelope
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -25,7 +26,6 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import Document, check_output, emit
 from qkinspect.errors import InputError
-from qkinspect.records import envelope
 
 if TYPE_CHECKING:
     import numpy as np
@@ -85,7 +85,7 @@ def spectrum_document(result, matrix: str) -> Document:
     """The head's spectrum as a document: JSON arrays, one tidy row per index, a table."""
     import numpy as np
 
-    from qkinspect.records import model_dict
+    from qkinspect.analysis.results import model_dict
 
     (h,) = result.heads
     spectra = result.spectra.get((h.block, h.layer, h.head), {})

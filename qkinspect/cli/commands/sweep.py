@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from qkinspect.analysis.results import envelope
 from qkinspect.cli.commands.analyze import By, ByOpt, LayerFormOpt
 from qkinspect.cli.options import (
     BlockOpt,
@@ -30,7 +31,6 @@ from qkinspect.cli.options import (
 from qkinspect.cli.output import QUIET, Document, check_output, check_parquet, emit, note, warn, write_parquet
 from qkinspect.errors import InputError, SweepFailed
 from qkinspect.limits import check_threads, check_workers
-from qkinspect.records import envelope
 from qkinspect.selection import check_fold_qk_norm
 
 

@@ -14,9 +14,9 @@ from qkinspect.experiment.results import Agreement, ExperimentResult, Run
 from qkinspect.report.experiment.figure import runs_grid
 from qkinspect.report.grid import Grid
 from qkinspect.report.heatmap import colorbar, draw
-from qkinspect.rho import rho_text
 from qkinspect.report.style import Canvas, new_figure
 from qkinspect.report.titles import canvas_width, fit, suptitle
+from qkinspect.rho import rho_text
 
 
 def estimated_edits(result: ExperimentResult) -> list[str]:

@@ -11,9 +11,9 @@ from pathlib import Path
 from qkinspect.experiment import costs
 from qkinspect.experiment.results import SIGNIFICANT, ExperimentResult
 from qkinspect.report.pages import TextPages
-from qkinspect.rho import rho_text
 from qkinspect.report.style import fmt
 from qkinspect.report.tables import Table
+from qkinspect.rho import rho_text
 
 LISTED = 8  # heads named in the text, and rows of each table half
 SHARE = "share_qk"  # the edit the section's questions are about: one matrix for queries and keys

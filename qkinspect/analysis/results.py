@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qkinspect.layer import ModelInfo
+from qkinspect.processing import Processing
 
 if TYPE_CHECKING:
     import numpy as np
@@ -67,29 +68,6 @@ class Baseline:
     mean: float
     std: float
     n: int
-
-
-@dataclass(frozen=True)
-class Processing:
-    """How the weights were processed before measuring; recorded with every result."""
-
-    fold_ln: bool = False
-    fold_qk_norm: bool = False
-    precision: str = "float32"
-    device: str = "cpu"
-    layer_form: bool = False
-    blocks: tuple[str, ...] | None = None
-    layers: tuple[int, ...] | None = None
-    heads: tuple[int, ...] | None = None
-    metrics: tuple[str, ...] | None = None
-    baseline_seed: int = 0
-    dequantized: str | None = None  # the quantization the weights were dequantized from (ModelInfo.quantization)
-    products: str = "float32"  # how the large products were computed: "float32", "float64", "bf16" (bf16 read,
-    # float32 accumulated: qkinspect.metrics.backend), or several joined by "+" when layers differed
-    recomputed_float64: int = 0  # heads measured again in float64: their Grams were unresolved in `precision`
-    # (information only: the numbers are the float64 ones, nothing to do)
-    qk_norm_not_folded: tuple[str, ...] = ()  # measured blocks with q/k norms whose gains were not folded in: their
-    # W_Q W_Kᵀ is the raw stored form, not what attention computes (fold_qk_norm=True / --fold-qk-norm measures that)
 
 
 @dataclass
