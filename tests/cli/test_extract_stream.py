@@ -15,9 +15,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from qkinspect.analysis.results import envelope, model_dict
-from qkinspect.cli import safetensors_writer
-from qkinspect.cli.commands.extract import CONVENTION, TENSORS, extract_heads
 from qkinspect.errors import CheckpointError
+from qkinspect.extract import writer as safetensors_writer
+from qkinspect.extract.run import CONVENTION, TENSORS, extract_heads
 from qkinspect.loading import open_model
 from qkinspect.loading.model import LoadedModel
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from qkinspect.analysis.results import envelope
-from qkinspect.cli.commands.sweep import (
+from qkinspect.cli.engine_options import (
     ProgressLine,
     SchedulerOpt,
     SweepFormatOpt,

@@ -101,6 +101,7 @@ def _diff(x, y) -> float:
 
 def compare_document(a, b, *, requested=None) -> Document:
     from qkinspect.analysis.results import model_dict
+    from qkinspect.terminal.compare import render_compare
     from qkinspect.terminal.tables import default_columns
 
     rows = head_deltas(a, b)
@@ -109,24 +110,4 @@ def compare_document(a, b, *, requested=None) -> Document:
             "heads": rows, "warnings": [*a.warnings, *b.warnings]}
     cols = [f"delta_{m}" for m in default_columns(a, requested)]
     return Document(json=envelope("compare", **body), rows=rows,
-                    render=lambda console: _render(console, a, b, rows, cols))
-
-
-def _render(console, a, b, rows: list[dict[str, Any]], cols: list[str]) -> None:
-    from types import SimpleNamespace
-
-    from qkinspect.terminal.tables import gauge_note, head_table, legend, model_line, print_lines
-
-    console.print(f"A: {model_line(a.model, a.processing)}", markup=False, highlight=False)
-    console.print(f"B: {model_line(b.model, b.processing)}", markup=False, highlight=False)
-    heads = [SimpleNamespace(block=r["block"], layer=r["layer"], head=r["head"], kv_head=r["kv_head"], values=r)
-             for r in rows]
-    for t in head_table(heads, cols, title="per-head differences, B − A", width=console.width):
-        console.print(t)
-    print_lines(console, [legend(cols)])
-    gauge_note(console, cols)
-    for c in cols:
-        vals = [abs(r[c]) for r in rows if r[c] is not None and not math.isnan(r[c])]
-        if vals:
-            console.print(f"{c}: mean |Δ| {sum(vals) / len(vals):.4f}, max |Δ| {max(vals):.4f}", style="dim",
-                          highlight=False)
+                    render=lambda console: render_compare(console, a, b, rows, cols))
