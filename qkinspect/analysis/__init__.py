@@ -5,7 +5,9 @@
 - `run.py`: `analyze`, layers read one at a time and measured batched over their heads;
 - `results.py`: the typed records (`AnalysisResult`, `HeadRecord`, `LayerRecord`, `Baseline`), `to_dict`, `save`,
   a table in a notebook, `to_pandas`;
-- `saved.py`: the checked reader of `analyze -o run.json` (`read_saved`), returning the same records.
+- `saved.py`: the checked reader of `analyze -o run.json` (`read_saved`), returning the same records;
+- beside them, what the commands that read an analysis need of it: `spectrum.py` (one head's spectrum as rows)
+  and `compare.py` (two analyses head for head, B − A).
 Its table for people: `qkinspect.terminal.tables`; its pages: `qkinspect.report.analysis`.
 
 This face names the public API lazily (importing the package loads no torch): `analyze`, `read_saved`,

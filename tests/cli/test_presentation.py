@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from qkinspect.cli.commands.compare import check_same_shapes, head_deltas
+from qkinspect.analysis.compare import check_same_shapes, head_deltas
 from qkinspect.cli.run import sort_and_trim
 from qkinspect.errors import InputError
 from qkinspect.terminal.tables import baseline_lines, default_columns, render_analysis, scale_style
