@@ -530,25 +530,32 @@ def test_the_table_check_sees_a_table_built_in_a_command(tmp_path):
 
 
 LIBRARY_WORK = ("torch", "numpy", "safetensors", "struct")  # tensors and byte formats: the library's work
+READING_LAYERS = ("plan", "layers")  # an opened model's layer plan and stream: reading weights is the library's
 
 
 def library_work_under_cli(folder: Path = PACKAGE, package: str = "qkinspect") -> set[str]:
     """'module imports x' for each module under cli/ that imports tensor or file-format machinery (torch, numpy,
-    safetensors, struct), anywhere: writing a safetensors file or computing on arrays is library work."""
+    safetensors, struct), anywhere, and 'module reads layers' for each that walks an opened model's layers
+    (`m.plan(...)`, `m.layers(...)`): writing a safetensors file, computing on arrays or streaming a model's
+    weights is library work."""
     bad = set()
     for name, p in modules(folder, package).items():
         if not name.startswith(f"{package}.cli"):
             continue
-        for names in imported_names(p.read_text(encoding="utf-8")):
+        source = p.read_text(encoding="utf-8")
+        for names in imported_names(source):
             top = names[0].split(".")[0]
             if top in LIBRARY_WORK:
                 bad.add(f"{name} imports {top}")
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in READING_LAYERS
+               for n in ast.walk(ast.parse(source))):
+            bad.add(f"{name} reads layers")
     return bad
 
 
 def test_no_library_work_under_cli():
-    """cli/safetensors_writer.py and extract_heads were library work living in cli/ (bench and tests called them
-    there); the spectrum's arrays were computed in its command."""
+    """cli/safetensors_writer.py and extract_heads (which streamed the model's layers into it) were library work
+    living in cli/ (bench and tests called them there); the spectrum's arrays were computed in its command."""
     exactly(library_work_under_cli(), set(), "library work under cli/")
 
 
@@ -557,7 +564,9 @@ def test_the_library_work_check_sees_a_writer_under_cli(tmp_path):
     (tmp_path / "cli" / "__init__.py").write_text("")
     (tmp_path / "cli" / "writer.py").write_text("import struct\ndef f():\n    import torch\n")
     (tmp_path / "cli" / "output.py").write_text("import json\n")
-    assert library_work_under_cli(tmp_path, "pkg") == {"pkg.cli.writer imports struct", "pkg.cli.writer imports torch"}
+    (tmp_path / "cli" / "extract.py").write_text("def f(m):\n    for layer in m.layers(None, None):\n        pass\n")
+    assert library_work_under_cli(tmp_path, "pkg") == {"pkg.cli.writer imports struct", "pkg.cli.writer imports torch",
+                                                       "pkg.cli.extract reads layers"}
 
 
 def definitions(pattern, folder: Path = PACKAGE, package: str = "qkinspect") -> set[str]:
