@@ -25,7 +25,7 @@ from experiment import smollm2  # noqa: E402  (bench/experiment.py: the SmolLM2 
 
 
 def main() -> None:
-    from qkinspect.analysis.results import json_safe
+    from qkinspect.documents import json_safe
     from qkinspect.experiment.requests import HealOptions
     from qkinspect.experiment.results import save_experiment
     from qkinspect.experiment.run import open_experiment, run_experiment

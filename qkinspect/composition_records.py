@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from qkinspect.analysis.results import SCHEMA, model_dict, model_info
+from qkinspect.documents import SCHEMA, model_dict, model_info
 from qkinspect.errors import InputError
 from qkinspect.layer import ModelInfo
 

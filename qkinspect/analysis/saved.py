@@ -20,15 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from qkinspect.analysis.results import (
-    ANALYSIS_KIND,
-    SCHEMA,
-    AnalysisResult,
-    Baseline,
-    HeadRecord,
-    LayerRecord,
-    model_info,
-)
+from qkinspect.analysis.results import ANALYSIS_KIND, AnalysisResult, Baseline, HeadRecord, LayerRecord
+from qkinspect.documents import SCHEMA, model_info
 from qkinspect.errors import InputError
 from qkinspect.processing import Processing
 from qkinspect.reading import depth

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from qkinspect.analysis.results import AnalysisResult, HeadRecord, model_dict
+from qkinspect.analysis.results import AnalysisResult, HeadRecord
+from qkinspect.documents import model_dict
 from qkinspect.errors import InputError
 
 

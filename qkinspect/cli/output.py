@@ -32,7 +32,7 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
-from qkinspect.analysis.results import json_safe
+from qkinspect.documents import json_safe
 from qkinspect.errors import InputError, OutputError
 from qkinspect.files import STDOUT, atomic_write, check_writable
 from qkinspect.suggest import did_you_mean

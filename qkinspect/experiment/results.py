@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qkinspect.analysis.results import envelope, json_safe, model_dict
+from qkinspect.documents import envelope, json_safe, model_dict
 from qkinspect.layer import ModelInfo
 from qkinspect.notebook import Tabular
 

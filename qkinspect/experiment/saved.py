@@ -26,8 +26,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from qkinspect.analysis.results import model_info
 from qkinspect.checking import BLOCK_COUNTS, MAX_INDEX, MAX_VALUE, Checker, model_blocks, show, type_name
+from qkinspect.documents import model_info
 from qkinspect.errors import InputError
 from qkinspect.experiment.requests import SCOPES
 from qkinspect.experiment.results import (

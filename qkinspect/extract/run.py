@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from qkinspect.analysis.results import envelope
+from qkinspect.documents import envelope
 from qkinspect.files import atomic_write_file
 from qkinspect.names import Names
 from qkinspect.selection import check_selection
@@ -52,7 +52,7 @@ def extract_heads(model: str | None, output: Path, *, layers: tuple[int, ...] | 
 
 def _write(m, blocks: tuple[str, ...] | None, layers: tuple[int, ...] | None, path: Path,
            progress: Callable[[int, int], None] | None) -> int:
-    from qkinspect.analysis.results import model_dict
+    from qkinspect.documents import model_dict
     from qkinspect.extract.writer import SafetensorsWriter
 
     steps = list(m.plan(blocks, layers))

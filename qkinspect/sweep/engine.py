@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect import limits
-from qkinspect.analysis.results import model_info
+from qkinspect.documents import model_info
 from qkinspect.errors import InputError, QkinspectError
 from qkinspect.layer import ModelInfo, shape_differences
 from qkinspect.limits import check_threads, check_workers

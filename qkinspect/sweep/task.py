@@ -16,7 +16,7 @@ from qkinspect.limits import cores
 
 def describe(spec: str, revision: str | None) -> dict[str, Any]:
     """The model's identity and attention shapes (schema qkinspect/1's `model`), read without any weights."""
-    from qkinspect.analysis.results import model_dict
+    from qkinspect.documents import model_dict
     from qkinspect.loading import open_model
 
     with open_model(spec, revision=revision) as m:

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from qkinspect.analysis.results import envelope, model_dict
+from qkinspect.documents import envelope, model_dict
 from qkinspect.errors import CheckpointError
 from qkinspect.extract import writer as safetensors_writer
 from qkinspect.extract.run import CONVENTION, TENSORS, extract_heads

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qkinspect.analysis.results import json_safe
 from qkinspect.cli.output import Document, atomic_write, choose_format, emit, write_csv, write_ndjson
+from qkinspect.documents import json_safe
 from qkinspect.errors import InputError, OutputError, one_line
 
 

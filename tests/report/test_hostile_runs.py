@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from qkinspect.analysis.results import json_safe
 from qkinspect.cli.app import app
+from qkinspect.documents import json_safe
 from qkinspect.errors import InputError
 from qkinspect.experiment.results import experiment_json
 from qkinspect.experiment.saved import MAX_CELLS, check_experiment, read_experiment

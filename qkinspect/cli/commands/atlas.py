@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-from qkinspect.analysis.results import envelope
 from qkinspect.cli.engine_options import (
     ProgressLine,
     SchedulerOpt,
@@ -29,6 +28,7 @@ from qkinspect.cli.options import (
     Selection,
 )
 from qkinspect.cli.output import Document, note, warn
+from qkinspect.documents import envelope
 from qkinspect.errors import SweepFailed
 
 ModelsArg = Annotated[list[str] | None, typer.Argument(

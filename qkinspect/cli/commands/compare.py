@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from qkinspect.analysis.results import envelope
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -24,6 +23,7 @@ from qkinspect.cli.options import (
     Selection,
 )
 from qkinspect.cli.output import Document, check_output, emit
+from qkinspect.documents import envelope
 
 ModelA = Annotated[str, typer.Argument(help="The reference checkpoint (A).", show_default=False, metavar="MODEL_A")]
 ModelB = Annotated[str, typer.Argument(help="The checkpoint compared with it (B); differences are B − A.",
@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
 
 def compare_document(a, b, *, requested=None) -> Document:
     from qkinspect.analysis.compare import common_metrics, head_deltas
-    from qkinspect.analysis.results import model_dict
+    from qkinspect.documents import model_dict
     from qkinspect.terminal.compare import render_compare
     from qkinspect.terminal.tables import default_columns
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import typer
 
-from qkinspect.analysis.results import envelope
 from qkinspect.cli.options import FormatOpt, ModelArg, OutputOpt, RevisionOpt
 from qkinspect.cli.output import Document, check_output, emit
+from qkinspect.documents import envelope
 
 
 def register(app: typer.Typer) -> None:
@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
 
 def info_document(model: str | None, revision: str | None = None) -> Document:
     """The model's identity and block shapes; dtype and bytes come from the checkpoint's headers (no weights read)."""
-    from qkinspect.analysis.results import model_dict
+    from qkinspect.documents import model_dict
     from qkinspect.loading import open_model
     from qkinspect.terminal.info import render_info
 

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from qkinspect.analysis.results import envelope
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -25,6 +24,7 @@ from qkinspect.cli.options import (
     parse_blocks,
 )
 from qkinspect.cli.output import Document, check_output, emit
+from qkinspect.documents import envelope
 from qkinspect.errors import InputError
 
 

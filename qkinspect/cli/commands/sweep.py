@@ -7,7 +7,6 @@ from typing import Annotated, Any
 
 import typer
 
-from qkinspect.analysis.results import envelope
 from qkinspect.cli.engine_options import (
     ProgressLine,
     SchedulerOpt,
@@ -36,6 +35,7 @@ from qkinspect.cli.options import (
     check_selection,
 )
 from qkinspect.cli.output import QUIET, Document, note, warn
+from qkinspect.documents import envelope
 from qkinspect.errors import SweepFailed
 from qkinspect.selection import check_fold_qk_norm
 

@@ -142,7 +142,8 @@ def write_sweep_pdf(sweep, target: str | Path | IO[bytes], *, date: dt.datetime 
 
 
 def _cover(pages, sweep, metrics: list[str], version: str, date: dt.datetime, name: str) -> None:
-    from qkinspect.analysis.results import AnalysisResult, model_info
+    from qkinspect.analysis.results import AnalysisResult
+    from qkinspect.documents import model_info
     from qkinspect.layer import ModelInfo
     from qkinspect.processing import Processing
     from qkinspect.report.analysis.summary import qk_norm_notice_of
