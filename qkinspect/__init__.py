@@ -8,11 +8,13 @@ __all__ = [
     "twin",
 ]
 
+_MOVED = {"records": "qkinspect.analysis.results", "saved": "qkinspect.analysis.saved"}
+
 
 def __getattr__(name: str):
     # Lazy: importing qkinspect must stay cheap (the CLI's --help should not pay for torch).
     if name == "analyze":
-        from qkinspect.analysis import analyze
+        from qkinspect.analysis.run import analyze
 
         return analyze
     if name == "composition":
@@ -43,6 +45,10 @@ def __getattr__(name: str):
         from qkinspect.callback import track
 
         return track
+    if name in _MOVED:  # the analysis's modules before they became qkinspect.analysis (docs once named them)
+        from importlib import import_module
+
+        return import_module(_MOVED[name])
     raise AttributeError(f"module 'qkinspect' has no attribute {name!r}")
 
 

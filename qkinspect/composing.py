@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from qkinspect.analysis import torch_threads
+from qkinspect.analysis.run import torch_threads
 from qkinspect.composition_records import BY, BlockPair, CompositionProcessing, CompositionResult
 from qkinspect.composition_streams import Unit, block_pairs, units
 from qkinspect.device import check_device

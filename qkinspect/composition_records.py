@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from qkinspect.documents import SCHEMA, model_dict, model_info
 from qkinspect.errors import InputError
 from qkinspect.layer import ModelInfo
-from qkinspect.records import SCHEMA, model_dict, model_info
 
 KIND_TEXT = {"q": "queries", "k": "keys", "v": "values"}
 DEFINITIONS = {

@@ -85,7 +85,7 @@ class DirectionsResult:
         """The JSON document (schema qkinspect/1, kind "directions")."""
         from dataclasses import asdict
 
-        from qkinspect.records import envelope, model_dict
+        from qkinspect.documents import envelope, model_dict
 
         return envelope("directions", model=model_dict(self.model), processing=self.processing,
                         readout=asdict(self.readout), definitions=DEFINITIONS, notes=list(self.notes),

@@ -176,3 +176,13 @@ def check_selection(info, blocks: tuple[str, ...] | None, layers: tuple[int, ...
 
     chosen = check(info, blocks, layers, heads, options=("--block", *options))
     return tuple(b.key for b in chosen) if blocks else None
+
+
+class By(str, Enum):
+    head = "head"
+    layer = "layer"
+
+
+ByOpt = Annotated[By, typer.Option("--by", help="Rows per head, or per layer (summaries and the summed form).")]
+LayerFormOpt = Annotated[bool, typer.Option(
+    "--layer-form", help="Also measure each layer's summed form Σ_h W_Q W_Kᵀ (costs O(d_model³) per layer).")]

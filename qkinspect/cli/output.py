@@ -32,9 +32,9 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
+from qkinspect.documents import json_safe
 from qkinspect.errors import InputError, OutputError
 from qkinspect.files import STDOUT, atomic_write, check_writable
-from qkinspect.records import json_safe
 from qkinspect.suggest import did_you_mean
 
 FORMATS = ("table", "json", "ndjson", "csv")

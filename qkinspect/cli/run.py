@@ -37,7 +37,7 @@ def _analyze_opened(m, selection: Selection, options: dict[str, Any]):
     kwargs["blocks"] = check_selection(m.info, selection.blocks, selection.layers, selection.heads)
     chosen = [b for b in m.info.blocks if kwargs["blocks"] is None or b.key in kwargs["blocks"]]
     check_fold_qk_norm(chosen, selection.fold_qk_norm, "--fold-qk-norm")
-    from qkinspect import analysis  # torch: only once the selection is checked (the module, not the package face)
+    from qkinspect import analysis  # torch: only once the selection is checked (the package analysis, not the face)
 
     with progress("analysing heads") as p:
         result = analysis.analyze(m, progress=p, **kwargs, **options)

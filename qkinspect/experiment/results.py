@@ -1,6 +1,7 @@
 """The experiment's records, and its JSON document: what `run_experiment` returns (`ExperimentResult`, its `Run`s,
 the estimate's `Estimate` and `Agreement`s, healing's `Healing`, `HealedRun`s and `HealPoint`s) and what
-`qkinspect experiment` writes from them (`experiment_json`, `run_rows`), as `qkinspect.records` is for the analysis.
+`qkinspect experiment` writes from them (`experiment_json`, `run_rows`), as `qkinspect.analysis.results` is for the
+analysis.
 `qkinspect.experiment.saved` reads the document back, checked, into the same records (what `plot` and `report`
 draw); `qkinspect.experiment.costs` says what the runs cost per edit, per head and per K.
 
@@ -16,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qkinspect.documents import envelope, json_safe, model_dict
 from qkinspect.layer import ModelInfo
 from qkinspect.notebook import Tabular
-from qkinspect.records import envelope, json_safe, model_dict
 
 # A difference is "beyond its error" when it is at least this many standard errors from 0 (about 95 %, two-sided).
 SIGNIFICANT = 2.0

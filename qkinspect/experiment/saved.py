@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.checking import BLOCK_COUNTS, MAX_INDEX, MAX_VALUE, Checker, model_blocks, show, type_name
+from qkinspect.documents import model_info
 from qkinspect.errors import InputError
 from qkinspect.experiment.requests import SCOPES
 from qkinspect.experiment.results import (
@@ -42,7 +43,6 @@ from qkinspect.experiment.results import (
     Run,
 )
 from qkinspect.layer import ModelInfo
-from qkinspect.records import model_info
 
 MAX_RUNS = 1 << 20  # runs in one document (and healed runs, steps of a training-loss curve, points of a curve)
 MAX_CELLS = 1 << 20  # layers × heads of one edit's heatmap (a 7B model has 1 024; the largest ones ~16 000)

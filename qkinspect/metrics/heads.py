@@ -17,7 +17,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer
 from qkinspect.metrics import norms, ov, similarity, symmetry
 from qkinspect.metrics.factored import RANK_RTOL, GramFactor, per_thread, trace
@@ -87,17 +86,6 @@ def _spectrum(p: HeadProducts, key: str) -> Tensor | None:
         return descending_eigvals(p.eig_ov) if p.shape("O")[-1] == p.shape("V")[-2] else None
     return {"qk": lambda: p.sigma_qk, "q": lambda: p.fq.sigma, "k": lambda: p.fk.sigma, "v": lambda: p.fv.sigma,
             "ov": lambda: p.sigma_ov}[key]()
-
-
-SPECTRA = ("qk", "qk_eig", "q", "k", "v", "ov", "ov_eig")
-
-
-def check_spectra(keys: Iterable[str]) -> tuple[str, ...]:
-    keys = tuple(keys)
-    unknown = [k for k in keys if k not in SPECTRA]
-    if unknown:
-        raise InputError(f"unknown spectrum {', '.join(unknown)}; choose from {', '.join(SPECTRA)}")
-    return keys
 
 
 @dataclass(frozen=True)

@@ -212,3 +212,15 @@ def definitions(names: Iterable[str] | None = None) -> dict[str, dict[str, Any]]
     """
     chosen = METRICS if names is None else [n for n in names if n in METRICS]
     return {n: {k: v for k, v in METRICS[n].as_dict().items() if k != "name"} for n in chosen}
+
+
+SPECTRA = ("qk", "qk_eig", "q", "k", "v", "ov", "ov_eig")  # the spectra an analysis may keep per head
+
+
+def check_spectra(keys: Iterable[str]) -> tuple[str, ...]:
+    """The spectra asked for, or InputError naming the unknown ones (torch-free: a request is checked first)."""
+    keys = tuple(keys)
+    unknown = [k for k in keys if k not in SPECTRA]
+    if unknown:
+        raise InputError(f"unknown spectrum {', '.join(unknown)}; choose from {', '.join(SPECTRA)}")
+    return keys

@@ -30,14 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect import limits
+from qkinspect.documents import model_info
 from qkinspect.errors import InputError, QkinspectError
 from qkinspect.layer import ModelInfo, shape_differences
 from qkinspect.limits import check_threads, check_workers
-from qkinspect.records import model_info
+from qkinspect.names import Names
 from qkinspect.sweep import keys, store, task
 from qkinspect.sweep.checkpoints import Checkpoint
 from qkinspect.sweep.keys import Failure
-from qkinspect.sweep.names import LIBRARY_NAMES, EngineNames
+from qkinspect.sweep.names import LIBRARY_NAMES
 
 CONNECT_TIMEOUT = "20s"
 
@@ -77,7 +78,7 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
               device: str = "cpu", progress: Callable[[Status], None] | None = None,
               check: Callable[[ModelInfo], None] | None = None,
               notice: Callable[[str], None] | None = None, same_shapes: bool = True,
-              names: EngineNames = LIBRARY_NAMES) -> Outcome:
+              names: Names = LIBRARY_NAMES) -> Outcome:
     """Analyse every checkpoint with `options` (as `qkinspect.analyze` takes them), one result file each in `folder`.
 
     Args:
@@ -149,7 +150,7 @@ def _stored(folder: Path, plan, options) -> tuple[dict[str, dict], list[str]]:
 
 @contextlib.contextmanager
 def connect(scheduler: str | None, workers: int | None, threads: int | None,
-            n_tasks: int, names: EngineNames = LIBRARY_NAMES) -> Iterator[tuple[Any, int | None]]:
+            n_tasks: int, names: Names = LIBRARY_NAMES) -> Iterator[tuple[Any, int | None]]:
     """A Dask client (to `scheduler`, or to a new LocalCluster) and the torch threads each task should use."""
     from distributed import Client, LocalCluster
 

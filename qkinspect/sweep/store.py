@@ -95,7 +95,7 @@ def load_result(folder: Path, ck: Checkpoint, key: str, options: dict[str, Any])
 
 def result_document(ck: Checkpoint, key: str, options: dict[str, Any], payload: dict[str, Any],
                     device: str) -> dict[str, Any]:
-    from qkinspect.records import SCHEMA
+    from qkinspect.documents import SCHEMA
     from qkinspect.version import __version__
 
     return {"schema": SCHEMA, "kind": RESULT_KIND, "tool": {"name": "qkinspect", "version": __version__},
@@ -138,7 +138,7 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
 
 def write_manifest(folder: Path, checkpoints: list[Checkpoint], options: dict[str, Any],
                    failures: list[Failure] = ()) -> None:
-    from qkinspect.records import SCHEMA
+    from qkinspect.documents import SCHEMA
     from qkinspect.version import __version__
 
     cks = [{**ck.as_dict(), "key": (key := result_key(ck, options)),

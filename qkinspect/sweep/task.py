@@ -16,8 +16,8 @@ from qkinspect.limits import cores
 
 def describe(spec: str, revision: str | None) -> dict[str, Any]:
     """The model's identity and attention shapes (schema qkinspect/1's `model`), read without any weights."""
+    from qkinspect.documents import model_dict
     from qkinspect.loading import open_model
-    from qkinspect.records import model_dict
 
     with open_model(spec, revision=revision) as m:
         return model_dict(m.info)
@@ -32,7 +32,7 @@ def analyze_checkpoint(spec: str, revision: str | None, options: dict[str, Any],
 
     `threads` (torch intra-op threads) defaults to this machine's cores shared among the worker's task slots.
     """
-    from qkinspect import analysis  # the module: nothing inside qkinspect goes through the package face
+    from qkinspect import analysis  # the analysis package's face, not qkinspect's
 
     t0 = time.perf_counter()
     threads = threads or _share_of_cores()

@@ -163,7 +163,7 @@ def check_result(doc: Any, path: object, ck: Checkpoint, key: str, options: dict
 
 def _check_model_info(c: Checker, model: dict) -> None:
     """The recorded model must rebuild as a ModelInfo (a resumed sweep compares the checkpoints' shapes)."""
-    from qkinspect.records import model_info
+    from qkinspect.documents import model_info
 
     try:
         model_info(model)

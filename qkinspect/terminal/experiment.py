@@ -55,7 +55,7 @@ def render_experiment(console, result, rows: list[dict[str, Any]], notes: list[s
         e = result.estimate
         console.print(f"estimate: {e.probes} probes, {e.seconds:.1f} s for every head × edit; "
                       f"{e.verify_seconds:.1f} s for the exact runs that check it", highlight=False, soft_wrap=True)
-        from qkinspect.report.rho import rho_text
+        from qkinspect.rho import rho_text
 
         for a in e.agreement:
             rand = f"; over the {a.sampled} drawn at random: {rho_text(a.rho_sampled, a.sampled)}" if a.sampled else ""

@@ -1,8 +1,8 @@
 """What a twin training is asked to do, checked once, before torch is imported or any text is read: the variants,
 the model's shape, the tokenizer, the amounts, the learning rates, the engine's options.
 
-Errors name each option as the caller spells it (`Names`): the library's argument names by default (`steps=0`),
-the CLI's options when the CLI passes `CLI_NAMES` (`--steps 0`).
+Errors name each option as the caller spells it (`qkinspect.names.Names`): the library's argument names by default
+(`steps=0`), the CLI's options when the CLI passes `CLI_NAMES` (`--steps 0`).
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qkinspect.errors import InputError, said
+from qkinspect.errors import InputError
+from qkinspect.names import Names
 from qkinspect.suggest import did_you_mean
 
 # the variants, each a constraint held at every step (docs/twin.md); names as the experiment's edits where one exists
@@ -26,41 +27,8 @@ _BPE = re.compile(r"bpe:([0-9]{1,7})")
 MAX_STEPS = 10_000_000
 
 
-@dataclass(frozen=True)
-class Names:
-    """How the caller names each option in errors: `qkinspect.twin`'s arguments by default."""
-
-    out: str = "out"
-    variants: str = "variants"
-    match_params: str = "match_params"
-    arch: str = "arch"
-    layers: str = "layers"
-    d_model: str = "d_model"
-    heads: str = "heads"
-    context: str = "context"
-    config: str = "config"
-    text: str = "text"
-    tokenizer: str = "tokenizer"
-    seeds: str = "seeds"
-    lr: str = "lr"
-    steps: str = "steps"
-    warmup: str = "warmup"
-    batch: str = "batch"
-    eval_every: str = "eval_every"
-    eval_windows: str = "eval_windows"
-    track_every: str = "track_every"
-    margin: str = "margin"
-    device: str = "device"
-    scheduler: str = "scheduler"
-    workers: str = "workers"
-    threads: str = "threads"
-
-    def said(self, option: str, value: Any) -> str:
-        return said(getattr(self, option), value)
-
-
 LIBRARY_NAMES = Names()
-CLI_NAMES = Names(**{f.name: "--" + f.name.replace("_", "-") for f in fields(Names)})
+CLI_NAMES = Names.cli()
 
 
 @dataclass(frozen=True)

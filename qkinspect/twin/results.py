@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qkinspect.documents import envelope, json_safe
 from qkinspect.notebook import Tabular
-from qkinspect.records import envelope, json_safe
 
 KIND = "twin"
 ROW_KINDS = ("runs", "trajectories", "summary", "lr")

@@ -240,11 +240,9 @@ def _on_dask(req: Request, spec, todo, folder: str, finished, say, names: Names)
     from distributed import as_completed
 
     from qkinspect.sweep.engine import _cancelling, _error_text, connect
-    from qkinspect.sweep.names import EngineNames
     from qkinspect.twin.train import run_name, run_twin
 
-    engine_names = EngineNames(scheduler=names.scheduler, workers=names.workers, threads=names.threads)
-    with connect(req.scheduler, req.workers, req.threads, len(todo), engine_names) as (client, threads):
+    with connect(req.scheduler, req.workers, req.threads, len(todo), names) as (client, threads):
         futures = {client.submit(run_twin, folder, v, s, x, spec, threads=req.threads or threads, pure=False,
                                  key=f"qkinspect-twin-{run_name(v, s, x)}-{uuid.uuid4().hex[:8]}"): (v, s, x)
                    for v, s, x in todo}
@@ -272,7 +270,7 @@ def chosen_lrs(folder: Path, variants: Sequence[str], lrs: Sequence[float], key:
 
 
 def _write(path: Path, doc: dict[str, Any]) -> None:
-    from qkinspect.records import json_safe
+    from qkinspect.documents import json_safe
     from qkinspect.sweep.store import write_json
 
     write_json(path, json_safe(doc))

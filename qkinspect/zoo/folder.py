@@ -68,7 +68,7 @@ def saved_path(folder: Path, name: str, doc_text: str) -> Path:
 def write_manifest(folder: Path, options: dict[str, Any], entries: list[dict[str, str]],
                    failures: list[Failure] = ()) -> None:
     """atlas.json: `entries` as {"name", "entry": "model"|"saved", "file" (saved: relative to the folder)}."""
-    from qkinspect.records import envelope
+    from qkinspect.documents import envelope
     from qkinspect.sweep.store import write_json
 
     write_json(folder / MANIFEST, envelope(KIND, options=options, entries=entries,

@@ -1,6 +1,6 @@
 """Which models an atlas covers: the models named, the lines of a file (`from_file`, the CLI's `--from`), and every
 model the local Hugging Face cache holds (`hf_cache`, the CLI's `--hf-cache`). Errors name these options as the
-caller spells them (`qkinspect.sweep.names`).
+caller spells them (`qkinspect.names`).
 
 A MODEL is anything `analyze` opens (a folder, a weight file, a GGUF file, a hub id: from the local cache when
 there is no network, a glob of folders) or a saved analysis (`qkinspect analyze -o run.json`), which enters the
@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qkinspect.errors import InputError, said
+from qkinspect.names import Names
 from qkinspect.reading import read_bytes
 from qkinspect.sweep.checkpoints import Checkpoint, discover
-from qkinspect.sweep.names import LIBRARY_NAMES, EngineNames
+from qkinspect.sweep.names import LIBRARY_NAMES
 
 MAX_LIST_BYTES = 4 << 20  # a list of models (from_file): one model a line
 
@@ -34,7 +35,7 @@ class SavedEntry:
 
 
 def entries(models: list[str] | tuple[str, ...] = (), *, from_file: str | Path | None = None,
-            hf_cache: bool = False, names: EngineNames = LIBRARY_NAMES) -> list[Checkpoint | SavedEntry]:
+            hf_cache: bool = False, names: Names = LIBRARY_NAMES) -> list[Checkpoint | SavedEntry]:
     """The entries in the order given: models to analyse (as sweep checkpoints) and saved analyses to take as
     they are; a model or file named twice is one entry. `names`: how errors name the options (the CLI passes
     its own).
@@ -43,7 +44,7 @@ def entries(models: list[str] | tuple[str, ...] = (), *, from_file: str | Path |
         InputError: no models at all, a model that names nothing, an unreadable `from_file`, an HF cache that
             cannot be scanned.
     """
-    from qkinspect.saved import is_saved
+    from qkinspect.analysis.saved import is_saved
 
     specs = [str(m) for m in models]
     if from_file is not None:

@@ -125,7 +125,7 @@ def read_atlas(folder: str | Path) -> AtlasResult:
     Raises:
         InputError: not an atlas folder, or one of its files is not what it is filed as.
     """
-    from qkinspect.saved import read_saved
+    from qkinspect.analysis.saved import read_saved
     from qkinspect.sweep import read_sweep
     from qkinspect.zoo import folder as store
     from qkinspect.zoo.stats import entry_stats

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import InputError
+from qkinspect.names import Names
 from qkinspect.sweep.checkpoints import Checkpoint
 from qkinspect.sweep.keys import Failure
-from qkinspect.sweep.names import LIBRARY_NAMES, EngineNames
+from qkinspect.sweep.names import LIBRARY_NAMES
 from qkinspect.zoo.inputs import SavedEntry, entries
 from qkinspect.zoo.result import AtlasResult, read_atlas
 
@@ -48,8 +49,8 @@ def atlas_options(options: dict[str, Any]) -> dict[str, Any]:
     """The analysis options of an atlas (metrics, precision, fold_ln, fold_qk_norm) as the sweep takes them, layer
     form on; InputError for an unknown option, metric or precision, before any work. `fold_qk_norm` folds the q/k
     norm gains of each model that has them (qkinspect.sweep.task); the others are measured as stored."""
-    from qkinspect.analysis import PRECISIONS
     from qkinspect.metrics.registry import resolve_metrics
+    from qkinspect.processing import PRECISIONS
     from qkinspect.sweep.keys import normalized_options
 
     unknown = set(options) - set(OPTION_NAMES)
@@ -70,7 +71,7 @@ def atlas_options(options: dict[str, Any]) -> dict[str, Any]:
 def run_atlas(items: list[Checkpoint | SavedEntry], options: dict[str, Any], folder: str | Path, *,
               scheduler: str | None = None, workers: int | None = None, threads: int | None = None,
               device: str = "cpu", progress: Callable | None = None,
-              notice: Callable[[str], None] | None = None, names: EngineNames = LIBRARY_NAMES) -> AtlasOutcome:
+              notice: Callable[[str], None] | None = None, names: Names = LIBRARY_NAMES) -> AtlasOutcome:
     """Build the atlas of `items` (from `entries`) in `folder`.
 
     Args:
@@ -82,8 +83,8 @@ def run_atlas(items: list[Checkpoint | SavedEntry], options: dict[str, Any], fol
             files but is not an atlas's (a sweep folder among them): before any work.
         KeyboardInterrupt after cancelling the pending tasks (what is written is kept: run again to resume).
     """
+    from qkinspect.analysis.saved import read_saved
     from qkinspect.limits import check_threads, check_workers
-    from qkinspect.saved import read_saved
     from qkinspect.sweep import run_sweep
     from qkinspect.sweep.store import check_folder, write_json
     from qkinspect.zoo import folder as store

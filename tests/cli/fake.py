@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
+from qkinspect.analysis.results import AnalysisResult, Baseline, HeadRecord, LayerRecord
 from qkinspect.layer import BlockSpec, ModelInfo
-from qkinspect.records import AnalysisResult, Baseline, HeadRecord, LayerRecord, Processing
+from qkinspect.processing import Processing
 
 
 def info(name: str = "m", n_heads: int = 2, n_layers: int = 2, d_model: int = 8) -> ModelInfo:

@@ -14,12 +14,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from qkinspect.cli import safetensors_writer
-from qkinspect.cli.commands.extract import CONVENTION, TENSORS, extract_heads
+from qkinspect.documents import envelope, model_dict
 from qkinspect.errors import CheckpointError
+from qkinspect.extract import writer as safetensors_writer
+from qkinspect.extract.run import CONVENTION, TENSORS, extract_heads
 from qkinspect.loading import open_model
 from qkinspect.loading.model import LoadedModel
-from qkinspect.records import envelope, model_dict
 
 N_LAYERS = 8
 

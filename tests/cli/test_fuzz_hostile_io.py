@@ -166,8 +166,8 @@ def test_fuzz_runs_json(changes, ops):
 
 def estimated_and_healed() -> dict:
     """A document with every section the records type: estimated runs, the estimate's agreement, healing curves."""
+    from qkinspect.documents import json_safe
     from qkinspect.experiment.results import experiment_json
-    from qkinspect.records import json_safe
     from tests.experiment.test_saved_experiment import full_result
 
     return json_safe(experiment_json(full_result()))
@@ -231,7 +231,7 @@ def result_files(folder: Path) -> list[Path]:
 
 def check_sweep_folder(folder: Path, work: Path, base: Path) -> None:
     """plot and report of the folder (CLI), and what a resumed sweep does before it computes anything."""
-    from qkinspect.records import model_info
+    from qkinspect.documents import model_info
     from qkinspect.sweep import discover, engine, keys, store
     from tests.sweep.test_hostile_sweep import OPTIONS
 

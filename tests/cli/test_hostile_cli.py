@@ -273,7 +273,7 @@ def test_cli_dies_by_the_signal_after_cleaning_up(tmp_path, tiny_bert):
     out = tmp_path / "heads.safetensors"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
     code = ("import time, sys\n"
-            "import qkinspect.cli.commands.extract as ex\n"
+            "import qkinspect.extract.run as ex\n"
             "real = ex._write_layer\n"
             "def slow(w, layer):\n"
             "    print('ready', flush=True); time.sleep(60); return real(w, layer)\n"

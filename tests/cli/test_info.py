@@ -22,7 +22,7 @@ def test_info_json_tiny_bert(cli, tiny_bert):
 
 
 def test_human_bytes():
-    from qkinspect.cli.commands.info import human_bytes
+    from qkinspect.terminal.info import human_bytes
 
     assert [human_bytes(n) for n in (0, 1023, 1536, 3 * 2**20, 5 * 2**40)] == \
         ["0 B", "1023 B", "1.5 KiB", "3.0 MiB", "5120.0 GiB"]
@@ -42,7 +42,7 @@ def test_info_csv_and_ndjson_rows(cli, tiny_bert):
 
 
 def test_info_table(cli, tiny_bert):
-    from qkinspect.cli.commands.info import human_bytes
+    from qkinspect.terminal.info import human_bytes
 
     nbytes = json.loads(cli("info", tiny_bert, "-f", "json").stdout)["model"]["attention_bytes"]
     r = cli("info", tiny_bert, "--format", "table")

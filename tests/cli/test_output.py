@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from qkinspect.cli.output import Document, atomic_write, choose_format, emit, write_csv, write_ndjson
+from qkinspect.documents import json_safe
 from qkinspect.errors import InputError, OutputError, one_line
-from qkinspect.records import json_safe
 
 
 @pytest.mark.parametrize("fmt, output, tty, expected", [

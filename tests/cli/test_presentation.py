@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from qkinspect.cli.commands.compare import check_same_shapes, head_deltas
+from qkinspect.analysis.compare import check_same_shapes, head_deltas
 from qkinspect.cli.run import sort_and_trim
 from qkinspect.errors import InputError
 from qkinspect.terminal.tables import baseline_lines, default_columns, render_analysis, scale_style
@@ -77,7 +77,7 @@ def test_render_analysis_text():
 @pytest.mark.parametrize("width", [40, 60, 80, 120])
 def test_tables_fold_instead_of_cutting(width):
     """Every number is printed whole at any width: columns that do not fit go to a second table."""
-    from qkinspect.records import HeadRecord
+    from qkinspect.analysis.results import HeadRecord
     from qkinspect.terminal.tables import DEFAULT_COLUMNS
 
     r = result(SYM)

@@ -50,7 +50,7 @@ def test_grid_and_figure_from_runs():
     assert {"share_qk", "ablate", "truncating the rank", "does the weight metric predict the cost?"} <= set(titles)
     legend = [" ".join(t.get_text().split()) for ax in fig.get_axes() if ax.get_legend()
               for t in ax.get_legend().get_texts()]
-    # dloss grows with the prediction here; 12 heads: ρ with its interval (report.rho)
+    # dloss grows with the prediction here; 12 heads: ρ with its interval (qkinspect.rho)
     assert legend == ["share_qk: Spearman ρ = 1.00 (95 % CI 0.97 to 1.00; 12 heads)"]
 
 

@@ -15,8 +15,8 @@ from qkinspect.cli.app import app
 from qkinspect.experiment import costs
 from qkinspect.experiment.saved import check_experiment
 from qkinspect.report.experiment.pages import dfmt, meaning
-from qkinspect.report.rho import rho_text
 from qkinspect.report.style import fmt
+from qkinspect.rho import rho_text
 from tests.experiment import tiny_models as tiny
 
 SMALL = ("--tokens", "64", "--window", "32")

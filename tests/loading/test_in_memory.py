@@ -138,7 +138,7 @@ def test_parametrised_weight_is_read_as_computed():
 def test_extract_writes_the_same_tensors(tmp_path):
     from safetensors.torch import load_file
 
-    from qkinspect.cli.commands.extract import extract_heads
+    from qkinspect.extract.run import extract_heads
 
     torch.manual_seed(0)
     model = _qwen3()

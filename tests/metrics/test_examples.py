@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["qkinspect.analysis", "qkinspect.metrics.factored", "qkinspect.metrics.spectrum",
+MODULES = ["qkinspect.analysis.run", "qkinspect.metrics.factored", "qkinspect.metrics.spectrum",
            "qkinspect.metrics.registry", "qkinspect.metrics.layer_form", "qkinspect.composing"]
 
 

@@ -362,3 +362,255 @@ def test_the_shared_drawing_pieces_read_no_subjects_records():
     old = {"qkinspect.report.grid": {"qkinspect.records", "qkinspect.report.style"}}  # the tree before the move
     assert reading_records(old, ("qkinspect.report.grid", "qkinspect.report.style")) == {
         "qkinspect.report.grid": ["qkinspect.records"]}
+
+
+# -- one floor plan for every capability (issue 38) -------------------------------------------------------------
+# Each check below names, where the files the composition, directions and atlas work still hold (moved in phase 2
+# of issue 38) break it, today's offenders exactly: the list may shrink, never grow, and an entry that no longer
+# offends fails the check too, so that the list stays the truth.
+
+
+def exactly(found: set[str] | list[str], allowed: set[str], what: str) -> None:
+    """`found` must be `allowed`: nothing new, and nothing allowed that no longer offends (strike it)."""
+    found = set(found)
+    new, gone = sorted(found - allowed), sorted(allowed - found)
+    assert not new, f"{what}: {new}"
+    assert not gone, f"{what}: these no longer offend, strike them from the allow-list: {gone}"
+
+
+def room(name: str, package: str = "qkinspect") -> str | None:
+    """The package a module belongs to for the package-level check: `qkinspect.sweep.store` -> `qkinspect.sweep`;
+    a root module is its own package; the package face (and the entry point) is no room."""
+    parts = name.split(".")
+    if name in (package, f"{package}.__main__"):
+        return None
+    return ".".join(parts[:2])
+
+
+def package_cycles(edges: dict[str, set[str]], package: str = "qkinspect") -> list[list[str]]:
+    """The strongly connected components of more than one package, each sorted, with the import edges between
+    modules lifted to their packages (`room`)."""
+    lifted: dict[str, set[str]] = {}
+    for name, deps in edges.items():
+        a = room(name, package)
+        if a is None:
+            continue
+        lifted.setdefault(a, set())
+        lifted[a] |= {b for d in deps if (b := room(d, package)) not in (None, a)}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(lifted.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(lifted):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_cycle_between_packages():
+    """Counted by package (a root module as its own), nine packages once sat in one strongly connected component:
+    experiment.results -> terminal.experiment -> report.rho -> experiment.rank_interval, records -> terminal.tables,
+    ... The module-level check cannot see such a loop."""
+    assert not package_cycles(package_graph())
+
+
+def test_the_package_cycle_check_sees_a_loop_through_packages(tmp_path):
+    """Today's shape in small: no module circle, yet experiment -> terminal -> report -> experiment."""
+    for sub in ("experiment", "terminal", "report"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "__init__.py").write_text("")
+    (tmp_path / "__init__.py").write_text("from pkg.experiment import results\n")  # the face: no room
+    (tmp_path / "experiment" / "results.py").write_text("def f():\n    from pkg.terminal import experiment\n")
+    (tmp_path / "terminal" / "experiment.py").write_text("from pkg.report import rho\n")
+    (tmp_path / "report" / "rho.py").write_text("from pkg.experiment import rank_interval\n")
+    (tmp_path / "experiment" / "rank_interval.py").write_text("import math\n")
+    order(package_graph(tmp_path, "pkg"))  # no circle between modules
+    assert package_cycles(package_graph(tmp_path, "pkg")) == [["pkg.experiment", "pkg.report", "pkg.terminal"]]
+    (tmp_path / "rho.py").write_text("import math\n")  # the ρ words as one ground module below both
+    (tmp_path / "report" / "rho.py").write_text("from pkg import rho\n")
+    (tmp_path / "terminal" / "experiment.py").write_text("from pkg import rho\n")
+    assert package_cycles(package_graph(tmp_path, "pkg")) == []
+
+
+def commands_importing_commands(folder: Path = PACKAGE, package: str = "qkinspect") -> set[str]:
+    """'a -> b' for each CLI command module that imports another (anywhere: functions included)."""
+    prefix = f"{package}.cli.commands."
+    return {f"{name} -> {m}" for name, deps in package_graph(folder, package).items() if name.startswith(prefix)
+            for m in deps if m.startswith(prefix) and m != name}
+
+
+# phase 2 moves these (issue 38): the helpers they share live in plot and composition, files edited elsewhere now
+COMMANDS_IMPORTING_COMMANDS = {
+    "qkinspect.cli.commands.report -> qkinspect.cli.commands.plot",
+    "qkinspect.cli.commands.plot -> qkinspect.cli.commands.composition",
+}
+
+
+def test_no_cli_command_imports_another():
+    """Every command is option declarations, one library call and `emit`; what commands share lives in cli/
+    modules that are not commands (report -> plot, atlas -> sweep, plot -> composition, sweep -> analyze and
+    directions -> sweep once did)."""
+    exactly(commands_importing_commands(), COMMANDS_IMPORTING_COMMANDS, "a command imports another command")
+
+
+def test_the_command_check_sees_one_command_importing_another(tmp_path):
+    (tmp_path / "cli" / "commands").mkdir(parents=True)
+    for p in ("cli/__init__.py", "cli/commands/__init__.py", "cli/output.py"):
+        (tmp_path / p).write_text("")
+    (tmp_path / "cli" / "commands" / "sweep.py").write_text("from pkg.cli.output import emit\n")
+    (tmp_path / "cli" / "commands" / "atlas.py").write_text("def f():\n    from pkg.cli.commands.sweep import w\n")
+    assert commands_importing_commands(tmp_path, "pkg") == {"pkg.cli.commands.atlas -> pkg.cli.commands.sweep"}
+
+
+TABLE_PIECES = {"rich.table", "rich.table.Table", "rich.table.Column", "rich.box"}
+TERMINAL_TABLE_PIECES = {"Column", "fit_tables", "head_table"}  # qkinspect.terminal.tables' building blocks
+HELP_SCREEN = "qkinspect.cli.help_render"  # the CLI's own --help screen (a layout grid), not a result's table
+
+
+def tables_built_under_cli(folder: Path = PACKAGE, package: str = "qkinspect") -> set[str]:
+    """The modules under cli/ (not the help screen) that build a table for people: importing rich's Table or box,
+    or terminal.tables' columns and fitting (the tables belong in terminal/<subject>.py)."""
+    files = modules(folder, package)
+    bad = set()
+    for name, p in files.items():
+        if not name.startswith(f"{package}.cli") or name == HELP_SCREEN.replace("qkinspect", package, 1):
+            continue
+        source = p.read_text(encoding="utf-8")
+        if any(set(names) & TABLE_PIECES for names in imported_names(source)):
+            bad.add(name)
+        terminal = f"{package}.terminal.tables"
+        if any(m == terminal and what in TERMINAL_TABLE_PIECES for m, what in imported(source, set(files))):
+            bad.add(name)
+    return bad
+
+
+# phase 2 moves these (issue 38): their tables go to terminal/<subject>.py with their capabilities
+TABLES_UNDER_CLI = {
+    "qkinspect.cli.commands.atlas", "qkinspect.cli.commands.composition", "qkinspect.cli.commands.directions",
+}
+
+
+def test_no_rich_table_is_built_under_cli():
+    """A result's table for people is the library's (terminal/<subject>.py), shown in a notebook too; the CLI
+    only chooses it (directions built its rich table in the command; atlas, composition, spectrum, compare and
+    info assembled theirs there)."""
+    exactly(tables_built_under_cli(), TABLES_UNDER_CLI, "a table is built under cli/")
+
+
+def test_the_table_check_sees_a_table_built_in_a_command(tmp_path):
+    (tmp_path / "cli" / "commands").mkdir(parents=True)
+    (tmp_path / "terminal").mkdir()
+    for p in ("cli/__init__.py", "cli/commands/__init__.py", "terminal/__init__.py"):
+        (tmp_path / p).write_text("")
+    (tmp_path / "terminal" / "tables.py").write_text("def fit_tables():\n    pass\nColumn = 1\n")
+    (tmp_path / "cli" / "commands" / "info.py").write_text("def f():\n    from pkg.terminal.tables import Column\n")
+    (tmp_path / "cli" / "commands" / "dirs.py").write_text("def f():\n    from rich.table import Table\n")
+    (tmp_path / "cli" / "commands" / "ok.py").write_text("from pkg.terminal.tables import print_lines\n")
+    assert tables_built_under_cli(tmp_path, "pkg") == {"pkg.cli.commands.info", "pkg.cli.commands.dirs"}
+
+
+LIBRARY_WORK = ("torch", "numpy", "safetensors", "struct")  # tensors and byte formats: the library's work
+READING_LAYERS = ("plan", "layers")  # an opened model's layer plan and stream: reading weights is the library's
+
+
+def library_work_under_cli(folder: Path = PACKAGE, package: str = "qkinspect") -> set[str]:
+    """'module imports x' for each module under cli/ that imports tensor or file-format machinery (torch, numpy,
+    safetensors, struct), anywhere, and 'module reads layers' for each that walks an opened model's layers
+    (`m.plan(...)`, `m.layers(...)`): writing a safetensors file, computing on arrays or streaming a model's
+    weights is library work."""
+    bad = set()
+    for name, p in modules(folder, package).items():
+        if not name.startswith(f"{package}.cli"):
+            continue
+        source = p.read_text(encoding="utf-8")
+        for names in imported_names(source):
+            top = names[0].split(".")[0]
+            if top in LIBRARY_WORK:
+                bad.add(f"{name} imports {top}")
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in READING_LAYERS
+               for n in ast.walk(ast.parse(source))):
+            bad.add(f"{name} reads layers")
+    return bad
+
+
+def test_no_library_work_under_cli():
+    """cli/safetensors_writer.py and extract_heads (which streamed the model's layers into it) were library work
+    living in cli/ (bench and tests called them there); the spectrum's arrays were computed in its command."""
+    exactly(library_work_under_cli(), set(), "library work under cli/")
+
+
+def test_the_library_work_check_sees_a_writer_under_cli(tmp_path):
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "__init__.py").write_text("")
+    (tmp_path / "cli" / "writer.py").write_text("import struct\ndef f():\n    import torch\n")
+    (tmp_path / "cli" / "output.py").write_text("import json\n")
+    (tmp_path / "cli" / "extract.py").write_text("def f(m):\n    for layer in m.layers(None, None):\n        pass\n")
+    assert library_work_under_cli(tmp_path, "pkg") == {"pkg.cli.writer imports struct", "pkg.cli.writer imports torch",
+                                                       "pkg.cli.extract reads layers"}
+
+
+def definitions(pattern, folder: Path = PACKAGE, package: str = "qkinspect") -> set[str]:
+    """'module.name' for each module-level name that `pattern` (a predicate on the name) accepts, defined (not
+    imported) in a module of the package."""
+    return {f"{name}.{n}" for name, p in modules(folder, package).items()
+            for n in defined(p.read_text(encoding="utf-8")) if pattern(n)}
+
+
+# phase 2 moves these (issue 38): composing and head_directions keep their own precisions, composition_records its
+# processing, experiment.requests its names, until those files move
+SCAFFOLDING = {
+    "PRECISIONS": ({"qkinspect.processing.PRECISIONS"},
+                   {"qkinspect.composing.PRECISIONS", "qkinspect.head_directions.PRECISIONS"}),
+    "Processing": ({"qkinspect.processing.Processing"}, {"qkinspect.composition_records.CompositionProcessing"}),
+    "Names": ({"qkinspect.names.Names"}, {"qkinspect.experiment.requests.Names"}),
+}
+
+
+@pytest.mark.parametrize("what", sorted(SCAFFOLDING))
+def test_the_shared_scaffolding_is_defined_once(what):
+    """`PRECISIONS` was written in three modules, `Processing` in two, a names type in two (experiment.requests'
+    Names, sweep.names' EngineNames): one ground module each. A names type is any class named *Names."""
+    home, offenders = SCAFFOLDING[what]
+    if what == "PRECISIONS":
+        found = definitions(lambda n: n == "PRECISIONS")
+    elif what == "Processing":
+        found = definitions(lambda n: n.endswith("Processing") and n[:1].isupper())
+    else:
+        found = names_types()
+    exactly(found, home | offenders, f"{what} defined more than once")
+
+
+def names_types(folder: Path = PACKAGE, package: str = "qkinspect") -> set[str]:
+    """'module.Class' for each class that says how the caller spells an option (it has a `said` method)."""
+    return {f"{name}.{node.name}" for name, p in modules(folder, package).items()
+            for node in ast.parse(p.read_text(encoding="utf-8")).body if isinstance(node, ast.ClassDef)
+            and any(isinstance(f, ast.FunctionDef) and f.name == "said" for f in node.body)}
+
+
+def test_the_definition_check_sees_a_second_names_type(tmp_path):
+    said = "    def said(self, option, value):\n        pass\n"
+    (tmp_path / "names.py").write_text("class Names:\n" + said)
+    (tmp_path / "engine.py").write_text("from pkg.names import Names\nclass EngineNames:\n" + said)
+    (tmp_path / "vocab.py").write_text("class VocabNames:\n    pass\nPRECISIONS = {}\n")
+    assert names_types(tmp_path, "pkg") == {"pkg.names.Names", "pkg.engine.EngineNames"}
+    assert definitions(lambda n: n == "PRECISIONS", tmp_path, "pkg") == {"pkg.vocab.PRECISIONS"}

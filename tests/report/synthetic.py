@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from qkinspect.analysis.results import AnalysisResult, Baseline, HeadRecord, LayerRecord
 from qkinspect.layer import BlockSpec, ModelInfo
-from qkinspect.records import AnalysisResult, Baseline, HeadRecord, LayerRecord, Processing
+from qkinspect.processing import Processing
 
 
 def block(name="encoder", n_layers=4, n_heads=8, n_kv_heads=None, d_model=64, d_head=8) -> BlockSpec:

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from qkinspect.cli.app import app
+from qkinspect.documents import json_safe
 from qkinspect.errors import InputError
 from qkinspect.experiment.results import experiment_json
 from qkinspect.experiment.saved import MAX_CELLS, check_experiment, read_experiment
-from qkinspect.records import json_safe
 from qkinspect.report.experiment.figure import experiment_figure
 from tests.one_line import one_error_line
 

@@ -1,4 +1,4 @@
-"""Spearman's ρ shown with its interval (report.rho): the interval's identities (hypothesis), and its coverage of
+"""Spearman's ρ shown with its interval (qkinspect.rho): the interval's identities (hypothesis), and its coverage of
 the population Spearman correlation by simulation, at the small numbers of heads experiments verify."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qkinspect.experiment.rank_interval import MIN_HEADS, spearman_interval
-from qkinspect.report.rho import rho_text
+from qkinspect.rho import MIN_HEADS, rho_text, spearman_interval
 
 rhos = st.floats(-1.0, 1.0, allow_nan=False)
 ns = st.integers(MIN_HEADS, 10_000)

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
+from qkinspect.analysis.saved import read_saved
 from qkinspect.report.analysis import figures
-from qkinspect.saved import read_saved
 
 METRICS = "default,shared_qk_distance,head_overlap"  # what the report measures
 
@@ -129,7 +129,7 @@ def test_a_tampered_file_is_one_line(saved, cli, tmp_path, change, message):
 
 
 def test_unreadable_oversized_and_broken_files(cli, tmp_path, monkeypatch):
-    import qkinspect.saved as saved_mod
+    import qkinspect.analysis.saved as saved_mod
 
     broken = tmp_path / "broken.json"
     broken.write_text('{"schema": "qkinspect/1", "kind": ')

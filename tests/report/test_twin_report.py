@@ -131,7 +131,7 @@ def test_a_metric_the_runs_did_not_track_is_refused(twin):
     from qkinspect.errors import InputError
     from qkinspect.report.twin.figures import trajectory_figure
 
-    with pytest.raises(InputError, match="tracked symmetry"):
+    with pytest.raises(InputError, match="has no trajectory of it"):
         trajectory_figure(twin, "qk_stable_rank")
 
 

@@ -132,7 +132,7 @@ def cli():
 def analyze_table(run: Path, steps=STEPS, by: str = "head", **options) -> list[dict]:
     """What `analyze` gives on each checkpoint, as the sweep's tidy rows."""
     import qkinspect
-    from qkinspect.records import json_safe
+    from qkinspect.documents import json_safe
 
     rows = []
     for step in steps:

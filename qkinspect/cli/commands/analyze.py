@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Annotated
 
 import typer
 
 from qkinspect.cli.options import (
     BlockOpt,
+    By,
+    ByOpt,
     Device,
     DeviceOpt,
     FoldLnOpt,
     FoldQkNormOpt,
     FormatOpt,
     HeadsOpt,
+    LayerFormOpt,
     LayersOpt,
     MetricsOpt,
     ModelArg,
@@ -26,18 +28,9 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import Document, check_output, emit
 
-
-class By(str, Enum):
-    head = "head"
-    layer = "layer"
-
-
-ByOpt = Annotated[By, typer.Option("--by", help="Rows per head, or per layer (summaries and the summed form).")]
 SortOpt = Annotated[str | None, typer.Option("--sort", metavar="METRIC", help="Sort rows by METRIC, largest first.")]
 AscendingOpt = Annotated[bool, typer.Option("--ascending", help="With --sort: smallest first.")]
 TopOpt = Annotated[int | None, typer.Option("--top", metavar="N", help="Keep the first N rows (after --sort).")]
-LayerFormOpt = Annotated[bool, typer.Option(
-    "--layer-form", help="Also measure each layer's summed form Σ_h W_Q W_Kᵀ (costs O(d_model³) per layer).")]
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from qkinspect.cli.commands.sweep import (
+from qkinspect.cli.engine_options import (
     ProgressLine,
     SchedulerOpt,
     SweepFormatOpt,
@@ -28,8 +28,8 @@ from qkinspect.cli.options import (
     Selection,
 )
 from qkinspect.cli.output import Document, note, warn
+from qkinspect.documents import envelope
 from qkinspect.errors import SweepFailed
-from qkinspect.records import envelope
 
 ModelsArg = Annotated[list[str] | None, typer.Argument(
     help="Models: folders, weight files, GGUF files, hub ids (the local cache when offline), globs, and saved "

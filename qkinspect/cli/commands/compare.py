@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import math
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -24,8 +23,7 @@ from qkinspect.cli.options import (
     Selection,
 )
 from qkinspect.cli.output import Document, check_output, emit
-from qkinspect.errors import InputError
-from qkinspect.records import envelope
+from qkinspect.documents import envelope
 
 ModelA = Annotated[str, typer.Argument(help="The reference checkpoint (A).", show_default=False, metavar="MODEL_A")]
 ModelB = Annotated[str, typer.Argument(help="The checkpoint compared with it (B); differences are B − A.",
@@ -44,6 +42,7 @@ def register(app: typer.Typer) -> None:
 
         Example: qkinspect compare ./bert-base ./bert-finetuned --metrics symmetry,overlap_qk -o diff.csv
         """
+        from qkinspect.analysis.compare import check_same_shapes
         from qkinspect.cli.run import run_analysis
         from qkinspect.loading import open_model
 
@@ -57,50 +56,10 @@ def register(app: typer.Typer) -> None:
         emit(compare_document(a, b, requested=sel.metrics), fmt, output)
 
 
-def check_same_shapes(a, b) -> None:
-    """InputError naming every difference when two models' attention blocks do not line up head for head."""
-    from qkinspect.layer import shape_differences
-
-    sa, sb = [x.key for x in a.blocks], [x.key for x in b.blocks]
-    if sa != sb:
-        raise InputError(f"cannot compare: {a.name} has blocks {', '.join(sa)} but {b.name} has {', '.join(sb)}")
-    diffs = shape_differences(a, b)
-    if diffs:
-        raise InputError(f"cannot compare {a.name} with {b.name}: shapes differ ({'; '.join(diffs)})")
-
-
-def common_metrics(a, b) -> list[str]:
-    """Head metrics both results computed, in A's order."""
-    in_b = {k for h in b.heads for k in h.values}
-    names = list(a.metric_names) or sorted({k for h in a.heads for k in h.values})
-    return [m for m in names if m in in_b and any(m in h.values for h in a.heads)]
-
-
-def head_deltas(a, b) -> list[dict[str, Any]]:
-    """One row per head: block, layer, head, kv_head, then per metric `{m}_a`, `{m}_b` and `delta_{m}` (B − A)."""
-    names = common_metrics(a, b)
-    other = {(h.block, h.layer, h.head): h for h in b.heads}
-    rows = []
-    for ha in a.heads:
-        hb = other.get((ha.block, ha.layer, ha.head))
-        if hb is None:
-            continue
-        row: dict[str, Any] = {"block": ha.block, "layer": ha.layer, "head": ha.head, "kv_head": ha.kv_head}
-        for m in names:
-            va, vb = ha.values.get(m), hb.values.get(m)
-            row[f"{m}_a"], row[f"{m}_b"], row[f"delta_{m}"] = va, vb, _diff(vb, va)
-        rows.append(row)
-    return rows
-
-
-def _diff(x, y) -> float:
-    if x is None or y is None:
-        return math.nan
-    return float(x) - float(y)
-
-
 def compare_document(a, b, *, requested=None) -> Document:
-    from qkinspect.records import model_dict
+    from qkinspect.analysis.compare import common_metrics, head_deltas
+    from qkinspect.documents import model_dict
+    from qkinspect.terminal.compare import render_compare
     from qkinspect.terminal.tables import default_columns
 
     rows = head_deltas(a, b)
@@ -109,24 +68,4 @@ def compare_document(a, b, *, requested=None) -> Document:
             "heads": rows, "warnings": [*a.warnings, *b.warnings]}
     cols = [f"delta_{m}" for m in default_columns(a, requested)]
     return Document(json=envelope("compare", **body), rows=rows,
-                    render=lambda console: _render(console, a, b, rows, cols))
-
-
-def _render(console, a, b, rows: list[dict[str, Any]], cols: list[str]) -> None:
-    from types import SimpleNamespace
-
-    from qkinspect.terminal.tables import gauge_note, head_table, legend, model_line, print_lines
-
-    console.print(f"A: {model_line(a.model, a.processing)}", markup=False, highlight=False)
-    console.print(f"B: {model_line(b.model, b.processing)}", markup=False, highlight=False)
-    heads = [SimpleNamespace(block=r["block"], layer=r["layer"], head=r["head"], kv_head=r["kv_head"], values=r)
-             for r in rows]
-    for t in head_table(heads, cols, title="per-head differences, B − A", width=console.width):
-        console.print(t)
-    print_lines(console, [legend(cols)])
-    gauge_note(console, cols)
-    for c in cols:
-        vals = [abs(r[c]) for r in rows if r[c] is not None and not math.isnan(r[c])]
-        if vals:
-            console.print(f"{c}: mean |Δ| {sum(vals) / len(vals):.4f}, max |Δ| {max(vals):.4f}", style="dim",
-                          highlight=False)
+                    render=lambda console: render_compare(console, a, b, rows, cols))

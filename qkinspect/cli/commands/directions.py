@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from qkinspect.cli.commands.sweep import SweepFormat, check_sweep_output, write_table
+from qkinspect.cli.engine_options import SweepFormat, check_sweep_output, write_table
 from qkinspect.cli.options import (
     BlockOpt,
     Device,

@@ -254,7 +254,7 @@ def refuse_analysis_options(model: str | None, **given: object) -> None:
     """InputError when `model` is a saved analysis (qkinspect.saved) and an option that shapes an analysis was
     given (`given`: option name -> its value, or whether it differs from its default): the file is drawn as it was
     saved."""
-    from qkinspect.saved import is_saved
+    from qkinspect.analysis.saved import is_saved
 
     if not is_saved(model):
         return
@@ -269,7 +269,7 @@ def result_of(model: str | None, selection: Selection, *, kind: str | None = Non
               **options):
     """The analysis to draw: read from a saved analysis (`qkinspect analyze -o FILE.json`), or run on the model.
     `kind`: the figure (InputError when a saved analysis cannot give it)."""
-    from qkinspect.saved import is_saved, needs_model, read_saved
+    from qkinspect.analysis.saved import is_saved, needs_model, read_saved
 
     if is_saved(model):
         if kind is not None:
@@ -299,10 +299,10 @@ def draw_figure(model: str | None, kind: str, output: Path, selection: Selection
     Example:
         >>> draw_figure(None, "symmetry", Path("symmetry.png"), Selection.parse())
     """
+    from qkinspect.analysis.saved import is_saved
     from qkinspect.cli.options import check_selection
     from qkinspect.cli.run import run_analysis
     from qkinspect.loading import open_model
-    from qkinspect.saved import is_saved
 
     if is_saved(model):
         result = result_of(model, selection, kind=kind)

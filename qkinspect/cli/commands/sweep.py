@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import time
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from qkinspect.cli.commands.analyze import By, ByOpt, LayerFormOpt
+from qkinspect.cli.engine_options import (
+    ProgressLine,
+    SchedulerOpt,
+    SweepFormatOpt,
+    ThreadsOpt,
+    WorkersOpt,
+    check_engine_options,
+    write_table,
+)
 from qkinspect.cli.options import (
     BlockOpt,
+    By,
+    ByOpt,
     Device,
     DeviceOpt,
     FoldLnOpt,
     FoldQkNormOpt,
     HeadsOpt,
+    LayerFormOpt,
     LayersOpt,
     MetricsOpt,
     OutputOpt,
@@ -27,20 +34,10 @@ from qkinspect.cli.options import (
     Selection,
     check_selection,
 )
-from qkinspect.cli.output import QUIET, Document, check_output, check_parquet, emit, note, warn, write_parquet
-from qkinspect.errors import InputError, SweepFailed
-from qkinspect.limits import check_threads, check_workers
-from qkinspect.records import envelope
+from qkinspect.cli.output import QUIET, Document, note, warn
+from qkinspect.documents import envelope
+from qkinspect.errors import SweepFailed
 from qkinspect.selection import check_fold_qk_norm
-
-
-class SweepFormat(str, Enum):
-    table = "table"
-    json = "json"
-    ndjson = "ndjson"
-    csv = "csv"
-    parquet = "parquet"
-
 
 SpecsArg = Annotated[list[str], typer.Argument(
     help="Checkpoints: folders, weight files, globs (quote them: 'runs/*/checkpoint-*'), hub ids.",
@@ -50,19 +47,6 @@ OutDirOpt = Annotated[Path, typer.Option(
     help="The sweep folder: one result file per checkpoint, written as each finishes; a re-run skips those done.")]
 RevisionsOpt = Annotated[str | None, typer.Option(
     "--revisions", metavar="R1,R2,...", help="Hub revisions: each hub id SPEC becomes one checkpoint per revision.")]
-SchedulerOpt = Annotated[str | None, typer.Option(
-    "--scheduler", metavar="ADDRESS",
-    help="A running Dask scheduler (tcp://host:8786) whose workers can read the checkpoints; default: a local "
-         "cluster on this machine.")]
-WorkersOpt = Annotated[int | None, typer.Option(
-    "--workers", metavar="N", help="Local cluster: worker processes (default: one per core, at most one per "
-                                   "checkpoint to do; at most 4 per core).")]
-ThreadsOpt = Annotated[int | None, typer.Option(
-    "--threads", metavar="N",
-    help="torch threads per checkpoint (default: the cores shared among the workers; at most 1024).")]
-SweepFormatOpt = Annotated[SweepFormat | None, typer.Option(
-    "--format", "-f", show_default=False, metavar="FORMAT",
-    help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -120,35 +104,6 @@ def check_checkpoint(info, sel: Selection) -> None:
     check_fold_qk_norm([b for b in info.blocks if keys is None or b.key in keys], sel.fold_qk_norm, "--fold-qk-norm")
 
 
-def check_engine_options(command: str, fmt: SweepFormat | None, output: Path | None, threads: int | None,
-                         workers: int | None, scheduler: str | None) -> str:
-    """What the sweep engine's commands (sweep, atlas) refuse before any work: Dask missing, an output that
-    cannot be written, thread and worker counts out of range, a scheduler address that is not one. Returns the
-    format to write."""
-    if importlib.util.find_spec("distributed") is None:
-        raise InputError(f"{command} needs Dask distributed: pip install 'qkinspect[sweep]'")
-    from qkinspect.sweep.names import CLI_NAMES
-
-    name = check_sweep_output(fmt, output)
-    check_threads(threads, CLI_NAMES.threads)
-    check_workers(workers, CLI_NAMES.workers)
-    if scheduler is not None:
-        from qkinspect.sweep.scheduler import check_address
-
-        check_address(scheduler, CLI_NAMES.scheduler)
-    return name
-
-
-def check_sweep_output(fmt: SweepFormat | None, output: Path | None) -> str:
-    """The format to write, refused (before any work) when it cannot be: Parquet needs -o FILE and pyarrow."""
-    if check_parquet(fmt, output):
-        return "parquet"
-    check_output(fmt, output)
-    from qkinspect.cli.output import choose_format
-
-    return choose_format(fmt, output)
-
-
 def steps_line(checkpoints) -> str:
     """Where the steps came from, e.g. "steps 500-3000 read from their names"."""
     steps = [c.step for c in checkpoints]
@@ -161,22 +116,6 @@ def steps_line(checkpoints) -> str:
     return f"steps {min(steps)}-{max(steps)} read from {how}"
 
 
-class ProgressLine:
-    """One line on stderr per checkpoint finished: done/total, failures, elapsed, ETA (`label`: the command)."""
-
-    def __init__(self, label: str = "sweep"):
-        self.label = label
-
-    def __call__(self, s) -> None:
-        eta = "?" if s.eta is None else _duration(s.eta)
-        print(f"{self.label}: {s.done}/{s.total} done, {s.failed} failed, {_duration(s.elapsed)} elapsed, ETA {eta}"
-              f"  ({s.last})", file=sys.stderr, flush=True)
-
-
-def _duration(seconds: float) -> str:
-    return time.strftime("%H:%M:%S", time.gmtime(max(0.0, seconds)))
-
-
 def sweep_document(folder, *, by: str = "head", requested=None) -> Document:
     """JSON: the envelope with the sweep's options, checkpoints, failures and the rows (as "heads" or "layers");
     rows: the tidy table."""
@@ -187,13 +126,6 @@ def sweep_document(folder, *, by: str = "head", requested=None) -> Document:
             "heads" if by == "head" else "layers": rows}
     return Document(json=envelope("sweep", **body), rows=rows,
                     render=lambda console: _render(console, rows, requested, by))
-
-
-def write_table(doc: Document, name: str, output: Path | None) -> None:
-    if name != "parquet":
-        emit(doc, name, output)
-        return
-    write_parquet(doc.rows, output)
 
 
 def _render(console, rows: list[dict[str, Any]], requested, by: str = "head") -> None:

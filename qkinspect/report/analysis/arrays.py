@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from qkinspect.analysis.results import AnalysisResult
 from qkinspect.errors import InputError
-from qkinspect.records import AnalysisResult
 from qkinspect.report.grid import Grid
 
 

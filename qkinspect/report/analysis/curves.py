@@ -10,8 +10,8 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import BoundaryNorm
 from matplotlib.figure import Figure
 
+from qkinspect.analysis.results import AnalysisResult
 from qkinspect.errors import InputError
-from qkinspect.records import AnalysisResult
 from qkinspect.report.analysis.arrays import (
     block_values,
     blocks_of,

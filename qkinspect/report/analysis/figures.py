@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
+from qkinspect.analysis.results import AnalysisResult
 from qkinspect.errors import InputError
 from qkinspect.metrics.registry import head_metric
-from qkinspect.records import AnalysisResult
 from qkinspect.report import heatmap
 from qkinspect.report.analysis import curves
 from qkinspect.report.analysis.arrays import blocks_of, head_grid, layer_record, require, title

@@ -12,8 +12,8 @@ import datetime as dt
 import io
 from html import escape
 
+from qkinspect.analysis.results import AnalysisResult
 from qkinspect.errors import InputError
-from qkinspect.records import AnalysisResult
 from qkinspect.report.analysis.arrays import renamed
 from qkinspect.report.analysis.figures import figure
 from qkinspect.report.analysis.pdf import plan_figures

@@ -17,9 +17,9 @@ from typing import IO
 from matplotlib.backends.backend_pdf import PdfPages
 from matplotlib.figure import Figure
 
+from qkinspect.analysis.results import AnalysisResult
 from qkinspect.errors import InputError
 from qkinspect.experiment.results import ExperimentResult
-from qkinspect.records import AnalysisResult
 from qkinspect.report.analysis import text
 from qkinspect.report.analysis.arrays import blocks_of, renamed
 from qkinspect.report.analysis.figures import figure, shows_raw_qk

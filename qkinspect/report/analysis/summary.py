@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qkinspect.records import AnalysisResult, HeadRecord
+from qkinspect.analysis.results import AnalysisResult, HeadRecord
 from qkinspect.report.analysis.arrays import block_values, blocks_of
 from qkinspect.report.style import NUMBER_NOTE, count_text, fmt
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from qkinspect.analysis.results import AnalysisResult
 from qkinspect.metrics.registry import INTEGER_METRICS
-from qkinspect.records import AnalysisResult
 from qkinspect.report.analysis.arrays import blocks_of, has_metric, head_grid
 from qkinspect.report.style import count_text, fmt
 from qkinspect.report.tables import Table

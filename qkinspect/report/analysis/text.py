@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import asdict
 
-from qkinspect.records import AnalysisResult
+from qkinspect.analysis.results import AnalysisResult
 from qkinspect.report.analysis.summary import Section
 from qkinspect.report.pages import TextPages
 from qkinspect.report.style import NUMBER_NOTE

@@ -14,9 +14,9 @@ from qkinspect.experiment.results import Agreement, ExperimentResult, Run
 from qkinspect.report.experiment.figure import runs_grid
 from qkinspect.report.grid import Grid
 from qkinspect.report.heatmap import colorbar, draw
-from qkinspect.report.rho import rho_text
 from qkinspect.report.style import Canvas, new_figure
 from qkinspect.report.titles import canvas_width, fit, suptitle
+from qkinspect.rho import rho_text
 
 
 def estimated_edits(result: ExperimentResult) -> list[str]:
@@ -43,7 +43,7 @@ def agreement(result: ExperimentResult, edit: str) -> Agreement | None:
 
 def panel_title(result: ExperimentResult, edit: str) -> str:
     """The edit, and Spearman's ρ between estimate and exact Δloss with its number of verified heads and interval
-    (report.rho), or that the estimate was not checked."""
+    (qkinspect.rho), or that the estimate was not checked."""
     a = agreement(result, edit)
     if a is None or not a.verified:
         return f"{edit}\nnot checked against exact runs"

@@ -15,9 +15,9 @@ from qkinspect.experiment.costs import measured, rank_errors, rank_points, typic
 from qkinspect.experiment.results import ExperimentResult, Run, spearman
 from qkinspect.report.grid import Grid
 from qkinspect.report.heatmap import colorbar, diverging_norm_unbounded, draw
-from qkinspect.report.rho import rho_text
 from qkinspect.report.style import Canvas, new_figure
 from qkinspect.report.titles import fit, suptitle
+from qkinspect.rho import rho_text
 
 
 def _head_runs(result: ExperimentResult, edit: str) -> list[Run]:

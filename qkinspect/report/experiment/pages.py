@@ -11,9 +11,9 @@ from pathlib import Path
 from qkinspect.experiment import costs
 from qkinspect.experiment.results import SIGNIFICANT, ExperimentResult
 from qkinspect.report.pages import TextPages
-from qkinspect.report.rho import rho_text
 from qkinspect.report.style import fmt
 from qkinspect.report.tables import Table
+from qkinspect.rho import rho_text
 
 LISTED = 8  # heads named in the text, and rows of each table half
 SHARE = "share_qk"  # the edit the section's questions are about: one matrix for queries and keys
@@ -123,8 +123,8 @@ def head_table(result: ExperimentResult, edit: str = SHARE) -> Table | None:
 
 
 def meaning(p: costs.Prediction) -> str:
-    """What ρ and p say, in words (over fewer than report.rho.MIN_HEADS heads: that they are too few to tell)."""
-    from qkinspect.experiment.rank_interval import MIN_HEADS
+    """What ρ and p say, in words (over fewer than qkinspect.rho.MIN_HEADS heads: that they are too few to tell)."""
+    from qkinspect.rho import MIN_HEADS
 
     if p.n < MIN_HEADS:
         return (f"{p.n} heads are too few to tell whether {p.predictor} orders the heads by what {p.edit} costs "

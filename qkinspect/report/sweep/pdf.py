@@ -142,8 +142,10 @@ def write_sweep_pdf(sweep, target: str | Path | IO[bytes], *, date: dt.datetime 
 
 
 def _cover(pages, sweep, metrics: list[str], version: str, date: dt.datetime, name: str) -> None:
+    from qkinspect.analysis.results import AnalysisResult
+    from qkinspect.documents import model_info
     from qkinspect.layer import ModelInfo
-    from qkinspect.records import AnalysisResult, Processing, model_info
+    from qkinspect.processing import Processing
     from qkinspect.report.analysis.summary import qk_norm_notice_of
     from qkinspect.report.analysis.text import blocks_table
     from qkinspect.report.tables import Table

@@ -5,19 +5,18 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, is_dataclass
-from enum import Enum
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qkinspect.documents import envelope, json_safe, model_dict
 from qkinspect.layer import ModelInfo
+from qkinspect.processing import Processing
 
 if TYPE_CHECKING:
     import numpy as np
 
-SCHEMA = "qkinspect/1"
 ANALYSIS_KIND = "analyze"  # the document's "kind": what `qkinspect analyze -o FILE.json` and save() write
 
 
@@ -67,29 +66,6 @@ class Baseline:
     mean: float
     std: float
     n: int
-
-
-@dataclass(frozen=True)
-class Processing:
-    """How the weights were processed before measuring; recorded with every result."""
-
-    fold_ln: bool = False
-    fold_qk_norm: bool = False
-    precision: str = "float32"
-    device: str = "cpu"
-    layer_form: bool = False
-    blocks: tuple[str, ...] | None = None
-    layers: tuple[int, ...] | None = None
-    heads: tuple[int, ...] | None = None
-    metrics: tuple[str, ...] | None = None
-    baseline_seed: int = 0
-    dequantized: str | None = None  # the quantization the weights were dequantized from (ModelInfo.quantization)
-    products: str = "float32"  # how the large products were computed: "float32", "float64", "bf16" (bf16 read,
-    # float32 accumulated: qkinspect.metrics.backend), or several joined by "+" when layers differed
-    recomputed_float64: int = 0  # heads measured again in float64: their Grams were unresolved in `precision`
-    # (information only: the numbers are the float64 ones, nothing to do)
-    qk_norm_not_folded: tuple[str, ...] = ()  # measured blocks with q/k norms whose gains were not folded in: their
-    # W_Q W_Kᵀ is the raw stored form, not what attention computes (fold_qk_norm=True / --fold-qk-norm measures that)
 
 
 @dataclass
@@ -179,51 +155,3 @@ class AnalysisResult:
         from qkinspect.terminal.tables import default_columns, render_analysis
 
         return html_table(lambda console: render_analysis(console, self, columns=default_columns(self)))
-
-
-def envelope(kind: str, **fields: Any) -> dict[str, Any]:
-    """The head of every JSON document qkinspect writes: schema, command kind, tool version, then `fields`."""
-    from qkinspect.version import __version__
-
-    return {"schema": SCHEMA, "kind": kind, "tool": {"name": "qkinspect", "version": __version__}, **fields}
-
-
-def model_dict(info: ModelInfo) -> dict[str, Any]:
-    d = asdict(info)
-    d["blocks"] = [{**asdict(b), "flags": b.flags()} for b in info.blocks]
-    return d
-
-
-def model_info(d: Mapping[str, Any]) -> ModelInfo:
-    """The ModelInfo a `model_dict` was made from (flags are derived, so they are dropped)."""
-    from qkinspect.layer import BlockSpec
-
-    known = BlockSpec.__dataclass_fields__
-    blocks = tuple(BlockSpec(**{k: v for k, v in b.items() if k in known}) for b in d["blocks"])
-    return ModelInfo(**{k: v for k, v in d.items() if k in ModelInfo.__dataclass_fields__ and k != "blocks"},
-                     blocks=blocks)
-
-
-def json_safe(x: Any) -> Any:
-    """A JSON-safe copy: NaN/inf -> null, numpy and torch values -> Python (through their `tolist`), tuples ->
-    lists, complex -> [re, im], Path -> str, Enum -> its value, dataclasses -> dicts. What every document
-    qkinspect writes goes through (the CLI's output too), so `json.dump(..., allow_nan=False)` never fails."""
-    if isinstance(x, dict):
-        return {str(k): json_safe(v) for k, v in x.items()}
-    if is_dataclass(x) and not isinstance(x, type):
-        return json_safe(asdict(x))
-    if isinstance(x, (list, tuple)):
-        return [json_safe(v) for v in x]
-    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):  # numpy arrays and scalars, torch tensors
-        return json_safe(x.tolist())
-    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
-        return x
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, complex):
-        return [json_safe(x.real), json_safe(x.imag)]
-    if isinstance(x, Enum):
-        return x.value
-    if isinstance(x, Path):
-        return str(x)
-    return x

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from qkinspect.cli import safetensors_writer
-from qkinspect.cli.safetensors_writer import DTYPES, SafetensorsWriter, header_bytes, header_room
+from qkinspect.extract import writer as safetensors_writer
+from qkinspect.extract.writer import DTYPES, SafetensorsWriter, header_bytes, header_room
 
 FLOATS = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 SHAPES = st.lists(st.integers(0, 5), min_size=0, max_size=3)

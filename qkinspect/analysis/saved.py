@@ -20,18 +20,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from qkinspect.analysis.results import ANALYSIS_KIND, AnalysisResult, Baseline, HeadRecord, LayerRecord
+from qkinspect.documents import SCHEMA, model_info
 from qkinspect.errors import InputError
+from qkinspect.processing import Processing
 from qkinspect.reading import depth
-from qkinspect.records import (
-    ANALYSIS_KIND,
-    SCHEMA,
-    AnalysisResult,
-    Baseline,
-    HeadRecord,
-    LayerRecord,
-    Processing,
-    model_info,
-)
 
 MAX_BYTES = 256 << 20  # a 70B model's every head and head-by-head overlap is a few MB; more is not a saved analysis
 MAX_DEPTH = 16  # nesting the document has (head_overlap: 5 levels)

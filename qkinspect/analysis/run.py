@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from qkinspect import limits
-from qkinspect.device import check_device
-from qkinspect.errors import InputError
+from qkinspect.analysis.request import AnalysisRequest, check_request
+from qkinspect.analysis.results import AnalysisResult, Baseline, HeadRecord, LayerRecord
 from qkinspect.layer import AttentionLayer, BlockSpec, ModelInfo
 from qkinspect.limits import check_threads
 from qkinspect.loading import opened
@@ -30,7 +30,6 @@ from qkinspect.metrics.fold import fold_ln as fold_ln_layer
 from qkinspect.metrics.fold import fold_qk_norm as fold_qk_norm_layer
 from qkinspect.metrics.heads import (
     HEAD_METRICS,
-    check_spectra,
     head_warnings,
     measure_products,
     needs_o,
@@ -38,11 +37,10 @@ from qkinspect.metrics.heads import (
 )
 from qkinspect.metrics.layer_form import head_overlap, layer_form_metrics
 from qkinspect.metrics.products import HeadProducts
-from qkinspect.metrics.registry import LAYER_FORM, METRICS, resolve_metrics
-from qkinspect.records import AnalysisResult, Baseline, HeadRecord, LayerRecord, Processing
+from qkinspect.metrics.registry import LAYER_FORM, METRICS
+from qkinspect.processing import Processing
 from qkinspect.selection import as_indexes, check_fold_qk_norm, check_selection
 
-PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 Progress = Callable[[int, int], None]
 
 
@@ -97,7 +95,7 @@ def analyze(
         >>> result.heads[0].values["symmetry"] > 0
         True
     """
-    run = _Run.make(metrics, spectra, precision, device, fold_ln, fold_qk_norm, layer_form)
+    run = _Run.of(check_request(metrics, spectra, precision, device, fold_ln, fold_qk_norm, layer_form))
     with opened(model, revision) as m:
         run.heads, layer_sel = as_indexes(heads, "heads"), as_indexes(layers, "layers")
         chosen = check_selection(m.info, blocks, layer_sel, run.heads)
@@ -228,12 +226,9 @@ class _Run:
     routes: set[str] = field(default_factory=set)  # the product routes the layers took ("bf16", "float32" ...)
 
     @classmethod
-    def make(cls, metrics, spectra, precision, device, fold_ln, fold_qk_norm, layer_form) -> _Run:
-        precision = str(getattr(precision, "value", precision))
-        if precision not in PRECISIONS:
-            raise InputError(f"precision={precision!r}: choose float32 or float64")
-        return cls(resolve_metrics(metrics, layer_form=layer_form), check_spectra(spectra or ()),
-                   PRECISIONS[precision], check_device(device), bool(fold_ln), bool(fold_qk_norm))
+    def of(cls, request: AnalysisRequest) -> _Run:
+        return cls(request.metrics, request.spectra, getattr(torch, request.precision), request.device,
+                   request.fold_ln, request.fold_qk_norm)
 
     @property
     def keep(self) -> tuple[torch.dtype, ...]:
