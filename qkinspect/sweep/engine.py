@@ -229,13 +229,13 @@ def _describe(client, todo, failures: list[Failure]) -> dict[str, ModelInfo]:
     futures = {client.submit(task.describe, ck.spec, ck.revision, key=_task_key("describe", key), retries=1,
                              pure=False): ck for ck, key, _ in todo}
     models = {}
-    with _cancelling(client, futures):
+    with cancelling(client, futures):
         for fut in as_completed(futures):
             ck = futures[fut]
             if fut.status == "finished":
                 models[ck.identity] = model_info(fut.result())
             else:
-                failures.append(Failure(ck.name, _error_text(fut)))
+                failures.append(Failure(ck.name, error_text(fut)))
             fut.release()
     return models
 
@@ -248,14 +248,14 @@ def _analyze(client, todo, options, device, threads, outcome: Outcome, progress)
                for ck, key, path in todo}
     total, skipped, t0 = len(outcome.checkpoints), len(outcome.skipped), time.monotonic()
     unopened = len(outcome.failures)  # checkpoints that could not be opened are done with
-    with _cancelling(client, futures):
+    with cancelling(client, futures):
         for n, fut in enumerate(as_completed(futures), start=1):
             ck, key, path = futures[fut]
             if fut.status == "finished":
                 store.write_json(path, store.result_document(ck, key, options, fut.result(), device))
                 outcome.computed.append(ck.name)
             else:
-                outcome.failures.append(Failure(ck.name, _error_text(fut)))
+                outcome.failures.append(Failure(ck.name, error_text(fut)))
             fut.release()
             if progress is not None:
                 elapsed = time.monotonic() - t0
@@ -264,7 +264,7 @@ def _analyze(client, todo, options, device, threads, outcome: Outcome, progress)
 
 
 @contextlib.contextmanager
-def _cancelling(client, futures) -> Iterator[None]:
+def cancelling(client, futures) -> Iterator[None]:
     """On the way out (Ctrl-C included), cancel the tasks not finished, so the cluster stops working for us."""
     try:
         yield
@@ -280,7 +280,7 @@ def _task_key(kind: str, key: str) -> str:
     return f"qkinspect-{kind}-{key}-{uuid.uuid4().hex[:8]}"
 
 
-def _error_text(fut) -> str:
+def error_text(fut) -> str:
     try:
         e = fut.exception()
     except BaseException as exc:  # a cancelled future raises here

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from qkinspect.errors import InputError
-from qkinspect.twin.request import LIBRARY_NAMES, Names
+from qkinspect.names import Names
+from qkinspect.twin.request import LIBRARY_NAMES
 
 HELD_OUT = 0.1  # the last tenth of each file is held out
 MAX_TEXT_BYTES = 1 << 30

@@ -21,7 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from qkinspect.errors import InputError
-from qkinspect.twin.request import LIBRARY_NAMES, MATCHED, Names, Shape, base_variant
+from qkinspect.names import Names
+from qkinspect.twin.request import LIBRARY_NAMES, MATCHED, Shape, base_variant
 
 EDITED = ("share_qk", "share_qk_reformer", "symmetric", "share_qkv", "rank")  # constraints held by an edit's form
 

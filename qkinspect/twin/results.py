@@ -20,6 +20,11 @@ from qkinspect.documents import envelope, json_safe
 from qkinspect.notebook import Tabular
 
 KIND = "twin"
+# the twin folder: its manifest, the folder of one document per run, and the kinds those documents declare
+MANIFEST = "twin.json"
+RUNS = "runs"
+FOLDER_KIND = "twin-folder"
+RUN_KIND = "twin-run"
 ROW_KINDS = ("runs", "trajectories", "summary", "lr")
 
 

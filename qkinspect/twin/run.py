@@ -28,13 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import InputError
-from qkinspect.twin.request import LIBRARY_NAMES, Names, Request, check_request
-from qkinspect.twin.results import Twin
-
-MANIFEST = "twin.json"
-RUNS = "runs"
-FOLDER_KIND = "twin-folder"
-RUN_KIND = "twin-run"
+from qkinspect.names import Names
+from qkinspect.twin.request import LIBRARY_NAMES, Request, check_request
+from qkinspect.twin.results import FOLDER_KIND, MANIFEST, RUN_KIND, RUNS, Twin
 
 
 def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk", match_params: bool = False,
@@ -239,7 +235,7 @@ def _on_dask(req: Request, spec, todo, folder: str, finished, say, names: Names)
 
     from distributed import as_completed
 
-    from qkinspect.sweep.engine import _cancelling, _error_text, connect
+    from qkinspect.sweep.engine import cancelling, connect, error_text
     from qkinspect.twin.train import run_name, run_twin
 
     with connect(req.scheduler, req.workers, req.threads, len(todo), names) as (client, threads):
@@ -247,13 +243,13 @@ def _on_dask(req: Request, spec, todo, folder: str, finished, say, names: Names)
                                  key=f"qkinspect-twin-{run_name(v, s, x)}-{uuid.uuid4().hex[:8]}"): (v, s, x)
                    for v, s, x in todo}
         say(f"{len(todo)} runs submitted")
-        with _cancelling(client, futures):
+        with cancelling(client, futures):
             for n, fut in enumerate(as_completed(futures), start=1):
                 item = futures[fut]
                 if fut.status == "finished":
                     finished(item, fut.result(), None, n)
                 else:
-                    finished(item, None, _error_text(fut), n)
+                    finished(item, None, error_text(fut), n)
                 fut.release()
 
 

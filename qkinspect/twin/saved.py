@@ -12,22 +12,30 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import InputError
-from qkinspect.twin.results import Failure, LrTrial, RunPoint, TrajectoryPoint, Twin, TwinRun, VariantSummary
+from qkinspect.twin.results import (
+    FOLDER_KIND,
+    MANIFEST,
+    RUN_KIND,
+    RUNS,
+    Failure,
+    LrTrial,
+    RunPoint,
+    TrajectoryPoint,
+    Twin,
+    TwinRun,
+    VariantSummary,
+)
 from qkinspect.twin.summary import compare, steps_to
 
 MAX_FILE = 1 << 28  # 256 MiB: a run file larger than this is not one qkinspect wrote
 
 
 def is_twin_folder(path: Any) -> bool:
-    from qkinspect.twin.run import MANIFEST
-
     return isinstance(path, (str, Path)) and (Path(path) / MANIFEST).is_file()
 
 
 def read_twin(folder: str | Path) -> Twin:
     """The records of every run in the twin folder `folder`, with the per-variant summary of its plan."""
-    from qkinspect.twin.run import FOLDER_KIND, MANIFEST, RUN_KIND, RUNS
-
     folder = Path(folder)
     manifest = _json(folder / MANIFEST)
     where = folder / MANIFEST
