@@ -65,7 +65,7 @@ def read_twin(folder: str | Path) -> Twin:
     text = setup.get("text")
     if isinstance(text, dict) and text.get("demo") is True:
         notes.insert(0, "no text given: trained on Python's own pydoc_data.topics, a demo")
-    notes += [f"{r.variant} seed {r.seed}: {r.note}" for r in runs if r.note and r.seed == 0]
+    notes += list(dict.fromkeys(f"{r.variant}: {r.note}" for r in runs if r.note))  # once a variant, not once a run
     order = {v: i for i, v in enumerate(variants)}  # the plan's order, then seed and rate; others after
 
     def rank(r) -> tuple:
