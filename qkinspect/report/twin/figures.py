@@ -42,6 +42,10 @@ def _label(twin: Twin, variant: str) -> str:
     return f"{variant} (lr {lr:g}, {n} seed{'s' if n != 1 else ''})"
 
 
+# characters of legend text (8 pt, with its marker) that fit across the figure's width
+LEGEND_CHARACTERS = 110
+
+
 def _need_runs(twin: Twin) -> None:
     if not twin.summaries:
         raise InputError(f"{twin.folder}: the twin folder has no finished runs to draw yet")
@@ -76,7 +80,10 @@ def learning_figure(twin: Twin, *, name: str | None = None, canvas: Canvas = new
         axes[0].set_ylabel("held-out loss (nats per token)")
         if zoom:
             axes[1].set_title("second half, on its own scale", loc="left", fontsize=8.5)
-        fig.legend(handles=axes[0].get_lines(), loc="outside lower center", ncols=min(3, len(by)), frameon=False,
+        # as many columns as the longest label leaves room for (11 arms' labels in 3 columns ran off both edges)
+        longest = max(len(_label(twin, v)) for v in by)
+        fig.legend(handles=axes[0].get_lines(), loc="outside lower center", frameon=False,
+                   ncols=max(1, min(3, len(by), LEGEND_CHARACTERS // (longest + 6))),
                    title="line: mean over seeds; band: ±1 s.d. over seeds", title_fontsize=8)
         suptitle(fig, f"{name or twin_name(twin)}: held-out loss over training")
     return fig
