@@ -1,5 +1,5 @@
 """The twins over training, as the figures draw them: each statistic over seeds computed here, from a Twin's
-records, so that `qkinspect.report.twin` only arranges rows (docs/twin-figures.md).
+records, so that `qkinspect.report.twin` only arranges rows (docs/twin.md).
 
 Every curve is at each variant's chosen learning rate (its `VariantSummary.lr`) and over the seeds its summary
 counts (0 … seeds − 1); a step enters where every one of those seeds has a value.

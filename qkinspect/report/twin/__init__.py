@@ -1,1 +1,1 @@
-"""The twin's figures and report pages (docs/twin-figures.md)."""
+"""The twin's figures and report pages (docs/twin.md)."""

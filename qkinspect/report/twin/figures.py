@@ -1,4 +1,4 @@
-"""The twin's figures (docs/twin-figures.md): held-out loss over training (`learning`), the paired gap to the
+"""The twin's figures (docs/twin.md): held-out loss over training (`learning`), the paired gap to the
 standard twin (`gap`) and a tracked head metric per layer (`trajectory`). They draw the rows
 `qkinspect.twin.curves` computes from a Twin's records; each has its caption beside it, for the report's pages."""
 

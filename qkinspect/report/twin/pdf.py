@@ -1,4 +1,4 @@
-"""A twin folder's report (docs/twin-figures.md), to the model report's standard: a first page saying what was
+"""A twin folder's report (docs/twin.md), to the model report's standard: a first page saying what was
 trained, on what and at what scale (and that the answer holds at that scale), the summary table and verdicts in
 words, the learning-rate sweep, every run and failure; then one page per figure (learning, gap, each tracked
 metric's trajectory) with its caption. Every page with the report's footer and number. The content functions
