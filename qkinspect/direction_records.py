@@ -77,6 +77,7 @@ class DirectionsResult:
     readout: Readout
     processing: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # heads left out: non-finite weights
 
     def rows(self) -> list[dict[str, Any]]:
         return [r.row() for r in self.records]
@@ -89,7 +90,7 @@ class DirectionsResult:
 
         return envelope("directions", model=model_dict(self.model), processing=self.processing,
                         readout=asdict(self.readout), definitions=DEFINITIONS, notes=list(self.notes),
-                        directions=self.rows())
+                        warnings=list(self.warnings), directions=self.rows())
 
 
 DEFINITIONS = {

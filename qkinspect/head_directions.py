@@ -11,7 +11,7 @@ directions are scored together, one (V, D) × (D, m) product per token matrix. O
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -92,7 +92,7 @@ def directions(
                 progress(done, total)
         info = m.info
     return DirectionsResult(info, records, vocab.readout, run.processing(blocks, layer_sel, head_sel),
-                            run.notes(chosen, vocab))
+                            run.notes(chosen, vocab), run.warnings)
 
 
 
@@ -154,10 +154,20 @@ def read_vocab(m, chosen: list[BlockSpec], dtype: torch.dtype, device: str) -> V
     U = E if un_name is None else _floating(src.get(un_name), un_name, where)
     readout = Readout(embed_name, un_name or embed_name, un_name is None, norm_name, V,
                       None if text is None else text.source, None if text is None else len(text))
-    E = E.to(device=device, dtype=dtype)
-    U = E if un_name is None else U.to(device=device, dtype=dtype)
-    g = None if gain is None else gain.to(device=device, dtype=dtype)
+    E = _finite(E.to(device=device, dtype=dtype), embed_name, where)
+    U = E if un_name is None else _finite(U.to(device=device, dtype=dtype), un_name, where)
+    g = None if gain is None else _finite(gain.to(device=device, dtype=dtype), norm_name, where)
     return Vocab(E, U, g, text, readout)
+
+
+def _finite(t: Tensor, stored: str | None, where: str) -> Tensor:
+    """`t` when every entry is finite; CheckpointError naming the tensor otherwise: every token's score is read
+    through it (a NaN row would top every list)."""
+    bad = int((~torch.isfinite(t)).sum())
+    if bad:
+        raise CheckpointError(f"{where}: tensor {stored!r} holds {bad:,} non-finite values (NaN or inf, or too "
+                              f"large for the compute precision); directions are read through it")
+    return t
 
 
 def _tied(resolved) -> bool | None:
@@ -219,6 +229,7 @@ class _Run:
     device: str
     fold_ln: bool
     fold_qk_norm: bool
+    warnings: list[str] = field(default_factory=list)
 
     @classmethod
     def make(cls, k, n_tokens, precision, device, fold_ln, fold_qk_norm) -> _Run:
@@ -255,14 +266,30 @@ class _Run:
             "ov": factored_svd(layer.W_V[kv].to(**dev), layer.W_O[h_idx].mT.to(**dev)),  # W_V (D, dv), W_Oᵀ (D, dv)
             "qk": factored_svd(layer.W_Q[h_idx].to(**dev), layer.W_K[kv].to(**dev)),  # W_Q (D, d), W_K (D, d)
         }
+        unusable = {matrix: ~torch.isfinite(S[:, 0]).cpu() for matrix, (_, S, _) in forms.items()}
+        self._warn(layer, chosen, unusable)
         plan = []  # (head position, matrix, side, blocks, vectors (D, r))
         for i in range(len(chosen)):
             for matrix, (U, S, V) in forms.items():
+                if unusable[matrix][i]:
+                    continue
                 groups = subspaces(S[i], self.k)
                 left, right = ("read", "write") if matrix == "ov" else ("query", "key")
                 plan.append((i, matrix, left, groups, U[i], S[i]))
                 plan.append((i, matrix, right, groups, V[i], S[i]))
         return self._score(layer, chosen, kv.tolist(), plan, vocab)
+
+    def _warn(self, layer: AttentionLayer, chosen: list[int], unusable: dict[str, Tensor]) -> None:
+        """One warning per layer and matrix naming the heads whose factors hold NaN or inf (their directions are
+        left out), as `analyze` names its non-finite heads."""
+        factors = {"ov": "W_V or W_O", "qk": "W_Q or W_K"}
+        for matrix, bad in unusable.items():
+            heads = [chosen[i] for i in torch.nonzero(bad).flatten().tolist()]
+            if heads:
+                folded = " or the folded input norm" if self.fold_ln else ""
+                self.warnings.append(f"{layer.block} layer {layer.layer} head{'s' if len(heads) > 1 else ''} "
+                                     f"{', '.join(map(str, heads))}: non-finite weights ({factors[matrix]}{folded}); "
+                                     f"their {matrix.upper()} directions are left out")
 
     def _score(self, layer, chosen, kv, plan, vocab: Vocab) -> list[DirectionRecord]:
         """Score every planned side against its token matrix (write: unembedding ∘ gain; the rest: embedding)."""

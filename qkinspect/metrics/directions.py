@@ -32,7 +32,8 @@ def factored_svd(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         B: (n, D', d) right factors (W_Oᵀ, or W_K).
 
     Returns:
-        U (n, D, r), S (n, r) decreasing, V (n, D', r), r = min(d, D, D'): M = U diag(S) Vᵀ.
+        U (n, D, r), S (n, r) decreasing, V (n, D', r), r = min(d, D, D'): M = U diag(S) Vᵀ. A head whose factors
+        hold NaN or inf (or whose core overflows) gets NaN in U, S and V.
 
     Example:
         >>> A, B = torch.randn(2, 8, 3, dtype=torch.float64), torch.randn(2, 8, 3, dtype=torch.float64)
@@ -45,8 +46,15 @@ def factored_svd(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     with one_thread():  # small decompositions one after another: threads would only wait at barriers
         Qa, Ra = torch.linalg.qr(A)  # (n, D, d), (n, d, d)
         Qb, Rb = torch.linalg.qr(B)  # (n, D', d), (n, d, d)
-        Uc, S, Vch = torch.linalg.svd(Ra @ Rb.mT)  # the (n, d, d) core
+        core = Ra @ Rb.mT  # the (n, d, d) core
+        bad = ~torch.isfinite(core).all(dim=(-2, -1))  # (n,): NaN or inf in a factor, or an overflow
+        if bool(bad.any()):  # the SVD refuses non-finite input: those heads get NaN singular values and vectors
+            core = core.masked_fill(bad[:, None, None], 0.0)
+        Uc, S, Vch = torch.linalg.svd(core)
     U, V = canonical_signs(Qa @ Uc, Qb @ Vch.mT)  # (n, D, d), (n, D', d)
+    if bool(bad.any()):
+        S = S.masked_fill(bad[:, None], float("nan"))
+        U, V = U.masked_fill(bad[:, None, None], float("nan")), V.masked_fill(bad[:, None, None], float("nan"))
     return U, S, V
 
 

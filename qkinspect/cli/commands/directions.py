@@ -25,7 +25,7 @@ from qkinspect.cli.options import (
     check_selection,
     parse_blocks,
 )
-from qkinspect.cli.output import Document, note, progress
+from qkinspect.cli.output import Document, note, progress, warn
 from qkinspect.errors import InputError
 from qkinspect.files import check_writable
 from qkinspect.selection import check_fold_qk_norm, parse_indices
@@ -82,7 +82,9 @@ def register(app: typer.Typer) -> None:
                     m, layers=layer_sel, heads=head_sel, blocks=keys, top_directions=top_directions,
                     top_tokens=top_tokens, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, precision=precision.value,
                     device=check_device(device), progress=p)
-        if not result.records:
+        for w in result.warnings:
+            warn(w)
+        if not result.records and not result.warnings:
             raise InputError(f"{m.info.name}: the selection matched no heads of this model")
         write_table(directions_document(result), name, output)
         if pdf is not None:
