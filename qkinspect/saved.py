@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import InputError
+from qkinspect.limits import MAX_METRIC
 from qkinspect.reading import depth
 from qkinspect.records import (
     ANALYSIS_KIND,
@@ -130,6 +131,8 @@ def _number(v: Any, where: str) -> float:
         return math.nan
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise _Bad(f"{where} is not a number")
+    if abs(v) > MAX_METRIC:
+        raise _Bad(f"{where} is {v:.3g}, beyond any metric's value (at most {MAX_METRIC:.0e} in size)")
     return float(v)
 
 
