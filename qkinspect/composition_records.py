@@ -24,6 +24,7 @@ import numpy as np
 
 from qkinspect.errors import InputError
 from qkinspect.layer import ModelInfo
+from qkinspect.notebook import Tabular
 from qkinspect.records import SCHEMA, model_dict, model_info
 
 KIND_TEXT = {"q": "queries", "k": "keys", "v": "values"}
@@ -99,8 +100,9 @@ Key = tuple[str, int, str, int, str]  # (from_block, from_layer, to_block, to_la
 
 
 @dataclass
-class CompositionResult:
-    """Everything `qkinspect.composition` returns.
+class CompositionResult(Tabular):
+    """Everything `qkinspect.composition` returns. In a notebook it shows `qkinspect composition`'s table (the 10
+    strongest pairs of each kind); `to_pandas()` is a row per pair; `save(path)` writes what `-o FILE.json` writes.
 
     `scores[(from_block, from_layer, to_block, to_layer, kind)]`: an (H_a, H_b) float64 array over all heads of the
     two layers (NaN for a head with a zero norm); `heads()` and `rows()` apply the head selection.
@@ -198,6 +200,20 @@ class CompositionResult:
             out.append(CompositionRecord(fb, fl, a, tb, tl, b, kd, float(self.scores[(fb, fl, tb, tl, kd)][a, b]),
                                          self.baseline(fb, tb)))
         return out
+
+    def table_rows(self) -> list[dict[str, Any]]:
+        """The CSV's rows: one per (earlier head, later head, kind)."""
+        return list(self.rows())
+
+    def render_table(self, console) -> None:
+        """`qkinspect composition`'s table of this result."""
+        from qkinspect.terminal.tables import render_composition
+
+        render_composition(console, self)
+
+    def document(self) -> dict[str, Any]:
+        """The JSON document `qkinspect composition -o FILE.json` writes (`to_dict`)."""
+        return self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: schema, tool, model, processing, definitions, block pairs, records, warnings."""

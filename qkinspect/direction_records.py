@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qkinspect.layer import ModelInfo
+from qkinspect.notebook import Tabular
 
 MATRICES = {"ov": ("read", "write"), "qk": ("query", "key")}
 SIDE_TEXT = {"read": "what it reads (embedding)", "write": "what it writes (unembedding)",
@@ -69,8 +70,10 @@ class Readout:
 
 
 @dataclass(frozen=True)
-class DirectionsResult:
-    """`qkinspect.directions`'s answer: records in (block, layer, head, matrix, side, index, sign) order."""
+class DirectionsResult(Tabular):
+    """`qkinspect.directions`'s answer: records in (block, layer, head, matrix, side, index, sign) order. In a
+    notebook it shows `qkinspect directions`' table; `to_pandas()` is a row per record; `save(path)` writes what
+    `-o FILE.json` writes."""
 
     model: ModelInfo
     records: list[DirectionRecord]
@@ -81,6 +84,16 @@ class DirectionsResult:
 
     def rows(self) -> list[dict[str, Any]]:
         return [r.row() for r in self.records]
+
+    def table_rows(self) -> list[dict[str, Any]]:
+        """The CSV's rows: one per record (`rows`)."""
+        return self.rows()
+
+    def render_table(self, console) -> None:
+        """`qkinspect directions`' table of this result."""
+        from qkinspect.terminal.tables import render_directions
+
+        render_directions(console, self)
 
     def document(self) -> dict[str, Any]:
         """The JSON document (schema qkinspect/1, kind "directions")."""

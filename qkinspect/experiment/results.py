@@ -18,7 +18,7 @@ from typing import Any
 
 from qkinspect.layer import ModelInfo
 from qkinspect.notebook import Tabular
-from qkinspect.records import envelope, json_safe, model_dict
+from qkinspect.records import envelope, model_dict
 
 # A difference is "beyond its error" when it is at least this many standard errors from 0 (about 95 %, two-sided).
 SIGNIFICANT = 2.0
@@ -120,6 +120,10 @@ class ExperimentResult(Tabular):
         from qkinspect.terminal.experiment import render_experiment
 
         render_experiment(console, self, run_rows(self), notes(self))
+
+    def document(self) -> dict[str, Any]:
+        """The JSON document `qkinspect experiment -o FILE.json` writes (`experiment_json`); `save(path)` writes it."""
+        return experiment_json(self)
 
 
 @dataclass(frozen=True)
@@ -259,10 +263,7 @@ def experiment_json(result: ExperimentResult) -> dict[str, Any]:
 def save_experiment(result: ExperimentResult, path: str | Path) -> None:
     """Write `experiment_json(result)` to `path` as `qkinspect experiment -o FILE.json` does (atomically, NaN as
     null): what `plot --kind experiment` and `report --experiment` read back (`qkinspect.experiment.saved`)."""
-    from qkinspect.files import atomic_write, write_json
-
-    doc = json_safe(experiment_json(result))
-    atomic_write(Path(path), lambda f: write_json(doc, f))  # the one JSON layout (`experiment -o` writes it too)
+    result.save(path)  # the one JSON layout (`experiment -o` writes it too)
 
 
 def run_rows(result: ExperimentResult) -> list[dict[str, Any]]:

@@ -29,7 +29,6 @@ from qkinspect.cli.options import (
 )
 from qkinspect.cli.output import Document, note, warn
 from qkinspect.errors import SweepFailed
-from qkinspect.records import envelope
 
 ModelsArg = Annotated[list[str] | None, typer.Argument(
     help="Models: folders, weight files, GGUF files, hub ids (the local cache when offline), globs, and saved "
@@ -103,7 +102,7 @@ def register(app: typer.Typer) -> None:
 def atlas_document(result) -> Document:
     """JSON: the envelope with the atlas (folder, options, models, facts, records, notes, failures); rows: the tidy
     records; the table: a row per model and block."""
-    return Document(json=envelope("atlas", **result.to_dict()), rows=result.records,
+    return Document(json=result.document(), rows=result.records,
                     render=lambda console: render_atlas(console, result))
 
 

@@ -158,44 +158,10 @@ class _Rows:
 def composition_document(result, top: int = 10, *, json: bool = True) -> Document:
     """JSON: the result's document (kind "composition"; `json=False` leaves it empty); rows: one per (earlier head,
     later head, kind), made as they are written; table: the `top` strongest pairs per kind."""
+    from qkinspect.terminal.tables import render_composition
+
     return Document(json=result.to_dict() if json else {}, rows=_Rows(result),  # type: ignore[arg-type]
-                    render=lambda console: render(console, result, top))
-
-
-def _head(block: str, layer: int, head: int, multi: bool) -> str:
-    short = {"encoder": "enc", "decoder": "dec", "cross": "cross"}.get(block, block)
-    return f"{short + ' ' if multi else ''}L{layer} H{head}"
-
-
-KIND_TITLE = {"q": "Q-composition: a writes what b's queries read",
-              "k": "K-composition: a writes what b's keys read",
-              "v": "V-composition: a writes what b's values read"}
-
-
-def render(console, result, top: int) -> None:
-    from qkinspect.terminal.tables import Column, fit_tables, fmt_value, print_lines
-
-    p = result.processing
-    info = result.model
-    console.print(f"{info.name} ({info.model_type})  [{p.precision}"
-                  f"{', fold_ln' if p.fold_ln else ''}{', fold_qk_norm' if p.fold_qk_norm else ''}]",
-                  markup=False, highlight=False)
-    multi = result.multi_block
-    for kind in p.kinds:
-        recs = result.top(kind, top)
-        if not recs:
-            continue
-        cols = [Column("earlier a", [_head(r.from_block, r.from_layer, r.from_head, multi) for r in recs], left=True),
-                Column("later b", [_head(r.to_block, r.to_layer, r.to_head, multi) for r in recs], left=True)]
-        vals = [Column("score", [fmt_value(r.score, 4) for r in recs]),
-                Column("null", [fmt_value(r.baseline, 4) for r in recs]),
-                Column("ratio", [fmt_value(r.ratio, 2) for r in recs])]
-        for t in fit_tables(cols, vals, width=console.width, title=f"{KIND_TITLE[kind]} (top {len(recs)})"):
-            console.print(t)
-    lines = ["null = 1/√d_model, the RMS score of random Gaussian heads; ratio = score / null"]
-    if multi:
-        lines += [f"{q.from_block} -> {q.to_block} ({','.join(q.kinds)}): {q.rule}" for q in result.pairs]
-    print_lines(console, lines)
+                    render=lambda console: render_composition(console, result, top))
 
 
 def composition_of(model, *, layers=None, block=None, precision=Precision.float32, device=Device.cpu,
