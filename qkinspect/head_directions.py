@@ -20,11 +20,12 @@ from qkinspect.direction_records import DirectionRecord, DirectionsResult, Reado
 from qkinspect.errors import CheckpointError, InputError
 from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.loading import opened
-from qkinspect.metrics.directions import GAP, best_tokens, factored_svd, subspaces
+from qkinspect.metrics.directions import GAP, best_tokens, continues, factored_svd, subspaces
 from qkinspect.metrics.factored import RANK_RTOL
 from qkinspect.selection import as_indexes, check_fold_qk_norm, check_selection
 
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
+READINGS = ("dot", "cosine")
 MAX_DIRECTIONS = 4096
 MAX_TOKENS = 1000
 
@@ -43,6 +44,7 @@ def directions(
     device: str = "cpu",
     revision: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    reading: str = "dot",
 ) -> DirectionsResult:
     """The top singular directions of each selected head's W_OV and W_QK, read as tokens.
 
@@ -51,7 +53,7 @@ def directions(
             memory (a transformers PreTrainedModel, or a (config, state_dict) pair: token ids only, no text).
         layers, heads, blocks: the selection, as `qkinspect.analyze` takes it; None for all.
         top_directions: K, the directions per matrix (a run of near-equal singular values that reaches past K is
-            kept whole, as one subspace).
+            kept as one subspace, grown at most K directions further; `cut` marks a run that goes on).
         top_tokens: tokens per direction, per sign.
         fold_ln: fold each layer's input norm gain into W_Q, W_K, W_V first (default: the weights as stored).
         fold_qk_norm: fold q/k-norm gains into W_Q and W_K (Qwen3, OLMo2, Gemma3).
@@ -59,6 +61,8 @@ def directions(
         device: "cpu", "cuda" or "cuda:N".
         revision: hub revision when `model` is a hub id.
         progress: called as progress(done, total) after each layer.
+        reading: "dot" (a token's score is its vector's dot product with the direction) or "cosine" (divided by
+            the token vector's norm: rare tokens with long embedding rows no longer top every list).
 
     Returns:
         DirectionsResult: records (tokens per direction, sign and side), what the tokens were read through, notes.
@@ -74,12 +78,14 @@ def directions(
         >>> sorted({(r.matrix, r.side) for r in result.records})
         [('ov', 'read'), ('ov', 'write'), ('qk', 'key'), ('qk', 'query')]
     """
-    run = _Run.make(top_directions, top_tokens, precision, device, fold_ln, fold_qk_norm)
+    run = _Run.make(top_directions, top_tokens, precision, device, fold_ln, fold_qk_norm, reading)
     with opened(model, revision) as m:
         head_sel, layer_sel = as_indexes(heads, "heads"), as_indexes(layers, "layers")
         chosen = check_selection(m.info, blocks, layer_sel, head_sel)
         check_fold_qk_norm(chosen, fold_qk_norm)
         vocab = read_vocab(m, chosen, run.dtype, run.device)
+        if run.reading == "cosine":
+            vocab.use_norms()
         keys = [b.key for b in chosen]
         total = sum(1 for _ in m.plan(keys, layer_sel))
         records: list[DirectionRecord] = []
@@ -111,6 +117,13 @@ class Vocab:
     gain: Tensor | None
     text: object  # loading.tokens.Vocabulary or None
     readout: Readout
+    norms: dict[bool, Tensor] | None = None  # the cosine reading: each token vector's norm (V,), by write side
+
+    def use_norms(self) -> None:
+        """Keep each token vector's norm for the cosine reading: ‖e_t‖ (read, query, key) and ‖γ ∘ w_t‖ (write)."""
+        write = self.unembed if self.gain is None else self.unembed * self.gain
+        self.norms = {False: torch.linalg.vector_norm(self.embed, dim=1),
+                      True: torch.linalg.vector_norm(write, dim=1)}
 
     def token(self, i: int) -> str | None:
         return None if self.text is None else self.text.get(i)  # type: ignore[attr-defined]
@@ -218,6 +231,13 @@ def _final_gain(src, names, D: int, where: str) -> tuple[Tensor | None, str | No
     return (w + 1 if names.unit_offset else w), stored
 
 
+READING_NOTE = {  # what the scores are: the table and the JSON say it
+    "dot": "scores are dot products: tokens with long embedding rows rank high in many directions (the cosine "
+           "reading divides by the row's norm)",
+    "cosine": "scores are cosines: each dot product divided by the token vector's norm",
+}
+
+
 # -- one run ---------------------------------------------------------------------------------------------------------
 
 
@@ -229,19 +249,24 @@ class _Run:
     device: str
     fold_ln: bool
     fold_qk_norm: bool
+    reading: str = "dot"
     warnings: list[str] = field(default_factory=list)
 
     @classmethod
-    def make(cls, k, n_tokens, precision, device, fold_ln, fold_qk_norm) -> _Run:
+    def make(cls, k, n_tokens, precision, device, fold_ln, fold_qk_norm, reading="dot") -> _Run:
         for name, value, top in (("top_directions", k, MAX_DIRECTIONS), ("top_tokens", n_tokens, MAX_TOKENS)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
                 raise InputError(f"{name}={value!r}: give a whole number from 1 to {top}")
         precision = str(getattr(precision, "value", precision))
         if precision not in PRECISIONS:
             raise InputError(f"precision={precision!r}: choose float32 or float64")
+        reading = str(getattr(reading, "value", reading))
+        if reading not in READINGS:
+            raise InputError(f"reading={reading!r}: choose dot or cosine")
         from qkinspect.device import check_device
 
-        return cls(k, n_tokens, PRECISIONS[precision], check_device(device), bool(fold_ln), bool(fold_qk_norm))
+        return cls(k, n_tokens, PRECISIONS[precision], check_device(device), bool(fold_ln), bool(fold_qk_norm),
+                   reading)
 
     def processed(self, layer: AttentionLayer) -> AttentionLayer:
         from qkinspect.metrics.fold import fold_ln, fold_qk_norm
@@ -274,9 +299,10 @@ class _Run:
                 if unusable[matrix][i]:
                     continue
                 groups = subspaces(S[i], self.k)
+                cut = continues(S[i], groups)
                 left, right = ("read", "write") if matrix == "ov" else ("query", "key")
-                plan.append((i, matrix, left, groups, U[i], S[i]))
-                plan.append((i, matrix, right, groups, V[i], S[i]))
+                plan.append((i, matrix, left, groups, U[i], S[i], cut))
+                plan.append((i, matrix, right, groups, V[i], S[i], cut))
         return self._score(layer, chosen, kv.tolist(), plan, vocab)
 
     def _warn(self, layer: AttentionLayer, chosen: list[int], unusable: dict[str, Tensor]) -> None:
@@ -297,7 +323,7 @@ class _Run:
         for write in (False, True):
             items = [(j, p) for j, p in enumerate(plan) if (p[2] == "write") == write]
             cols, blocks = [], []
-            for _, (_, _, _, groups, vecs, _) in items:
+            for _, (_, _, _, groups, vecs, _, _) in items:
                 base = sum(c.shape[1] for c in cols)
                 used = sorted({i for g in groups for i in g})
                 cols.append(vecs[:, used])
@@ -309,15 +335,17 @@ class _Run:
             T = vocab.unembed if write else vocab.embed
             if write and vocab.gain is not None:
                 W = vocab.gain.to(W.dtype)[:, None] * W  # (γ ∘ w_t) · v = w_t · (γ ∘ v): the gain on the vector
-            (pos_v, pos_i), (neg_v, neg_i) = best_tokens(T, W, blocks, self.n_tokens)  # −v: v's lowest, negated
+            norms = None if vocab.norms is None else vocab.norms[write]
+            (pos_v, pos_i), (neg_v, neg_i) = best_tokens(T, W, blocks, self.n_tokens, norms=norms)  # −v: lowest
             neg_at = {c: n for n, c in enumerate(k for k, b in enumerate(blocks) if len(b) == 1)}
             col = 0
-            for j, (i, matrix, side, groups, _, S) in items:
+            for j, (i, matrix, side, groups, _, S, cut) in items:
                 recs = out.setdefault(j, [])
                 for g in groups:
                     sig = tuple(float(S[x]) for x in g)
                     head = dict(block=layer.block, layer=layer.layer, head=chosen[i], kv_head=kv[i], matrix=matrix,
-                                side=side, index=g[0], sigma=sig[0], indices=g, sigmas=sig)
+                                side=side, index=g[0], sigma=sig[0], indices=g, sigmas=sig,
+                                cut=cut and g is groups[-1])
                     if len(g) == 1:
                         recs.append(self._record(head, "+", pos_v[:, col], pos_i[:, col], vocab))
                         recs.append(self._record(head, "-", neg_v[:, neg_at[col]], neg_i[:, neg_at[col]], vocab))
@@ -336,11 +364,12 @@ class _Run:
         return {"fold_ln": self.fold_ln, "fold_qk_norm": self.fold_qk_norm,
                 "precision": "float64" if self.dtype == torch.float64 else "float32", "device": self.device,
                 "top_directions": self.k, "top_tokens": self.n_tokens, "gap": GAP, "rank_rtol": RANK_RTOL,
+                "reading": self.reading,
                 "blocks": None if blocks is None else [blocks] if isinstance(blocks, str) else list(blocks),
                 "layers": None if layers is None else list(layers), "heads": None if heads is None else list(heads)}
 
     def notes(self, chosen: list[BlockSpec], vocab: Vocab) -> list[str]:
-        out = []
+        out = [READING_NOTE[self.reading]]
         rotary = [b.key for b in chosen if b.positional == "rope"]
         if rotary:
             out.append(f"rotary ({', '.join(rotary)}): W_QK is the zero-offset form (query and key at the same "

@@ -10,7 +10,12 @@ No D × D matrix is ever formed; the cost per head is O(D d²).
 - Sign: (u_i, v_i) is defined up to a common sign. `canonical_signs` fixes it (the largest-magnitude entry of v_i
   positive) so results repeat; both signs are reported downstream, and + on one side goes with + on the other.
 - Degenerate directions: where σ_i / σ_{i+1} < GAP the two directions are not defined on their own (any rotation
-  inside their span is as good); `subspaces` groups such runs into blocks, to be read as a subspace.
+  inside their span is as good); `subspaces` groups such runs into blocks, to be read as a subspace. A run that
+  reaches past the K directions asked for grows at most K directions further (a flat spectrum chains neighbours
+  within 5 % over dozens of directions); `continues` says where a run was cut.
+- Readings: a token's score is its vector's dot product with the direction (or the norm of its projection onto a
+  subspace); the cosine reading divides by the token vector's norm, so long rows (rare "hub" tokens) do not fill
+  every list.
 - Zero directions: σ_i <= RANK_RTOL · σ_max (the project's one rank cut) are dropped.
 """
 
@@ -65,27 +70,47 @@ def canonical_signs(U: Tensor, V: Tensor) -> tuple[Tensor, Tensor]:
     return U * sign, V * sign
 
 
-def subspaces(S: Tensor, k: int, gap: float = GAP) -> list[tuple[int, ...]]:
+def subspaces(S: Tensor, k: int, gap: float = GAP, past: int | None = None) -> list[tuple[int, ...]]:
     """The top directions of one head as blocks of indices: a block holds consecutive i with σ_i / σ_{i+1} < gap
     (a single index where the direction stands alone). Blocks are taken in order until they cover `k` directions;
-    the block that reaches k is kept whole. Directions at or below RANK_RTOL · σ_max are left out.
+    the block that reaches k grows at most `past` directions beyond the k-th (default k: never more than 2k
+    directions in all; `continues` tells a cut run). Directions at or below RANK_RTOL · σ_max are left out.
 
     Example:
         >>> subspaces(torch.tensor([4.0, 2.0, 1.99, 1.0]), 2)
         [(0,), (1, 2)]
+        >>> subspaces(torch.tensor([4.0, 3.9, 3.8, 3.7, 3.6]), 1)  # a chained run, cut 1 past the first
+        [(0, 1)]
     """
     s = [float(x) for x in S]
     keep = [i for i, x in enumerate(s) if s and x > RANK_RTOL * s[0]]
+    last = k - 1 + (k if past is None else past)  # the last index a block may reach
     out: list[tuple[int, ...]] = []
     i, covered = 0, 0
     while i < len(keep) and covered < k:
         j = i
-        while j + 1 < len(keep) and s[j] < gap * s[j + 1]:
+        while j + 1 < len(keep) and j + 1 <= last and s[j] < gap * s[j + 1]:
             j += 1
         out.append(tuple(range(i, j + 1)))
         covered += j + 1 - i
         i = j + 1
     return out
+
+
+def continues(S: Tensor, blocks: list[tuple[int, ...]], gap: float = GAP) -> bool:
+    """Whether the last block's near-equal run goes on past it (`subspaces` cut it): its σ is within `gap` of the
+    next direction's, which is not a zero direction.
+
+    Example:
+        >>> S = torch.tensor([4.0, 3.9, 3.8, 3.7, 3.6])
+        >>> continues(S, subspaces(S, 1)), continues(S, subspaces(S, 5))
+        (True, False)
+    """
+    if not blocks:
+        return False
+    j = blocks[-1][-1]
+    return len(blocks[-1]) > 1 and j + 1 < S.shape[0] and float(S[j + 1]) > RANK_RTOL * float(S[0]) \
+        and float(S[j]) < gap * float(S[j + 1])
 
 
 def token_scores(T: Tensor, W: Tensor, blocks: list[tuple[int, ...]]) -> Tensor:
@@ -128,16 +153,19 @@ def top_tokens(scores: Tensor, n: int, largest: bool = True) -> tuple[Tensor, Te
 CHUNK = 16384  # tokens scored at a time: the (chunk, m) scores stay small whatever the vocabulary
 
 
-def best_tokens(T: Tensor, W: Tensor, blocks: list[tuple[int, ...]], n: int, chunk: int = CHUNK
-                ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+def best_tokens(T: Tensor, W: Tensor, blocks: list[tuple[int, ...]], n: int, chunk: int = CHUNK,
+                norms: Tensor | None = None) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
     """The n best tokens of every block (`token_scores`), scored `chunk` tokens at a time: ((values, ids) of the
     highest scores, (values, ids) of the lowest, negated: the tokens of −v), each (n, blocks); the lowest are given
     for single directions only (columns in the order of the single blocks). A token's score is the same whichever
-    chunk holds it, so the result is that of one pass over all tokens."""
+    chunk holds it, so the result is that of one pass over all tokens. `norms` (V,): the token vectors' norms, for
+    the cosine reading (each score divided by its token's norm; a zero row scores 0)."""
     single = [k for k, b in enumerate(blocks) if len(b) == 1]
     hi_v, hi_i, lo_v, lo_i = [], [], [], []
     for a in range(0, T.shape[0], chunk):
         scores = token_scores(T[a:a + chunk], W, blocks)  # (chunk, n_blocks)
+        if norms is not None:
+            scores /= norms[a:a + chunk, None].clamp_min(torch.finfo(scores.dtype).tiny)
         v, i = top_tokens(scores, n)
         hi_v.append(v)
         hi_i.append(i + a)
@@ -156,5 +184,5 @@ def _merged(values: Tensor, ids: Tensor, n: int, largest: bool) -> tuple[Tensor,
     return v, ids.gather(0, at)
 
 
-__all__ = ["GAP", "CHUNK", "factored_svd", "canonical_signs", "subspaces", "token_scores", "top_tokens",
-           "best_tokens"]
+__all__ = ["GAP", "CHUNK", "factored_svd", "canonical_signs", "subspaces", "continues", "token_scores",
+           "top_tokens", "best_tokens"]

@@ -427,17 +427,18 @@ def render_directions(console, result) -> None:
                 t.add_section()
             shown = " ".join(printable(x) if x is not None else f"#{i}" for x, i in zip(r.tokens, r.token_ids,
                                                                                        strict=True))
-            t.add_row(SIDE_LABEL[r.side] if (r.matrix, r.side) != last else "", span(r.indices), f"{r.sigma:.3g}",
-                      r.sign, Text(shown))
+            t.add_row(SIDE_LABEL[r.side] if (r.matrix, r.side) != last else "",
+                      span(r.indices) + ("+" if r.cut else ""), f"{r.sigma:.3g}", r.sign, Text(shown))
             last = (r.matrix, r.side)
         console.print(Text(f"{blk} layer {layer} head {head} (KV head {kv})", style="italic"))
         console.print(t)
     rd = result.readout
     read = f"write side: {rd.unembedding}" + ("" if rd.tied else " (untied)") + \
         (f" with {rd.final_norm}'s gain folded" if rd.final_norm else "")
+    cut = ["dir a-b+: the near-equal run goes on past b (a run grows at most K directions past the K asked for)"]
     print_lines(console, [f"{read}; read, query and key sides: {rd.embedding}",
                           "a subspace (dir a-b, ±): near-equal σ, its tokens by the norm of their projection",
-                          *result.notes])
+                          *(cut if any(r.cut for r in result.records) else []), *result.notes])
 
 
 # -- composition (qkinspect composition) ------------------------------------------------------------------------------

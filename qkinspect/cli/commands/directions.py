@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -33,6 +34,14 @@ from qkinspect.selection import check_fold_qk_norm, parse_indices
 TopDirectionsOpt = Annotated[int, typer.Option(
     "--top-directions", "-k", metavar="K",
     help="Singular directions per matrix (a run of near-equal singular values reaching past K is kept whole).")]
+class Reading(str, Enum):
+    dot = "dot"
+    cosine = "cosine"
+
+
+ReadingOpt = Annotated[Reading, typer.Option(
+    "--reading", help="How tokens score: dot (a token's dot product with the direction) or cosine (divided by the "
+                      "token's row norm, so rare tokens with long embedding rows do not fill every list).")]
 TopTokensOpt = Annotated[int, typer.Option("--top-tokens", "-n", metavar="N", help="Tokens per direction and sign.")]
 PdfOpt = Annotated[Path | None, typer.Option(
     "--pdf", metavar="FILE", help="Also write the directions as a PDF report page (atomically).")]
@@ -50,7 +59,7 @@ def register(app: typer.Typer) -> None:
         top_directions: TopDirectionsOpt = 3, top_tokens: TopTokensOpt = 8, fold_ln: FoldLnOpt = False,
         fold_qk_norm: FoldQkNormOpt = False, precision: PrecisionOpt = Precision.float32,
         device: DeviceOpt = Device.cpu, revision: RevisionOpt = None, fmt: FormatOpt = None,
-        output: OutputOpt = None, pdf: PdfOpt = None,
+        output: OutputOpt = None, pdf: PdfOpt = None, reading: ReadingOpt = Reading.dot,
     ) -> None:
         """Each head's top singular directions of W_V W_O and W_Q W_Kᵀ, read as tokens: what a head reads and
         writes (OV: through the embedding and, with the final norm's gain, the unembedding) and what its queries
@@ -58,6 +67,9 @@ def register(app: typer.Typer) -> None:
         See docs/directions.md for what such a reading means and what it does not.
 
         Example: qkinspect directions model.gguf --layers 0-2 --heads 0 --top-directions 2
+
+        Example (late write sides without the hub tokens): qkinspect directions model.gguf --layers 25-29
+        --reading cosine -k 3
         """
         from qkinspect.head_directions import directions as read_directions
 
@@ -80,7 +92,7 @@ def register(app: typer.Typer) -> None:
                 result = read_directions(
                     m, layers=layer_sel, heads=head_sel, blocks=keys, top_directions=top_directions,
                     top_tokens=top_tokens, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, precision=precision.value,
-                    device=check_device(device), progress=p)
+                    device=check_device(device), progress=p, reading=reading.value)
         for w in result.warnings:
             warn(w)
         if not result.records and not result.warnings:
