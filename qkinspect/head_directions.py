@@ -176,6 +176,8 @@ def read_vocab(m, chosen: list[BlockSpec], dtype: torch.dtype, device: str) -> V
 def _finite(t: Tensor, stored: str | None, where: str) -> Tensor:
     """`t` when every entry is finite; CheckpointError naming the tensor otherwise: every token's score is read
     through it (a NaN row would top every list)."""
+    if bool(torch.isfinite(t.sum(dtype=torch.float64))):  # one pass, no mask: the sum of finite entries is finite
+        return t
     bad = int((~torch.isfinite(t)).sum())
     if bad:
         raise CheckpointError(f"{where}: tensor {stored!r} holds {bad:,} non-finite values (NaN or inf, or too "
@@ -287,9 +289,10 @@ class _Run:
         h_idx = torch.tensor(chosen)
         kv = layer.kv_index()[h_idx]  # query head h reads key/value head h // (H / H_kv)
         dev = dict(device=self.device, dtype=self.dtype)
-        forms = {
-            "ov": factored_svd(layer.W_V[kv].to(**dev), layer.W_O[h_idx].mT.to(**dev)),  # W_V (D, dv), W_Oᵀ (D, dv)
-            "qk": factored_svd(layer.W_Q[h_idx].to(**dev), layer.W_K[kv].to(**dev)),  # W_Q (D, d), W_K (D, d)
+        keep = 2 * self.k  # subspaces() never reaches past index 2K - 1
+        forms = {  # W_V (D, dv) with W_Oᵀ (D, dv); W_Q (D, d) with W_K (D, d)
+            "ov": factored_svd(layer.W_V[kv].to(**dev), layer.W_O[h_idx].mT.to(**dev), keep),
+            "qk": factored_svd(layer.W_Q[h_idx].to(**dev), layer.W_K[kv].to(**dev), keep),
         }
         unusable = {matrix: ~torch.isfinite(S[:, 0]).cpu() for matrix, (_, S, _) in forms.items()}
         self._warn(layer, chosen, unusable)
@@ -336,29 +339,30 @@ class _Run:
             if write and vocab.gain is not None:
                 W = vocab.gain.to(W.dtype)[:, None] * W  # (γ ∘ w_t) · v = w_t · (γ ∘ v): the gain on the vector
             norms = None if vocab.norms is None else vocab.norms[write]
-            (pos_v, pos_i), (neg_v, neg_i) = best_tokens(T, W, blocks, self.n_tokens, norms=norms)  # −v: lowest
+            best = best_tokens(T, W, blocks, self.n_tokens, norms=norms)  # −v: lowest
+            pos_v, pos_i, neg_v, neg_i = (x.mT.cpu().tolist() for pair in best for x in pair)  # per block, once
             neg_at = {c: n for n, c in enumerate(k for k, b in enumerate(blocks) if len(b) == 1)}
             col = 0
             for j, (i, matrix, side, groups, _, S, cut) in items:
                 recs = out.setdefault(j, [])
+                sigmas = S.tolist()
                 for g in groups:
-                    sig = tuple(float(S[x]) for x in g)
+                    sig = tuple(sigmas[x] for x in g)
                     head = dict(block=layer.block, layer=layer.layer, head=chosen[i], kv_head=kv[i], matrix=matrix,
                                 side=side, index=g[0], sigma=sig[0], indices=g, sigmas=sig,
                                 cut=cut and g is groups[-1])
                     if len(g) == 1:
-                        recs.append(self._record(head, "+", pos_v[:, col], pos_i[:, col], vocab))
-                        recs.append(self._record(head, "-", neg_v[:, neg_at[col]], neg_i[:, neg_at[col]], vocab))
+                        recs.append(self._record(head, "+", pos_v[col], pos_i[col], vocab))
+                        recs.append(self._record(head, "-", neg_v[neg_at[col]], neg_i[neg_at[col]], vocab))
                     else:
-                        recs.append(self._record(head, "±", pos_v[:, col], pos_i[:, col], vocab))
+                        recs.append(self._record(head, "±", pos_v[col], pos_i[col], vocab))
                     col += 1
         return [r for j in sorted(out) for r in out[j]]
 
     @staticmethod
-    def _record(head: dict, sign: str, values: Tensor, ids: Tensor, vocab: Vocab) -> DirectionRecord:
-        ids_l = [int(x) for x in ids.tolist()]
-        return DirectionRecord(**head, sign=sign, token_ids=tuple(ids_l), tokens=tuple(vocab.token(i) for i in ids_l),
-                               scores=tuple(float(v) for v in values.tolist()))
+    def _record(head: dict, sign: str, values: list[float], ids: list[int], vocab: Vocab) -> DirectionRecord:
+        return DirectionRecord(**head, sign=sign, token_ids=tuple(ids), tokens=tuple(vocab.token(i) for i in ids),
+                               scores=tuple(values))
 
     def processing(self, blocks, layers, heads) -> dict:
         return {"fold_ln": self.fold_ln, "fold_qk_norm": self.fold_qk_norm,
