@@ -166,22 +166,27 @@ class _Layout:
         return x[self.back.to(x.device)]
 
 
-CHUNK = 16384  # tokens scored at a time: the (m, chunk) scores stay small whatever the vocabulary
+CHUNK = 16384  # tokens scored at a time at least
+CHUNK_BYTES = 64 << 20  # the (m, chunk) scores of one chunk at most (when more than CHUNK tokens): every vocabulary
+# up to this size in one product (SmolLM2's 49,152 tokens for up to 340 directions), a 262k one in a few
 
 
-def best_tokens(T: Tensor, W: Tensor, blocks: list[tuple[int, ...]], n: int, chunk: int = CHUNK,
+def best_tokens(T: Tensor, W: Tensor, blocks: list[tuple[int, ...]], n: int, chunk: int | None = None,
                 norms: Tensor | None = None) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
     """The n best tokens of every block (`token_scores`), scored `chunk` tokens at a time: ((values, ids) of the
     highest scores, (values, ids) of the lowest, negated: the tokens of −v), each (n, blocks); the lowest are given
     for single directions only (columns in the order of the single blocks). A token's score is the same whichever
     chunk holds it, so the result is that of one pass over all tokens. `norms` (V,): the token vectors' norms, for
-    the cosine reading (each score divided by its token's norm; a zero row scores 0).
+    the cosine reading (each score divided by its token's norm; a zero row scores 0). `chunk`: tokens a time
+    (default: as many as CHUNK_BYTES of scores hold, at least CHUNK).
 
     Each chunk's products are formed direction-major (`_Layout`), so that every pass after them (the runs' norms,
     the top-k) reads contiguous rows, with no copy of the products: the products are the floor of this step. Those
     passes run on one thread (memory-bound: on a busy machine the threads' barriers cost more than they bring)."""
     layout = _Layout(blocks)
     Wt = layout.rows(W, T.dtype)  # (m, D)
+    if chunk is None:
+        chunk = max(CHUNK, CHUNK_BYTES // max(1, Wt.shape[0] * Wt.element_size()))
     k = min(n, T.shape[0])
     hi_v, hi_i, lo_v, lo_i = [], [], [], []
     for a in range(0, T.shape[0], chunk):
