@@ -66,6 +66,9 @@ def register(app: typer.Typer) -> None:
         and keys look for (QK: through the embedding), both signs; near-equal singular values as one subspace.
         See docs/directions.md for what such a reading means and what it does not.
 
+        Cost (every head, -k 3, on a busy 2-core EPYC): the demo model (MiniLM, 72 heads, 30k tokens) 8 s and
+        0.4 GiB; SmolLM2-135M (270 heads, 49k tokens) 23 s and 0.7 GiB. Time grows with heads x tokens x K.
+
         Example: qkinspect directions model.gguf --layers 0-2 --heads 0 --top-directions 2
 
         Example (late write sides without the hub tokens): qkinspect directions model.gguf --layers 25-29
