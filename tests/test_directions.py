@@ -64,6 +64,18 @@ def dense_tokens(M: torch.Tensor, T_read: torch.Tensor, T_write: torch.Tensor, i
     return S, ids(T_read, u), ids(T_write, v)
 
 
+def dense_top_directions(model, T_read, T_write, n: int = 5):
+    """For every (layer, head, matrix, side) of the tiny LM: (key, σ, + ids, - ids) of the top direction from the
+    dense SVD, OV's write side read through `T_write`, every other side through `T_read`."""
+    for layer in range(2):
+        for h in range(H):
+            Wq, Wk, Wv, Wo = head_factors(model, layer, h)
+            for matrix, M, sides in (("ov", Wv @ Wo, ("read", "write")), ("qk", Wq @ Wk.T, ("query", "key"))):
+                S, read_ids, write_ids = dense_tokens(M, T_read, T_write if matrix == "ov" else T_read, 0, n)
+                for side, (plus, minus) in zip(sides, (read_ids, write_ids), strict=True):
+                    yield (layer, h, matrix, side), S, plus, minus
+
+
 def by_key(result):
     return {(r.layer, r.head, r.matrix, r.side, r.index, r.sign): r for r in result.records}
 
@@ -79,19 +91,14 @@ def test_every_direction_matches_the_dense_float64_svd(tmp_path, tie, gemma):
     Uw = (E if tie else model.lm_head.weight.detach().double()) * gain  # γ ∘ w_t per token
     got = by_key(res)
     checked = 0
-    for layer in range(2):
-        for h in range(H):
-            Wq, Wk, Wv, Wo = head_factors(model, layer, h)
-            for matrix, M, sides in (("ov", Wv @ Wo, ("read", "write")), ("qk", Wq @ Wk.T, ("query", "key"))):
-                S, read_ids, write_ids = dense_tokens(M, E, Uw if matrix == "ov" else E, 0, 5)
-                for side, (plus, minus) in zip(sides, (read_ids, write_ids), strict=True):
-                    if (layer, h, matrix, side, 0, "+") not in got:  # a degenerate top pair (checked elsewhere)
-                        assert got[(layer, h, matrix, side, 0, "±")].indices[0] == 0
-                        continue
-                    assert got[(layer, h, matrix, side, 0, "+")].sigma == pytest.approx(float(S[0]), rel=1e-9)
-                    assert list(got[(layer, h, matrix, side, 0, "+")].token_ids) == plus
-                    assert list(got[(layer, h, matrix, side, 0, "-")].token_ids) == minus
-                    checked += 1
+    for (layer, h, matrix, side), S, plus, minus in dense_top_directions(model, E, Uw):
+        if (layer, h, matrix, side, 0, "+") not in got:  # a degenerate top pair (checked elsewhere)
+            assert got[(layer, h, matrix, side, 0, "±")].indices[0] == 0
+            continue
+        assert got[(layer, h, matrix, side, 0, "+")].sigma == pytest.approx(float(S[0]), rel=1e-9)
+        assert list(got[(layer, h, matrix, side, 0, "+")].token_ids) == plus
+        assert list(got[(layer, h, matrix, side, 0, "-")].token_ids) == minus
+        checked += 1
     assert checked >= 24
 
 
@@ -333,19 +340,14 @@ def test_the_cosine_reading_matches_the_dense_float64_reference(tmp_path):
     En, Un = E / E.norm(dim=1, keepdim=True), Uw / Uw.norm(dim=1, keepdim=True)
     got = by_key(res)
     checked = 0
-    for layer in range(2):
-        for h in range(H):
-            Wq, Wk, Wv, Wo = head_factors(model, layer, h)
-            for matrix, M, sides in (("ov", Wv @ Wo, ("read", "write")), ("qk", Wq @ Wk.T, ("query", "key"))):
-                _, read_ids, write_ids = dense_tokens(M, En, Un if matrix == "ov" else En, 0, 5)
-                for side, (plus, minus) in zip(sides, (read_ids, write_ids), strict=True):
-                    r = got.get((layer, h, matrix, side, 0, "+"))
-                    if r is None:
-                        continue
-                    assert list(r.token_ids) == plus
-                    assert list(got[(layer, h, matrix, side, 0, "-")].token_ids) == minus
-                    assert all(-1 - 1e-9 <= s <= 1 + 1e-9 for s in r.scores)
-                    checked += 1
+    for (layer, h, matrix, side), _, plus, minus in dense_top_directions(model, En, Un):
+        r = got.get((layer, h, matrix, side, 0, "+"))
+        if r is None:
+            continue
+        assert list(r.token_ids) == plus
+        assert list(got[(layer, h, matrix, side, 0, "-")].token_ids) == minus
+        assert all(-1 - 1e-9 <= s <= 1 + 1e-9 for s in r.scores)
+        checked += 1
     assert checked >= 24
 
 
