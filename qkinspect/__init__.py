@@ -21,12 +21,12 @@ def __getattr__(name: str):
         from qkinspect.composing import composition
 
         return composition
-    if name == "atlas":
-        from qkinspect.zoo.run import atlas
+    if name == "atlas":  # the package, callable as qkinspect.atlas(models, out=...)
+        import qkinspect.atlas as atlas
 
         return atlas
     if name == "read_atlas":
-        from qkinspect.zoo.result import read_atlas
+        from qkinspect.atlas.saved import read_atlas
 
         return read_atlas
     if name == "directions":

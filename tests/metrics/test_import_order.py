@@ -505,9 +505,7 @@ def tables_built_under_cli(folder: Path = PACKAGE, package: str = "qkinspect") -
 
 
 # phase 2 moves these (issue 38): their tables go to terminal/<subject>.py with their capabilities
-TABLES_UNDER_CLI = {
-    "qkinspect.cli.commands.atlas", "qkinspect.cli.commands.composition", "qkinspect.cli.commands.directions",
-}
+TABLES_UNDER_CLI = {"qkinspect.cli.commands.composition", "qkinspect.cli.commands.directions"}
 
 
 def test_no_rich_table_is_built_under_cli():

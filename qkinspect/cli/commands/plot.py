@@ -114,8 +114,8 @@ def register(app: typer.Typer) -> None:
         ./my-llama --kind composition -o composition.png
         """
         output = check_figure_path(output)
+        from qkinspect.atlas.folder import is_atlas
         from qkinspect.twin.saved import is_twin_folder
-        from qkinspect.zoo.folder import is_atlas
 
         if is_twin_folder(model) or kind in (Kind.learning, Kind.gap):
             refuse_twin_options(model, {"--layers": layers, "--block": block, "--layer": layer, "--compare": compare,
@@ -348,12 +348,12 @@ def draw_atlas(folder: Path, kind: Kind, metric: str | None, output: Path, *, ti
     """An atlas folder's figure (`qkinspect atlas --out FOLDER`): `depth` (the default, also for --kind symmetry)
     or `size`, of `metric` (default: symmetry; symmetry_layer for size when the atlas has it), saved to `output`.
     Returns what was drawn, e.g. "symmetry depth"."""
-    from qkinspect.zoo.result import read_atlas
+    from qkinspect.atlas.saved import read_atlas
 
     if kind not in (Kind.depth, Kind.size, Kind.symmetry):
         raise InputError(f"--kind {kind.value}: an atlas folder draws --kind depth or --kind size")
     atlas = read_atlas(folder)
-    from qkinspect.report.atlas import depth_figure, size_figure  # matplotlib: after the checks
+    from qkinspect.report.atlas.figures import depth_figure, size_figure  # matplotlib: after the checks
     from qkinspect.report.titles import retitle
 
     if kind is Kind.size:

@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
             n = write_twin_report(Path(model), output, html=html, title=title)
             note(f"wrote an HTML twin report to {output}" if html else f"wrote {pages(n)} twin report to {output}")
             return
-        from qkinspect.zoo.folder import is_atlas
+        from qkinspect.atlas.folder import is_atlas
 
         if is_atlas(model):  # an atlas folder (qkinspect atlas --out)
             if experiment is not None:
@@ -207,7 +207,7 @@ def write_folder_report(output: Path, html: bool, page: Callable[[], str], pdf: 
 def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
     """The report of a sweep folder, written atomically as a PDF (returns the number of pages) or, with `html`,
     as one HTML page (returns 1)."""
-    from qkinspect.report.analysis.html import render_sweep_html
+    from qkinspect.report.sweep.html import render_sweep_html
     from qkinspect.report.sweep.pdf import write_sweep_pdf
     from qkinspect.sweep import read_sweep
 
@@ -221,13 +221,13 @@ def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title:
 def write_atlas_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
     """The report of an atlas folder, written atomically as a PDF (returns the number of pages) or, with `html`,
     as one HTML page (returns 1)."""
-    from qkinspect.zoo.result import read_atlas
+    from qkinspect.atlas.saved import read_atlas
 
     atlas = read_atlas(folder)
     if not atlas.records:
         raise InputError(f"{folder}: the atlas has no results yet")
-    from qkinspect.report.analysis.html import render_atlas_html  # matplotlib: after the checks
-    from qkinspect.report.atlas import write_atlas_pdf
+    from qkinspect.report.atlas.html import render_atlas_html  # matplotlib: after the checks
+    from qkinspect.report.atlas.pdf import write_atlas_pdf
     return write_folder_report(output, html, lambda: render_atlas_html(atlas, name=title),
                                lambda buffer: write_atlas_pdf(atlas, buffer, title=title))
 
@@ -240,7 +240,7 @@ def write_twin_report(folder: Path, output: Path, *, html: bool = False, title: 
     twin = read_twin(folder)
     if not twin.summaries:
         raise InputError(f"{folder}: the twin folder has no finished runs yet")
-    from qkinspect.report.analysis.html import render_twin_html  # matplotlib: after the checks
+    from qkinspect.report.twin.html import render_twin_html  # matplotlib: after the checks
     from qkinspect.report.twin.pdf import write_twin_pdf
 
     return write_folder_report(output, html, lambda: render_twin_html(twin, name=title),
