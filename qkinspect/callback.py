@@ -58,7 +58,7 @@ class Tracker:
 
         self.folder = Path(out_dir)
         self.options = keys.normalized_options({
-            "layers": _listed(layers), "heads": _listed(heads), "blocks": _listed(blocks, str),
+            "layers": layers, "heads": heads, "blocks": blocks,
             "metrics": list(resolve_metrics(list(metrics) if metrics is not None else None)),
             "precision": precision, "fold_ln": fold_ln, "fold_qk_norm": fold_qk_norm})
         self.device = device
@@ -145,14 +145,6 @@ def summaries(result) -> dict[str, float]:
         finite = [v for v in vs if math.isfinite(v)]
         medians[k] = float(np.median(finite)) if finite else float("nan")
     return medians
-
-
-def _listed(v, kind=int):
-    if v is None or isinstance(v, str):
-        return v
-    if isinstance(v, int) and kind is int:
-        return [v]
-    return [kind(x) for x in v]
 
 
 def _differences(a: dict, b: dict) -> str:

@@ -385,4 +385,16 @@ def _score_piece(held: _Held, piece: list[Unit], u: Unit, B: torch.Tensor, kinds
             bad = ~np.isfinite(arr)
             if bad.any():
                 result.warnings.append(f"{a.block} layer {a.layer} -> {u.block} layer {u.layer} ({kind}): "
-                                       f"{int(bad.sum())} pairs with a zero or non-finite head are NaN")
+                                       f"{int(bad.sum())} pairs are NaN{_unusable(held.norm[a], read.norm[kind])}")
+
+
+def _unusable(norm_a: torch.Tensor, norm_b: torch.Tensor) -> str:
+    """Which heads of the earlier (a) and the later (b) layer have zero or non-finite weights (NaN or inf in their
+    factors or folded gains, or an overflow), as the NaN scores' reason."""
+    said = []
+    for side, norm in (("earlier", norm_a), ("later", norm_b)):
+        heads = torch.nonzero(~torch.isfinite(norm) | (norm == 0)).flatten().tolist()
+        if heads:
+            said.append(f"{side} head{'s' if len(heads) > 1 else ''} {', '.join(map(str, heads))}")
+    why = "; ".join(said) if said else "the products overflow"
+    return f" ({why}: zero or non-finite weights)" if said else f" ({why})"

@@ -25,6 +25,7 @@ import numpy as np
 from qkinspect.documents import SCHEMA, model_dict, model_info
 from qkinspect.errors import InputError
 from qkinspect.layer import ModelInfo
+from qkinspect.notebook import Tabular
 
 KIND_TEXT = {"q": "queries", "k": "keys", "v": "values"}
 DEFINITIONS = {
@@ -107,8 +108,9 @@ Key = tuple[str, int, str, int, str]  # (from_block, from_layer, to_block, to_la
 
 
 @dataclass
-class CompositionResult:
-    """Everything `qkinspect.composition` returns.
+class CompositionResult(Tabular):
+    """Everything `qkinspect.composition` returns. In a notebook it shows `qkinspect composition`'s table (the 10
+    strongest pairs of each kind); `to_pandas()` is a row per pair; `save(path)` writes what `-o FILE.json` writes.
 
     `scores[(from_block, from_layer, to_block, to_layer, kind)]`: an (H_a, H_b) float64 array over all heads of the
     two layers (NaN for a head with a zero norm); `heads()` and `rows()` apply the head selection. With
@@ -262,6 +264,20 @@ class CompositionResult:
                     best.append((float(flat[i]), key, int(rows[i // len(cols)]), int(cols[i % len(cols)])))
         best.sort(key=lambda t: -t[0])
         return [self._record(key, a, b) for _, key, a, b in best[:n]]
+
+    def table_rows(self) -> list[dict[str, Any]]:
+        """The CSV's rows: one per (earlier head, later head, kind)."""
+        return list(self.rows())
+
+    def render_table(self, console) -> None:
+        """`qkinspect composition`'s table of this result."""
+        from qkinspect.terminal.composition import render_composition
+
+        render_composition(console, self)
+
+    def document(self) -> dict[str, Any]:
+        """The JSON document `qkinspect composition -o FILE.json` writes (`to_dict`)."""
+        return self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: schema, tool, model, processing, definitions, block pairs, records, warnings."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qkinspect.layer import ModelInfo
+from qkinspect.notebook import Tabular
 
 MATRICES = {"ov": ("read", "write"), "qk": ("query", "key")}
 SIDE_TEXT = {"read": "what it reads (embedding)", "write": "what it writes (unembedding)",
@@ -25,7 +26,9 @@ class DirectionRecord:
     `index`, `sigma`: the direction's rank (0 = largest) and singular value; for a subspace, its first.
     `indices`, `sigmas`: every direction the record covers (one, or a run of near-equal singular values).
     `sign`: "+" or "-" (which of ±v the tokens read), "±" for a subspace (read by projection norm).
-    `scores`: each token's dot product with the signed direction (for "-": with −v), or its projection norm."""
+    `scores`: each token's dot product with the signed direction (for "-": with −v), or its projection norm;
+    with the cosine reading, divided by the token vector's norm.
+    `cut`: a subspace whose near-equal run goes on past it (cut at K directions past the K asked for)."""
 
     block: str
     layer: int
@@ -41,6 +44,7 @@ class DirectionRecord:
     token_ids: tuple[int, ...]
     tokens: tuple[str | None, ...]
     scores: tuple[float, ...]
+    cut: bool = False
 
     @property
     def subspace(self) -> bool:
@@ -50,7 +54,8 @@ class DirectionRecord:
         return {"block": self.block, "layer": self.layer, "head": self.head, "kv_head": self.kv_head,
                 "matrix": self.matrix, "side": self.side, "index": self.index, "sigma": self.sigma,
                 "sign": self.sign, "indices": list(self.indices), "sigmas": list(self.sigmas),
-                "token_ids": list(self.token_ids), "tokens": list(self.tokens), "scores": list(self.scores)}
+                "token_ids": list(self.token_ids), "tokens": list(self.tokens), "scores": list(self.scores),
+                "cut": self.cut}
 
 
 @dataclass(frozen=True)
@@ -69,17 +74,30 @@ class Readout:
 
 
 @dataclass(frozen=True)
-class DirectionsResult:
-    """`qkinspect.directions`'s answer: records in (block, layer, head, matrix, side, index, sign) order."""
+class DirectionsResult(Tabular):
+    """`qkinspect.directions`'s answer: records in (block, layer, head, matrix, side, index, sign) order. In a
+    notebook it shows `qkinspect directions`' table; `to_pandas()` is a row per record; `save(path)` writes what
+    `-o FILE.json` writes."""
 
     model: ModelInfo
     records: list[DirectionRecord]
     readout: Readout
     processing: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # heads left out: non-finite weights
 
     def rows(self) -> list[dict[str, Any]]:
         return [r.row() for r in self.records]
+
+    def table_rows(self) -> list[dict[str, Any]]:
+        """The CSV's rows: one per record (`rows`)."""
+        return self.rows()
+
+    def render_table(self, console) -> None:
+        """`qkinspect directions`' table of this result."""
+        from qkinspect.terminal.directions import render_directions
+
+        render_directions(console, self)
 
     def document(self) -> dict[str, Any]:
         """The JSON document (schema qkinspect/1, kind "directions")."""
@@ -89,7 +107,7 @@ class DirectionsResult:
 
         return envelope("directions", model=model_dict(self.model), processing=self.processing,
                         readout=asdict(self.readout), definitions=DEFINITIONS, notes=list(self.notes),
-                        directions=self.rows())
+                        warnings=list(self.warnings), directions=self.rows())
 
 
 DEFINITIONS = {
@@ -103,7 +121,10 @@ DEFINITIONS = {
     "sign": "the pair (u, v) is defined up to a common sign; + is the orientation whose largest-magnitude entry of v "
             "is positive; reading +u writes +σv (ov), a query along +u favours keys along +v (qk)",
     "subspace": "where σ_i / σ_{i+1} < 1.05 the directions are read together: tokens ranked by the norm of their "
-                "vector's projection onto the span (sign '±')",
+                "vector's projection onto the span (sign '±'); a run reaching past the K directions asked for grows "
+                "at most K further (cut: true where it goes on)",
+    "reading": "dot: a token's score is its vector's dot product with the direction (or its projection's norm); "
+               "cosine: that divided by the token vector's norm, so long rows do not rank high everywhere",
 }
 
 __all__ = ["DirectionRecord", "DirectionsResult", "Readout", "MATRICES", "SIDE_TEXT", "DEFINITIONS"]

@@ -97,6 +97,17 @@ def write_json(doc: Any, f: IO[str]) -> None:
     f.write("\n")
 
 
+def save_json(doc: Any, path: str | Path) -> Path:
+    """Write the JSON document `doc` to `path` (atomically, NaN as null, the one layout of `write_json`): what a
+    command's `-o FILE.json` writes, and every result's `save(path)`. Returns the path."""
+    from qkinspect.documents import json_safe
+
+    path = Path(path)
+    safe = json_safe(doc)
+    atomic_write(path, lambda f: write_json(safe, f))
+    return path
+
+
 def atomic_write(path: Path, write: Callable[[IO], None], *, binary: bool = False) -> None:
     """Call `write(f)` for `path`: on a temporary file renamed over a regular file (on any failure, including
     KeyboardInterrupt and SIGTERM, the temporary file is removed and `path` left untouched), or straight on a

@@ -11,7 +11,7 @@ directions are scored together, one (V, D) × (D, m) product per token matrix. O
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -20,11 +20,12 @@ from qkinspect.direction_records import DirectionRecord, DirectionsResult, Reado
 from qkinspect.errors import CheckpointError, InputError
 from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.loading import opened
-from qkinspect.metrics.directions import GAP, best_tokens, factored_svd, subspaces
+from qkinspect.metrics.directions import GAP, best_tokens, continues, factored_svd, subspaces
 from qkinspect.metrics.factored import RANK_RTOL
 from qkinspect.selection import as_indexes, check_fold_qk_norm, check_selection
 
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
+READINGS = ("dot", "cosine")
 MAX_DIRECTIONS = 4096
 MAX_TOKENS = 1000
 
@@ -43,6 +44,7 @@ def directions(
     device: str = "cpu",
     revision: str | None = None,
     progress: Callable[[int, int], None] | None = None,
+    reading: str = "dot",
 ) -> DirectionsResult:
     """The top singular directions of each selected head's W_OV and W_QK, read as tokens.
 
@@ -51,7 +53,7 @@ def directions(
             memory (a transformers PreTrainedModel, or a (config, state_dict) pair: token ids only, no text).
         layers, heads, blocks: the selection, as `qkinspect.analyze` takes it; None for all.
         top_directions: K, the directions per matrix (a run of near-equal singular values that reaches past K is
-            kept whole, as one subspace).
+            kept as one subspace, grown at most K directions further; `cut` marks a run that goes on).
         top_tokens: tokens per direction, per sign.
         fold_ln: fold each layer's input norm gain into W_Q, W_K, W_V first (default: the weights as stored).
         fold_qk_norm: fold q/k-norm gains into W_Q and W_K (Qwen3, OLMo2, Gemma3).
@@ -59,6 +61,8 @@ def directions(
         device: "cpu", "cuda" or "cuda:N".
         revision: hub revision when `model` is a hub id.
         progress: called as progress(done, total) after each layer.
+        reading: "dot" (a token's score is its vector's dot product with the direction) or "cosine" (divided by
+            the token vector's norm: rare tokens with long embedding rows no longer top every list).
 
     Returns:
         DirectionsResult: records (tokens per direction, sign and side), what the tokens were read through, notes.
@@ -74,12 +78,14 @@ def directions(
         >>> sorted({(r.matrix, r.side) for r in result.records})
         [('ov', 'read'), ('ov', 'write'), ('qk', 'key'), ('qk', 'query')]
     """
-    run = _Run.make(top_directions, top_tokens, precision, device, fold_ln, fold_qk_norm)
+    run = _Run.make(top_directions, top_tokens, precision, device, fold_ln, fold_qk_norm, reading)
     with opened(model, revision) as m:
         head_sel, layer_sel = as_indexes(heads, "heads"), as_indexes(layers, "layers")
         chosen = check_selection(m.info, blocks, layer_sel, head_sel)
         check_fold_qk_norm(chosen, fold_qk_norm)
         vocab = read_vocab(m, chosen, run.dtype, run.device)
+        if run.reading == "cosine":
+            vocab.use_norms()
         keys = [b.key for b in chosen]
         total = sum(1 for _ in m.plan(keys, layer_sel))
         records: list[DirectionRecord] = []
@@ -92,7 +98,7 @@ def directions(
                 progress(done, total)
         info = m.info
     return DirectionsResult(info, records, vocab.readout, run.processing(blocks, layer_sel, head_sel),
-                            run.notes(chosen, vocab))
+                            run.notes(chosen, vocab), run.warnings)
 
 
 
@@ -111,6 +117,13 @@ class Vocab:
     gain: Tensor | None
     text: object  # loading.tokens.Vocabulary or None
     readout: Readout
+    norms: dict[bool, Tensor] | None = None  # the cosine reading: each token vector's norm (V,), by write side
+
+    def use_norms(self) -> None:
+        """Keep each token vector's norm for the cosine reading: ‖e_t‖ (read, query, key) and ‖γ ∘ w_t‖ (write)."""
+        write = self.unembed if self.gain is None else self.unembed * self.gain
+        self.norms = {False: torch.linalg.vector_norm(self.embed, dim=1),
+                      True: torch.linalg.vector_norm(write, dim=1)}
 
     def token(self, i: int) -> str | None:
         return None if self.text is None else self.text.get(i)  # type: ignore[attr-defined]
@@ -154,10 +167,22 @@ def read_vocab(m, chosen: list[BlockSpec], dtype: torch.dtype, device: str) -> V
     U = E if un_name is None else _floating(src.get(un_name), un_name, where)
     readout = Readout(embed_name, un_name or embed_name, un_name is None, norm_name, V,
                       None if text is None else text.source, None if text is None else len(text))
-    E = E.to(device=device, dtype=dtype)
-    U = E if un_name is None else U.to(device=device, dtype=dtype)
-    g = None if gain is None else gain.to(device=device, dtype=dtype)
+    E = _finite(E.to(device=device, dtype=dtype), embed_name, where)
+    U = E if un_name is None else _finite(U.to(device=device, dtype=dtype), un_name, where)
+    g = None if gain is None else _finite(gain.to(device=device, dtype=dtype), norm_name, where)
     return Vocab(E, U, g, text, readout)
+
+
+def _finite(t: Tensor, stored: str | None, where: str) -> Tensor:
+    """`t` when every entry is finite; CheckpointError naming the tensor otherwise: every token's score is read
+    through it (a NaN row would top every list)."""
+    if bool(torch.isfinite(t.sum(dtype=torch.float64))):  # one pass, no mask: the sum of finite entries is finite
+        return t
+    bad = int((~torch.isfinite(t)).sum())
+    if bad:
+        raise CheckpointError(f"{where}: tensor {stored!r} holds {bad:,} non-finite values (NaN or inf, or too "
+                              f"large for the compute precision); directions are read through it")
+    return t
 
 
 def _tied(resolved) -> bool | None:
@@ -208,6 +233,13 @@ def _final_gain(src, names, D: int, where: str) -> tuple[Tensor | None, str | No
     return (w + 1 if names.unit_offset else w), stored
 
 
+READING_NOTE = {  # what the scores are: the table and the JSON say it
+    "dot": "scores are dot products: tokens with long embedding rows rank high in many directions (the cosine "
+           "reading divides by the row's norm)",
+    "cosine": "scores are cosines: each dot product divided by the token vector's norm",
+}
+
+
 # -- one run ---------------------------------------------------------------------------------------------------------
 
 
@@ -219,18 +251,24 @@ class _Run:
     device: str
     fold_ln: bool
     fold_qk_norm: bool
+    reading: str = "dot"
+    warnings: list[str] = field(default_factory=list)
 
     @classmethod
-    def make(cls, k, n_tokens, precision, device, fold_ln, fold_qk_norm) -> _Run:
+    def make(cls, k, n_tokens, precision, device, fold_ln, fold_qk_norm, reading="dot") -> _Run:
         for name, value, top in (("top_directions", k, MAX_DIRECTIONS), ("top_tokens", n_tokens, MAX_TOKENS)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
                 raise InputError(f"{name}={value!r}: give a whole number from 1 to {top}")
         precision = str(getattr(precision, "value", precision))
         if precision not in PRECISIONS:
             raise InputError(f"precision={precision!r}: choose float32 or float64")
+        reading = str(getattr(reading, "value", reading))
+        if reading not in READINGS:
+            raise InputError(f"reading={reading!r}: choose dot or cosine")
         from qkinspect.device import check_device
 
-        return cls(k, n_tokens, PRECISIONS[precision], check_device(device), bool(fold_ln), bool(fold_qk_norm))
+        return cls(k, n_tokens, PRECISIONS[precision], check_device(device), bool(fold_ln), bool(fold_qk_norm),
+                   reading)
 
     def processed(self, layer: AttentionLayer) -> AttentionLayer:
         from qkinspect.metrics.fold import fold_ln, fold_qk_norm
@@ -251,18 +289,36 @@ class _Run:
         h_idx = torch.tensor(chosen)
         kv = layer.kv_index()[h_idx]  # query head h reads key/value head h // (H / H_kv)
         dev = dict(device=self.device, dtype=self.dtype)
-        forms = {
-            "ov": factored_svd(layer.W_V[kv].to(**dev), layer.W_O[h_idx].mT.to(**dev)),  # W_V (D, dv), W_Oᵀ (D, dv)
-            "qk": factored_svd(layer.W_Q[h_idx].to(**dev), layer.W_K[kv].to(**dev)),  # W_Q (D, d), W_K (D, d)
+        keep = 2 * self.k  # subspaces() never reaches past index 2K - 1
+        forms = {  # W_V (D, dv) with W_Oᵀ (D, dv); W_Q (D, d) with W_K (D, d)
+            "ov": factored_svd(layer.W_V[kv].to(**dev), layer.W_O[h_idx].mT.to(**dev), keep),
+            "qk": factored_svd(layer.W_Q[h_idx].to(**dev), layer.W_K[kv].to(**dev), keep),
         }
+        unusable = {matrix: ~torch.isfinite(S[:, 0]).cpu() for matrix, (_, S, _) in forms.items()}
+        self._warn(layer, chosen, unusable)
         plan = []  # (head position, matrix, side, blocks, vectors (D, r))
         for i in range(len(chosen)):
             for matrix, (U, S, V) in forms.items():
+                if unusable[matrix][i]:
+                    continue
                 groups = subspaces(S[i], self.k)
+                cut = continues(S[i], groups)
                 left, right = ("read", "write") if matrix == "ov" else ("query", "key")
-                plan.append((i, matrix, left, groups, U[i], S[i]))
-                plan.append((i, matrix, right, groups, V[i], S[i]))
+                plan.append((i, matrix, left, groups, U[i], S[i], cut))
+                plan.append((i, matrix, right, groups, V[i], S[i], cut))
         return self._score(layer, chosen, kv.tolist(), plan, vocab)
+
+    def _warn(self, layer: AttentionLayer, chosen: list[int], unusable: dict[str, Tensor]) -> None:
+        """One warning per layer and matrix naming the heads whose factors hold NaN or inf (their directions are
+        left out), as `analyze` names its non-finite heads."""
+        factors = {"ov": "W_V or W_O", "qk": "W_Q or W_K"}
+        for matrix, bad in unusable.items():
+            heads = [chosen[i] for i in torch.nonzero(bad).flatten().tolist()]
+            if heads:
+                folded = " or the folded input norm" if self.fold_ln else ""
+                self.warnings.append(f"{layer.block} layer {layer.layer} head{'s' if len(heads) > 1 else ''} "
+                                     f"{', '.join(map(str, heads))}: non-finite weights ({factors[matrix]}{folded}); "
+                                     f"their {matrix.upper()} directions are left out")
 
     def _score(self, layer, chosen, kv, plan, vocab: Vocab) -> list[DirectionRecord]:
         """Score every planned side against its token matrix (write: unembedding ∘ gain; the rest: embedding)."""
@@ -270,7 +326,7 @@ class _Run:
         for write in (False, True):
             items = [(j, p) for j, p in enumerate(plan) if (p[2] == "write") == write]
             cols, blocks = [], []
-            for _, (_, _, _, groups, vecs, _) in items:
+            for _, (_, _, _, groups, vecs, _, _) in items:
                 base = sum(c.shape[1] for c in cols)
                 used = sorted({i for g in groups for i in g})
                 cols.append(vecs[:, used])
@@ -282,38 +338,42 @@ class _Run:
             T = vocab.unembed if write else vocab.embed
             if write and vocab.gain is not None:
                 W = vocab.gain.to(W.dtype)[:, None] * W  # (γ ∘ w_t) · v = w_t · (γ ∘ v): the gain on the vector
-            (pos_v, pos_i), (neg_v, neg_i) = best_tokens(T, W, blocks, self.n_tokens)  # −v: v's lowest, negated
+            norms = None if vocab.norms is None else vocab.norms[write]
+            best = best_tokens(T, W, blocks, self.n_tokens, norms=norms)  # −v: lowest
+            pos_v, pos_i, neg_v, neg_i = (x.mT.cpu().tolist() for pair in best for x in pair)  # per block, once
             neg_at = {c: n for n, c in enumerate(k for k, b in enumerate(blocks) if len(b) == 1)}
             col = 0
-            for j, (i, matrix, side, groups, _, S) in items:
+            for j, (i, matrix, side, groups, _, S, cut) in items:
                 recs = out.setdefault(j, [])
+                sigmas = S.tolist()
                 for g in groups:
-                    sig = tuple(float(S[x]) for x in g)
+                    sig = tuple(sigmas[x] for x in g)
                     head = dict(block=layer.block, layer=layer.layer, head=chosen[i], kv_head=kv[i], matrix=matrix,
-                                side=side, index=g[0], sigma=sig[0], indices=g, sigmas=sig)
+                                side=side, index=g[0], sigma=sig[0], indices=g, sigmas=sig,
+                                cut=cut and g is groups[-1])
                     if len(g) == 1:
-                        recs.append(self._record(head, "+", pos_v[:, col], pos_i[:, col], vocab))
-                        recs.append(self._record(head, "-", neg_v[:, neg_at[col]], neg_i[:, neg_at[col]], vocab))
+                        recs.append(self._record(head, "+", pos_v[col], pos_i[col], vocab))
+                        recs.append(self._record(head, "-", neg_v[neg_at[col]], neg_i[neg_at[col]], vocab))
                     else:
-                        recs.append(self._record(head, "±", pos_v[:, col], pos_i[:, col], vocab))
+                        recs.append(self._record(head, "±", pos_v[col], pos_i[col], vocab))
                     col += 1
         return [r for j in sorted(out) for r in out[j]]
 
     @staticmethod
-    def _record(head: dict, sign: str, values: Tensor, ids: Tensor, vocab: Vocab) -> DirectionRecord:
-        ids_l = [int(x) for x in ids.tolist()]
-        return DirectionRecord(**head, sign=sign, token_ids=tuple(ids_l), tokens=tuple(vocab.token(i) for i in ids_l),
-                               scores=tuple(float(v) for v in values.tolist()))
+    def _record(head: dict, sign: str, values: list[float], ids: list[int], vocab: Vocab) -> DirectionRecord:
+        return DirectionRecord(**head, sign=sign, token_ids=tuple(ids), tokens=tuple(vocab.token(i) for i in ids),
+                               scores=tuple(values))
 
     def processing(self, blocks, layers, heads) -> dict:
         return {"fold_ln": self.fold_ln, "fold_qk_norm": self.fold_qk_norm,
                 "precision": "float64" if self.dtype == torch.float64 else "float32", "device": self.device,
                 "top_directions": self.k, "top_tokens": self.n_tokens, "gap": GAP, "rank_rtol": RANK_RTOL,
+                "reading": self.reading,
                 "blocks": None if blocks is None else [blocks] if isinstance(blocks, str) else list(blocks),
                 "layers": None if layers is None else list(layers), "heads": None if heads is None else list(heads)}
 
     def notes(self, chosen: list[BlockSpec], vocab: Vocab) -> list[str]:
-        out = []
+        out = [READING_NOTE[self.reading]]
         rotary = [b.key for b in chosen if b.positional == "rope"]
         if rotary:
             out.append(f"rotary ({', '.join(rotary)}): W_QK is the zero-offset form (query and key at the same "

@@ -9,6 +9,8 @@ import os
 from qkinspect.errors import InputError
 
 MAX_THREADS = 1024  # torch threads per task (`analyze(threads=)`, `run_sweep(threads=)`)
+MAX_METRIC = 1e30  # the largest value a saved metric may hold (norms of float32 weights stay far below): a file's
+# larger numbers are refused where they enter, before statistics over them could overflow
 WORKERS_PER_CORE = 4  # a local sweep cluster: at most this many worker processes per core (`run_sweep(workers=)`)
 
 

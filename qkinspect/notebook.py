@@ -6,8 +6,8 @@ The pieces every result uses (the analysis, experiment, sweep and atlas results)
   CLI prints, colours kept), for a result's `_repr_html_`;
 - `data_frame(rows)`: tidy rows (the CSV rows of the result) as a pandas DataFrame; pandas is imported here, and a
   clear error says how to install it where it is missing;
-- `Tabular`: a mixin giving `_repr_html_` and `to_pandas()` to a result that has `table_rows()` and
-  `render_table(console)`.
+- `Tabular`: a mixin giving `_repr_html_`, `to_pandas()` and `save(path)` to a result that has `table_rows()`,
+  `render_table(console)` and `document()` (the JSON its command's `-o FILE.json` writes).
 
 Example:
     >>> r = qkinspect.analyze()  # doctest: +SKIP
@@ -49,7 +49,8 @@ def data_frame(rows: Sequence[dict[str, Any]], what: str = "to_pandas()"):
 
 class Tabular:
     """Mixin for a result with `table_rows()` (its CSV rows) and `render_table(console)` (its terminal table):
-    shown as that table in a notebook, and one DataFrame of those rows with `to_pandas()`. The renderer must not
+    shown as that table in a notebook, one DataFrame of those rows with `to_pandas()`, and `save(path)` writes
+    `document()` as the command's `-o FILE.json` does. The renderer must not
     import the result's module back (the records sit below qkinspect.terminal's tables)."""
 
     def table_rows(self) -> list[dict[str, Any]]:  # pragma: no cover - every subclass defines it
@@ -58,9 +59,23 @@ class Tabular:
     def render_table(self, console) -> None:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
+    def document(self) -> dict[str, Any]:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
     def _repr_html_(self) -> str:
         return html_table(self.render_table)
 
     def to_pandas(self):
         """The result's tidy rows (those of its CSV) as a pandas DataFrame (needs pandas)."""
         return data_frame(self.table_rows())
+
+    def save(self, path):
+        """Write the result to `path` (atomically) as its command's `-o FILE.json` writes it, byte for byte (what
+        `plot` and `report` read back). Returns the path.
+
+        Raises:
+            OutputError: the file cannot be written.
+        """
+        from qkinspect.files import save_json
+
+        return save_json(self.document(), path)

@@ -8,6 +8,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import qkinspect
 from qkinspect.metrics.directions import GAP, factored_svd, subspaces
@@ -62,6 +64,18 @@ def dense_tokens(M: torch.Tensor, T_read: torch.Tensor, T_write: torch.Tensor, i
     return S, ids(T_read, u), ids(T_write, v)
 
 
+def dense_top_directions(model, T_read, T_write, n: int = 5):
+    """For every (layer, head, matrix, side) of the tiny LM: (key, σ, + ids, - ids) of the top direction from the
+    dense SVD, OV's write side read through `T_write`, every other side through `T_read`."""
+    for layer in range(2):
+        for h in range(H):
+            Wq, Wk, Wv, Wo = head_factors(model, layer, h)
+            for matrix, M, sides in (("ov", Wv @ Wo, ("read", "write")), ("qk", Wq @ Wk.T, ("query", "key"))):
+                S, read_ids, write_ids = dense_tokens(M, T_read, T_write if matrix == "ov" else T_read, 0, n)
+                for side, (plus, minus) in zip(sides, (read_ids, write_ids), strict=True):
+                    yield (layer, h, matrix, side), S, plus, minus
+
+
 def by_key(result):
     return {(r.layer, r.head, r.matrix, r.side, r.index, r.sign): r for r in result.records}
 
@@ -77,19 +91,14 @@ def test_every_direction_matches_the_dense_float64_svd(tmp_path, tie, gemma):
     Uw = (E if tie else model.lm_head.weight.detach().double()) * gain  # γ ∘ w_t per token
     got = by_key(res)
     checked = 0
-    for layer in range(2):
-        for h in range(H):
-            Wq, Wk, Wv, Wo = head_factors(model, layer, h)
-            for matrix, M, sides in (("ov", Wv @ Wo, ("read", "write")), ("qk", Wq @ Wk.T, ("query", "key"))):
-                S, read_ids, write_ids = dense_tokens(M, E, Uw if matrix == "ov" else E, 0, 5)
-                for side, (plus, minus) in zip(sides, (read_ids, write_ids), strict=True):
-                    if (layer, h, matrix, side, 0, "+") not in got:  # a degenerate top pair (checked elsewhere)
-                        assert got[(layer, h, matrix, side, 0, "±")].indices[0] == 0
-                        continue
-                    assert got[(layer, h, matrix, side, 0, "+")].sigma == pytest.approx(float(S[0]), rel=1e-9)
-                    assert list(got[(layer, h, matrix, side, 0, "+")].token_ids) == plus
-                    assert list(got[(layer, h, matrix, side, 0, "-")].token_ids) == minus
-                    checked += 1
+    for (layer, h, matrix, side), S, plus, minus in dense_top_directions(model, E, Uw):
+        if (layer, h, matrix, side, 0, "+") not in got:  # a degenerate top pair (checked elsewhere)
+            assert got[(layer, h, matrix, side, 0, "±")].indices[0] == 0
+            continue
+        assert got[(layer, h, matrix, side, 0, "+")].sigma == pytest.approx(float(S[0]), rel=1e-9)
+        assert list(got[(layer, h, matrix, side, 0, "+")].token_ids) == plus
+        assert list(got[(layer, h, matrix, side, 0, "-")].token_ids) == minus
+        checked += 1
     assert checked >= 24
 
 
@@ -316,3 +325,90 @@ def test_fold_ln_reads_the_directions_of_the_gain_scaled_projections(tmp_path):
                 if (1, h, matrix, side, 0, "+") in got:
                     assert list(got[(1, h, matrix, side, 0, "+")].token_ids) == plus
                     assert list(got[(1, h, matrix, side, 0, "-")].token_ids) == minus
+
+
+# -- issue 39: the cosine reading, and a near-equal run capped past K ------------------------------------------------
+
+def test_the_cosine_reading_matches_the_dense_float64_reference(tmp_path):
+    """Each token's dot product divided by its vector's norm (‖e_t‖; ‖γ ∘ w_t‖ on the write side)."""
+    model = llama_lm(tie=False)
+    res = qkinspect.directions(save(model, tmp_path / "m"), top_directions=2, top_tokens=5, precision="float64",
+                               reading="cosine")
+    assert res.processing["reading"] == "cosine" and any("cosines" in n for n in res.notes)
+    E = model.model.embed_tokens.weight.detach().double()
+    Uw = model.lm_head.weight.detach().double() * model.model.norm.weight.detach().double()
+    En, Un = E / E.norm(dim=1, keepdim=True), Uw / Uw.norm(dim=1, keepdim=True)
+    got = by_key(res)
+    checked = 0
+    for (layer, h, matrix, side), _, plus, minus in dense_top_directions(model, En, Un):
+        r = got.get((layer, h, matrix, side, 0, "+"))
+        if r is None:
+            continue
+        assert list(r.token_ids) == plus
+        assert list(got[(layer, h, matrix, side, 0, "-")].token_ids) == minus
+        assert all(-1 - 1e-9 <= s <= 1 + 1e-9 for s in r.scores)
+        checked += 1
+    assert checked >= 24
+
+
+def test_a_hub_token_with_a_long_row_fills_the_dot_lists_not_the_cosine_ones(tmp_path):
+    model = llama_lm(tie=True)
+    hub = 7
+    with torch.no_grad():
+        model.model.embed_tokens.weight[hub] *= 40.0  # a rare token with a long embedding row
+    folder = save(model, tmp_path / "m")
+
+    def share(reading):
+        res = qkinspect.directions(folder, top_directions=2, top_tokens=3, reading=reading)
+        return sum(hub in r.token_ids for r in res.records) / len(res.records)
+
+    dot, cosine = share("dot"), share("cosine")
+    assert dot > 0.4  # the hub tops one sign's list of almost every direction by its length alone
+    assert cosine < dot / 3, (dot, cosine)
+
+
+def test_a_bad_reading_is_refused():
+    from qkinspect.errors import InputError
+
+    with pytest.raises(InputError, match="reading=.dots."):
+        qkinspect.directions(None, reading="dots")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.5, 2.0), min_size=1, max_size=40), st.integers(1, 8))
+def test_a_near_equal_run_grows_at_most_k_past_k(ratios, k):
+    """Blocks cover min(k, rank) directions at least, never reach past index 2k − 1, and `continues` is true exactly
+    where the last block's run could have gone on."""
+    from qkinspect.metrics.directions import continues
+
+    s = [10.0]
+    for r in ratios:
+        s.append(s[-1] / max(r, 1.0))  # non-increasing, with many near-equal neighbours
+    S = torch.tensor(s, dtype=torch.float64)
+    blocks = subspaces(S, k)
+    flat = [i for b in blocks for i in b]
+    assert flat == list(range(len(flat)))  # consecutive, from the first
+    assert len(flat) >= min(k, len(s)) and flat[-1] <= 2 * k - 1
+    uncut = subspaces(S, k, past=len(s))
+    assert continues(S, blocks) == (uncut != blocks)
+    assert continues(S, uncut) is False
+
+
+def test_the_cli_shows_the_reading_and_a_cut_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from qkinspect.cli.app import app
+
+    model = llama_lm()
+    with torch.no_grad():  # head 0 of layer 0: a flat W_OV spectrum (every σ equal): one run, cut at 2K
+        a = model.model.layers[0].self_attn
+        a.v_proj.weight[:d] = torch.eye(D)[:d] * 2.0
+        a.o_proj.weight[:, :d] = torch.eye(D)[:, :d]
+    folder = save(model, tmp_path / "m")
+    r = CliRunner().invoke(app, ["directions", str(folder), "--layers", "0", "--heads", "0", "-k", "2",
+                                 "--reading", "cosine", "--format", "table"])
+    assert r.exit_code == 0, r.output
+    assert "0-3+" in r.stdout and "the near-equal run goes on" in r.stdout and "cosines" in r.stdout
+    r = CliRunner().invoke(app, ["directions", str(folder), "--layers", "0", "--heads", "0", "-k", "2", "-f", "json"])
+    ov = [x for x in json.loads(r.stdout)["directions"] if x["matrix"] == "ov"]
+    assert {tuple(x["indices"]) for x in ov} == {(0, 1, 2, 3)} and all(x["cut"] for x in ov)

@@ -107,3 +107,58 @@ def test_html_table_is_the_render_at_notebook_width():
 
     text = text_of(html_table(render, width=100))
     assert [len(line) for line in text.splitlines() if line] == [100, 50]
+
+
+# -- every result the library returns: a table in a notebook, one frame, and save() = what -o writes (issue 39) -------
+
+def _results(minilm, tmp_path):
+    """(name, result, the CLI's Document of it) for every result type the library returns."""
+    from qkinspect.cli.commands.analyze import analysis_document
+    from qkinspect.cli.commands.atlas import atlas_document
+    from qkinspect.cli.commands.composition import composition_document
+    from qkinspect.cli.commands.directions import directions_document
+    from qkinspect.cli.commands.experiment import experiment_document
+    from qkinspect.cli.commands.sweep import sweep_document
+    from tests.experiment.test_saved_experiment import full_result
+
+    analysis = qkinspect.analyze(minilm, layers=[0, 1], metrics=["symmetry"])
+    composition = qkinspect.composition(minilm, layers="0-1", kinds="k")
+    directions = qkinspect.directions(minilm, layers="0", heads="0-1", top_directions=1, top_tokens=3)
+    experiment = full_result()
+    sweep = _sweep_folder(tmp_path)
+    analysis.save(tmp_path / "run.json")
+    atlas = qkinspect.atlas([str(tmp_path / "run.json")], out=tmp_path / "atlas")
+    return [("analysis", analysis, analysis_document(analysis)),
+            ("composition", composition, composition_document(composition)),
+            ("directions", directions, directions_document(directions)),
+            ("experiment", experiment, experiment_document(experiment)),
+            ("sweep", sweep, sweep_document(sweep)),
+            ("atlas", atlas, atlas_document(atlas))]
+
+
+def test_every_result_is_a_table_a_frame_and_saves_what_o_writes(minilm, tmp_path):
+    from qkinspect.cli.output import emit
+
+    pd = pytest.importorskip("pandas")
+    for name, result, doc in _results(minilm, tmp_path):
+        fragment = result._repr_html_()
+        assert "<table" in fragment or "<pre" in fragment, name
+        assert len(text_of(fragment).split()) > 10, name  # a table with something in it
+        df = result.to_pandas()
+        assert isinstance(df, pd.DataFrame) and len(df) > 0, name
+        saved = result.save(tmp_path / f"{name}-saved.json")
+        assert saved == tmp_path / f"{name}-saved.json"
+        emit(doc, "json", tmp_path / f"{name}-o.json")  # what the command's -o FILE.json writes
+        assert saved.read_bytes() == (tmp_path / f"{name}-o.json").read_bytes(), name
+
+
+def test_directions_and_composition_show_their_command_tables(minilm):
+    d = qkinspect.directions(minilm, layers="0", heads="0", top_directions=1, top_tokens=3)
+    shown = text_of(d._repr_html_())
+    assert "layer 0 head 0" in shown and "OV write" in shown and "QK query" in shown
+    assert all(t in shown for r in d.records[:2] for t in r.tokens if t and t.isalpha())
+    assert len(d.to_pandas()) == len(d.records)
+    c = qkinspect.composition(minilm, layers="0-1", kinds="k")
+    shown = text_of(c._repr_html_())
+    assert "K-composition" in shown and "L0 H" in shown
+    assert len(c.to_pandas()) == len(list(c.rows()))

@@ -125,12 +125,9 @@ class AnalysisResult:
             >>> qkinspect.analyze().save("run.json")  # doctest: +SKIP
             >>> # then: qkinspect plot run.json --kind symmetry -o symmetry.png
         """
-        from qkinspect.files import atomic_write, write_json
+        from qkinspect.files import save_json
 
-        path = Path(path)
-        doc = self.to_dict()
-        atomic_write(path, lambda f: write_json(doc, f))
-        return path
+        return save_json(self.to_dict(), path)
 
     def to_pandas(self, by: str = "head"):
         """Head records (or, with by="layer", layer records) as a pandas DataFrame (needs pandas), with the

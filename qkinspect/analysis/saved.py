@@ -23,6 +23,7 @@ from typing import Any
 from qkinspect.analysis.results import ANALYSIS_KIND, AnalysisResult, Baseline, HeadRecord, LayerRecord
 from qkinspect.documents import SCHEMA, model_info
 from qkinspect.errors import InputError
+from qkinspect.limits import MAX_METRIC
 from qkinspect.processing import Processing
 from qkinspect.reading import depth
 
@@ -123,6 +124,8 @@ def _number(v: Any, where: str) -> float:
         return math.nan
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise _Bad(f"{where} is not a number")
+    if abs(v) > MAX_METRIC:
+        raise _Bad(f"{where} is {v:.3g}, beyond any metric's value (at most {MAX_METRIC:.0e} in size)")
     return float(v)
 
 

@@ -72,6 +72,11 @@ def read_list(path: Path, option: str = "from_file") -> list[str]:
     except UnicodeDecodeError as e:
         raise InputError(f"{said(option, str(path))}: not UTF-8 text (byte {e.start})") from None
     lines = [line.strip() for line in text.splitlines()]
+    for n, line in enumerate(lines, start=1):
+        bad = next((c for c in line if not c.isprintable() and c != "\t"), None)
+        if bad is not None:
+            raise InputError(f"{said(option, str(path))}: line {n} holds the control character {bad!r}; a model is "
+                             "named by printable text, one a line")
     models = [line for line in lines if line and not line.startswith("#")]
     if not models:
         raise InputError(f"{said(option, str(path))}: names no model (one a line; # starts a comment)")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qkinspect.notebook import Tabular
 from qkinspect.sweep.keys import Failure
 
 # The metrics of the one-row-per-model table and of the notebook view, when the atlas has them.
@@ -16,7 +17,7 @@ SUMMARY_METRICS = ("symmetry", "symmetry_layer", "directionality", "overlap_qk",
 
 
 @dataclass
-class AtlasResult:
+class AtlasResult(Tabular):
     """An atlas: `records` (RECORD_FIELDS dicts: model, block, metric, scope, layer, depth, median, q1, q3, n,
     chance, vs_chance, path), `facts` (one dict per model and block: family, layers, heads, kv heads, d_model,
     d_head, positional, q/k norm and whether it was measured raw, attention parameters, path), the models in the
@@ -89,6 +90,16 @@ class AtlasResult:
         from qkinspect.errors import InputError
 
         raise InputError(f"what={what!r}: choose 'records', 'facts' or 'models'")
+
+    def table_rows(self) -> list[dict[str, Any]]:
+        """The CSV's rows: the tidy records."""
+        return list(self.records)
+
+    def document(self) -> dict[str, Any]:
+        """The JSON document `qkinspect atlas -o FILE.json` writes; `save(path)` writes it."""
+        from qkinspect.documents import envelope
+
+        return envelope("atlas", **self.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         return {"folder": str(self.folder), "options": self.options, "models": list(self.models),

@@ -31,8 +31,11 @@ _state = {"debug": False}
 
 
 def _error(message: str) -> None:
-    # One line on stderr, whatever the message held.
-    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    # One line on stderr, whatever the message held: control characters (a NUL byte from a file's text) shown
+    # escaped, never sent to the terminal, and never an empty line.
+    text = " ".join(str(message).split())
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    print(f"error: {text or 'an error without a message (run with --debug for the traceback)'}", file=sys.stderr)
 
 
 class _Interrupted(Exception):
@@ -97,7 +100,7 @@ class QkGroup(TyperGroup):
         except QkinspectError as e:
             if _state["debug"]:
                 traceback.print_exc()
-            _error(str(e))
+            _error(str(e) or f"{type(e).__name__} without a message (run with --debug for the traceback)")
             sys.exit(e.exit_code)
         except (KeyboardInterrupt, _Interrupted):
             _error("interrupted")

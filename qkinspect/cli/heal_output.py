@@ -37,11 +37,10 @@ HealTrackOpt = Annotated[Path | None, typer.Option(
 
 def heal_options(steps: int, train: HealTrain, lr: float, batch_tokens: int, text: Path | None,
                  track: Path | None, seed: int = 0, eval_every: int | None = None, float32: bool = False):
-    """The library's HealOptions from the CLI's, or None without --heal (the library checks them, and reads the
-    text once they are)."""
-    if not steps:
-        return None
-    from qkinspect.experiment.requests import HealOptions
+    """The library's HealOptions from the CLI's, or None without --heal; a --heal-* option without --heal is
+    refused by the library in the CLI's names (it would do nothing)."""
+    from qkinspect.experiment.requests import CLI_NAMES
+    from qkinspect.experiment.requests import heal_options as requested
 
-    return HealOptions(steps=steps, train=train.value, lr=lr, batch_tokens=batch_tokens, text=text, track=track,
-                       seed=seed, eval_every=eval_every, float32=float32)
+    return requested(steps, CLI_NAMES, train=train.value, lr=lr, batch_tokens=batch_tokens, text=text, track=track,
+                     seed=seed, eval_every=eval_every, float32=float32)

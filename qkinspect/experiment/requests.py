@@ -61,6 +61,8 @@ class Names:
     heal_text: str = "heal.text"
     heal_eval_every: str = "heal.eval_every"
     heal_float32: str = "heal.float32"
+    heal_track: str = "heal.track"
+    heal_track_every: str = "heal.track_every"
     tokenizer: str = "tokenizer"
 
     def said(self, option: str, value: Any) -> str:
@@ -106,6 +108,37 @@ class HealOptions:
                                             or self.eval_every < 1):
             raise InputError(f"{names.said('heal_eval_every', self.eval_every)}: the evaluation interval must be "
                              "at least 1 step")
+
+
+HEAL_ONLY = {  # HealOptions' fields a caller may give beside the steps: (its name in Names, what it would do)
+    "train": ("heal_train", "train"), "lr": ("heal_lr", "train"), "batch_tokens": ("heal_batch", "train on"),
+    "text": ("heal_text", "train on"), "track": ("heal_track", "track"), "track_every": ("heal_track_every", "track"),
+    "eval_every": ("heal_eval_every", "evaluate"), "float32": ("heal_float32", "train"),
+}
+
+
+def heal_options(steps: int | None, names: Names = LIBRARY_NAMES, **options: Any) -> HealOptions | None:
+    """The healing a caller asked for: HealOptions(steps, **options), or None when `steps` is 0 or None (no
+    healing). A healing option given without steps would do nothing, so it is refused (InputError naming it as
+    the caller spells it, e.g. "--heal-eval-every 10: ... needs --heal N"); an option at its default is not
+    "given". The CLI passes its --heal-* options here.
+
+    Example:
+        >>> heal_options(0) is None
+        True
+        >>> heal_options(50, eval_every=10).eval_every
+        10
+    """
+    if steps:
+        return HealOptions(steps=steps, **options)
+    defaults = {f.name: f.default for f in fields(HealOptions)}
+    for name, value in options.items():
+        if name in HEAL_ONLY and value != defaults[name]:
+            option, verb = HEAL_ONLY[name]
+            given = getattr(names, option) if value is True else names.said(option, value)  # a flag: its name
+            raise InputError(f"{given}: without healing ({names.heal} N fine-tuning steps) "
+                             f"there is nothing to {verb}; add {names.heal} or leave it out")
+    return None
 
 
 @dataclass(frozen=True)

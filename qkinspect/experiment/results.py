@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qkinspect.documents import envelope, json_safe, model_dict
+from qkinspect.documents import envelope, model_dict
 from qkinspect.layer import ModelInfo
 from qkinspect.notebook import Tabular
 
@@ -121,6 +121,10 @@ class ExperimentResult(Tabular):
         from qkinspect.terminal.experiment import render_experiment
 
         render_experiment(console, self, run_rows(self), notes(self))
+
+    def document(self) -> dict[str, Any]:
+        """The JSON document `qkinspect experiment -o FILE.json` writes (`experiment_json`); `save(path)` writes it."""
+        return experiment_json(self)
 
 
 @dataclass(frozen=True)
@@ -260,10 +264,7 @@ def experiment_json(result: ExperimentResult) -> dict[str, Any]:
 def save_experiment(result: ExperimentResult, path: str | Path) -> None:
     """Write `experiment_json(result)` to `path` as `qkinspect experiment -o FILE.json` does (atomically, NaN as
     null): what `plot --kind experiment` and `report --experiment` read back (`qkinspect.experiment.saved`)."""
-    from qkinspect.files import atomic_write, write_json
-
-    doc = json_safe(experiment_json(result))
-    atomic_write(Path(path), lambda f: write_json(doc, f))  # the one JSON layout (`experiment -o` writes it too)
+    result.save(path)  # the one JSON layout (`experiment -o` writes it too)
 
 
 def run_rows(result: ExperimentResult) -> list[dict[str, Any]]:

@@ -52,21 +52,23 @@ def r_factor(X: Tensor, gain: Tensor | None = None) -> Tensor:
     From the Cholesky factor of the float64 Gram (a Gram squares the condition number: in float64 that leaves
     1e-16 κ², below 1e-8 for any head with κ < 10⁴ — and the score, a Frobenius norm, is no more sensitive to
     it than the norms themselves); a Gram that is not positive definite (a zero or rank-deficient head) takes the
-    root from its eigendecomposition, R = diag(√max(λ, 0)) Uᵀ. (Householder QR gives R directly but took six
+    root from its eigendecomposition, R = diag(√max(λ, 0)) Uᵀ. A head whose Gram is not finite (NaN or inf
+    weights) gets a NaN root, so every score it takes part in is NaN. (Householder QR gives R directly but took six
     times as long on this machine's LAPACK for 576 x 64 heads.) The float64 copies are made GRAM_CHUNK heads at a
     time.
     """
     g = None if gain is None else gain.to(device=X.device, dtype=torch.float64)[:, None]  # (m, 1)
     G = torch.cat([(x := _scaled(X[i:i + GRAM_CHUNK].to(torch.float64), g)).mT @ x  # (chunk, k, k)
                    for i in range(0, X.shape[0], GRAM_CHUNK)])
-    L, info = torch.linalg.cholesky_ex(G)
+    finite = torch.isfinite(G).all(dim=(-2, -1))  # (n,): a NaN or inf entry (or an overflow) spoils its head's Gram
+    L, info = torch.linalg.cholesky_ex(torch.where(finite[:, None, None], G, torch.eye(G.shape[-1]).to(G)))
     R = L.mT
-    bad = info != 0
+    bad = (info != 0) & finite
     if bool(bad.any()):
         lam, U = torch.linalg.eigh(G[bad])  # (b, k), (b, k, k)
         R = R.clone()
         R[bad] = lam.clamp_min(0).sqrt()[..., None] * U.mT  # diag(√λ) Uᵀ
-    return R
+    return R.masked_fill(~finite[:, None, None], float("nan"))  # a non-finite head's scores are NaN, never a crash
 
 
 def _scaled(x: Tensor, g: Tensor | None) -> Tensor:

@@ -10,7 +10,12 @@ No D × D matrix is ever formed; the cost per head is O(D d²).
 - Sign: (u_i, v_i) is defined up to a common sign. `canonical_signs` fixes it (the largest-magnitude entry of v_i
   positive) so results repeat; both signs are reported downstream, and + on one side goes with + on the other.
 - Degenerate directions: where σ_i / σ_{i+1} < GAP the two directions are not defined on their own (any rotation
-  inside their span is as good); `subspaces` groups such runs into blocks, to be read as a subspace.
+  inside their span is as good); `subspaces` groups such runs into blocks, to be read as a subspace. A run that
+  reaches past the K directions asked for grows at most K directions further (a flat spectrum chains neighbours
+  within 5 % over dozens of directions); `continues` says where a run was cut.
+- Readings: a token's score is its vector's dot product with the direction (or the norm of its projection onto a
+  subspace); the cosine reading divides by the token vector's norm, so long rows (rare "hub" tokens) do not fill
+  every list.
 - Zero directions: σ_i <= RANK_RTOL · σ_max (the project's one rank cut) are dropped.
 """
 
@@ -24,15 +29,18 @@ from qkinspect.metrics.factored import RANK_RTOL, one_thread
 GAP = 1.05  # σ_i / σ_{i+1} below this: directions i and i+1 are read together, as a subspace
 
 
-def factored_svd(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def factored_svd(A: Tensor, B: Tensor, keep: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """SVD of M = A Bᵀ per head from its factors, signs canonical.
 
     Args:
         A: (n, D, d) left factors (W_V, or W_Q).
         B: (n, D', d) right factors (W_Oᵀ, or W_K).
+        keep: form only the first `keep` singular vectors (all singular values are given): the rest are never
+            read, and forming them is most of the cost after the QR.
 
     Returns:
-        U (n, D, r), S (n, r) decreasing, V (n, D', r), r = min(d, D, D'): M = U diag(S) Vᵀ.
+        U (n, D, r), S (n, d) decreasing, V (n, D', r), r = min(d, keep): M = U diag(S) Vᵀ (without `keep`).
+        A head whose factors hold NaN or inf (or whose core overflows) gets NaN in U, S and V.
 
     Example:
         >>> A, B = torch.randn(2, 8, 3, dtype=torch.float64), torch.randn(2, 8, 3, dtype=torch.float64)
@@ -45,8 +53,16 @@ def factored_svd(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     with one_thread():  # small decompositions one after another: threads would only wait at barriers
         Qa, Ra = torch.linalg.qr(A)  # (n, D, d), (n, d, d)
         Qb, Rb = torch.linalg.qr(B)  # (n, D', d), (n, d, d)
-        Uc, S, Vch = torch.linalg.svd(Ra @ Rb.mT)  # the (n, d, d) core
-    U, V = canonical_signs(Qa @ Uc, Qb @ Vch.mT)  # (n, D, d), (n, D', d)
+        core = Ra @ Rb.mT  # the (n, d, d) core
+        bad = ~torch.isfinite(core).all(dim=(-2, -1))  # (n,): NaN or inf in a factor, or an overflow
+        if bool(bad.any()):  # the SVD refuses non-finite input: those heads get NaN singular values and vectors
+            core = core.masked_fill(bad[:, None, None], 0.0)
+        Uc, S, Vch = torch.linalg.svd(core)
+        r = Uc.shape[-1] if keep is None else min(keep, Uc.shape[-1])
+        U, V = canonical_signs(Qa @ Uc[..., :r], Qb @ Vch[..., :r, :].mT)  # (n, D, r), (n, D', r)
+    if bool(bad.any()):
+        S = S.masked_fill(bad[:, None], float("nan"))
+        U, V = U.masked_fill(bad[:, None, None], float("nan")), V.masked_fill(bad[:, None, None], float("nan"))
     return U, S, V
 
 
@@ -57,27 +73,49 @@ def canonical_signs(U: Tensor, V: Tensor) -> tuple[Tensor, Tensor]:
     return U * sign, V * sign
 
 
-def subspaces(S: Tensor, k: int, gap: float = GAP) -> list[tuple[int, ...]]:
+def subspaces(S: Tensor, k: int, gap: float = GAP, past: int | None = None) -> list[tuple[int, ...]]:
     """The top directions of one head as blocks of indices: a block holds consecutive i with σ_i / σ_{i+1} < gap
     (a single index where the direction stands alone). Blocks are taken in order until they cover `k` directions;
-    the block that reaches k is kept whole. Directions at or below RANK_RTOL · σ_max are left out.
+    the block that reaches k grows at most `past` directions beyond the k-th (default k: never more than 2k
+    directions in all; `continues` tells a cut run). Directions at or below RANK_RTOL · σ_max are left out.
 
     Example:
         >>> subspaces(torch.tensor([4.0, 2.0, 1.99, 1.0]), 2)
         [(0,), (1, 2)]
+        >>> subspaces(torch.tensor([4.0, 3.9, 3.8, 3.7, 3.6]), 1)  # a chained run, cut 1 past the first
+        [(0, 1)]
     """
-    s = [float(x) for x in S]
+    s = [float(x) for x in S.tolist()]  # one conversion, not a 0-d tensor per entry
     keep = [i for i, x in enumerate(s) if s and x > RANK_RTOL * s[0]]
+    last = k - 1 + (k if past is None else past)  # the last index a block may reach
     out: list[tuple[int, ...]] = []
     i, covered = 0, 0
     while i < len(keep) and covered < k:
         j = i
-        while j + 1 < len(keep) and s[j] < gap * s[j + 1]:
+        while j + 1 < len(keep) and j + 1 <= last and s[j] < gap * s[j + 1]:
             j += 1
         out.append(tuple(range(i, j + 1)))
         covered += j + 1 - i
         i = j + 1
     return out
+
+
+def continues(S: Tensor, blocks: list[tuple[int, ...]], gap: float = GAP) -> bool:
+    """Whether the last block's near-equal run goes on past it (`subspaces` cut it): its σ is within `gap` of the
+    next direction's, which is not a zero direction.
+
+    Example:
+        >>> S = torch.tensor([4.0, 3.9, 3.8, 3.7, 3.6])
+        >>> continues(S, subspaces(S, 1)), continues(S, subspaces(S, 5))
+        (True, False)
+    """
+    if not blocks:
+        return False
+    j = blocks[-1][-1]
+    if len(blocks[-1]) == 1 or j + 1 >= S.shape[0]:
+        return False
+    s0, sj, after = (float(x) for x in S[[0, j, j + 1]].tolist())
+    return after > RANK_RTOL * s0 and sj < gap * after
 
 
 def token_scores(T: Tensor, W: Tensor, blocks: list[tuple[int, ...]]) -> Tensor:
@@ -91,62 +129,93 @@ def token_scores(T: Tensor, W: Tensor, blocks: list[tuple[int, ...]]) -> Tensor:
         tensor([[1., 0.],
                 [0., 5.]])
     """
-    P = T @ W.to(T.dtype)  # (V, D) @ (D, m) -> (V, m)
-    if all(len(b) == 1 and b[0] == k for k, b in enumerate(blocks)) and len(blocks) == P.shape[1]:
-        return P  # single directions, in column order: the products are the scores
-    out = P.new_empty(P.shape[0], len(blocks))
-    alone = [k for k, b in enumerate(blocks) if len(b) == 1]
-    if alone:
-        out[:, alone] = P[:, [blocks[k][0] for k in alone]]
-    runs = [k for k, b in enumerate(blocks) if len(b) > 1]
-    if runs:  # ‖t W_b‖² = Σ_j (t·w_j)²: the squares summed per block by one product with a 0/1 matrix
-        cols = [c for k in runs for c in blocks[k]]
-        member = P.new_zeros(len(cols), len(runs))  # (run columns, runs)
-        at = 0
-        for j, k in enumerate(runs):
-            member[at:at + len(blocks[k]), j] = 1.0
-            at += len(blocks[k])
-        out[:, runs] = (P[:, cols].square_() @ member).sqrt_()
-    return out
+    layout = _Layout(blocks)
+    single, runs = layout.scores(layout.rows(W, T.dtype) @ T.mT)  # (m, D) @ (D, V): direction-major
+    return layout.in_order(torch.cat([single, runs])).mT  # (blocks, V) -> (V, blocks)
 
 
-def top_tokens(scores: Tensor, n: int, largest: bool = True) -> tuple[Tensor, Tensor]:
-    """The n largest (or smallest) entries of each column of `scores` (V, m): (values (n, m), token ids (n, m)),
-    the most extreme first."""
-    values, ids = torch.topk(scores, min(n, scores.shape[0]), dim=0, largest=largest)
-    return values, ids
+class _Layout:
+    """The directions of `blocks` reordered for scoring: the single directions' columns first (in block order),
+    then the runs' (each run's columns adjacent), so that the products P (m, c), formed direction-major (each
+    direction's scores one contiguous row), split into two views without a copy: the singles' rows are their scores,
+    the runs' rows are squared in place and summed per run (‖t W_b‖ = √Σ_j (t·w_j)²) by one small product."""
+
+    def __init__(self, blocks: list[tuple[int, ...]]):
+        self.single = [k for k, b in enumerate(blocks) if len(b) == 1]
+        self.runs = [k for k, b in enumerate(blocks) if len(b) > 1]
+        self.columns = [c for k in self.single + self.runs for c in blocks[k]]
+        self.sizes = [len(blocks[k]) for k in self.runs]
+        order = self.single + self.runs  # block k's scores are at row order.index(k) of the joined scores
+        self.back = torch.empty(len(order), dtype=torch.long)
+        self.back[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+
+    def rows(self, W: Tensor, dtype: torch.dtype) -> Tensor:
+        """W's columns in this order, as rows: (m, D)."""
+        return W.mT[self.columns].to(dtype).contiguous()
+
+    def scores(self, P: Tensor) -> tuple[Tensor, Tensor]:
+        """(single directions' scores (s, c), runs' norms (r, c)) from the products P (m, c), which this squares."""
+        n = len(self.single)
+        if not self.runs:
+            return P, P[:0]
+        member = torch.block_diag(*[P.new_ones(1, size) for size in self.sizes])  # (runs, run rows) of 0/1
+        return P[:n], (member @ P[n:].square_()).sqrt_()
+
+    def in_order(self, x: Tensor) -> Tensor:
+        """Rows in this layout's order (singles, then runs) back in the blocks' order."""
+        return x[self.back.to(x.device)]
 
 
-CHUNK = 16384  # tokens scored at a time: the (chunk, m) scores stay small whatever the vocabulary
+CHUNK = 16384  # tokens scored at a time at least
+CHUNK_BYTES = 64 << 20  # the (m, chunk) scores of one chunk at most (when more than CHUNK tokens): every vocabulary
+# up to this size in one product (SmolLM2's 49,152 tokens for up to 340 directions), a 262k one in a few
 
 
-def best_tokens(T: Tensor, W: Tensor, blocks: list[tuple[int, ...]], n: int, chunk: int = CHUNK
-                ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+def best_tokens(T: Tensor, W: Tensor, blocks: list[tuple[int, ...]], n: int, chunk: int | None = None,
+                norms: Tensor | None = None) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
     """The n best tokens of every block (`token_scores`), scored `chunk` tokens at a time: ((values, ids) of the
     highest scores, (values, ids) of the lowest, negated: the tokens of −v), each (n, blocks); the lowest are given
     for single directions only (columns in the order of the single blocks). A token's score is the same whichever
-    chunk holds it, so the result is that of one pass over all tokens."""
-    single = [k for k, b in enumerate(blocks) if len(b) == 1]
+    chunk holds it, so the result is that of one pass over all tokens. `norms` (V,): the token vectors' norms, for
+    the cosine reading (each score divided by its token's norm; a zero row scores 0). `chunk`: tokens a time
+    (default: as many as CHUNK_BYTES of scores hold, at least CHUNK).
+
+    Each chunk's products are formed direction-major (`_Layout`), so that every pass after them (the runs' norms,
+    the top-k) reads contiguous rows, with no copy of the products: the products are the floor of this step. Those
+    passes run on one thread (memory-bound: on a busy machine the threads' barriers cost more than they bring)."""
+    layout = _Layout(blocks)
+    Wt = layout.rows(W, T.dtype)  # (m, D)
+    if chunk is None:
+        chunk = max(CHUNK, CHUNK_BYTES // max(1, Wt.shape[0] * Wt.element_size()))
+    k = min(n, T.shape[0])
     hi_v, hi_i, lo_v, lo_i = [], [], [], []
     for a in range(0, T.shape[0], chunk):
-        scores = token_scores(T[a:a + chunk], W, blocks)  # (chunk, n_blocks)
-        v, i = top_tokens(scores, n)
-        hi_v.append(v)
-        hi_i.append(i + a)
-        if single:
-            v, i = top_tokens(scores if len(single) == len(blocks) else scores[:, single], n, largest=False)
-            lo_v.append(v)
-            lo_i.append(i + a)
-    hi = _merged(torch.cat(hi_v), torch.cat(hi_i), n, largest=True)
-    lo = _merged(torch.cat(lo_v), torch.cat(lo_i), n, largest=False) if single else (hi[0][:, :0], hi[1][:, :0])
+        P = Wt @ T[a:a + chunk].mT  # (m, c)
+        with one_thread():
+            single, runs = layout.scores(P)
+            if norms is not None:
+                scale = norms[None, a:a + chunk].clamp_min(torch.finfo(P.dtype).tiny)
+                single, runs = single / scale, runs / scale
+            c = min(k, P.shape[1])
+            found = [torch.topk(x, c, dim=1) for x in (single, runs)]  # (s, c), (r, c)
+            hi_v.append(torch.cat([found[0][0], found[1][0]]))
+            hi_i.append(torch.cat([found[0][1], found[1][1]]) + a)
+            if layout.single:
+                v, i = torch.topk(single, c, dim=1, largest=False)
+                lo_v.append(v)
+                lo_i.append(i + a)
+    hi = _merged(layout.in_order(torch.cat(hi_v, dim=1)), layout.in_order(torch.cat(hi_i, dim=1)), n, largest=True)
+    lo = _merged(torch.cat(lo_v, dim=1), torch.cat(lo_i, dim=1), n, largest=False) if layout.single else \
+        (hi[0][:, :0], hi[1][:, :0])
     return hi, (-lo[0], lo[1])
 
 
 def _merged(values: Tensor, ids: Tensor, n: int, largest: bool) -> tuple[Tensor, Tensor]:
-    """The n most extreme of the chunks' candidates (rows of `values`), with their token ids."""
-    v, at = torch.topk(values, min(n, values.shape[0]), dim=0, largest=largest)
-    return v, ids.gather(0, at)
+    """The n most extreme of the chunks' candidates (values (blocks, candidates)), with their token ids, as
+    (n, blocks): the most extreme first."""
+    v, at = torch.topk(values, min(n, values.shape[1]), dim=1, largest=largest)
+    return v.mT, ids.gather(1, at).mT
 
 
-__all__ = ["GAP", "CHUNK", "factored_svd", "canonical_signs", "subspaces", "token_scores", "top_tokens",
+__all__ = ["GAP", "CHUNK", "factored_svd", "canonical_signs", "subspaces", "continues", "token_scores",
            "best_tokens"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qkinspect.errors import InputError
+from qkinspect.selection import as_indexes
 from qkinspect.sweep.checkpoints import Checkpoint
 
 RESULT_KIND = "sweep-result"
@@ -26,12 +27,19 @@ class Failure:
 
 
 def normalized_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The options that change the numbers, JSON-ready (tuples as lists), every name present."""
+    """The options that change the numbers, JSON-ready, every name present. A selection is stored as what it
+    selects, whatever form it was given in: layers and heads ("0-5", "0,2,4", 3, [0, 1], range(6)) as the sorted
+    list of their indexes, blocks ("decoder" or a list of names) as a list of names; None for all."""
     unknown = set(options) - set(OPTION_NAMES)
     if unknown:
         raise InputError(f"sweep: unknown analysis options {', '.join(sorted(unknown))}")
     defaults = {"precision": "float32", "fold_ln": False, "fold_qk_norm": False, "layer_form": False}
     merged = {name: options.get(name, defaults.get(name)) for name in OPTION_NAMES}
+    for name in ("layers", "heads"):
+        chosen = as_indexes(merged[name], name)
+        merged[name] = None if chosen is None else list(chosen)
+    blocks = merged["blocks"]
+    merged["blocks"] = None if blocks is None else [blocks] if isinstance(blocks, str) else [str(b) for b in blocks]
     return {k: list(v) if isinstance(v, tuple) else v for k, v in merged.items()}
 
 

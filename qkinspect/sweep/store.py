@@ -64,6 +64,16 @@ class SweepFolder(Tabular):
         """The tidy rows per head (`rows()`)."""
         return self.rows()
 
+    def document(self, by: str = "head") -> dict[str, Any]:
+        """The JSON document `qkinspect sweep -o FILE.json` writes (`save(path)` writes it, per head): the sweep's
+        options, checkpoints, failures and the rows (as "heads" or, by="layer", "layers")."""
+        from qkinspect.documents import envelope
+
+        return envelope("sweep", folder=str(self.folder), options=self.options,
+                        checkpoints=[c.as_dict() for c in self.checkpoints],
+                        failures=[{"checkpoint": f.name, "error": f.error} for f in self.failures],
+                        **{"heads" if by == "head" else "layers": self.rows(by=by)})
+
     def render_table(self, console) -> None:
         """`qkinspect sweep`'s table of this folder."""
         from qkinspect.terminal.sweep import render_sweep

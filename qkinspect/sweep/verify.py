@@ -25,12 +25,12 @@ from typing import Any
 
 from qkinspect.checking import MAX_INDEX, Checker, model_blocks, show
 from qkinspect.errors import InputError
+from qkinspect.limits import MAX_METRIC
 from qkinspect.sweep.checkpoints import Checkpoint
 from qkinspect.sweep.keys import OPTION_NAMES, RESULT_KIND, Failure, normalized_options, result_key
 
 MAX_CHECKPOINTS = 1 << 20
 MAX_RECORDS = 1 << 16  # head (or layer) records in one result: the largest models have ~16 000 heads
-MAX_METRIC = 1e30  # a metric's value (norms of float32 weights stay far below)
 STEP_SOURCES = ("trainer_state", "name", "order", "training")  # training: qkinspect.track / QKCallback
 IDENTITY_FIELDS = ("spec", "revision", "name", "identity")
 HEAD_KEYS = ("block", "layer", "head", "kv_head")

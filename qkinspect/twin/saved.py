@@ -65,7 +65,8 @@ def read_twin(folder: str | Path) -> Twin:
     text = setup.get("text")
     if isinstance(text, dict) and text.get("demo") is True:
         notes.insert(0, "no text given: trained on Python's own pydoc_data.topics, a demo")
-    notes += list(dict.fromkeys(f"{r.variant}: {r.note}" for r in runs if r.note))  # once a variant, not once a run
+    # what a saved checkpoint cannot say (only where one was saved), once a variant, not once a run
+    notes += list(dict.fromkeys(f"{r.variant}: {r.note}" for r in runs if r.note and r.checkpoint))
     order = {v: i for i, v in enumerate(variants)}  # the plan's order, then seed and rate; others after
 
     def rank(r) -> tuple:

@@ -177,3 +177,34 @@ def test_the_values_transformers_config_checks_are_refused_before_any_weight_is_
     (folder / "config.json").write_text(json.dumps({**config, "pad_token_id": 10**6}))
     with pytest.raises(CheckpointError, match="pad_token_id 1000000 is outside the vocabulary"):
         run_experiment(folder, "share_qk", tokens=64, window=32)
+
+
+# -- a healing option without --heal would do nothing: refused in the caller's names (issue 39) ---------------------
+
+@pytest.mark.parametrize(("args", "said", "verb"), [
+    (["--heal-eval-every", "10"], "--heal-eval-every 10", "nothing to evaluate"),
+    (["--heal-lr", "0.01"], "--heal-lr 0.01", "nothing to train"),
+    (["--heal-train", "all"], "--heal-train all", "nothing to train"),
+    (["--heal-batch", "64"], "--heal-batch 64", "nothing to train on"),
+    (["--heal-float32"], "--heal-float32:", "nothing to train"),
+    (["--heal-track", "tracks"], "--heal-track tracks", "nothing to track"),
+])
+def test_a_heal_option_without_heal_is_refused_before_the_model(tmp_path, args, said, verb):
+    from typer.testing import CliRunner
+
+    from qkinspect.cli.app import app
+    from tests.one_line import one_error_line
+
+    r = CliRunner().invoke(app, ["experiment", str(tmp_path / "no-such-model"), *args])
+    line = one_error_line(r, said, verb, "--heal")
+    assert "no such file" not in line  # refused before the model is looked for
+    assert not (tmp_path / "tracks").exists()
+
+
+def test_heal_options_in_the_library_names():
+    from qkinspect.experiment.requests import HealOptions, heal_options
+
+    with pytest.raises(InputError, match=r"heal.eval_every=10: without healing \(heal N .*nothing to evaluate"):
+        heal_options(0, eval_every=10)
+    assert heal_options(None, eval_every=None, lr=1e-4) is None  # the defaults are not "given"
+    assert heal_options(5, eval_every=10) == HealOptions(steps=5, eval_every=10)

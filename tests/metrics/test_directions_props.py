@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qkinspect.metrics.directions import GAP, canonical_signs, factored_svd, subspaces, token_scores
+from qkinspect.metrics.directions import GAP, canonical_signs, continues, factored_svd, subspaces, token_scores
 
 SETTINGS = dict(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -56,8 +56,9 @@ def test_blocks_split_exactly_at_the_gap(s, k):
     assert len(flat) >= min(k, len(s)) and len(flat) - len(blocks[-1]) < k  # reaches k; the last block is needed
     for b in blocks:
         assert all(S[i] < GAP * S[i + 1] for i in b[:-1])  # inside a block: within the gap
-        if b[-1] + 1 < len(s):
-            assert S[b[-1]] >= GAP * S[b[-1] + 1]  # at its end: apart
+        if b[-1] + 1 < len(s) and not (b is blocks[-1] and continues(S, blocks)):
+            assert S[b[-1]] >= GAP * S[b[-1] + 1]  # at its end: apart (unless cut K past K: `continues`)
+    assert flat[-1] <= 2 * k - 1  # a run grows at most k past the k-th direction
 
 
 @settings(**SETTINGS)

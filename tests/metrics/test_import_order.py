@@ -504,8 +504,9 @@ def tables_built_under_cli(folder: Path = PACKAGE, package: str = "qkinspect") -
     return bad
 
 
-# phase 2 moves these (issue 38): their tables go to terminal/<subject>.py with their capabilities
-TABLES_UNDER_CLI = {"qkinspect.cli.commands.composition", "qkinspect.cli.commands.directions"}
+# none left: every table is built in terminal/<subject>.py (phase 2 of issue 38 moved atlas', composition's and
+# directions' there)
+TABLES_UNDER_CLI: set[str] = set()
 
 
 def test_no_rich_table_is_built_under_cli():

@@ -187,3 +187,72 @@ def test_the_callback_leaves_every_log_entry_of_the_trainer(tmp_path, logging_st
         qk = [e["step"] for e in seen if "qkinspect/seconds" in e]
         assert qk == [0, *range(every, 7, every)] + ([] if 6 % every == 0 else [6])  # and every measurement
         assert qk == [e["step"] for e in got if "qkinspect/seconds" in e]
+
+
+# -- a selection in any form the docs show is stored as the numbers it selects -----------------------------------------
+
+SELECTIONS = [  # (layers, heads, blocks) as a user writes them; the tiny Llama has 2 layers of 4 heads
+    ({"layers": "0-1"}, [0, 1], None),
+    ({"layers": "0,1", "heads": "0,2"}, [0, 1], [0, 2]),
+    ({"layers": 1, "heads": 3}, [1], [3]),
+    ({"layers": [1, 0, 1], "heads": (0, 1)}, [0, 1], [0, 1]),
+    ({"layers": range(2), "heads": "1-2", "blocks": "decoder"}, [0, 1], [1, 2]),
+]
+
+
+def _plot_and_report(run, tmp_path):
+    from typer.testing import CliRunner
+
+    from qkinspect.cli.app import app
+
+    for args in (["plot", str(run), "--kind", "trajectory", "-o", str(tmp_path / "t.png")],
+                 ["report", str(run), "-o", str(tmp_path / "r.pdf")]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(("chosen", "layers", "heads"), SELECTIONS)
+def test_track_takes_every_selection_form_the_docs_show(tmp_path, chosen, layers, heads):
+    """track() called again and again with "0-1", "0,1", an int, a list, a tuple, a range: the folder is continued
+    (not refused as written with other options), stores the indexes, and plot and report read it."""
+    from qkinspect.sweep import read_sweep
+
+    model = _tiny_llama()
+    for step in (1, 2, 3):
+        track(model, step, tmp_path / "run", metrics=["symmetry"], **chosen)
+    sweep = read_sweep(tmp_path / "run")
+    assert [c.step for c in sweep.checkpoints] == [1, 2, 3]
+    assert (sweep.options["layers"], sweep.options["heads"]) == (layers, heads)
+    assert sweep.options["blocks"] == (["decoder"] if "blocks" in chosen else None)
+    rows = [r for r in sweep.rows() if r["step"] == 3]
+    assert sorted({r["layer"] for r in rows}) == layers
+    assert sorted({r["head"] for r in rows}) == (heads or [0, 1, 2, 3])
+    # the same selection in another form continues the folder
+    Tracker(tmp_path / "run", metrics=["symmetry"], layers=list(layers), heads=heads,
+            blocks=chosen.get("blocks"))
+    _plot_and_report(tmp_path / "run", tmp_path)
+
+
+def test_callback_with_a_text_selection_trains_and_plots(tmp_path):
+    """QKCallback.attach(trainer, out, layers="0-1", heads="0,3"): train, then plot and report read the folder."""
+    from transformers import Trainer, TrainingArguments
+
+    from qkinspect.callback import QKCallback
+    from qkinspect.sweep import read_sweep
+
+    args = TrainingArguments(output_dir=str(tmp_path / "ckpt"), max_steps=2, per_device_train_batch_size=2,
+                             learning_rate=5e-2, report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
+                             seed=0)
+    trainer = Trainer(model=_tiny_llama(), args=args, train_dataset=_data())
+    QKCallback.attach(trainer, tmp_path / "qk", every=1, layers="0-1", heads="0,3", metrics=["symmetry"])
+    trainer.train()
+    sweep = read_sweep(tmp_path / "qk")
+    assert [c.step for c in sweep.checkpoints] == [0, 1, 2]
+    assert (sweep.options["layers"], sweep.options["heads"]) == ([0, 1], [0, 3])
+    _plot_and_report(tmp_path / "qk", tmp_path)
+
+
+def test_a_bad_selection_is_refused_before_training(tmp_path):
+    with pytest.raises(InputError, match="layers="):
+        Tracker(tmp_path / "run", layers="0-x")
+    assert not (tmp_path / "run").exists()

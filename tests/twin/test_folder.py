@@ -107,3 +107,19 @@ def test_bpe_is_trained_on_the_training_text_only(tmp_path):
     vocab = json.loads((tmp_path / "out" / "tokens" / "tokenizer.txt").read_text())["model"]["vocab"]
     assert not any("ZZ" in piece for piece in vocab)  # 'Z' runs only in the held-out text: never merged
     assert result.setup["text"]["sha256"] and result.setup["text"]["files"] == ["t.txt"]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(),
+                    reason="no CUDA device (torch.cuda.is_available() is False)")
+def test_twins_on_cuda_train_as_on_the_cpu(tmp_path, small_text):
+    """The same seeds, initial weights and batches on cuda: the held-out losses agree with the CPU's to float32
+    rounding accumulated over a few steps (every variant held, the Reformer's attention function included)."""
+    kw = dict(text=small_text, variants="share_qk,share_qk_reformer,symmetric,bilinear", seeds=1, steps=6,
+              eval_every=3, **TINY)
+    cpu = qkinspect.twin(tmp_path / "cpu", **kw)
+    gpu = qkinspect.twin(tmp_path / "cuda", device="cuda", **kw)
+    key = lambda p: (p.variant, p.seed, p.step)  # noqa: E731
+    a, b = sorted(cpu.points, key=key), sorted(gpu.points, key=key)
+    assert [key(p) for p in a] == [key(p) for p in b] and len(a) == 15
+    assert max(abs(p.val_loss - q.val_loss) for p, q in zip(a, b, strict=True)) < 2e-3
+    assert all(r.violation < 1e-4 for r in gpu.runs)

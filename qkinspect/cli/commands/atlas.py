@@ -21,7 +21,6 @@ from qkinspect.cli.engine_options import (
 from qkinspect.cli.options import Device as DeviceChoice
 from qkinspect.cli.options import DeviceOpt, FoldLnOpt, MetricsOpt, OutputOpt, Precision, PrecisionOpt
 from qkinspect.cli.output import Document, note, warn
-from qkinspect.documents import envelope
 from qkinspect.errors import SweepFailed
 from qkinspect.terminal.atlas import render_atlas
 
@@ -104,5 +103,5 @@ def register(app: typer.Typer) -> None:
 def atlas_document(result, *, vs_chance: bool = False) -> Document:
     """JSON: the envelope with the atlas (folder, options, models, facts, records, notes, failures); rows: the tidy
     records; the table: a row per model and block."""
-    return Document(json=envelope("atlas", **result.to_dict()), rows=result.records,
+    return Document(json=result.document(), rows=result.records,
                     render=lambda console: render_atlas(console, result, vs_chance=vs_chance))

@@ -35,7 +35,6 @@ from qkinspect.cli.options import (
     check_selection,
 )
 from qkinspect.cli.output import QUIET, Document, note, warn
-from qkinspect.documents import envelope
 from qkinspect.errors import SweepFailed
 from qkinspect.selection import check_fold_qk_norm
 
@@ -119,12 +118,9 @@ def steps_line(checkpoints) -> str:
 def sweep_document(folder, *, by: str = "head", requested=None) -> Document:
     """JSON: the envelope with the sweep's options, checkpoints, failures and the rows (as "heads" or "layers");
     rows: the tidy table."""
-    rows = folder.rows(by=by)
-    body = {"folder": str(folder.folder), "options": folder.options,
-            "checkpoints": [c.as_dict() for c in folder.checkpoints],
-            "failures": [{"checkpoint": f.name, "error": f.error} for f in folder.failures],
-            "heads" if by == "head" else "layers": rows}
-    return Document(json=envelope("sweep", **body), rows=rows,
+    doc = folder.document(by=by)
+    rows = doc["heads" if by == "head" else "layers"]
+    return Document(json=doc, rows=rows,
                     render=lambda console: _render(console, rows, requested, by))
 
 

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from qkinspect.cli.engine_options import SweepFormat as TwinFormat  # the engine's record formats, parquet too
 from qkinspect.cli.options import Device, DeviceOpt, OutputOpt
 from qkinspect.cli.output import Document, check_output, check_parquet, emit, note, write_parquet
 
@@ -15,14 +16,6 @@ from qkinspect.cli.output import Document, check_output, check_parquet, emit, no
 class Arch(str, Enum):
     llama = "llama"
     gpt2 = "gpt2"
-
-
-class TwinFormat(str, Enum):
-    table = "table"
-    json = "json"
-    ndjson = "ndjson"
-    csv = "csv"
-    parquet = "parquet"
 
 
 class Rows(str, Enum):
