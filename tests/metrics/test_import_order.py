@@ -581,7 +581,7 @@ SCAFFOLDING = {
     "PRECISIONS": ({"qkinspect.processing.PRECISIONS"},
                    {"qkinspect.composing.PRECISIONS", "qkinspect.head_directions.PRECISIONS"}),
     "Processing": ({"qkinspect.processing.Processing"}, {"qkinspect.composition_records.CompositionProcessing"}),
-    "Names": ({"qkinspect.names.Names"}, {"qkinspect.experiment.requests.Names"}),
+    "Names": ({"qkinspect.names.Names"}, set()),
 }
 
 
