@@ -459,11 +459,8 @@ def commands_importing_commands(folder: Path = PACKAGE, package: str = "qkinspec
             for m in deps if m.startswith(prefix) and m != name}
 
 
-# phase 2 moves these (issue 38): the helpers they share live in plot and composition, files edited elsewhere now
-COMMANDS_IMPORTING_COMMANDS = {
-    "qkinspect.cli.commands.report -> qkinspect.cli.commands.plot",
-    "qkinspect.cli.commands.plot -> qkinspect.cli.commands.composition",
-}
+# none left: what plot and report share lives in cli/model_argument.py (phase 2 of issue 38)
+COMMANDS_IMPORTING_COMMANDS: set[str] = set()
 
 
 def test_no_cli_command_imports_another():

@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
         from qkinspect.twin.saved import is_twin_folder
 
         if is_twin_folder(model):  # a twin folder (qkinspect twin --out)
-            from qkinspect.cli.commands.plot import refuse_twin_options
+            from qkinspect.cli.model_argument import refuse_twin_options
 
             refuse_twin_options(model, {"--experiment": experiment, "--composition": composition, "--layers": layers,
                                         "--block": block, "--fold-ln": fold_ln, "--fold-qk-norm": fold_qk_norm,
@@ -112,7 +112,7 @@ def register(app: typer.Typer) -> None:
             n = write_sweep_report(Path(model), output, html=html, title=title)
             note(f"wrote an HTML sweep report to {output}" if html else f"wrote {pages(n)} sweep report to {output}")
             return
-        from qkinspect.cli.commands.plot import refuse_analysis_options
+        from qkinspect.cli.model_argument import refuse_analysis_options
 
         refuse_analysis_options(model, layers=layers, block=block, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
                                 layer_form=layer_form, precision=precision is not Precision.float32,
@@ -177,7 +177,7 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
         >>> write_report(None, Path("report.pdf"), Selection.parse(metrics=["default", "head_overlap"]))
         12
     """
-    from qkinspect.cli.commands.plot import result_of
+    from qkinspect.cli.model_argument import result_of
     from qkinspect.layer import shape_differences
 
     result = result_of(model, selection, revision=revision, layer_form=layer_form)
@@ -250,7 +250,7 @@ def write_twin_report(folder: Path, output: Path, *, html: bool = False, title: 
 def write_html_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
                       revision: str | None = None, title: str | None = None) -> None:
     """Analyse `model` (or read a saved analysis) and write the HTML report atomically to `output`."""
-    from qkinspect.cli.commands.plot import result_of
+    from qkinspect.cli.model_argument import result_of
     from qkinspect.report.analysis.html import render_html
 
     result = result_of(model, selection, revision=revision, layer_form=layer_form)
