@@ -54,14 +54,14 @@ def composition_of(model, *, layers=None, block=None, precision=Precision.float3
                    revision=None):
     """The composition to draw: read from a saved document (`qkinspect composition -o FILE.json`), or computed on
     the model with the defaults (every pair, each layer's input norm folded)."""
-    from qkinspect.composition_records import is_composition_document, read_composition
+    from qkinspect.composition.results import is_composition_document, read_composition
 
     if model is not None and is_composition_document(model):
         if layers or block or precision is not Precision.float32 or device is not Device.cpu or revision:
             raise InputError(f"{model} is a saved composition, drawn as it was saved: --layers, --block, "
                              "--precision, --device and --revision apply when computing it from a model")
         return read_composition(model)
-    from qkinspect.composing import composition as compose
+    from qkinspect.composition.run import composition as compose
 
     with progress("composing heads") as p:
         result = compose(model, layers=parse_indices(layers, "--layers"), blocks=parse_blocks(block),

@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         Example (every pair as rows): qkinspect composition model.gguf -o composition.parquet
         """
         from qkinspect.cli.options import check_selection
-        from qkinspect.composing import composition as compose
+        from qkinspect.composition.run import composition as compose
         from qkinspect.loading import open_model
 
         name = check_format(fmt, output)

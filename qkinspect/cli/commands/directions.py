@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         Example (late write sides without the hub tokens): qkinspect directions model.gguf --layers 25-29
         --reading cosine -k 3
         """
-        from qkinspect.head_directions import directions as read_directions
+        from qkinspect.directions.run import directions as read_directions
 
         name = check_sweep_output(fmt, output)
         if pdf is not None:
@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
         write_table(directions_document(result), name, output)
         if pdf is not None:
             from qkinspect.files import write_rendered
-            from qkinspect.report.directions import write_directions_pdf
+            from qkinspect.report.directions.pdf import write_directions_pdf
 
             n = write_rendered(pdf, lambda buffer: write_directions_pdf(result, buffer))
             note(f"wrote a {n}-page PDF to {pdf}")

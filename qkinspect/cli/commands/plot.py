@@ -293,10 +293,10 @@ def draw_trajectory(folder: Path, metric: str, output: Path, *, layers: str | No
 
 
 def draw_composition(model, output: Path, *, title: str | None = None, **options) -> None:
-    """The composition figure (qkinspect.report.composition) of a model or a saved `qkinspect composition -o c.json`,
-    saved to `output`."""
+    """The composition figure (qkinspect.report.composition.figures) of a model or a saved `qkinspect composition
+    -o c.json`, saved to `output`."""
     from qkinspect.cli.model_argument import composition_of
-    from qkinspect.report.composition import composition_figure
+    from qkinspect.report.composition.figures import composition_figure
     from qkinspect.report.style import style
 
     result = composition_of(model, **options)

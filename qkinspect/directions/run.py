@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from qkinspect.direction_records import DirectionRecord, DirectionsResult, Readout
+from qkinspect.directions.results import DirectionRecord, DirectionsResult, Readout
 from qkinspect.errors import CheckpointError, InputError
 from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.loading import opened

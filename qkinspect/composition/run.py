@@ -2,7 +2,7 @@
 (DESIGN.md §3, "Heads together"; the math in `qkinspect.metrics.composition`, the derivations in
 docs/composition.md).
 
-Which heads compose into which: `qkinspect.composition_streams`.
+Which heads compose into which: `qkinspect.composition.streams`.
 
 Streaming: the earlier layers are taken in chunks whose reduced write factors (one (H d_head, D) matrix per layer)
 fit in HELD_BYTES; for each chunk, the layers are read once in file order (a layer read as a later layer is scored
@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from qkinspect.analysis.run import torch_threads
-from qkinspect.composition_records import BY, BlockPair, CompositionProcessing, CompositionResult
-from qkinspect.composition_streams import Unit, block_pairs, units
+from qkinspect.composition.results import BY, BlockPair, CompositionProcessing, CompositionResult
+from qkinspect.composition.streams import Unit, block_pairs, units
 from qkinspect.device import check_device
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, ModelInfo
