@@ -25,8 +25,8 @@ def __getattr__(name: str):
 
 
 class _CompositionModule(types.ModuleType):
-    """The package is callable: `qkinspect.composition(model, ...)` is `qkinspect.composition.run.composition` (the package
-    keeps its name, the library call its documented spelling)."""
+    """The package is callable: `qkinspect.composition(model, ...)` is `qkinspect.composition.run.composition`
+    (the package keeps its name, the library call its documented spelling)."""
 
     def __call__(self, *args, **kwargs):
         from qkinspect.composition.run import composition

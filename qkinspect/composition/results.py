@@ -26,6 +26,7 @@ from qkinspect.documents import SCHEMA, model_dict, model_info
 from qkinspect.errors import InputError
 from qkinspect.layer import ModelInfo
 from qkinspect.notebook import Tabular
+from qkinspect.processing import CompositionProcessing
 
 KIND_TEXT = {"q": "queries", "k": "keys", "v": "values"}
 DEFINITIONS = {
@@ -51,27 +52,6 @@ class BlockPair:
     kinds: tuple[str, ...]
     width: int  # the residual stream's width D (baseline 1/√D)
     rule: str  # e.g. "layer i < layer j" or "every encoder layer: the decoder's keys and values read its output"
-
-
-@dataclass(frozen=True)
-class CompositionProcessing:
-    """How the scores were computed; recorded with every result."""
-
-    fold_ln: bool = True
-    fold_qk_norm: bool = False
-    precision: str = "float32"
-    device: str = "cpu"
-    kinds: tuple[str, ...] = ("q", "k", "v")
-    blocks: tuple[str, ...] | None = None
-    from_layers: tuple[int, ...] | None = None
-    from_heads: tuple[int, ...] | None = None
-    to_layers: tuple[int, ...] | None = None
-    to_heads: tuple[int, ...] | None = None
-    not_folded: tuple[str, ...] = ()  # "<block> layer <i> <side>" where the model gives no norm to fold
-    rotary: tuple[str, ...] = ()  # blocks with rotary positions: their W_QK is the zero-offset form
-    qk_norm_not_folded: tuple[str, ...] = ()  # blocks with q/k norms whose gains were not folded in
-    dequantized: str | None = None
-    by: str = "head"  # "kv-head": the later side grouped by key/value head (by_kv_head)
 
 
 @dataclass(frozen=True)

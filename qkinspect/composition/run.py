@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from qkinspect.analysis.run import torch_threads
-from qkinspect.composition.results import BY, BlockPair, CompositionProcessing, CompositionResult
+from qkinspect.composition.results import BY, BlockPair, CompositionResult
 from qkinspect.composition.streams import Unit, block_pairs, units
 from qkinspect.device import check_device
 from qkinspect.errors import InputError
@@ -31,9 +31,9 @@ from qkinspect.layer import AttentionLayer, ModelInfo
 from qkinspect.loading import opened
 from qkinspect.metrics.composition import KINDS, ReadSide, normalised, product_norms, read_side, write_side
 from qkinspect.metrics.fold import fold_qk_norm
+from qkinspect.processing import PRECISIONS, CompositionProcessing
 from qkinspect.selection import as_indexes, check_fold_qk_norm, check_selection
 
-PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 HELD_BYTES = 256 << 20  # the earlier layers' reduced write factors held at once (a 7B layer's: 64 MB in float32)
 OUT_BYTES = 64 << 20  # one product's result (a 7B layer pair's: 64 MB in float32)
 Progress = Callable[[int, int], None]
@@ -167,7 +167,8 @@ def _request(kinds, precision, device, fold_ln, fold_qk_norm) -> _Request:
     precision = str(getattr(precision, "value", precision))
     if precision not in PRECISIONS:
         raise InputError(f"precision={precision!r}: choose float32 or float64")
-    return _Request(tuple(k for k in KINDS if k in names), PRECISIONS[precision], check_device(device), bool(fold_ln),
+    dtype = getattr(torch, precision)  # the torch dtype of the precision's name
+    return _Request(tuple(k for k in KINDS if k in names), dtype, check_device(device), bool(fold_ln),
                     bool(fold_qk_norm))
 
 

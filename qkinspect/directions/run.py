@@ -22,9 +22,9 @@ from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.loading import opened
 from qkinspect.metrics.directions import GAP, best_tokens, continues, factored_svd, subspaces
 from qkinspect.metrics.factored import RANK_RTOL
+from qkinspect.processing import PRECISIONS
 from qkinspect.selection import as_indexes, check_fold_qk_norm, check_selection
 
-PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 READINGS = ("dot", "cosine")
 MAX_DIRECTIONS = 4096
 MAX_TOKENS = 1000
@@ -267,7 +267,7 @@ class _Run:
             raise InputError(f"reading={reading!r}: choose dot or cosine")
         from qkinspect.device import check_device
 
-        return cls(k, n_tokens, PRECISIONS[precision], check_device(device), bool(fold_ln), bool(fold_qk_norm),
+        return cls(k, n_tokens, getattr(torch, precision), check_device(device), bool(fold_ln), bool(fold_qk_norm),
                    reading)
 
     def processed(self, layer: AttentionLayer) -> AttentionLayer:

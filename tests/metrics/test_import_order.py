@@ -572,12 +572,10 @@ def definitions(pattern, folder: Path = PACKAGE, package: str = "qkinspect") -> 
             for n in defined(p.read_text(encoding="utf-8")) if pattern(n)}
 
 
-# phase 2 moves these (issue 38): composing and head_directions keep their own precisions, composition_records its
-# processing, experiment.requests its names, until those files move
+# each defined once, in its ground module (phase 2 of issue 38 moved the composition's and the directions' there)
 SCAFFOLDING = {
-    "PRECISIONS": ({"qkinspect.processing.PRECISIONS"},
-                   {"qkinspect.composing.PRECISIONS", "qkinspect.head_directions.PRECISIONS"}),
-    "Processing": ({"qkinspect.processing.Processing"}, {"qkinspect.composition_records.CompositionProcessing"}),
+    "PRECISIONS": ({"qkinspect.processing.PRECISIONS"}, set()),
+    "Processing": ({"qkinspect.processing.Processing", "qkinspect.processing.CompositionProcessing"}, set()),
     "Names": ({"qkinspect.names.Names"}, set()),
 }
 
