@@ -54,7 +54,7 @@ def composition_of(model, *, layers=None, block=None, precision=Precision.float3
                    revision=None):
     """The composition to draw: read from a saved document (`qkinspect composition -o FILE.json`), or computed on
     the model with the defaults (every pair, each layer's input norm folded)."""
-    from qkinspect.composition.results import is_composition_document, read_composition
+    from qkinspect.composition.saved import is_composition_document, read_composition
 
     if model is not None and is_composition_document(model):
         if layers or block or precision is not Precision.float32 or device is not Device.cpu or revision:

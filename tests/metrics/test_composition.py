@@ -217,7 +217,7 @@ def test_bad_requests(kw, says):
 def test_saved_document_reads_back(tmp_path):
     import json
 
-    from qkinspect.composition.results import read_composition
+    from qkinspect.composition.saved import read_composition
 
     m = llama_model()
     r = qkinspect.composition(m)

@@ -12,7 +12,7 @@ import torch
 import transformers as tf
 
 import qkinspect
-from qkinspect.composition.results import read_composition
+from qkinspect.composition.saved import read_composition
 from tests.metrics.composition_reference import llama_like
 
 

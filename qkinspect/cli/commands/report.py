@@ -161,7 +161,7 @@ def read_composition_option(path: Path | None, *, html: bool = False, sweep: boo
     if html or sweep:
         raise InputError(f"--composition {path}: the composition section is in a model's PDF report only"
                          + ("; leave out --html" if html else ", not a sweep's"))
-    from qkinspect.composition.results import read_composition
+    from qkinspect.composition.saved import read_composition
 
     return read_composition(path)
 
