@@ -20,12 +20,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from qkinspect.errors import InputError
-from qkinspect.report.style import Canvas, new_figure, style
+from qkinspect.report.style import Canvas, colours, new_figure, style
 from qkinspect.report.titles import suptitle
 
 KINDS = ("encoder", "decoder", "cross")
@@ -40,14 +39,6 @@ SIZE_METRICS = ("symmetry_layer", "symmetry", "overlap_qk")
 LAYER_FORM = ("symmetry_layer", "directionality_layer")
 LEGEND_NAME = 36  # characters of a model's name in a legend (models are named as `info` names them: short)
 LAYER_FORM_MATH = r"the layer form $\Sigma_hW_Q^{h}W_K^{g(h)\top}$"  # mathtext: no spaces (titles wrap at them)
-
-
-def colours(n: int) -> list:
-    """n distinguishable colours: tab10 up to 10 models, else tab20, tab20b and tab20c (60), then repeated."""
-    if n <= 10:
-        return [colormaps["tab10"](i) for i in range(n)]
-    pool = [colormaps[m](i) for m in ("tab20", "tab20b", "tab20c") for i in range(20)]
-    return [pool[i % len(pool)] for i in range(n)]
 
 
 def _check_metric(atlas, metric: str) -> None:
