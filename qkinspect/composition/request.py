@@ -21,7 +21,7 @@ from qkinspect.composition.results import BY, KIND_TEXT
 from qkinspect.errors import InputError
 from qkinspect.names import Names
 from qkinspect.processing import PRECISIONS
-from qkinspect.selection import as_indexes, check_fold_qk_norm, check_selection, parse_indices
+from qkinspect.selection import blocks_as_given, check_fold_qk_norm, check_selection, indexes_as_given
 
 LIBRARY_NAMES = Names()
 CLI_NAMES = Names.cli(blocks="--block")
@@ -75,22 +75,6 @@ def _kinds(kinds: Any, names: Names) -> tuple[str, ...]:
     return tuple(k for k in KIND_TEXT if k in chosen)
 
 
-def _indexes(value: Any, option: str, names: Names) -> Indexes:
-    if _cli(names, option):
-        return parse_indices(value, getattr(names, option))
-    return as_indexes(value, getattr(names, option))
-
-
-def _blocks(blocks: Any, names: Names) -> Any:
-    if blocks is None or not _cli(names, "blocks"):
-        return blocks
-    parts = [blocks] if isinstance(blocks, str) else list(blocks)
-    chosen = tuple(dict.fromkeys(n.strip() for p in parts for n in p.split(",") if n.strip()))
-    if not chosen:
-        raise InputError(f"{names.blocks}: no names given (leave the option out for the default)")
-    return chosen
-
-
 def check_request(*, kinds: str | Iterable[str] | None = None, blocks: str | Iterable[str] | None = None,
                   layers: Any = None, heads: Any = None, from_layers: Any = None, to_layers: Any = None,
                   from_heads: Any = None, to_heads: Any = None, fold_ln: bool = True, fold_qk_norm: bool = False,
@@ -102,8 +86,8 @@ def check_request(*, kinds: str | Iterable[str] | None = None, blocks: str | Ite
         InputError: an unknown kind, precision, device or grouping; a selection that is not indexes.
     """
     chosen = _kinds(kinds, names)
-    blocks = _blocks(blocks, names)
-    sel = {opt: _indexes(value, opt, names) for opt, value in (
+    blocks = blocks_as_given(blocks, names.blocks)
+    sel = {opt: indexes_as_given(value, getattr(names, opt)) for opt, value in (
         ("layers", layers), ("heads", heads), ("from_layers", from_layers), ("to_layers", to_layers),
         ("from_heads", from_heads), ("to_heads", to_heads))}
     precision = str(getattr(precision, "value", precision))
