@@ -30,7 +30,7 @@ def main() -> None:
     from transformers import LlamaConfig
 
     import qkinspect
-    from qkinspect import composing
+    from qkinspect.composition import run as composing
 
     composing.HELD_BYTES = a.held << 20
     D = 4096

@@ -17,20 +17,20 @@ def __getattr__(name: str):
         from qkinspect.analysis.run import analyze
 
         return analyze
-    if name == "composition":
-        from qkinspect.composing import composition
+    if name == "composition":  # the package, callable as qkinspect.composition(model, ...)
+        import qkinspect.composition as composition
 
         return composition
-    if name == "atlas":
-        from qkinspect.zoo.run import atlas
+    if name == "atlas":  # the package, callable as qkinspect.atlas(models, out=...)
+        import qkinspect.atlas as atlas
 
         return atlas
     if name == "read_atlas":
-        from qkinspect.zoo.result import read_atlas
+        from qkinspect.atlas.saved import read_atlas
 
         return read_atlas
-    if name == "directions":
-        from qkinspect.head_directions import directions
+    if name == "directions":  # the package, callable as qkinspect.directions(model, ...)
+        import qkinspect.directions as directions
 
         return directions
     if name == "load":

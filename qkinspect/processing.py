@@ -1,6 +1,7 @@
 """How weights are processed before they are measured, in one ground module for every capability: the precisions
 a caller may ask for (`PRECISIONS`, by name: torch-free, so that a request is checked before torch loads) and the
-`Processing` recorded with every analysis (folds, precision, device, selection, what was dequantized).
+`Processing` recorded with every analysis (folds, precision, device, selection, what was dequantized), and the
+`CompositionProcessing` recorded with every composition (its kinds and its earlier and later selections).
 """
 
 from __future__ import annotations
@@ -31,3 +32,24 @@ class Processing:
     # (information only: the numbers are the float64 ones, nothing to do)
     qk_norm_not_folded: tuple[str, ...] = ()  # measured blocks with q/k norms whose gains were not folded in: their
     # W_Q W_Kᵀ is the raw stored form, not what attention computes (fold_qk_norm=True / --fold-qk-norm measures that)
+
+
+@dataclass(frozen=True)
+class CompositionProcessing:
+    """How the scores were computed; recorded with every result."""
+
+    fold_ln: bool = True
+    fold_qk_norm: bool = False
+    precision: str = "float32"
+    device: str = "cpu"
+    kinds: tuple[str, ...] = ("q", "k", "v")
+    blocks: tuple[str, ...] | None = None
+    from_layers: tuple[int, ...] | None = None
+    from_heads: tuple[int, ...] | None = None
+    to_layers: tuple[int, ...] | None = None
+    to_heads: tuple[int, ...] | None = None
+    not_folded: tuple[str, ...] = ()  # "<block> layer <i> <side>" where the model gives no norm to fold
+    rotary: tuple[str, ...] = ()  # blocks with rotary positions: their W_QK is the zero-offset form
+    qk_norm_not_folded: tuple[str, ...] = ()  # blocks with q/k norms whose gains were not folded in
+    dequantized: str | None = None
+    by: str = "head"  # "kv-head": the later side grouped by key/value head (by_kv_head)

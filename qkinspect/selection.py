@@ -81,6 +81,26 @@ def as_indexes(value: str | int | Iterable[int] | None, name: str) -> tuple[int,
 LIBRARY_OPTIONS = ("blocks", "layers", "heads")  # how the library's callers name the selection (its arguments)
 
 
+def indexes_as_given(value, option: str) -> tuple[int, ...] | None:
+    """A selection as the caller gave it, refused in its words: `option` is its spelling, a CLI option ("--layers":
+    text, `parse_indices`) or a library argument ("layers": text or indexes, `as_indexes`)."""
+    if option.startswith("--"):
+        return parse_indices(value, option)
+    return as_indexes(value, option)
+
+
+def blocks_as_given(blocks, option: str):
+    """Block names as the caller gave them: a CLI option ("--block": comma-separated and/or repeated, duplicates
+    removed, nothing in them refused) or a library argument (passed on as given, for `check_selection`)."""
+    if blocks is None or not option.startswith("--"):
+        return blocks
+    parts = [blocks] if isinstance(blocks, str) else list(blocks)
+    chosen = tuple(dict.fromkeys(n.strip() for p in parts for n in p.split(",") if n.strip()))
+    if not chosen:
+        raise InputError(f"{option}: no names given (leave the option out for the default)")
+    return chosen
+
+
 def check_selection(info, blocks: str | Iterable[str] | None, layers: Sequence[int] | None,
                     heads: Sequence[int] | None = None, *,
                     options: tuple[str, str, str] = LIBRARY_OPTIONS) -> list[BlockSpec]:

@@ -149,6 +149,6 @@ class AnalysisResult:
     def _repr_html_(self) -> str:
         """A notebook cell's view: the tables `qkinspect analyze` prints (qkinspect.notebook)."""
         from qkinspect.notebook import html_table
-        from qkinspect.terminal.tables import default_columns, render_analysis
+        from qkinspect.terminal.analysis import default_columns, render_analysis
 
         return html_table(lambda console: render_analysis(console, self, columns=default_columns(self)))

@@ -47,11 +47,9 @@ def check_engine_options(command: str, fmt: SweepFormat | None, output: Path | N
     """What the sweep engine's commands (sweep, atlas) refuse before any work: Dask missing, an output that
     cannot be written, thread and worker counts out of range, a scheduler address that is not one. Returns the
     format to write."""
-    if importlib.util.find_spec("distributed") is None:
-        raise InputError(f"{command} needs Dask distributed: pip install 'qkinspect[sweep]'")
     from qkinspect.sweep.names import CLI_NAMES
 
-    name = check_sweep_output(fmt, output)
+    name = engine_format(command, fmt, output)
     check_threads(threads, CLI_NAMES.threads)
     check_workers(workers, CLI_NAMES.workers)
     if scheduler is not None:
@@ -59,6 +57,14 @@ def check_engine_options(command: str, fmt: SweepFormat | None, output: Path | N
 
         check_address(scheduler, CLI_NAMES.scheduler)
     return name
+
+
+def engine_format(command: str, fmt: SweepFormat | None, output: Path | None) -> str:
+    """What the CLI itself refuses of an engine command before any work (the library checks the rest, in the CLI's
+    names): Dask missing, an output that cannot be written. Returns the format to write."""
+    if importlib.util.find_spec("distributed") is None:
+        raise InputError(f"{command} needs Dask distributed: pip install 'qkinspect[sweep]'")
+    return check_sweep_output(fmt, output)
 
 
 def check_sweep_output(fmt: SweepFormat | None, output: Path | None) -> str:

@@ -43,8 +43,9 @@ from qkinspect.experiment.heal_curve import (
 from qkinspect.experiment.model.runtime import CAUSAL, MASKED, HFModel
 from qkinspect.experiment.model.scoring import Scorer, windows
 from qkinspect.experiment.model.writeback import module_maps, write_layer
-from qkinspect.experiment.requests import LIBRARY_NAMES, TRAINED, HealOptions, Names, Text
+from qkinspect.experiment.requests import LIBRARY_NAMES, TRAINED, HealOptions, Text
 from qkinspect.experiment.results import HealedRun, Healing, HealPoint
+from qkinspect.names import Names
 from qkinspect.progress import phase
 
 Unit = list[tuple[int, list[int]]]

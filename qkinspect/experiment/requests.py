@@ -3,7 +3,7 @@ choice, the amounts (`tokens`, `window`, `probes`, `verify`), healing's options,
 description alone (its config: no weight is read), the selection and whether each edit is defined for its layers.
 Torch-free, so that a bad value is refused at once.
 
-Errors name each option as the caller spells it (`Names`): the library's argument names by default
+Errors name each option as the caller spells it (`qkinspect.names.Names`): the library's argument names by default
 (`tokens=1`), the CLI's options when the CLI passes `CLI_NAMES` (`--tokens 1`).
 """
 
@@ -15,8 +15,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qkinspect.errors import InputError, said
+from qkinspect.errors import InputError
 from qkinspect.experiment.edits.names import Edit, parse_edit
+from qkinspect.names import Names
 
 if TYPE_CHECKING:
     from qkinspect.layer import ModelInfo
@@ -38,41 +39,12 @@ class Text:
     text: str
 
 
-@dataclass(frozen=True)
-class Names:
-    """How the caller names each option in errors: `run_experiment`'s arguments by default."""
-
-    edit: str = "edits"
-    scope: str = "scope"
-    layers: str = "layers"
-    heads: str = "heads"
-    text: str = "text"
-    tokens: str = "tokens"
-    window: str = "window"
-    rotary: str = "rotary"
-    device: str = "device"
-    estimate: str = "estimate"
-    probes: str = "probes"
-    verify: str = "verify"
-    heal: str = "heal"
-    heal_train: str = "heal.train"
-    heal_lr: str = "heal.lr"
-    heal_batch: str = "heal.batch_tokens"
-    heal_text: str = "heal.text"
-    heal_eval_every: str = "heal.eval_every"
-    heal_float32: str = "heal.float32"
-    heal_track: str = "heal.track"
-    heal_track_every: str = "heal.track_every"
-    tokenizer: str = "tokenizer"
-
-    def said(self, option: str, value: Any) -> str:
-        """`option` given `value`, as the caller wrote it: "--tokens 1" (CLI) or "tokens=1" (library)."""
-        return said(getattr(self, option), value)
-
-
-LIBRARY_NAMES = Names()
-CLI_NAMES = Names(**{f.name: "--" + f.name.replace("_", "-") for f in fields(Names)} | {
-    "heal_batch": "--heal-batch"})
+# How the caller names each option in errors, in the one names type: `run_experiment`'s arguments by default (healing's
+# as fields of `heal`), the CLI's options (`--heal-batch`) when the CLI passes CLI_NAMES.
+LIBRARY_NAMES = Names(edit="edits", heal_train="heal.train", heal_lr="heal.lr", heal_batch="heal.batch_tokens",
+                      heal_text="heal.text", heal_eval_every="heal.eval_every", heal_float32="heal.float32",
+                      heal_track="heal.track", heal_track_every="heal.track_every")
+CLI_NAMES = Names.cli()
 
 
 @dataclass(frozen=True)

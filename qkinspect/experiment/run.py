@@ -16,13 +16,13 @@ from qkinspect.experiment.edits.names import Edit
 from qkinspect.experiment.requests import (
     LIBRARY_NAMES,
     HealOptions,
-    Names,
     Request,
     check_model,
     check_request,
     check_window,
 )
 from qkinspect.experiment.results import ExperimentResult, Run, beyond_error
+from qkinspect.names import Names
 from qkinspect.progress import phase
 
 if TYPE_CHECKING:

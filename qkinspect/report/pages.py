@@ -1,15 +1,18 @@
 """Text pages for the PDF report: headings, wrapped paragraphs and tables laid out on A4 Figures, flowing onto
-new pages as they fill. Text is real text (TrueType), so the PDF stays searchable."""
+new pages as they fill. Text is real text (TrueType), so the PDF stays searchable. The HTML reports' shared pieces
+too: the style sheet (`CSS`), a figure as inline SVG (`svg`), a table (`html_table`)."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
+from html import escape
 
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.textpath import text_to_path
 
-from qkinspect.report.style import PAGE
+from qkinspect.report.style import PAGE, style
 from qkinspect.report.tables import Table
 
 MARGIN = 0.75  # inches on every side
@@ -254,3 +257,23 @@ def figure_page(pages: TextPages, draw: Callable, caption: str) -> None:
     put_caption(slot["caption"], caption)
     pages.add_page(page)
 
+
+CSS = """body{font-family:"DejaVu Sans",sans-serif;max-width:60em;margin:2em auto;padding:0 1em;line-height:1.45}
+table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{padding:.15em .7em;text-align:right}
+th:first-child,td:first-child{text-align:left}th{border-bottom:1px solid #888}td{font-family:monospace}
+figure{margin:2em 0}figcaption{font-size:.9em;color:#333}.meta{color:#555}svg{max-width:100%;height:auto}"""
+
+
+def svg(fig) -> str:
+    """A matplotlib figure as inline SVG (no XML prolog or doctype: it sits inside HTML)."""
+    buf = io.StringIO()
+    with style():
+        fig.savefig(buf, format="svg")
+    svg = buf.getvalue()
+    return svg[svg.index("<svg"):]
+
+
+def html_table(t: Table) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in t.header)
+    rows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in t.rows)
+    return f"<h3>{escape(t.title)}</h3><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"

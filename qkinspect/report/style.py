@@ -221,3 +221,12 @@ def nice_ceil(x: float) -> float:
         if x <= m * p * (1 + 1e-9):
             return round(m * p, 12)
     return 10 * p
+
+
+def colours(n: int) -> list:
+    """n distinguishable colours (the models of an atlas, the arms of a twin): tab10 up to 10, else tab20, tab20b
+    and tab20c (60), then repeated."""
+    if n <= 10:
+        return [matplotlib.colormaps["tab10"](i) for i in range(n)]
+    pool = [matplotlib.colormaps[m](i) for m in ("tab20", "tab20b", "tab20c") for i in range(20)]
+    return [pool[i % len(pool)] for i in range(n)]

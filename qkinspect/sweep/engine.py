@@ -93,7 +93,7 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
         notice: called, before any work, with why each result file found in the folder was refused (it is
             computed again); the reasons are also in `Outcome.refused`.
         same_shapes: refuse checkpoints whose attention shapes differ (a sweep); False for models of any shape
-            (the atlas, qkinspect.zoo).
+            (the atlas, qkinspect.atlas).
         names: how errors name the options (`qkinspect.sweep.names`): these arguments' names by default; the CLI
             passes its own.
 

@@ -76,7 +76,7 @@ class SweepFolder(Tabular):
 
     def render_table(self, console) -> None:
         """`qkinspect sweep`'s table of this folder."""
-        from qkinspect.terminal.tables import render_sweep
+        from qkinspect.terminal.sweep import render_sweep
 
         render_sweep(console, self.rows())
 

@@ -10,7 +10,8 @@ from rich.console import Console
 from qkinspect.analysis.compare import check_same_shapes, head_deltas
 from qkinspect.cli.run import sort_and_trim
 from qkinspect.errors import InputError
-from qkinspect.terminal.tables import baseline_lines, default_columns, render_analysis, scale_style
+from qkinspect.terminal.analysis import baseline_lines, default_columns, render_analysis
+from qkinspect.terminal.tables import scale_style
 from tests.cli.fake import NAN, info, result
 
 SYM = {(0, 0): 0.2, (0, 1): NAN, (1, 0): 0.9, (1, 1): -0.4}
@@ -78,7 +79,7 @@ def test_render_analysis_text():
 def test_tables_fold_instead_of_cutting(width):
     """Every number is printed whole at any width: columns that do not fit go to a second table."""
     from qkinspect.analysis.results import HeadRecord
-    from qkinspect.terminal.tables import DEFAULT_COLUMNS
+    from qkinspect.terminal.analysis import DEFAULT_COLUMNS
 
     r = result(SYM)
     values = {m: -123.456 + i for i, m in enumerate(DEFAULT_COLUMNS)}

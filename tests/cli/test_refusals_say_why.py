@@ -23,7 +23,7 @@ def test_a_model_list_with_control_characters_is_refused(cli, tmp_path, text):
 
 
 def test_a_refusal_without_a_message_still_says_something(cli, tmp_path, monkeypatch):
-    import qkinspect.zoo.inputs as inputs
+    import qkinspect.atlas.inputs as inputs
 
     def silent(*args, **kwargs):
         raise InputError()

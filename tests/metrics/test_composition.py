@@ -10,7 +10,7 @@ import torch
 import transformers as tf
 
 import qkinspect
-from qkinspect import composing
+from qkinspect.composition import run as composing
 from tests.metrics import composition_reference as ref
 
 # float32 products of float64-reduced factors: each score within a few eps(float32) * √d_head of the reference;
@@ -217,7 +217,7 @@ def test_bad_requests(kw, says):
 def test_saved_document_reads_back(tmp_path):
     import json
 
-    from qkinspect.composition_records import read_composition
+    from qkinspect.composition.saved import read_composition
 
     m = llama_model()
     r = qkinspect.composition(m)

@@ -12,7 +12,7 @@ import torch
 import transformers as tf
 
 import qkinspect
-from qkinspect.composition_records import read_composition
+from qkinspect.composition.saved import read_composition
 from tests.metrics.composition_reference import llama_like
 
 
@@ -115,7 +115,7 @@ def test_by_is_checked():
 
 
 def test_the_figure_and_report_table_draw_key_value_heads(gqa):
-    from qkinspect.report.composition import composition_figure, head_grid, top_table
+    from qkinspect.report.composition.figures import composition_figure, head_grid, top_table
     from qkinspect.report.style import style
 
     path, _ = gqa

@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 MODULES = ["qkinspect.analysis.run", "qkinspect.metrics.factored", "qkinspect.metrics.spectrum",
-           "qkinspect.metrics.registry", "qkinspect.metrics.layer_form", "qkinspect.composing"]
+           "qkinspect.metrics.registry", "qkinspect.metrics.layer_form", "qkinspect.composition.run"]
 
 
 @pytest.mark.parametrize("name", MODULES)

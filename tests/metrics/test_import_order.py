@@ -459,11 +459,8 @@ def commands_importing_commands(folder: Path = PACKAGE, package: str = "qkinspec
             for m in deps if m.startswith(prefix) and m != name}
 
 
-# phase 2 moves these (issue 38): the helpers they share live in plot and composition, files edited elsewhere now
-COMMANDS_IMPORTING_COMMANDS = {
-    "qkinspect.cli.commands.report -> qkinspect.cli.commands.plot",
-    "qkinspect.cli.commands.plot -> qkinspect.cli.commands.composition",
-}
+# none left: what plot and report share lives in cli/model_argument.py (phase 2 of issue 38)
+COMMANDS_IMPORTING_COMMANDS: set[str] = set()
 
 
 def test_no_cli_command_imports_another():
@@ -504,8 +501,9 @@ def tables_built_under_cli(folder: Path = PACKAGE, package: str = "qkinspect") -
     return bad
 
 
-# phase 2 moves these (issue 38): their tables go to terminal/<subject>.py with their capabilities
-TABLES_UNDER_CLI = {"qkinspect.cli.commands.atlas"}
+# none left: every table is built in terminal/<subject>.py (phase 2 of issue 38 moved atlas', composition's and
+# directions' there)
+TABLES_UNDER_CLI: set[str] = set()
 
 
 def test_no_rich_table_is_built_under_cli():
@@ -574,13 +572,11 @@ def definitions(pattern, folder: Path = PACKAGE, package: str = "qkinspect") -> 
             for n in defined(p.read_text(encoding="utf-8")) if pattern(n)}
 
 
-# phase 2 moves these (issue 38): composing and head_directions keep their own precisions, composition_records its
-# processing, experiment.requests its names, until those files move
+# each defined once, in its ground module (phase 2 of issue 38 moved the composition's and the directions' there)
 SCAFFOLDING = {
-    "PRECISIONS": ({"qkinspect.processing.PRECISIONS"},
-                   {"qkinspect.composing.PRECISIONS", "qkinspect.head_directions.PRECISIONS"}),
-    "Processing": ({"qkinspect.processing.Processing"}, {"qkinspect.composition_records.CompositionProcessing"}),
-    "Names": ({"qkinspect.names.Names"}, {"qkinspect.experiment.requests.Names"}),
+    "PRECISIONS": ({"qkinspect.processing.PRECISIONS"}, set()),
+    "Processing": ({"qkinspect.processing.Processing", "qkinspect.processing.CompositionProcessing"}, set()),
+    "Names": ({"qkinspect.names.Names"}, set()),
 }
 
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import qkinspect
 from qkinspect.cli.app import app
-from qkinspect.report.composition import composition_figure, head_grid, layer_grid
+from qkinspect.report.composition.figures import composition_figure, head_grid, layer_grid
 from qkinspect.report.style import style
 from tests.one_line import one_error_line
 

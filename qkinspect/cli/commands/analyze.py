@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
 
 def analysis_document(result, *, by: str = "head", requested=None, sort: str | None = None) -> Document:
     """JSON: the result's schema-qkinspect/1 dict (with "kind": "analyze"); rows: tidy per head (or per layer)."""
-    from qkinspect.terminal.tables import default_columns, render_analysis
+    from qkinspect.terminal.analysis import default_columns, render_analysis
 
     records = result.heads if by == "head" else result.layers
     rows = [{"model": result.model.name, **r.row()} for r in records]

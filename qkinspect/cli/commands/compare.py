@@ -59,8 +59,8 @@ def register(app: typer.Typer) -> None:
 def compare_document(a, b, *, requested=None) -> Document:
     from qkinspect.analysis.compare import common_metrics, head_deltas
     from qkinspect.documents import model_dict
+    from qkinspect.terminal.analysis import default_columns
     from qkinspect.terminal.compare import render_compare
-    from qkinspect.terminal.tables import default_columns
 
     rows = head_deltas(a, b)
     body = {"model_a": model_dict(a.model), "model_b": model_dict(b.model), "processing": a.processing,

@@ -20,13 +20,9 @@ from qkinspect.cli.options import (
     Precision,
     PrecisionOpt,
     RevisionOpt,
-    check_device,
-    parse_blocks,
-    parse_names,
 )
 from qkinspect.cli.output import Document, emit, note, progress, warn
 from qkinspect.errors import InputError
-from qkinspect.selection import check_fold_qk_norm, parse_indices
 
 
 class CompositionFormat(str, Enum):
@@ -88,29 +84,17 @@ def register(app: typer.Typer) -> None:
 
         Example (every pair as rows): qkinspect composition model.gguf -o composition.parquet
         """
-        from qkinspect.cli.options import check_selection
-        from qkinspect.composing import composition as compose
-        from qkinspect.loading import open_model
+        from qkinspect.composition.request import CLI_NAMES
+        from qkinspect.composition.run import composition as compose
 
         name = check_format(fmt, output)
         if top < 1:
             raise InputError(f"--top: {top} must be at least 1")
-        chosen = parse_names(kinds, "--kinds") or ("q", "k", "v")
-        if bad := [k for k in chosen if k not in ("q", "k", "v")]:
-            raise InputError(f"--kinds {','.join(bad)}: choose among q, k, v")
-        options = {"kinds": chosen, "blocks": parse_blocks(block)}
-        for opt, value in (("layers", layers), ("heads", heads), ("from_layers", from_layers),
-                           ("to_layers", to_layers), ("from_heads", from_heads), ("to_heads", to_heads)):
-            options[opt] = parse_indices(value, f"--{opt.replace('_', '-')}")
-        with open_model(model, revision=revision) as m:
-            for side in ("", "from_", "to_"):  # answered in the option the user typed, before any work
-                check_selection(m.info, options["blocks"], options[f"{side}layers"], options[f"{side}heads"],
-                                options=(f"--{side.replace('_', '-')}layers", f"--{side.replace('_', '-')}heads"))
-            check_fold_qk_norm([b for b in m.info.blocks if not options["blocks"] or b.key in options["blocks"]
-                                or b.name in options["blocks"]], fold_qk_norm, "--fold-qk-norm")
-            with progress("composing heads") as p:
-                result = compose(m, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, precision=precision.value,
-                                 device=check_device(device), progress=p, by=by.value, **options)
+        with progress("composing heads") as p:
+            result = compose(model, kinds=kinds, blocks=block, layers=layers, heads=heads, from_layers=from_layers,
+                             to_layers=to_layers, from_heads=from_heads, to_heads=to_heads, fold_ln=fold_ln,
+                             fold_qk_norm=fold_qk_norm, precision=precision.value, device=device.value,
+                             revision=revision, progress=p, by=by.value, names=CLI_NAMES)
         for w in result.warnings:
             warn(w)
         for line in notes(result):
@@ -173,28 +157,9 @@ class _Rows:
 def composition_document(result, top: int = 10, *, json: bool = True) -> Document:
     """JSON: the result's document (kind "composition"; `json=False` leaves it empty); rows: one per (earlier head,
     later head, kind), made as they are written; table: the `top` strongest pairs per kind."""
-    from qkinspect.terminal.tables import render_composition
+    from qkinspect.terminal.composition import render_composition
 
     return Document(json=result.to_dict() if json else {}, rows=_Rows(result),  # type: ignore[arg-type]
                     render=lambda console: render_composition(console, result, top))
 
 
-def composition_of(model, *, layers=None, block=None, precision=Precision.float32, device=Device.cpu,
-                   revision=None):
-    """The composition to draw: read from a saved document (`qkinspect composition -o FILE.json`), or computed on
-    the model with the defaults (every pair, each layer's input norm folded)."""
-    from qkinspect.composition_records import is_composition_document, read_composition
-
-    if model is not None and is_composition_document(model):
-        if layers or block or precision is not Precision.float32 or device is not Device.cpu or revision:
-            raise InputError(f"{model} is a saved composition, drawn as it was saved: --layers, --block, "
-                             "--precision, --device and --revision apply when computing it from a model")
-        return read_composition(model)
-    from qkinspect.composing import composition as compose
-
-    with progress("composing heads") as p:
-        result = compose(model, layers=parse_indices(layers, "--layers"), blocks=parse_blocks(block),
-                         precision=precision.value, device=check_device(device), revision=revision, progress=p)
-    for w in result.warnings:
-        warn(w)
-    return result

@@ -22,14 +22,10 @@ from qkinspect.cli.options import (
     Precision,
     PrecisionOpt,
     RevisionOpt,
-    check_device,
-    check_selection,
-    parse_blocks,
 )
 from qkinspect.cli.output import Document, note, progress, warn
 from qkinspect.errors import InputError
 from qkinspect.files import check_writable
-from qkinspect.selection import check_fold_qk_norm, parse_indices
 
 TopDirectionsOpt = Annotated[int, typer.Option(
     "--top-directions", "-k", metavar="K",
@@ -74,36 +70,28 @@ def register(app: typer.Typer) -> None:
         Example (late write sides without the hub tokens): qkinspect directions model.gguf --layers 25-29
         --reading cosine -k 3
         """
-        from qkinspect.head_directions import directions as read_directions
+        from qkinspect.directions.run import directions as read_directions
 
         name = check_sweep_output(fmt, output)
         if pdf is not None:
             if pdf.suffix.lower() != ".pdf":
                 raise InputError(f"--pdf {pdf}: name the file *.pdf")
             check_writable(pdf)
-        layer_sel, head_sel = parse_indices(layers, "--layers"), parse_indices(heads, "--heads")
-        for opt, value, top in (("--top-directions", top_directions, 4096), ("--top-tokens", top_tokens, 1000)):
-            if not 1 <= value <= top:
-                raise InputError(f"{opt}: {value} must be from 1 to {top}")
-        from qkinspect.loading import open_model
+        from qkinspect.directions.request import CLI_NAMES
 
-        with open_model(model, revision=revision) as m:
-            keys = check_selection(m.info, parse_blocks(block), layer_sel, head_sel)
-            check_fold_qk_norm([b for b in m.info.blocks if keys is None or b.key in keys], fold_qk_norm,
-                               "--fold-qk-norm")
-            with progress("reading directions") as p:
-                result = read_directions(
-                    m, layers=layer_sel, heads=head_sel, blocks=keys, top_directions=top_directions,
-                    top_tokens=top_tokens, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, precision=precision.value,
-                    device=check_device(device), progress=p, reading=reading.value)
+        with progress("reading directions") as p:
+            result = read_directions(model, layers=layers, heads=heads, blocks=block, top_directions=top_directions,
+                                     top_tokens=top_tokens, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
+                                     precision=precision.value, device=device.value, revision=revision, progress=p,
+                                     reading=reading.value, names=CLI_NAMES)
         for w in result.warnings:
             warn(w)
         if not result.records and not result.warnings:
-            raise InputError(f"{m.info.name}: the selection matched no heads of this model")
+            raise InputError(f"{result.model.name}: the selection matched no heads of this model")
         write_table(directions_document(result), name, output)
         if pdf is not None:
             from qkinspect.files import write_rendered
-            from qkinspect.report.directions import write_directions_pdf
+            from qkinspect.report.directions.pdf import write_directions_pdf
 
             n = write_rendered(pdf, lambda buffer: write_directions_pdf(result, buffer))
             note(f"wrote a {n}-page PDF to {pdf}")

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from qkinspect.cli.model_argument import refuse_analysis_options, refuse_twin_options, result_of
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -114,8 +115,8 @@ def register(app: typer.Typer) -> None:
         ./my-llama --kind composition -o composition.png
         """
         output = check_figure_path(output)
+        from qkinspect.atlas.folder import is_atlas
         from qkinspect.twin.saved import is_twin_folder
-        from qkinspect.zoo.folder import is_atlas
 
         if is_twin_folder(model) or kind in (Kind.learning, Kind.gap):
             refuse_twin_options(model, {"--layers": layers, "--block": block, "--layer": layer, "--compare": compare,
@@ -190,16 +191,6 @@ def register(app: typer.Typer) -> None:
 TWIN_KINDS = (Kind.learning, Kind.gap, Kind.trajectory)
 
 
-def refuse_twin_options(model: str | None, given: dict[str, object]) -> None:
-    """InputError naming the options in `given` (option -> its value, or whether it differs from its default) that
-    were set: a twin folder's figures and report read the folder's records only."""
-    named = [k for k, v in given.items() if v not in (None, False, [], ())]
-    if named:
-        raise InputError(f"{', '.join(named)}: not for a twin folder ({model}); its figures and report are drawn "
-                         "from its records alone (plot takes --kind learning, gap or trajectory --metric NAME; both "
-                         "take --title)")
-
-
 def draw_twin(model: str | None, kind: Kind, metric: str | None, output: Path, *, title: str | None = None) -> str:
     """A twin folder's figure (`qkinspect twin --out FOLDER`): learning (the default, also for --kind symmetry),
     gap or trajectory of `metric` (default symmetry), saved to `output`. Returns what was drawn."""
@@ -248,36 +239,6 @@ def refuse_sweep_folder(model: str | None, kind: str) -> None:
     raise InputError(f"{model}: a sweep folder draws --kind trajectory --metric NAME{metrics}, each metric "
                      f"against training step; for --kind {kind}, give{one}, or `qkinspect report {model}` for "
                      "every figure of the sweep")
-
-
-def refuse_analysis_options(model: str | None, **given: object) -> None:
-    """InputError when `model` is a saved analysis (qkinspect.saved) and an option that shapes an analysis was
-    given (`given`: option name -> its value, or whether it differs from its default): the file is drawn as it was
-    saved."""
-    from qkinspect.analysis.saved import is_saved
-
-    if not is_saved(model):
-        return
-    named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v not in (None, False, [], ())]
-    if named:
-        raise InputError(f"{', '.join(named)}: {model} is a saved analysis, drawn as it was saved; "
-                         f"{'these options apply' if len(named) > 1 else 'the option applies'} when analysing a "
-                         "model (give them to qkinspect analyze)")
-
-
-def result_of(model: str | None, selection: Selection, *, kind: str | None = None, revision: str | None = None,
-              **options):
-    """The analysis to draw: read from a saved analysis (`qkinspect analyze -o FILE.json`), or run on the model.
-    `kind`: the figure (InputError when a saved analysis cannot give it)."""
-    from qkinspect.analysis.saved import is_saved, needs_model, read_saved
-
-    if is_saved(model):
-        if kind is not None:
-            needs_model(kind, model)
-        return read_saved(model)
-    from qkinspect.cli.run import run_analysis
-
-    return run_analysis(model, selection, revision=revision, **options)
 
 
 def check_figure_path(output: Path | None) -> Path:
@@ -332,10 +293,10 @@ def draw_trajectory(folder: Path, metric: str, output: Path, *, layers: str | No
 
 
 def draw_composition(model, output: Path, *, title: str | None = None, **options) -> None:
-    """The composition figure (qkinspect.report.composition) of a model or a saved `qkinspect composition -o c.json`,
-    saved to `output`."""
-    from qkinspect.cli.commands.composition import composition_of
-    from qkinspect.report.composition import composition_figure
+    """The composition figure (qkinspect.report.composition.figures) of a model or a saved `qkinspect composition
+    -o c.json`, saved to `output`."""
+    from qkinspect.cli.model_argument import composition_of
+    from qkinspect.report.composition.figures import composition_figure
     from qkinspect.report.style import style
 
     result = composition_of(model, **options)
@@ -348,12 +309,12 @@ def draw_atlas(folder: Path, kind: Kind, metric: str | None, output: Path, *, ti
     """An atlas folder's figure (`qkinspect atlas --out FOLDER`): `depth` (the default, also for --kind symmetry)
     or `size`, of `metric` (default: symmetry; symmetry_layer for size when the atlas has it), saved to `output`.
     Returns what was drawn, e.g. "symmetry depth"."""
-    from qkinspect.zoo.result import read_atlas
+    from qkinspect.atlas.saved import read_atlas
 
     if kind not in (Kind.depth, Kind.size, Kind.symmetry):
         raise InputError(f"--kind {kind.value}: an atlas folder draws --kind depth or --kind size")
     atlas = read_atlas(folder)
-    from qkinspect.report.atlas import depth_figure, size_figure  # matplotlib: after the checks
+    from qkinspect.report.atlas.figures import depth_figure, size_figure  # matplotlib: after the checks
     from qkinspect.report.titles import retitle
 
     if kind is Kind.size:

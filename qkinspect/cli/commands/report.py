@@ -86,7 +86,7 @@ def register(app: typer.Typer) -> None:
         from qkinspect.twin.saved import is_twin_folder
 
         if is_twin_folder(model):  # a twin folder (qkinspect twin --out)
-            from qkinspect.cli.commands.plot import refuse_twin_options
+            from qkinspect.cli.model_argument import refuse_twin_options
 
             refuse_twin_options(model, {"--experiment": experiment, "--composition": composition, "--layers": layers,
                                         "--block": block, "--fold-ln": fold_ln, "--fold-qk-norm": fold_qk_norm,
@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
             n = write_twin_report(Path(model), output, html=html, title=title)
             note(f"wrote an HTML twin report to {output}" if html else f"wrote {pages(n)} twin report to {output}")
             return
-        from qkinspect.zoo.folder import is_atlas
+        from qkinspect.atlas.folder import is_atlas
 
         if is_atlas(model):  # an atlas folder (qkinspect atlas --out)
             if experiment is not None:
@@ -112,7 +112,7 @@ def register(app: typer.Typer) -> None:
             n = write_sweep_report(Path(model), output, html=html, title=title)
             note(f"wrote an HTML sweep report to {output}" if html else f"wrote {pages(n)} sweep report to {output}")
             return
-        from qkinspect.cli.commands.plot import refuse_analysis_options
+        from qkinspect.cli.model_argument import refuse_analysis_options
 
         refuse_analysis_options(model, layers=layers, block=block, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
                                 layer_form=layer_form, precision=precision is not Precision.float32,
@@ -161,7 +161,7 @@ def read_composition_option(path: Path | None, *, html: bool = False, sweep: boo
     if html or sweep:
         raise InputError(f"--composition {path}: the composition section is in a model's PDF report only"
                          + ("; leave out --html" if html else ", not a sweep's"))
-    from qkinspect.composition_records import read_composition
+    from qkinspect.composition.saved import read_composition
 
     return read_composition(path)
 
@@ -177,7 +177,7 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
         >>> write_report(None, Path("report.pdf"), Selection.parse(metrics=["default", "head_overlap"]))
         12
     """
-    from qkinspect.cli.commands.plot import result_of
+    from qkinspect.cli.model_argument import result_of
     from qkinspect.layer import shape_differences
 
     result = result_of(model, selection, revision=revision, layer_form=layer_form)
@@ -207,7 +207,7 @@ def write_folder_report(output: Path, html: bool, page: Callable[[], str], pdf: 
 def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
     """The report of a sweep folder, written atomically as a PDF (returns the number of pages) or, with `html`,
     as one HTML page (returns 1)."""
-    from qkinspect.report.analysis.html import render_sweep_html
+    from qkinspect.report.sweep.html import render_sweep_html
     from qkinspect.report.sweep.pdf import write_sweep_pdf
     from qkinspect.sweep import read_sweep
 
@@ -221,13 +221,13 @@ def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title:
 def write_atlas_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
     """The report of an atlas folder, written atomically as a PDF (returns the number of pages) or, with `html`,
     as one HTML page (returns 1)."""
-    from qkinspect.zoo.result import read_atlas
+    from qkinspect.atlas.saved import read_atlas
 
     atlas = read_atlas(folder)
     if not atlas.records:
         raise InputError(f"{folder}: the atlas has no results yet")
-    from qkinspect.report.analysis.html import render_atlas_html  # matplotlib: after the checks
-    from qkinspect.report.atlas import write_atlas_pdf
+    from qkinspect.report.atlas.html import render_atlas_html  # matplotlib: after the checks
+    from qkinspect.report.atlas.pdf import write_atlas_pdf
     return write_folder_report(output, html, lambda: render_atlas_html(atlas, name=title),
                                lambda buffer: write_atlas_pdf(atlas, buffer, title=title))
 
@@ -240,7 +240,7 @@ def write_twin_report(folder: Path, output: Path, *, html: bool = False, title: 
     twin = read_twin(folder)
     if not twin.summaries:
         raise InputError(f"{folder}: the twin folder has no finished runs yet")
-    from qkinspect.report.analysis.html import render_twin_html  # matplotlib: after the checks
+    from qkinspect.report.twin.html import render_twin_html  # matplotlib: after the checks
     from qkinspect.report.twin.pdf import write_twin_pdf
 
     return write_folder_report(output, html, lambda: render_twin_html(twin, name=title),
@@ -250,7 +250,7 @@ def write_twin_report(folder: Path, output: Path, *, html: bool = False, title: 
 def write_html_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
                       revision: str | None = None, title: str | None = None) -> None:
     """Analyse `model` (or read a saved analysis) and write the HTML report atomically to `output`."""
-    from qkinspect.cli.commands.plot import result_of
+    from qkinspect.cli.model_argument import result_of
     from qkinspect.report.analysis.html import render_html
 
     result = result_of(model, selection, revision=revision, layer_form=layer_form)

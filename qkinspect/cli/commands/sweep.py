@@ -125,6 +125,6 @@ def sweep_document(folder, *, by: str = "head", requested=None) -> Document:
 
 
 def _render(console, rows: list[dict[str, Any]], requested, by: str = "head") -> None:
-    from qkinspect.terminal.tables import render_sweep
+    from qkinspect.terminal.sweep import render_sweep
 
     render_sweep(console, rows, requested, by)

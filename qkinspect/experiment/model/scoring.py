@@ -28,7 +28,8 @@ from torch import Tensor, nn
 
 from qkinspect.errors import InputError
 from qkinspect.experiment.model.runtime import CAUSAL, DRIFT, MASKED, HFModel
-from qkinspect.experiment.requests import BYTES_PER_TOKEN, LIBRARY_NAMES, Names, Text, check_amounts, check_window
+from qkinspect.experiment.requests import BYTES_PER_TOKEN, LIBRARY_NAMES, Text, check_amounts, check_window
+from qkinspect.names import Names
 from qkinspect.progress import phase
 from qkinspect.reading import MAX_TEXT_BYTES
 

@@ -81,7 +81,7 @@ def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: d
         text.definitions(pages, result)
         skipped = _figures(pages, shown)
         if composition is not None:
-            from qkinspect.report.composition import composition_section
+            from qkinspect.report.composition.figures import composition_section
 
             composition_section(pages, composition, lambda draw, caption: figure_page(pages, draw, caption))
         pages.new_page()

@@ -1,1 +1,1 @@
-"""A sweep's metric trajectories (`trajectory`) and its PDF report (`pdf`)."""
+"""A sweep's metric trajectories (`trajectory`), its PDF report (`pdf`) and its HTML report (`html`)."""

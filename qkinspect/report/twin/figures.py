@@ -15,8 +15,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from qkinspect.errors import InputError
-from qkinspect.report.atlas import colours
-from qkinspect.report.style import HEADS_CMAP, Canvas, fmt, human_name, new_figure, style
+from qkinspect.report.style import HEADS_CMAP, Canvas, colours, fmt, human_name, new_figure, style
 from qkinspect.report.titles import suptitle
 from qkinspect.twin.curves import chosen, gap_curves, learning_curves, margin, trajectory_curves
 from qkinspect.twin.results import Twin

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qkinspect.composition_records import BlockPair
+from qkinspect.composition.results import BlockPair
 from qkinspect.layer import BlockSpec, ModelInfo
 from qkinspect.metrics.composition import KINDS
 

@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
-from qkinspect.composition_records import CompositionResult
+from qkinspect.composition.results import CompositionResult
 from qkinspect.errors import InputError
 from qkinspect.report.pages import TextPages
 from qkinspect.report.style import MISSING, Canvas, fmt, new_figure

@@ -2,7 +2,7 @@
 (DESIGN.md §3, "Heads together"; the math in `qkinspect.metrics.composition`, the derivations in
 docs/composition.md).
 
-Which heads compose into which: `qkinspect.composition_streams`.
+Which heads compose into which: `qkinspect.composition.streams`.
 
 Streaming: the earlier layers are taken in chunks whose reduced write factors (one (H d_head, D) matrix per layer)
 fit in HELD_BYTES; for each chunk, the layers are read once in file order (a layer read as a later layer is scored
@@ -23,17 +23,17 @@ import numpy as np
 import torch
 
 from qkinspect.analysis.run import torch_threads
-from qkinspect.composition_records import BY, BlockPair, CompositionProcessing, CompositionResult
-from qkinspect.composition_streams import Unit, block_pairs, units
-from qkinspect.device import check_device
+from qkinspect.composition.request import LIBRARY_NAMES, check_model, check_request
+from qkinspect.composition.results import BlockPair, CompositionResult
+from qkinspect.composition.streams import Unit, block_pairs, units
 from qkinspect.errors import InputError
 from qkinspect.layer import AttentionLayer, ModelInfo
 from qkinspect.loading import opened
 from qkinspect.metrics.composition import KINDS, ReadSide, normalised, product_norms, read_side, write_side
 from qkinspect.metrics.fold import fold_qk_norm
-from qkinspect.selection import as_indexes, check_fold_qk_norm, check_selection
+from qkinspect.names import Names
+from qkinspect.processing import CompositionProcessing
 
-PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
 HELD_BYTES = 256 << 20  # the earlier layers' reduced write factors held at once (a 7B layer's: 64 MB in float32)
 OUT_BYTES = 64 << 20  # one product's result (a 7B layer pair's: 64 MB in float32)
 Progress = Callable[[int, int], None]
@@ -73,6 +73,7 @@ def composition(
     progress: Progress | None = None,
     revision: str | None = None,
     by: str = "head",
+    names: Names = LIBRARY_NAMES,
 ) -> CompositionResult:
     """Q-, K- and V-composition scores of every earlier head into every later head, each beside its null 1/√D.
 
@@ -94,6 +95,8 @@ def composition(
         by: "head" (each later query head, the default) or "kv-head": each later key/value head with its query
             heads taken together (CompositionResult.by_kv_head: under grouped-query attention the query heads of
             one group score nearly alike, and a list by query head repeats one key head).
+        names: how errors name the options (`qkinspect.composition.request`): these arguments' names by default;
+            the CLI passes its own.
 
     Returns:
         CompositionResult: the scores per (earlier layer, later layer, kind), its records, block pairs, processing.
@@ -108,19 +111,16 @@ def composition(
         >>> r.top("k", 1)[0].ratio > 1
         True
     """
-    req = _request(kinds, precision, device, fold_ln, fold_qk_norm)
-    if by not in BY:
-        raise InputError(f"by={by!r}: choose {' or '.join(BY)}")
+    request = check_request(kinds=kinds, blocks=blocks, layers=layers, heads=heads, from_layers=from_layers,
+                            to_layers=to_layers, from_heads=from_heads, to_heads=to_heads, fold_ln=fold_ln,
+                            fold_qk_norm=fold_qk_norm, precision=precision, device=device, by=by, names=names)
+    blocks, by = request.blocks, request.by
+    req = _Request(request.kinds, getattr(torch, request.precision), request.device, request.fold_ln,
+                   request.fold_qk_norm)  # the torch dtype of the precision's name
     with opened(model, revision) as m:
-        sides = {}
-        for side, lay, hd in (("from", from_layers, from_heads), ("to", to_layers, to_heads)):
-            names = (_name(f"{side}_layers", lay, "layers"), _name(f"{side}_heads", hd, "heads"))
-            sides[side] = (as_indexes(lay if lay is not None else layers, names[0]),
-                           as_indexes(hd if hd is not None else heads, names[1]))
-            chosen = check_selection(m.info, blocks, *sides[side], options=("blocks", *names))
-        (req.from_layers, req.from_heads), (req.to_layers, req.to_heads) = sides["from"], sides["to"]
+        chosen = check_model(request, m.info)
+        (req.from_layers, req.from_heads), (req.to_layers, req.to_heads) = request.side("from"), request.side("to")
         keys = {b.key for b in chosen}
-        check_fold_qk_norm(chosen, fold_qk_norm)
         every = units(m.info)
         pairs = block_pairs(every, m.info)
         earlier = [u for u in every if u.block in keys and _has(req.from_layers, u.layer)]
@@ -138,10 +138,6 @@ def composition(
     return result.by_kv_head() if by == "kv-head" else result
 
 
-def _name(option: str, value, fallback: str) -> str:
-    return option if value is not None else fallback
-
-
 def _has(sel: tuple[int, ...] | None, i: int) -> bool:
     return sel is None or i in sel
 
@@ -156,19 +152,6 @@ def _order(key, every: list[Unit]) -> tuple:
     return (pos[(fb, fl)][1], pos[(tb, tl)][1], KINDS.index(kind))
 
 
-
-
-def _request(kinds, precision, device, fold_ln, fold_qk_norm) -> _Request:
-    names = [kinds] if isinstance(kinds, str) else list(kinds)
-    names = [k.strip() for n in names for k in str(getattr(n, "value", n)).split(",") if k.strip()]
-    bad = [k for k in names if k not in KINDS]
-    if bad or not names:
-        raise InputError(f"kinds={','.join(bad) or repr(kinds)}: choose among q, k, v")
-    precision = str(getattr(precision, "value", precision))
-    if precision not in PRECISIONS:
-        raise InputError(f"precision={precision!r}: choose float32 or float64")
-    return _Request(tuple(k for k in KINDS if k in names), PRECISIONS[precision], check_device(device), bool(fold_ln),
-                    bool(fold_qk_norm))
 
 
 def _processing(req: _Request, info: ModelInfo, blocks) -> CompositionProcessing:

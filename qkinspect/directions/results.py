@@ -95,7 +95,7 @@ class DirectionsResult(Tabular):
 
     def render_table(self, console) -> None:
         """`qkinspect directions`' table of this result."""
-        from qkinspect.terminal.tables import render_directions
+        from qkinspect.terminal.directions import render_directions
 
         render_directions(console, self)
 

@@ -14,7 +14,7 @@ from typing import IO
 
 from matplotlib.backends.backend_pdf import PdfPages
 
-from qkinspect.direction_records import DirectionsResult
+from qkinspect.directions.results import DirectionsResult
 from qkinspect.errors import InputError
 from qkinspect.report.pages import TextPages
 from qkinspect.report.style import style

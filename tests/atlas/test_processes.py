@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.zoo.conftest import NEEDS_DASK, save_zoo
+from tests.atlas.conftest import NEEDS_DASK, save_zoo
 
 pytest.importorskip("distributed", reason=NEEDS_DASK)
 
@@ -73,7 +73,7 @@ def fake_cache(root: Path, model: Path) -> Path:
 
 
 def test_hf_cache_models_are_discovered_and_analysed_offline(zoo, tmp_path):
-    from qkinspect.zoo import hf_cache_models
+    from qkinspect.atlas import hf_cache_models
 
     cache = fake_cache(tmp_path / "hub", zoo["bert"])
     assert hf_cache_models(cache) == ["org/tiny-bert"]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from qkinspect.errors import InputError
+from tests.atlas.conftest import NEEDS_DASK
 from tests.one_line import one_error_line
-from tests.zoo.conftest import NEEDS_DASK
 
 pytest.importorskip("distributed", reason=NEEDS_DASK)
 
@@ -266,7 +266,7 @@ def test_a_saved_analysis_is_an_entry_with_nothing_recomputed(cluster, zoo, cli,
     assert len(list((tmp_path / "out" / "models" / "results").glob("*.json"))) == 1  # only the llama analysed
     doc = json.loads(r.stdout)
     assert doc["paths"] == [str(saved), str(zoo["llama"]), str(bare)]
-    from qkinspect.zoo.stats import entry_stats
+    from qkinspect.atlas.stats import entry_stats
 
     expected, _ = entry_stats(doc["models"][0], json.loads(saved.read_text()), "saved", path=str(saved))
     assert [x for x in doc["records"] if x["path"] == str(saved)] == expected

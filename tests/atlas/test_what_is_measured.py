@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
+from qkinspect.atlas.stats import entry_stats
 from qkinspect.errors import InputError
-from qkinspect.zoo.stats import entry_stats
+from tests.atlas.synthetic import synthetic_atlas, synthetic_doc
 from tests.one_line import one_error_line
-from tests.zoo.synthetic import synthetic_atlas, synthetic_doc
 
 
 def _doc(qk_norm: bool, folded: bool, chance: float | None = None) -> dict:
@@ -34,7 +34,7 @@ def test_a_q_k_norm_block_measured_raw_is_flagged_in_the_facts(qk_norm, folded, 
 
 
 def test_the_table_marks_raw_q_k_norm_rows_and_says_why():
-    from qkinspect.cli.commands.atlas import atlas_tables
+    from qkinspect.terminal.atlas import atlas_tables
 
     atlas = synthetic_atlas(3)
     atlas.facts[1]["qk_norm_raw"] = True
@@ -52,8 +52,8 @@ def test_fold_qk_norm_is_an_atlas_option_and_folds_only_where_there_are_norms(zo
     import inspect
 
     import qkinspect
+    from qkinspect.atlas.request import atlas_options
     from qkinspect.sweep.task import analyze_checkpoint
-    from qkinspect.zoo.run import atlas_options
 
     assert atlas_options({"fold_qk_norm": True})["fold_qk_norm"] is True
     assert "fold_qk_norm" in inspect.signature(qkinspect.atlas).parameters
@@ -65,9 +65,9 @@ def test_fold_qk_norm_is_an_atlas_option_and_folds_only_where_there_are_norms(zo
 def test_a_raw_q_k_norm_model_is_noted_and_folding_it_clears_the_note(tmp_path):
     """A Qwen3 model through the atlas's own reading: raw, the note and the flag; folded, neither."""
     import qkinspect
-    from qkinspect.zoo.inputs import entries
-    from qkinspect.zoo.result import read_atlas
-    from qkinspect.zoo.run import run_atlas
+    from qkinspect.atlas.inputs import entries
+    from qkinspect.atlas.run import run_atlas
+    from qkinspect.atlas.saved import read_atlas
     from tests.cli.test_fold_qk_norm import save_qwen3
 
     model = save_qwen3(tmp_path / "qwen3", seed=7)
@@ -94,7 +94,7 @@ def test_every_overlap_record_has_its_chance_level_and_the_ratio():
 def test_the_table_shows_the_chance_level_and_offers_the_ratio():
     from rich.console import Console
 
-    from qkinspect.cli.commands.atlas import atlas_tables
+    from qkinspect.terminal.atlas import atlas_tables
 
     atlas = synthetic_atlas(2)
     for r in atlas.records:
@@ -114,7 +114,7 @@ def test_the_table_shows_the_chance_level_and_offers_the_ratio():
 
 
 def test_models_are_named_as_info_names_them_and_keep_their_path():
-    from qkinspect.zoo.result import display_names
+    from qkinspect.atlas.saved import display_names
 
     docs = [("/x/site-packages/pkg/model", {"model": {"name": "all-MiniLM-L6-v2"}}),
             ("/tmp/a/model", {"model": {"name": "model"}}), ("/tmp/b/model", {"model": {"name": "model"}}),

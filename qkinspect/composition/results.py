@@ -13,19 +13,18 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from qkinspect.documents import SCHEMA, model_dict, model_info
+from qkinspect.documents import SCHEMA, model_dict
 from qkinspect.errors import InputError
 from qkinspect.layer import ModelInfo
 from qkinspect.notebook import Tabular
+from qkinspect.processing import CompositionProcessing
 
 KIND_TEXT = {"q": "queries", "k": "keys", "v": "values"}
 DEFINITIONS = {
@@ -51,27 +50,6 @@ class BlockPair:
     kinds: tuple[str, ...]
     width: int  # the residual stream's width D (baseline 1/√D)
     rule: str  # e.g. "layer i < layer j" or "every encoder layer: the decoder's keys and values read its output"
-
-
-@dataclass(frozen=True)
-class CompositionProcessing:
-    """How the scores were computed; recorded with every result."""
-
-    fold_ln: bool = True
-    fold_qk_norm: bool = False
-    precision: str = "float32"
-    device: str = "cpu"
-    kinds: tuple[str, ...] = ("q", "k", "v")
-    blocks: tuple[str, ...] | None = None
-    from_layers: tuple[int, ...] | None = None
-    from_heads: tuple[int, ...] | None = None
-    to_layers: tuple[int, ...] | None = None
-    to_heads: tuple[int, ...] | None = None
-    not_folded: tuple[str, ...] = ()  # "<block> layer <i> <side>" where the model gives no norm to fold
-    rotary: tuple[str, ...] = ()  # blocks with rotary positions: their W_QK is the zero-offset form
-    qk_norm_not_folded: tuple[str, ...] = ()  # blocks with q/k norms whose gains were not folded in
-    dequantized: str | None = None
-    by: str = "head"  # "kv-head": the later side grouped by key/value head (by_kv_head)
 
 
 @dataclass(frozen=True)
@@ -271,7 +249,7 @@ class CompositionResult(Tabular):
 
     def render_table(self, console) -> None:
         """`qkinspect composition`'s table of this result."""
-        from qkinspect.terminal.tables import render_composition
+        from qkinspect.terminal.composition import render_composition
 
         render_composition(console, self)
 
@@ -293,68 +271,3 @@ class CompositionResult(Tabular):
 
 def _chosen(sel: tuple[int, ...] | None, n: int) -> np.ndarray:
     return np.arange(n) if sel is None else np.array([h for h in sel if h < n], dtype=np.int64)
-
-
-def is_composition_document(spec: str | Path) -> bool:
-    """Whether `spec` names a JSON file whose head says it is a composition document (read no further)."""
-    path = Path(spec)
-    if path.suffix.lower() != ".json" or not path.is_file():
-        return False
-    try:
-        with path.open("rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    return b'"kind": "composition"' in head or b'"kind":"composition"' in head
-
-
-def read_composition(path: str | Path) -> CompositionResult:
-    """A composition document (`qkinspect composition -o FILE.json`) read back, checked as untrusted input.
-
-    Raises:
-        InputError: naming the file, for anything that is not such a document.
-    """
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise InputError(f"{path}: cannot read a composition document ({type(e).__name__})") from None
-    try:
-        return _from_dict(doc)
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-        raise InputError(f"{path}: not a valid composition document ({type(e).__name__}: {e})") from None
-
-
-def _from_dict(doc: Mapping[str, Any]) -> CompositionResult:
-    if doc.get("schema") != SCHEMA or doc.get("kind") != "composition":
-        raise ValueError(f"schema {doc.get('schema')!r}, kind {doc.get('kind')!r}: expected {SCHEMA}, composition")
-    info = model_info(doc["model"])
-    proc = {k: tuple(v) if isinstance(v, list) else v for k, v in doc["processing"].items()
-            if k in CompositionProcessing.__dataclass_fields__}
-    pairs = [BlockPair(str(p["from_block"]), str(p["to_block"]), tuple(map(str, p["kinds"])), int(p["width"]),
-                       str(p["rule"])) for p in doc["pairs"]]
-    processing = CompositionProcessing(**proc)
-    if processing.by not in BY:
-        raise ValueError(f"processing.by is {processing.by!r}, not one of {', '.join(BY)}")
-    by_kv = processing.by == "kv-head"
-    shapes = {b.key: b.n_heads for b in info.blocks}
-    later = {b.key: b.n_kv_heads if by_kv else b.n_heads for b in info.blocks}
-    scores: dict[Key, np.ndarray] = {}
-    one_block = info.blocks[0].key if len(info.blocks) == 1 else None
-    for r in doc["records"]:
-        fb, tb = str(r.get("from_block", one_block)), str(r.get("to_block", one_block))
-        key = (fb, int(r["from_layer"]), tb, int(r["to_layer"]), str(r["kind"]))
-        if key not in scores:
-            scores[key] = np.full((shapes[fb], later[tb]), np.nan)
-        a, b, v = int(r["from_head"]), int(r["to_kv_head" if by_kv else "to_head"]), r["score"]
-        if key[4] not in KIND_TEXT or not (0 <= a < shapes[fb] and 0 <= b < later[tb]):
-            raise ValueError(f"record {r!r} names a kind or head this model does not have")
-        scores[key][a, b] = np.nan if v is None else float(v)
-    norms = {}
-    for n in doc.get("read_norms", []):
-        b = str(n["block"])
-        v = np.asarray([np.nan if x is None else float(x) for x in n["norms"]], dtype=np.float64)
-        if str(n["kind"]) not in KIND_TEXT or v.shape != (shapes[b],):
-            raise ValueError(f"read_norms of {b} layer {n['layer']} ({n['kind']}): not {shapes[b]} head norms")
-        norms[(b, int(n["layer"]), str(n["kind"]))] = v
-    return CompositionResult(info, processing, pairs, scores, list(doc.get("warnings", [])), norms)

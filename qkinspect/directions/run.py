@@ -16,18 +16,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from qkinspect.direction_records import DirectionRecord, DirectionsResult, Readout
-from qkinspect.errors import CheckpointError, InputError
+from qkinspect.directions.request import LIBRARY_NAMES, DirectionsRequest, check_model, check_request
+from qkinspect.directions.results import DirectionRecord, DirectionsResult, Readout
+from qkinspect.errors import CheckpointError
 from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.loading import opened
 from qkinspect.metrics.directions import GAP, best_tokens, continues, factored_svd, subspaces
 from qkinspect.metrics.factored import RANK_RTOL
-from qkinspect.selection import as_indexes, check_fold_qk_norm, check_selection
-
-PRECISIONS = {"float32": torch.float32, "float64": torch.float64}
-READINGS = ("dot", "cosine")
-MAX_DIRECTIONS = 4096
-MAX_TOKENS = 1000
+from qkinspect.names import Names
 
 
 def directions(
@@ -45,6 +41,7 @@ def directions(
     revision: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     reading: str = "dot",
+    names: Names = LIBRARY_NAMES,
 ) -> DirectionsResult:
     """The top singular directions of each selected head's W_OV and W_QK, read as tokens.
 
@@ -63,6 +60,8 @@ def directions(
         progress: called as progress(done, total) after each layer.
         reading: "dot" (a token's score is its vector's dot product with the direction) or "cosine" (divided by
             the token vector's norm: rare tokens with long embedding rows no longer top every list).
+        names: how errors name the options (`qkinspect.directions.request`): these arguments' names by default;
+            the CLI passes its own.
 
     Returns:
         DirectionsResult: records (tokens per direction, sign and side), what the tokens were read through, notes.
@@ -78,11 +77,15 @@ def directions(
         >>> sorted({(r.matrix, r.side) for r in result.records})
         [('ov', 'read'), ('ov', 'write'), ('qk', 'key'), ('qk', 'query')]
     """
-    run = _Run.make(top_directions, top_tokens, precision, device, fold_ln, fold_qk_norm, reading)
+    request = check_request(layers=layers, heads=heads, blocks=blocks, top_directions=top_directions,
+                            top_tokens=top_tokens, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, precision=precision,
+                            device=device, reading=reading, names=names)
+    run = _Run.make(request)
+    blocks, layer_sel, head_sel = request.blocks, request.layers, request.heads
     with opened(model, revision) as m:
-        head_sel, layer_sel = as_indexes(heads, "heads"), as_indexes(layers, "layers")
-        chosen = check_selection(m.info, blocks, layer_sel, head_sel)
-        check_fold_qk_norm(chosen, fold_qk_norm)
+        chosen = check_model(request, m.info)
+        if blocks is not None:  # recorded as the model's block keys, whether kinds or labels were given
+            blocks = tuple(b.key for b in chosen)
         vocab = read_vocab(m, chosen, run.dtype, run.device)
         if run.reading == "cosine":
             vocab.use_norms()
@@ -255,20 +258,10 @@ class _Run:
     warnings: list[str] = field(default_factory=list)
 
     @classmethod
-    def make(cls, k, n_tokens, precision, device, fold_ln, fold_qk_norm, reading="dot") -> _Run:
-        for name, value, top in (("top_directions", k, MAX_DIRECTIONS), ("top_tokens", n_tokens, MAX_TOKENS)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-                raise InputError(f"{name}={value!r}: give a whole number from 1 to {top}")
-        precision = str(getattr(precision, "value", precision))
-        if precision not in PRECISIONS:
-            raise InputError(f"precision={precision!r}: choose float32 or float64")
-        reading = str(getattr(reading, "value", reading))
-        if reading not in READINGS:
-            raise InputError(f"reading={reading!r}: choose dot or cosine")
-        from qkinspect.device import check_device
-
-        return cls(k, n_tokens, PRECISIONS[precision], check_device(device), bool(fold_ln), bool(fold_qk_norm),
-                   reading)
+    def make(cls, request: DirectionsRequest) -> _Run:
+        """The run of a checked request (`qkinspect.directions.request`), with the torch dtype of its precision."""
+        return cls(request.top_directions, request.top_tokens, getattr(torch, request.precision), request.device,
+                   request.fold_ln, request.fold_qk_norm, request.reading)
 
     def processed(self, layer: AttentionLayer) -> AttentionLayer:
         from qkinspect.metrics.fold import fold_ln, fold_qk_norm

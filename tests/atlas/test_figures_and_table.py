@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkinspect.zoo.stats import attention_params, depth, entry_stats, quartiles
-from tests.zoo.synthetic import synthetic_atlas, synthetic_doc
+from qkinspect.atlas.stats import attention_params, depth, entry_stats, quartiles
+from tests.atlas.synthetic import synthetic_atlas, synthetic_doc
 
 
 def test_depth_is_l_over_l_minus_1_and_a_single_layer_sits_in_the_middle():
@@ -53,7 +53,7 @@ def test_a_one_layer_block_and_an_undefined_metric():
 
 @pytest.mark.parametrize("n", [2, 40])
 def test_figures_with_2_and_40_models(n, tmp_path):
-    from qkinspect.report.atlas import depth_figure, size_figure
+    from qkinspect.report.atlas.figures import depth_figure, size_figure
     from qkinspect.report.style import style
 
     atlas = synthetic_atlas(n)
@@ -85,7 +85,7 @@ def test_figures_with_2_and_40_models(n, tmp_path):
 def test_the_table_fits_80_columns_and_cuts_nothing(n):
     from rich.console import Console
 
-    from qkinspect.cli.commands.atlas import atlas_tables
+    from qkinspect.terminal.atlas import atlas_tables
 
     atlas = synthetic_atlas(n)
     tables, lines = atlas_tables(atlas.rows(), width=80)
@@ -113,8 +113,8 @@ def test_synthetic_documents_are_what_analyze_writes():
 def test_two_towers_of_one_kind_are_told_apart():
     """A CLIP-like model (text and vision encoders): two lines of one colour in the encoder panel, the second
     marked, each named in the legend."""
-    from qkinspect.report.atlas import depth_figure
-    from qkinspect.zoo import AtlasResult
+    from qkinspect.atlas import AtlasResult
+    from qkinspect.report.atlas.figures import depth_figure
 
     blocks = [{"name": "encoder", "label": tower, "n_layers": 3, "n_heads": 2, "n_kv_heads": 2, "d_model": 8,
                "d_head": 4} for tower in ("text", "vision")]
@@ -135,7 +135,8 @@ def test_the_report_captions_every_figure_and_its_legends_are_readable(n, tmp_pa
     """Issue 39: the atlas report had no captions and legends near 5 pt; now each figure is on a page with its caption
     (as the model report's), legends at 7 pt at least, chance levels and raw q/k-norm models said."""
     pypdf = pytest.importorskip("pypdf")
-    from qkinspect.report.atlas import depth_figure, size_figure, write_atlas_pdf
+    from qkinspect.report.atlas.figures import depth_figure, size_figure
+    from qkinspect.report.atlas.pdf import write_atlas_pdf
 
     atlas = synthetic_atlas(n)
     atlas.facts[1]["qk_norm_raw"] = True
@@ -156,7 +157,7 @@ def test_the_report_captions_every_figure_and_its_legends_are_readable(n, tmp_pa
     assert f"Measured raw, q/k-norm gains not folded in: {atlas.facts[1]['model']}" in symmetry
     assert "(measured raw, not folded)" in texts[0]
     if n == 3:  # the HTML report has the same captions
-        from qkinspect.report.analysis.html import render_atlas_html
+        from qkinspect.report.atlas.html import render_atlas_html
 
         page = render_atlas_html(atlas)
         assert page.count("<figcaption>") == pages - 1 and "each model&#x27;s chance level" in page
@@ -165,7 +166,7 @@ def test_the_report_captions_every_figure_and_its_legends_are_readable(n, tmp_pa
 
 def test_the_layer_form_subtitle_is_math_not_source_text():
     """The subtitle read `Σ_h W_Q^h W_K^{h//rep}ᵀ` verbatim; it is mathtext now, and says what g(h) is."""
-    from qkinspect.report.atlas import depth_figure
+    from qkinspect.report.atlas.figures import depth_figure
 
     title = depth_figure(synthetic_atlas(2), "symmetry_layer").get_suptitle()
     assert "{h//rep}" not in title and "$\\Sigma_h" in title.replace("\n", "") and "g(h) = h //" in title

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from qkinspect.zoo import AtlasResult
-from qkinspect.zoo.stats import entry_stats
+from qkinspect.atlas import AtlasResult
+from qkinspect.atlas.stats import entry_stats
 
 FAMILIES = [("bert", ["encoder"]), ("llama", ["decoder"]), ("t5", ["encoder", "decoder", "cross"]),
             ("gpt2", ["decoder"])]

@@ -1,0 +1,93 @@
+"""What an atlas is asked to do, checked once, before torch is imported or any model is looked for: the analysis
+options (metrics, precision, fold_ln, fold_qk_norm; the layer form always on), the device and the engine's options
+(scheduler, workers, threads).
+
+Errors name each option as the caller spells it (`qkinspect.names.Names`): the library's argument names by default
+(`workers=0`), the CLI's options when the CLI passes `qkinspect.sweep.names.CLI_NAMES` (`--workers 0`).
+
+Example:
+    >>> check_request("atlas/", metrics="symmetry", workers=2).options["layer_form"]
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qkinspect.errors import InputError
+from qkinspect.names import Names
+from qkinspect.sweep.names import LIBRARY_NAMES
+
+__all__ = ["OPTION_NAMES", "AtlasRequest", "atlas_options", "check_request"]
+
+OPTION_NAMES = ("metrics", "precision", "fold_ln", "fold_qk_norm")
+
+
+@dataclass(frozen=True)
+class AtlasRequest:
+    """A checked atlas request: the folder, the analysis options as the sweep's engine takes them (layer form on),
+    the device and the engine's options; `names`: how later errors (the folder, the scheduler's answer) name them."""
+
+    out: Path
+    options: dict[str, Any]
+    device: str = "cpu"
+    scheduler: str | None = None
+    workers: int | None = None
+    threads: int | None = None
+    names: Names = LIBRARY_NAMES
+
+
+def atlas_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The analysis options of an atlas (metrics, precision, fold_ln, fold_qk_norm) as the sweep takes them, layer
+    form on; InputError for an unknown option, metric or precision, before any work. `fold_qk_norm` folds the q/k
+    norm gains of each model that has them (qkinspect.sweep.task); the others are measured as stored."""
+    from qkinspect.metrics.registry import resolve_metrics
+    from qkinspect.processing import PRECISIONS
+    from qkinspect.sweep.keys import normalized_options
+
+    unknown = set(options) - set(OPTION_NAMES)
+    if unknown:
+        raise InputError(f"atlas: unknown options {', '.join(sorted(unknown))}; it takes {', '.join(OPTION_NAMES)}")
+    metrics = options.get("metrics")
+    if isinstance(metrics, str):
+        metrics = [m for m in metrics.split(",") if m.strip()]
+    resolve_metrics(metrics)
+    precision = str(options.get("precision") or "float32")
+    if precision not in PRECISIONS:
+        raise InputError(f"precision={precision!r}: choose float32 or float64")
+    return normalized_options({"metrics": list(metrics) if metrics is not None else None, "precision": precision,
+                               "fold_ln": bool(options.get("fold_ln", False)),
+                               "fold_qk_norm": bool(options.get("fold_qk_norm", False)), "layer_form": True})
+
+
+def check_request(out: str | Path, *, metrics: list[str] | tuple[str, ...] | str | None = None,
+                  precision: str = "float32", fold_ln: bool = False, fold_qk_norm: bool = False,
+                  device: str = "cpu", scheduler: str | None = None, workers: int | None = None,
+                  threads: int | None = None, names: Names = LIBRARY_NAMES) -> AtlasRequest:
+    """The atlas request, checked whole before any work, in the caller's option names (`names`).
+
+    Raises:
+        InputError: threads or workers out of range, a scheduler address that is not one, an unknown metric or
+            precision, a device that is not there.
+    """
+    from qkinspect.limits import check_threads, check_workers
+
+    check_threads(threads, names.threads)
+    check_workers(workers, names.workers)
+    if scheduler is not None:
+        from qkinspect.sweep.scheduler import check_address
+
+        check_address(scheduler, names.scheduler)  # run_sweep connects to the address as given
+    if metrics is not None and not isinstance(metrics, str):
+        metrics = list(dict.fromkeys(n.strip() for m in metrics for n in str(m).split(",") if n.strip()))
+        if not metrics:
+            raise InputError(f"{names.metrics}: no names given (leave the option out for the default)")
+    options = atlas_options({"metrics": metrics, "precision": precision, "fold_ln": fold_ln,
+                             "fold_qk_norm": fold_qk_norm})
+    if device != "cpu":
+        from qkinspect.device import check_device
+
+        device = check_device(device, names.device)
+    return AtlasRequest(Path(out), options, device, scheduler, workers, threads, names)

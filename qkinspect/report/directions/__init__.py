@@ -1,0 +1,1 @@
+"""The directions' pages: the PDF of the tokens each head's directions read (`pdf`)."""

@@ -1,0 +1,56 @@
+"""The atlas's, the composition's and the directions' requests are checked once, in the library, torch-free, and
+refused in the caller's option names: the library's arguments by default, the CLI's options with its names."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from qkinspect.errors import InputError
+from qkinspect.sweep.names import CLI_NAMES as ENGINE_CLI
+
+
+@pytest.mark.parametrize(("call", "library", "cli"), [
+    ("atlas", "^workers: 0 must be at least 1$", "^--workers: 0 must be at least 1$"),
+    ("composition", "^kinds=x: choose among q, k, v$", "^--kinds x: choose among q, k, v$"),
+    ("directions", r"^top_tokens=0: give a whole number from 1 to 1000$", "^--top-tokens: 0 must be from 1 to 1000$"),
+])
+def test_a_refusal_names_the_option_as_the_caller_spells_it(call, library, cli):
+    from qkinspect.atlas.request import check_request as atlas_request
+    from qkinspect.composition import request as composition
+    from qkinspect.directions import request as directions
+
+    def ask(names):
+        if call == "atlas":
+            return atlas_request("out", workers=0, **({"names": names} if names else {}))
+        if call == "composition":
+            return composition.check_request(kinds="x", **({"names": names} if names else {}))
+        return directions.check_request(top_tokens=0, **({"names": names} if names else {}))
+
+    with pytest.raises(InputError, match=library):
+        ask(None)
+    names = {"atlas": ENGINE_CLI, "composition": composition.CLI_NAMES, "directions": directions.CLI_NAMES}[call]
+    with pytest.raises(InputError, match=cli):
+        ask(names)
+
+
+def test_the_requests_are_checked_without_torch():
+    code = ("import sys\n"
+            "from qkinspect.atlas.request import check_request as a\n"
+            "from qkinspect.composition.request import check_request as c\n"
+            "from qkinspect.directions.request import check_request as d\n"
+            "a('out', metrics='symmetry', workers=1, threads=1)\n"
+            "c(kinds='k', layers='0-1', from_heads=[0, 1])\n"
+            "d(layers='0', heads=[0], top_directions=2, reading='cosine')\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_each_side_of_a_composition_keeps_its_own_selection():
+    from qkinspect.composition.request import check_request
+
+    r = check_request(layers="0-2", heads="1", to_layers=[3, 4])
+    assert r.side("from") == ((0, 1, 2), (1,)) and r.side("to") == ((3, 4), (1,))
