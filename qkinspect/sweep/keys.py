@@ -44,5 +44,11 @@ def normalized_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def result_key(ck: Checkpoint, options: dict[str, Any]) -> str:
-    text = json.dumps({"checkpoint": ck.identity, "options": normalized_options(options)}, sort_keys=True)
+    return stored_key(ck, normalized_options(options))
+
+
+def stored_key(ck: Checkpoint, stored: dict[str, Any]) -> str:
+    """The key of `ck` with the options exactly as a folder stores them: `result_key`'s, for a folder this version
+    wrote; for one written before selections were stored as indexes ("0-1" as text), the key its writer gave."""
+    text = json.dumps({"checkpoint": ck.identity, "options": stored}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -26,10 +26,12 @@ from typing import Any
 from qkinspect.checking import MAX_INDEX, Checker, model_blocks, show
 from qkinspect.errors import InputError
 from qkinspect.limits import MAX_METRIC
+from qkinspect.selection import as_indexes
 from qkinspect.sweep.checkpoints import Checkpoint
-from qkinspect.sweep.keys import OPTION_NAMES, RESULT_KIND, Failure, normalized_options, result_key
+from qkinspect.sweep.keys import OPTION_NAMES, RESULT_KIND, Failure, normalized_options, stored_key
 
 MAX_CHECKPOINTS = 1 << 20
+MAX_SELECTION_TEXT = 10_000  # a selection stored as text ("0-5,7") by an earlier version
 MAX_RECORDS = 1 << 16  # head (or layer) records in one result: the largest models have ~16 000 heads
 STEP_SOURCES = ("trainer_state", "name", "order", "training")  # training: qkinspect.track / QKCallback
 IDENTITY_FIELDS = ("spec", "revision", "name", "identity")
@@ -52,7 +54,12 @@ def check_options(c: Checker, options: Any, key: str = "options") -> dict[str, A
                      + ", ".join(sorted(extra)))
     for name in ("layers", "heads"):
         v = opts[name]
-        if v is not None:
+        if isinstance(v, str) and len(v) <= MAX_SELECTION_TEXT:  # as an earlier version stored "0-1": read it
+            try:
+                as_indexes(v, name)
+            except InputError as e:
+                raise c.fail(f"{key}.{name}", f"is {show(v)}, not a selection ({e})") from None
+        elif v is not None:
             if not isinstance(v, list) or len(v) > MAX_INDEX:
                 raise c.fail(f"{key}.{name}", f"is {show(v)}, not a list of numbers or null")
             for i, x in enumerate(v):
@@ -95,7 +102,7 @@ def check_manifest(doc: Any, path: object):
             raise c.fail(f"{where}.step_source", f"is {show(source)}, not one of {', '.join(STEP_SOURCES)}")
         ck = Checkpoint(**fields, step=step, step_source=source)
         key = c.text(item.get("key"), f"{where}.key")
-        if key != result_key(ck, options):
+        if key != stored_key(ck, options):  # the options as stored: a folder of an earlier version keeps its keys
             raise c.fail(f"{where}.key", f"is {show(key)}, not the key of {ck.name} with these options")
         out.append((ck, key))
     failures = doc.get("failures", [])
@@ -123,7 +130,7 @@ def check_result(doc: Any, path: object, ck: Checkpoint, key: str, options: dict
         if claimed.get(f) != getattr(ck, f):
             raise c.fail(f"checkpoint.{f}", f"is {show(claimed.get(f), 400)}: the result is not of {ck.name} "
                                            f"({f} {show(getattr(ck, f), 400)})")
-    if doc.get("options") != options:
+    if normalized_options(check_options(c, doc.get("options"))) != options:
         raise c.fail("options", "are not this sweep's options")
     result = c.obj(doc.get("result"), "result")
     blocks = model_blocks(c, result.get("model"), "result.model")

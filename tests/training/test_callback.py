@@ -256,3 +256,42 @@ def test_a_bad_selection_is_refused_before_training(tmp_path):
     with pytest.raises(InputError, match="layers="):
         Tracker(tmp_path / "run", layers="0-x")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_folder_an_earlier_version_wrote_with_a_text_selection_is_read(tmp_path):
+    """Before selections were stored as indexes, track(..., layers="0-1") stored "0-1" in the manifest and each
+    result, with keys of those options: such a folder is read (its keys checked as stored) and plot and report draw
+    it; a stored text that is no selection is refused naming the file and the key."""
+    import json
+
+    from qkinspect.sweep import read_sweep
+    from qkinspect.sweep.checkpoints import Checkpoint
+    from qkinspect.sweep.keys import stored_key
+
+    model = _tiny_llama()
+    for step in (1, 2):
+        track(model, step, tmp_path / "run", metrics=["symmetry"], layers="0-1", heads="0,2")
+    manifest_path = tmp_path / "run" / "sweep.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["options"].update(layers="0-1", heads="0,2")  # as the earlier version stored them
+    renamed = {}
+    for ck in manifest["checkpoints"]:
+        fields = {k: ck[k] for k in ("spec", "revision", "name", "identity", "step", "step_source")}
+        old = stored_key(Checkpoint(**fields), manifest["options"])
+        renamed[ck["key"]], ck["key"] = old, old
+    manifest_path.write_text(json.dumps(manifest))
+    for path in (tmp_path / "run").rglob("*.json"):
+        doc = json.loads(path.read_text())
+        if doc.get("kind") == "sweep-result":
+            doc["key"], doc["options"] = renamed[doc["key"]], manifest["options"]
+            path.rename(path.with_name(path.name.replace(path.name.split(".")[-2], doc["key"])))
+            path.with_name(path.name.replace(path.name.split(".")[-2], doc["key"])).write_text(json.dumps(doc))
+    sweep = read_sweep(tmp_path / "run")
+    assert (sweep.options["layers"], sweep.options["heads"]) == ([0, 1], [0, 2])
+    assert sorted({r["layer"] for r in sweep.rows()}) == [0, 1]
+    _plot_and_report(tmp_path / "run", tmp_path)
+
+    manifest["options"]["layers"] = "0-x"
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match=r"options\.layers.*not a selection"):
+        read_sweep(tmp_path / "run")
