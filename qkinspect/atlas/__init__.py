@@ -14,41 +14,13 @@ The folder keeps the analyses, so everything is computed again, the same, when t
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
+from qkinspect.faces import make_face
 
 # Imported on use: `plot` and `report` ask `is_atlas` of every model argument, and must stay free of numpy and torch.
 _NAMES = {"SavedEntry": "inputs", "entries": "inputs", "hf_cache_models": "inputs", "is_atlas": "folder",
           "AtlasRequest": "request", "check_request": "request", "AtlasResult": "results", "read_atlas": "saved",
           "atlas": "run", "build_atlas": "run", "run_atlas": "run"}
 
-
-def __getattr__(name: str):
-    if name in _NAMES:
-        return getattr(importlib.import_module(f"qkinspect.atlas.{_NAMES[name]}"), name)
-    raise AttributeError(f"module 'qkinspect.atlas' has no attribute {name!r}")
-
-
-class _AtlasModule(types.ModuleType):
-    """The package is callable: `qkinspect.atlas(models, out=...)` is `qkinspect.atlas.run.atlas` (the package
-    keeps its name, the library call its documented spelling)."""
-
-    def __call__(self, *args, **kwargs):
-        from qkinspect.atlas.run import atlas
-
-        return atlas(*args, **kwargs)
-
-    @property
-    def __signature__(self):
-        """The call's own signature, so that `inspect.signature(qkinspect.atlas)` and help name its arguments."""
-        import inspect
-
-        from qkinspect.atlas.run import atlas
-
-        return inspect.signature(atlas)
-
-
-sys.modules[__name__].__class__ = _AtlasModule
+make_face(__name__, _NAMES, call="atlas")
 
 __all__ = sorted(_NAMES)

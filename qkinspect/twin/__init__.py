@@ -9,32 +9,10 @@ reader of a twin folder).
 
 from __future__ import annotations
 
-import sys
-import types
+from qkinspect.faces import make_face
 
-__all__ = ["read_twin", "twin"]
+_NAMES = {"twin": "run", "read_twin": "saved"}
 
+make_face(__name__, _NAMES, call="twin")
 
-def __getattr__(name: str):
-    if name == "twin":
-        from qkinspect.twin.run import twin
-
-        return twin
-    if name == "read_twin":
-        from qkinspect.twin.saved import read_twin
-
-        return read_twin
-    raise AttributeError(f"module 'qkinspect.twin' has no attribute {name!r}")
-
-
-class _TwinModule(types.ModuleType):
-    """The package is callable: `qkinspect.twin(out, ...)` is `qkinspect.twin.run.twin` (the package keeps its
-    name, the library call its documented spelling)."""
-
-    def __call__(self, *args, **kwargs):
-        from qkinspect.twin.run import twin
-
-        return twin(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _TwinModule
+__all__ = sorted(_NAMES)
