@@ -25,3 +25,9 @@ def check_device(device: Any, option: str = "device") -> str:
     if dev.type not in ("cpu", "cuda"):
         raise InputError(f"{shown}: only cpu and cuda are supported")
     return name
+
+
+def requested_device(device: Any, option: str = "device") -> str:
+    """`check_device`'s answer, without importing torch for the cpu (a request is checked before torch loads)."""
+    name = str(getattr(device, "value", device))
+    return name if name == "cpu" else check_device(name, option)

@@ -7,8 +7,19 @@ a caller may ask for (`PRECISIONS`, by name: torch-free, so that a request is ch
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from qkinspect.errors import InputError
 
 PRECISIONS = ("float32", "float64")  # the torch dtypes of these names; half precision is always cast up
+
+
+def checked_precision(precision: Any, names: Any) -> str:
+    """The precision's name (an enum's value too), or InputError in the caller's words (`names.said`)."""
+    precision = str(getattr(precision, "value", precision))
+    if precision not in PRECISIONS:
+        raise InputError(f"{names.said('precision', precision)}: choose float32 or float64")
+    return precision
 
 
 @dataclass(frozen=True)

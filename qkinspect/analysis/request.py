@@ -12,10 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from qkinspect.device import check_device
-from qkinspect.errors import InputError
 from qkinspect.metrics.registry import check_spectra, resolve_metrics
 from qkinspect.names import Names
-from qkinspect.processing import PRECISIONS
+from qkinspect.processing import checked_precision
 
 LIBRARY_NAMES = Names()
 
@@ -43,8 +42,6 @@ def check_request(metrics: Iterable[str] | None = None, spectra: Iterable[str] |
         >>> check_request(precision="float64").precision
         'float64'
     """
-    precision = str(getattr(precision, "value", precision))
-    if precision not in PRECISIONS:
-        raise InputError(f"{names.said('precision', precision)}: choose float32 or float64")
+    precision = checked_precision(precision, names)
     return AnalysisRequest(resolve_metrics(metrics, layer_form=layer_form), check_spectra(spectra or ()), precision,
                            check_device(device, names.device), bool(fold_ln), bool(fold_qk_norm))

@@ -8,24 +8,15 @@ from __future__ import annotations
 import importlib.util
 import sys
 import time
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from qkinspect.cli.options import RecordFormat
 from qkinspect.cli.output import Document, check_output, check_parquet, emit, write_parquet
 from qkinspect.errors import InputError
 from qkinspect.limits import check_threads, check_workers
-
-
-class SweepFormat(str, Enum):
-    table = "table"
-    json = "json"
-    ndjson = "ndjson"
-    csv = "csv"
-    parquet = "parquet"
-
 
 SchedulerOpt = Annotated[str | None, typer.Option(
     "--scheduler", metavar="ADDRESS",
@@ -37,12 +28,12 @@ WorkersOpt = Annotated[int | None, typer.Option(
 ThreadsOpt = Annotated[int | None, typer.Option(
     "--threads", metavar="N",
     help="torch threads per checkpoint (default: the cores shared among the workers; at most 1024).")]
-SweepFormatOpt = Annotated[SweepFormat | None, typer.Option(
+RecordFormatOpt = Annotated[RecordFormat | None, typer.Option(
     "--format", "-f", show_default=False, metavar="FORMAT",
     help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
 
 
-def check_engine_options(command: str, fmt: SweepFormat | None, output: Path | None, threads: int | None,
+def check_engine_options(command: str, fmt: RecordFormat | None, output: Path | None, threads: int | None,
                          workers: int | None, scheduler: str | None) -> str:
     """What the sweep engine's commands (sweep, atlas) refuse before any work: Dask missing, an output that
     cannot be written, thread and worker counts out of range, a scheduler address that is not one. Returns the
@@ -59,7 +50,7 @@ def check_engine_options(command: str, fmt: SweepFormat | None, output: Path | N
     return name
 
 
-def engine_format(command: str, fmt: SweepFormat | None, output: Path | None) -> str:
+def engine_format(command: str, fmt: RecordFormat | None, output: Path | None) -> str:
     """What the CLI itself refuses of an engine command before any work (the library checks the rest, in the CLI's
     names): Dask missing, an output that cannot be written. Returns the format to write."""
     if importlib.util.find_spec("distributed") is None:
@@ -67,7 +58,7 @@ def engine_format(command: str, fmt: SweepFormat | None, output: Path | None) ->
     return check_sweep_output(fmt, output)
 
 
-def check_sweep_output(fmt: SweepFormat | None, output: Path | None) -> str:
+def check_sweep_output(fmt: RecordFormat | None, output: Path | None) -> str:
     """The format to write, refused (before any work) when it cannot be: Parquet needs -o FILE and pyarrow."""
     if check_parquet(fmt, output):
         return "parquet"

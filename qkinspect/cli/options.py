@@ -31,6 +31,16 @@ class Format(str, Enum):
     csv = "csv"
 
 
+class RecordFormat(str, Enum):
+    """The formats of a command whose output is tidy records (sweep, atlas, composition, directions, twin)."""
+
+    table = "table"
+    json = "json"
+    ndjson = "ndjson"
+    csv = "csv"
+    parquet = "parquet"
+
+
 class Precision(str, Enum):
     float32 = "float32"
     float64 = "float64"

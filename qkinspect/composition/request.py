@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from qkinspect.composition.results import BY, KIND_TEXT
+from qkinspect.device import requested_device
 from qkinspect.errors import InputError
 from qkinspect.names import Names
-from qkinspect.processing import PRECISIONS
+from qkinspect.processing import checked_precision
 from qkinspect.selection import blocks_as_given, check_fold_qk_norm, check_selection, indexes_as_given
 
 LIBRARY_NAMES = Names()
@@ -90,14 +91,8 @@ def check_request(*, kinds: str | Iterable[str] | None = None, blocks: str | Ite
     sel = {opt: indexes_as_given(value, getattr(names, opt)) for opt, value in (
         ("layers", layers), ("heads", heads), ("from_layers", from_layers), ("to_layers", to_layers),
         ("from_heads", from_heads), ("to_heads", to_heads))}
-    precision = str(getattr(precision, "value", precision))
-    if precision not in PRECISIONS:
-        raise InputError(f"{names.said('precision', precision)}: choose float32 or float64")
-    device = str(getattr(device, "value", device))
-    if device != "cpu":
-        from qkinspect.device import check_device
-
-        device = check_device(device, names.device)
+    precision = checked_precision(precision, names)
+    device = requested_device(device, names.device)
     by = str(getattr(by, "value", by))
     if by not in BY:
         raise InputError(f"{names.said('by', by)}: choose {' or '.join(BY)}")

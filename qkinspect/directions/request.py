@@ -15,9 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from qkinspect.device import requested_device
 from qkinspect.errors import InputError
 from qkinspect.names import Names
-from qkinspect.processing import PRECISIONS
+from qkinspect.processing import checked_precision
 from qkinspect.selection import blocks_as_given, check_fold_qk_norm, check_selection, indexes_as_given
 
 LIBRARY_NAMES = Names()
@@ -63,17 +64,11 @@ def check_request(*, layers: Any = None, heads: Any = None, blocks: Any = None, 
             spelled = getattr(names, option)
             raise InputError(f"{spelled}: {value} must be from 1 to {top}" if spelled.startswith("--") else
                              f"{spelled}={value!r}: give a whole number from 1 to {top}")
-    precision = str(getattr(precision, "value", precision))
-    if precision not in PRECISIONS:
-        raise InputError(f"{names.said('precision', precision)}: choose float32 or float64")
+    precision = checked_precision(precision, names)
     reading = str(getattr(reading, "value", reading))
     if reading not in READINGS:
         raise InputError(f"{names.said('reading', reading)}: choose dot or cosine")
-    device = str(getattr(device, "value", device))
-    if device != "cpu":
-        from qkinspect.device import check_device
-
-        device = check_device(device, names.device)
+    device = requested_device(device, names.device)
     return DirectionsRequest(blocks, layers, heads, top_directions, top_tokens, bool(fold_ln), bool(fold_qk_norm),
                              precision, device, reading, names)
 

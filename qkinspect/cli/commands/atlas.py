@@ -11,8 +11,8 @@ import typer
 
 from qkinspect.cli.engine_options import (
     ProgressLine,
+    RecordFormatOpt,
     SchedulerOpt,
-    SweepFormatOpt,
     ThreadsOpt,
     WorkersOpt,
     engine_format,
@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         metrics: MetricsOpt = None, fold_ln: FoldLnOpt = False, fold_qk_norm: AtlasFoldQkNormOpt = False,
         precision: PrecisionOpt = Precision.float32, device: DeviceOpt = DeviceChoice.cpu,
         scheduler: SchedulerOpt = None, workers: WorkersOpt = None, threads: ThreadsOpt = None,
-        fmt: SweepFormatOpt = None, output: OutputOpt = None, vs_chance: VsChanceOpt = False,
+        fmt: RecordFormatOpt = None, output: OutputOpt = None, vs_chance: VsChanceOpt = False,
     ) -> None:
         """Compare many models of any family, shape and format: per model and block (an encoder-decoder has
         three), each metric's median and quartiles over heads, the layer form (Σ_h W_Q W_Kᵀ with query head h

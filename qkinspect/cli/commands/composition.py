@@ -19,21 +19,13 @@ from qkinspect.cli.options import (
     OutputOpt,
     Precision,
     PrecisionOpt,
+    RecordFormat,
     RevisionOpt,
 )
 from qkinspect.cli.output import Document, emit, note, progress, warn
 from qkinspect.errors import InputError
 
-
-class CompositionFormat(str, Enum):
-    table = "table"
-    json = "json"
-    ndjson = "ndjson"
-    csv = "csv"
-    parquet = "parquet"
-
-
-FormatOpt = Annotated[CompositionFormat | None, typer.Option(
+FormatOpt = Annotated[RecordFormat | None, typer.Option(
     "--format", "-f", show_default=False, metavar="FORMAT",
     help="Output format: table, json, ndjson, csv or parquet; default: from -o's extension (.parquet too), else table "
          "on a terminal and json in a pipe.")]
@@ -102,7 +94,7 @@ def register(app: typer.Typer) -> None:
         write(result, top, name, output)
 
 
-def check_format(fmt: CompositionFormat | None, output: Path | None) -> str:
+def check_format(fmt: RecordFormat | None, output: Path | None) -> str:
     """The format to write, refused before any work when it cannot be."""
     from qkinspect.cli.output import check_output, check_parquet, choose_format
 

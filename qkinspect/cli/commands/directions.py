@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from qkinspect.cli.engine_options import SweepFormat, check_sweep_output, write_table
+from qkinspect.cli.engine_options import check_sweep_output, write_table
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -21,6 +21,7 @@ from qkinspect.cli.options import (
     OutputOpt,
     Precision,
     PrecisionOpt,
+    RecordFormat,
     RevisionOpt,
 )
 from qkinspect.cli.output import Document, note, progress, warn
@@ -42,7 +43,7 @@ TopTokensOpt = Annotated[int, typer.Option("--top-tokens", "-n", metavar="N", he
 PdfOpt = Annotated[Path | None, typer.Option(
     "--pdf", metavar="FILE", help="Also write the directions as a PDF report page (atomically).")]
 
-FormatOpt = Annotated[SweepFormat | None, typer.Option(
+FormatOpt = Annotated[RecordFormat | None, typer.Option(
     "--format", "-f", show_default=False, metavar="FORMAT",
     help="table, json, ndjson, csv or parquet (needs -o and pyarrow); default: from -o's extension, else table on "
          "a terminal and json in a pipe.")]

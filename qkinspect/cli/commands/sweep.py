@@ -9,8 +9,8 @@ import typer
 
 from qkinspect.cli.engine_options import (
     ProgressLine,
+    RecordFormatOpt,
     SchedulerOpt,
-    SweepFormatOpt,
     ThreadsOpt,
     WorkersOpt,
     check_engine_options,
@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
         workers: WorkersOpt = None, threads: ThreadsOpt = None, layers: LayersOpt = None, heads: HeadsOpt = None,
         block: BlockOpt = None, metrics: MetricsOpt = None, by: ByOpt = By.head, fold_ln: FoldLnOpt = False,
         fold_qk_norm: FoldQkNormOpt = False, layer_form: LayerFormOpt = False,
-        precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, fmt: SweepFormatOpt = None,
+        precision: PrecisionOpt = Precision.float32, device: DeviceOpt = Device.cpu, fmt: RecordFormatOpt = None,
         output: OutputOpt = None,
     ) -> None:
         """Analyse many checkpoints of one shape (training steps, hub revisions, fine-tunes of one base) on Dask

@@ -8,8 +8,7 @@ from typing import Annotated
 
 import typer
 
-from qkinspect.cli.engine_options import SweepFormat as TwinFormat  # the engine's record formats, parquet too
-from qkinspect.cli.options import Device, DeviceOpt, OutputOpt
+from qkinspect.cli.options import Device, DeviceOpt, OutputOpt, RecordFormat
 from qkinspect.cli.output import Document, check_output, check_parquet, emit, note, write_parquet
 
 
@@ -73,7 +72,7 @@ WorkersOpt = Annotated[int | None, typer.Option(
     "--workers", metavar="N", help="Local cluster: worker processes (default: one per core, at most one per run; "
                                    "0: in this process).")]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", metavar="N", help="torch threads per run (default 1).")]
-FormatOpt = Annotated[TwinFormat | None, typer.Option(
+FormatOpt = Annotated[RecordFormat | None, typer.Option(
     "--format", "-f", show_default=False, metavar="FORMAT",
     help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
 RowsOpt = Annotated[Rows, typer.Option("--rows", help="Which records csv, ndjson and parquet hold.")]
