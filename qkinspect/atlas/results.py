@@ -48,6 +48,9 @@ class AtlasRecord:
 
 # The records' fields, in the order the JSON, the CSV and `to_pandas()` write them.
 RECORD_FIELDS = tuple(f.name for f in fields(AtlasRecord))
+# The facts' fields (dicts, built by `qkinspect.atlas.stats.facts`), the columns of `to_pandas("facts")`.
+FACT_FIELDS = ("model", "block", "kind", "family", "format", "layers", "heads", "kv_heads", "d_model", "d_head",
+               "positional", "qk_norm", "qk_norm_raw", "attention_params", "entry", "path")
 
 
 @dataclass
@@ -112,8 +115,6 @@ class AtlasResult(Tabular):
             import pandas as pd
         except ImportError:
             raise ImportError("to_pandas() needs pandas: pip install pandas") from None
-        from qkinspect.atlas.stats import FACT_FIELDS
-
         if what == "records":
             df = pd.DataFrame(self.table_rows(), columns=list(RECORD_FIELDS))
             return df.astype({"layer": "Int64"})  # null for scope "model", not a float NaN

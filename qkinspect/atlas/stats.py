@@ -35,8 +35,6 @@ import numpy as np
 
 from qkinspect.atlas.results import AtlasRecord  # its fields: RECORD_FIELDS
 
-FACT_FIELDS = ("model", "block", "kind", "family", "format", "layers", "heads", "kv_heads", "d_model", "d_head",
-               "positional", "qk_norm", "qk_norm_raw", "attention_params", "entry", "path")
 LAYER_FORM = ("symmetry_layer", "directionality_layer")
 HEAD_LABELS = ("block", "layer", "head", "kv_head", "rank_q", "rank_k", "rank_v")
 SINGLE_LAYER_DEPTH = 0.5
@@ -88,9 +86,10 @@ def block_key(block: Mapping[str, Any]) -> str:
 
 def facts(name: str, model: Mapping[str, Any], entry: str = "model", *, path: str | None = None,
           raw: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """One row per block of the model: the model's facts beside its statistics (`kind`: encoder, decoder or
-    cross; `entry`: "model" for a model analysed by the atlas, "saved" for a saved analysis; `path`: the model as
-    given; `qk_norm_raw`: a block with q/k norms measured raw, its gains not folded in (`raw` names them))."""
+    """One row per block of the model (a dict of FACT_FIELDS, `qkinspect.atlas.results`): the model's facts beside
+    its statistics (`kind`: encoder, decoder or cross; `entry`: "model" for a model analysed by the atlas, "saved"
+    for a saved analysis; `path`: the model as given; `qk_norm_raw`: a block with q/k norms measured raw, its gains
+    not folded in (`raw` names them))."""
     return [{"model": name, "block": block_key(b), "kind": b["name"], "family": model.get("model_type"),
              "format": model.get("format"),
              "layers": b["n_layers"], "heads": b["n_heads"], "kv_heads": b["n_kv_heads"], "d_model": b["d_model"],
