@@ -1,10 +1,13 @@
-"""What an atlas holds: tidy records, the models' facts, failures (`AtlasResult`); `qkinspect.atlas.saved` reads it
-from its folder."""
+"""What an atlas holds: tidy records (`AtlasRecord`), the models' facts, failures (`AtlasResult`);
+`qkinspect.atlas.saved` reads it from its folder.
+
+The records are typed, as the other capabilities' are; the facts stay dicts (FACT_FIELDS: the per-model descriptive
+table, one row per model and block, written and shown as it is), as do the baselines."""
 
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +19,43 @@ SUMMARY_METRICS = ("symmetry", "symmetry_layer", "directionality", "overlap_qk",
                    "qk_effective_rank")
 
 
+@dataclass(frozen=True)
+class AtlasRecord:
+    """One tidy record of an atlas (`qkinspect.atlas.stats`): a metric's median and quartiles over a block's heads,
+    in the whole block (`scope = "model"`: `layer` and `depth` None) or in one layer (`scope = "layer"`, at the
+    layer's normalised depth); `n` the heads with a finite value; `chance` the metric's random baseline in the block
+    (None where the analysis has none), `vs_chance` the median over it (the overlaps only; None for the others);
+    `path` the model as given. `to_dict()` is the record as the JSON, CSV and `to_pandas()` write it
+    (RECORD_FIELDS, in that order)."""
+
+    model: str
+    block: str
+    metric: str
+    scope: str  # "model" or "layer"
+    layer: int | None
+    depth: float | None
+    median: float
+    q1: float
+    q3: float
+    n: int
+    chance: float | None
+    vs_chance: float | None
+    path: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in RECORD_FIELDS}
+
+
+# The records' fields, in the order the JSON, the CSV and `to_pandas()` write them.
+RECORD_FIELDS = tuple(f.name for f in fields(AtlasRecord))
+# The facts' fields (dicts, built by `qkinspect.atlas.stats.facts`), the columns of `to_pandas("facts")`.
+FACT_FIELDS = ("model", "block", "kind", "family", "format", "layers", "heads", "kv_heads", "d_model", "d_head",
+               "positional", "qk_norm", "qk_norm_raw", "attention_params", "entry", "path")
+
+
 @dataclass
 class AtlasResult(Tabular):
-    """An atlas: `records` (RECORD_FIELDS dicts: model, block, metric, scope, layer, depth, median, q1, q3, n,
+    """An atlas: `records` (`AtlasRecord`s: model, block, metric, scope, layer, depth, median, q1, q3, n,
     chance, vs_chance, path), `facts` (one dict per model and block: family, layers, heads, kv heads, d_model,
     d_head, positional, q/k norm and whether it was measured raw, attention parameters, path), the models in the
     order given (named as `qkinspect info` names them; `paths` maps each to the model as given), the failures,
@@ -37,7 +74,7 @@ class AtlasResult(Tabular):
     folder: Path
     options: dict[str, Any]
     models: list[str]
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[AtlasRecord] = field(default_factory=list)
     facts: list[dict[str, Any]] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -47,12 +84,12 @@ class AtlasResult(Tabular):
     @property
     def metrics(self) -> list[str]:
         """The metrics the records hold, in their first order."""
-        return list(dict.fromkeys(r["metric"] for r in self.records))
+        return list(dict.fromkeys(r.metric for r in self.records))
 
-    def summary(self, metric: str, model: str, block: str) -> dict[str, Any] | None:
+    def summary(self, metric: str, model: str, block: str) -> AtlasRecord | None:
         """The model-scope record of `metric` for one model and block (None when the atlas has none)."""
         for r in self.records:
-            if r["scope"] == "model" and r["metric"] == metric and r["model"] == model and r["block"] == block:
+            if r.scope == "model" and r.metric == metric and r.model == model and r.block == block:
                 return r
         return None
 
@@ -65,9 +102,9 @@ class AtlasResult(Tabular):
             for m in SUMMARY_METRICS:
                 s = self.summary(m, f["model"], f["block"])
                 if s is not None:
-                    row[m] = s["median"]
-                    if s.get("chance") is not None:
-                        row[f"{m}_chance"] = s["chance"]
+                    row[m] = s.median
+                    if s.chance is not None:
+                        row[f"{m}_chance"] = s.chance
             out.append(row)
         return out
 
@@ -78,10 +115,8 @@ class AtlasResult(Tabular):
             import pandas as pd
         except ImportError:
             raise ImportError("to_pandas() needs pandas: pip install pandas") from None
-        from qkinspect.atlas.stats import FACT_FIELDS, RECORD_FIELDS
-
         if what == "records":
-            df = pd.DataFrame(self.records, columns=list(RECORD_FIELDS))
+            df = pd.DataFrame(self.table_rows(), columns=list(RECORD_FIELDS))
             return df.astype({"layer": "Int64"})  # null for scope "model", not a float NaN
         if what == "facts":
             return pd.DataFrame(self.facts, columns=list(FACT_FIELDS))
@@ -92,8 +127,8 @@ class AtlasResult(Tabular):
         raise InputError(f"what={what!r}: choose 'records', 'facts' or 'models'")
 
     def table_rows(self) -> list[dict[str, Any]]:
-        """The CSV's rows: the tidy records."""
-        return list(self.records)
+        """The CSV's rows: the tidy records, as dicts (RECORD_FIELDS)."""
+        return [r.to_dict() for r in self.records]
 
     def document(self) -> dict[str, Any]:
         """The JSON document `qkinspect atlas -o FILE.json` writes; `save(path)` writes it."""
@@ -104,7 +139,8 @@ class AtlasResult(Tabular):
     def to_dict(self) -> dict[str, Any]:
         return {"folder": str(self.folder), "options": self.options, "models": list(self.models),
                 "paths": [self.paths.get(m, m) for m in self.models],
-                "facts": self.facts, "records": self.records, "baselines": self.baselines, "notes": list(self.notes),
+                "facts": self.facts, "records": self.table_rows(), "baselines": self.baselines,
+                "notes": list(self.notes),
                 "failures": [{"model": f.name, "error": f.error} for f in self.failures]}
 
     def _repr_html_(self) -> str:

@@ -33,10 +33,8 @@ from typing import Any
 
 import numpy as np
 
-RECORD_FIELDS = ("model", "block", "metric", "scope", "layer", "depth", "median", "q1", "q3", "n", "chance",
-                 "vs_chance", "path")
-FACT_FIELDS = ("model", "block", "kind", "family", "format", "layers", "heads", "kv_heads", "d_model", "d_head",
-               "positional", "qk_norm", "qk_norm_raw", "attention_params", "entry", "path")
+from qkinspect.atlas.results import AtlasRecord  # its fields: RECORD_FIELDS
+
 LAYER_FORM = ("symmetry_layer", "directionality_layer")
 HEAD_LABELS = ("block", "layer", "head", "kv_head", "rank_q", "rank_k", "rank_v")
 SINGLE_LAYER_DEPTH = 0.5
@@ -88,9 +86,10 @@ def block_key(block: Mapping[str, Any]) -> str:
 
 def facts(name: str, model: Mapping[str, Any], entry: str = "model", *, path: str | None = None,
           raw: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """One row per block of the model: the model's facts beside its statistics (`kind`: encoder, decoder or
-    cross; `entry`: "model" for a model analysed by the atlas, "saved" for a saved analysis; `path`: the model as
-    given; `qk_norm_raw`: a block with q/k norms measured raw, its gains not folded in (`raw` names them))."""
+    """One row per block of the model (a dict of FACT_FIELDS, `qkinspect.atlas.results`): the model's facts beside
+    its statistics (`kind`: encoder, decoder or cross; `entry`: "model" for a model analysed by the atlas, "saved"
+    for a saved analysis; `path`: the model as given; `qk_norm_raw`: a block with q/k norms measured raw, its gains
+    not folded in (`raw` names them))."""
     return [{"model": name, "block": block_key(b), "kind": b["name"], "family": model.get("model_type"),
              "format": model.get("format"),
              "layers": b["n_layers"], "heads": b["n_heads"], "kv_heads": b["n_kv_heads"], "d_model": b["d_model"],
@@ -127,9 +126,9 @@ def head_metrics(heads: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def entry_stats(name: str, doc: Mapping[str, Any], entry: str = "model",
-                path: str | None = None) -> tuple[list[dict], list[dict]]:
+                path: str | None = None) -> tuple[list[AtlasRecord], list[dict]]:
     """(records, facts) of one model's analysis document (`AnalysisResult.to_dict()`, a sweep result's
-    `result`, a saved analysis): records as RECORD_FIELDS dicts, block by block in the model's order, then metric
+    `result`, a saved analysis): records (`AtlasRecord`s), block by block in the model's order, then metric
     by metric (per-head metrics in the analysis's order, then the layer form), the model-scope record first.
     `name` names the model in the records, `path` (default: `name`) is the model as it was given; `chance` is the
     metric's random baseline in the block (None where the analysis has none) and `vs_chance` the median over it (for
@@ -138,7 +137,7 @@ def entry_stats(name: str, doc: Mapping[str, Any], entry: str = "model",
     chance = chance_levels(doc)
     path = name if path is None else path
     heads, layers = doc.get("heads") or [], doc.get("layers") or []
-    records: list[dict[str, Any]] = []
+    records: list[AtlasRecord] = []
     metrics = head_metrics(heads)
     for b in model["blocks"]:
         key, n_layers = block_key(b), b["n_layers"]
@@ -173,13 +172,13 @@ def entry_stats(name: str, doc: Mapping[str, Any], entry: str = "model",
 
 
 def _record(model: str, block: str, metric: str, scope: str, layer: int | None, depth_: float | None,
-            stats: tuple, chance: float | None = None, path: str | None = None) -> dict[str, Any]:
+            stats: tuple, chance: float | None = None, path: str | None = None) -> AtlasRecord:
     median, q1, q3, n = stats
     # a ratio to chance where chance is a level above zero: the overlaps (symmetry's chance is ≈ 0, of either sign)
     ratio = median / chance if chance is not None and chance > 0 and metric.startswith("overlap") else None
-    return {"model": model, "block": block, "metric": metric, "scope": scope, "layer": layer, "depth": depth_,
-            "median": median, "q1": q1, "q3": q3, "n": n, "chance": chance, "vs_chance": ratio,
-            "path": model if path is None else path}
+    return AtlasRecord(model=model, block=block, metric=metric, scope=scope, layer=layer, depth=depth_,
+                       median=median, q1=q1, q3=q3, n=n, chance=chance, vs_chance=ratio,
+                       path=model if path is None else path)
 
 
 def _num(v: Any) -> float | None:

@@ -4,6 +4,7 @@ entries: analysis documents of made-up models, summarised by the atlas's own sta
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,10 +42,10 @@ def test_a_one_layer_block_and_an_undefined_metric():
                   for h in range(2)],
         "layers": [{"block": "decoder", "layer": 0, "n_heads": 2, "symmetry_layer": 0.3}]}
     records, facts = entry_stats("m", doc)
-    assert {r["metric"] for r in records} == {"symmetry", "symmetry_layer"}  # no finite bias: no records
-    layer = [r for r in records if r["scope"] == "layer"]
-    assert {r["depth"] for r in layer} == {0.5}
-    assert next(r for r in layer if r["metric"] == "symmetry_layer")["n"] == 1
+    assert {r.metric for r in records} == {"symmetry", "symmetry_layer"}  # no finite bias: no records
+    layer = [r for r in records if r.scope == "layer"]
+    assert {r.depth for r in layer} == {0.5}
+    assert next(r for r in layer if r.metric == "symmetry_layer").n == 1
     assert facts[0]["attention_params"] == 2 * 8 * 4 + 1 * 8 * 4 * 2 + 2 * 4 * 8
     # a cross-attention block reading a wider encoder, and weights shared by every layer
     assert attention_params({"n_layers": 6, "n_heads": 2, "n_kv_heads": 2, "d_model": 8, "d_model_kv": 16,
@@ -106,7 +107,7 @@ def test_synthetic_documents_are_what_analyze_writes():
     """The synthetic entries carry the fields the records come from (so the figure tests draw real records)."""
     doc = synthetic_doc(3, np.random.default_rng(1))
     records, facts = entry_stats("m", doc)
-    assert {r["metric"] for r in records} == {"symmetry", "overlap_qk", "symmetry_layer"}
+    assert {r.metric for r in records} == {"symmetry", "overlap_qk", "symmetry_layer"}
     assert len(facts) == len(doc["model"]["blocks"])
 
 
@@ -140,9 +141,7 @@ def test_the_report_captions_every_figure_and_its_legends_are_readable(n, tmp_pa
 
     atlas = synthetic_atlas(n)
     atlas.facts[1]["qk_norm_raw"] = True
-    for r in atlas.records:
-        if r["metric"] == "overlap_qk":
-            r["chance"] = 0.125
+    atlas.records = [replace(r, chance=0.125) if r.metric == "overlap_qk" else r for r in atlas.records]
     for fig in (depth_figure(atlas, "overlap_qk"), size_figure(atlas, "symmetry_layer")):
         assert min(t.get_fontsize() for t in fig.legends[0].get_texts()) >= 7
     pages = write_atlas_pdf(atlas, tmp_path / "a.pdf")

@@ -5,6 +5,7 @@ folder that is not an atlas's is refused. Synthetic documents where no model is 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -84,11 +85,11 @@ def test_a_raw_q_k_norm_model_is_noted_and_folding_it_clears_the_note(tmp_path):
 
 def test_every_overlap_record_has_its_chance_level_and_the_ratio():
     records, _ = entry_stats("m", _doc(False, False, chance=0.25))
-    ov = [r for r in records if r["metric"] == "overlap_qk"]
-    assert ov and all(r["chance"] == 0.25 and r["vs_chance"] == pytest.approx(r["median"] / 0.25) for r in ov)
+    ov = [r for r in records if r.metric == "overlap_qk"]
+    assert ov and all(r.chance == 0.25 and r.vs_chance == pytest.approx(r.median / 0.25) for r in ov)
     # symmetry's chance is ≈ 0, of either sign: kept, but no ratio to it
-    assert all(r["chance"] == 0.001 and r["vs_chance"] is None for r in records if r["metric"] == "symmetry")
-    assert all(r["chance"] is None for r in records if r["metric"] == "symmetry_layer")
+    assert all(r.chance == 0.001 and r.vs_chance is None for r in records if r.metric == "symmetry")
+    assert all(r.chance is None for r in records if r.metric == "symmetry_layer")
 
 
 def test_the_table_shows_the_chance_level_and_offers_the_ratio():
@@ -97,9 +98,7 @@ def test_the_table_shows_the_chance_level_and_offers_the_ratio():
     from qkinspect.terminal.atlas import atlas_tables
 
     atlas = synthetic_atlas(2)
-    for r in atlas.records:
-        if r["metric"] == "overlap_qk":
-            r["chance"] = 0.125
+    atlas.records = [replace(r, chance=0.125) if r.metric == "overlap_qk" else r for r in atlas.records]
     text = {}
     for vs in (False, True):
         tables, lines = atlas_tables(atlas.rows(), width=80, vs_chance=vs)
@@ -122,8 +121,8 @@ def test_models_are_named_as_info_names_them_and_keep_their_path():
     assert display_names(docs) == ["all-MiniLM-L6-v2", "model", "model (2)", "failed/one"]
     records, facts = entry_stats("all-MiniLM-L6-v2", synthetic_doc(0, np.random.default_rng(0)),
                                  path="/x/site-packages/pkg/model")
-    assert {r["model"] for r in records} == {"all-MiniLM-L6-v2"}
-    assert {r["path"] for r in records} == {f["path"] for f in facts} == {"/x/site-packages/pkg/model"}
+    assert {r.model for r in records} == {"all-MiniLM-L6-v2"}
+    assert {r.path for r in records} == {f["path"] for f in facts} == {"/x/site-packages/pkg/model"}
 
 
 @pytest.mark.parametrize("what", ["foreign", "sweep"])

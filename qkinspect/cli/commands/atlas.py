@@ -103,5 +103,5 @@ def register(app: typer.Typer) -> None:
 def atlas_document(result, *, vs_chance: bool = False) -> Document:
     """JSON: the envelope with the atlas (folder, options, models, facts, records, notes, failures); rows: the tidy
     records; the table: a row per model and block."""
-    return Document(json=result.document(), rows=result.records,
+    return Document(json=result.document(), rows=result.table_rows(),
                     render=lambda console: render_atlas(console, result, vs_chance=vs_chance))

@@ -23,6 +23,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from qkinspect.atlas.results import AtlasRecord
 from qkinspect.errors import InputError
 from qkinspect.report.style import Canvas, colours, new_figure, style
 from qkinspect.report.titles import suptitle
@@ -74,8 +75,8 @@ def _short(name: str) -> str:
 
 def chance_levels(atlas, metric: str) -> dict[tuple[str, str], float]:
     """(model, block) -> the chance level of `metric` (its random baseline) where the records have one."""
-    return {(r["model"], r["block"]): r["chance"] for r in atlas.records
-            if r["metric"] == metric and r["scope"] == "model" and r.get("chance") is not None}
+    return {(r.model, r.block): r.chance for r in atlas.records
+            if r.metric == metric and r.scope == "model" and r.chance is not None}
 
 
 def _legend(fig, atlas, palette: dict[str, Any], kinds: Sequence[str], *, markers: bool,
@@ -116,11 +117,11 @@ def depth_figure(atlas, metric: str = "symmetry", *, canvas: Canvas = new_figure
     """`metric` against normalised depth: a line per model and block through its per-layer medians (over heads),
     its quartile band around it; one panel per block kind. InputError when the atlas does not hold `metric`."""
     _check_metric(atlas, metric)
-    rows = [r for r in atlas.records if r["metric"] == metric and r["scope"] == "layer"]
+    rows = [r for r in atlas.records if r.metric == metric and r.scope == "layer"]
     kind_of = _kind_of(atlas)
-    lines: dict[tuple[str, str], list[dict]] = {}
+    lines: dict[tuple[str, str], list[AtlasRecord]] = {}
     for r in rows:
-        lines.setdefault((r["model"], r["block"]), []).append(r)
+        lines.setdefault((r.model, r.block), []).append(r)
     kinds = [k for k in KINDS if any(kind_of.get(key) == k for key in lines)]
     drawn = [m for m in atlas.models if any(key[0] == m for key in lines)]
     palette = dict(zip(drawn, colours(len(drawn)), strict=True))
@@ -137,11 +138,11 @@ def depth_figure(atlas, metric: str = "symmetry", *, canvas: Canvas = new_figure
                 if kind_of.get((model, block)) != kind:
                     continue
                 n += 1
-                points = sorted(points, key=lambda p: p["depth"])
-                x = np.array([p["depth"] for p in points])
-                med = np.array([p["median"] for p in points])
-                q1 = np.array([p["q1"] for p in points])
-                q3 = np.array([p["q3"] for p in points])
+                points = sorted(points, key=lambda p: p.depth)
+                x = np.array([p.depth for p in points])
+                med = np.array([p.median for p in points])
+                q1 = np.array([p.q1 for p in points])
+                q3 = np.array([p.q3 for p in points])
                 c = palette[model]
                 if (model, block) in chance:
                     ax.axhline(chance[(model, block)], color=c, linestyle=(0, (1, 2)), linewidth=0.8, alpha=0.9)
@@ -174,22 +175,22 @@ def size_figure(atlas, metric: str = "symmetry_layer", *, canvas: Canvas = new_f
     params: dict[str, int] = {}
     for f in atlas.facts:
         params[f["model"]] = params.get(f["model"], 0) + f["attention_params"]
-    rows = [r for r in atlas.records if r["metric"] == metric and r["scope"] == "model"]
-    drawn = [m for m in atlas.models if any(r["model"] == m for r in rows)]
+    rows = [r for r in atlas.records if r.metric == metric and r.scope == "model"]
+    drawn = [m for m in atlas.models if any(r.model == m for r in rows)]
     palette = dict(zip(drawn, colours(len(drawn)), strict=True))
-    kinds = [k for k in KINDS if any(kind_of.get((r["model"], r["block"])) == k for r in rows)]
+    kinds = [k for k in KINDS if any(kind_of.get((r.model, r.block)) == k for r in rows)]
     over = "layers" if metric in LAYER_FORM else "heads"
     chance = chance_levels(atlas, metric)
     with style():
         fig = canvas(4.2, _width(len(drawn)))
         ax = fig.subplots()
         for r in rows:
-            kind = kind_of.get((r["model"], r["block"]), "encoder")
-            x = params[r["model"]] * JITTER[kind]  # a model's blocks side by side, not on top of each other
-            ax.errorbar([x], [r["median"]], yerr=[[r["median"] - r["q1"]], [r["q3"] - r["median"]]],
-                        color=palette[r["model"]], marker=MARKERS[kind], markersize=5, capsize=2, linewidth=1)
-            if (r["model"], r["block"]) in chance:
-                ax.plot([x], [chance[(r["model"], r["block"])]], color=palette[r["model"]], marker="_",
+            kind = kind_of.get((r.model, r.block), "encoder")
+            x = params[r.model] * JITTER[kind]  # a model's blocks side by side, not on top of each other
+            ax.errorbar([x], [r.median], yerr=[[r.median - r.q1], [r.q3 - r.median]],
+                        color=palette[r.model], marker=MARKERS[kind], markersize=5, capsize=2, linewidth=1)
+            if (r.model, r.block) in chance:
+                ax.plot([x], [chance[(r.model, r.block)]], color=palette[r.model], marker="_",
                         markersize=9, linestyle="none")
         ax.set_xscale("log")
         ax.set_xlabel("attention parameters (W_Q, W_K, W_V, W_O of every block), log scale")

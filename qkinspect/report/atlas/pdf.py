@@ -49,7 +49,7 @@ def cover_lines(atlas, version: str, date: dt.datetime, title: str | None = None
                       f"{', q/k norm' if f['qk_norm'] else ''}"
                       f"{' (measured raw, not folded)' if f.get('qk_norm_raw') else ''}, "
                       f"{f['attention_params']:,} attention parameters"
-                      + (f"; symmetry median {sym['median']:.3f}" if sym else "")
+                      + (f"; symmetry median {sym.median:.3f}" if sym else "")
                       + (f"; overlap by chance {qk:.3f}" if qk is not None else ""), 7))
     if len(atlas.facts) > 70:
         lines.append((f"  … and {len(atlas.facts) - 70} more", 7))
