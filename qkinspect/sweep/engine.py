@@ -151,11 +151,11 @@ def _stored(folder: Path, plan, options) -> tuple[dict[str, dict], list[str]]:
 @contextlib.contextmanager
 def connect(scheduler: str | None, workers: int | None, threads: int | None,
             n_tasks: int, names: Names = LIBRARY_NAMES) -> Iterator[tuple[Any, int | None]]:
-    """A Dask client (to `scheduler`, or to a new LocalCluster) and the torch threads each task should use."""
+    """A Dask client (to `scheduler`, or to a new LocalCluster) and the torch threads each task should use.
+    `workers` and `threads` come checked (`check_threads`, `check_workers`: `run_sweep` and the twin's request
+    check them once, in the caller's names, before any work)."""
     from distributed import Client, LocalCluster
 
-    check_threads(threads, names.threads)
-    check_workers(workers, names.workers)
     logging.getLogger("distributed").setLevel(logging.ERROR)  # the CLI reports failures itself, once
     if scheduler is not None:
         if workers is not None:
