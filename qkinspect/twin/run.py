@@ -255,13 +255,14 @@ def _on_dask(req: Request, spec, todo, folder: str, finished, say, names: Names)
 
 def chosen_lrs(folder: Path, variants: Sequence[str], lrs: Sequence[float], key: str) -> dict[str, float]:
     """Each variant's learning rate with the lowest final held-out loss on seed 0 (of the runs that finished)."""
+    from qkinspect.twin.summary import best_lr
+
     best: dict[str, float] = {}
     for v in variants:
-        tried = [(doc["run"]["points"][-1]["val_loss"], x) for x in lrs
-                 if (doc := done(folder, v, 0, x, key)) is not None]
-        tried = [(loss, x) for loss, x in tried if loss is not None]
-        if tried:
-            best[v] = min(tried)[1]
+        chosen = best_lr({x: doc["run"]["points"][-1]["val_loss"] for x in lrs
+                          if (doc := done(folder, v, 0, x, key)) is not None})
+        if chosen is not None:
+            best[v] = chosen
     return best
 
 

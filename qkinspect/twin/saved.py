@@ -25,7 +25,7 @@ from qkinspect.twin.results import (
     TwinRun,
     VariantSummary,
 )
-from qkinspect.twin.summary import compare, steps_to
+from qkinspect.twin.summary import best_lr, compare, steps_to
 
 MAX_FILE = 1 << 28  # 256 MiB: a run file larger than this is not one qkinspect wrote
 
@@ -116,8 +116,8 @@ def _lr_sweep(runs: list[TwinRun], variants: list[str], lrs: list[float]):
         losses = {r.lr: r.val_loss for r in runs if r.variant == v and r.seed == 0 and r.lr in lrs}
         if len(lrs) == 1:
             chosen[v] = lrs[0]
-        elif losses:
-            chosen[v] = min(losses, key=lambda x: (losses[x], x))
+        elif (best := best_lr(losses)) is not None:
+            chosen[v] = best
         trials += [LrTrial(v, x, losses.get(x), chosen.get(v) == x) for x in lrs] if len(lrs) > 1 else []
     return tuple(trials), chosen
 

@@ -16,7 +16,7 @@ below the standard twin's final held-out loss (mean over its seeds); None where 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 ALPHA = 0.05
@@ -75,3 +75,10 @@ def steps_to(curve: dict[int, float], target: float | None) -> int | None:
     if target is None:
         return None
     return next((k for k in sorted(curve) if curve[k] <= target), None)
+
+
+def best_lr(losses: Mapping[float, float | None]) -> float | None:
+    """The learning rate whose run (seed 0) ended with the lowest held-out loss, the lower rate on a tie; None where
+    no run finished. The one rule of the lr sweep: the orchestrator runs every seed at it, the reader reports it."""
+    tried = [(loss, lr) for lr, loss in losses.items() if loss is not None]
+    return min(tried)[1] if tried else None

@@ -130,8 +130,9 @@ def held_out_loss(built, eval_x, batch: int) -> float:
     built.model.eval()
     total = 0.0
     with torch.no_grad(), cached(built.forms):
-        for i in range(0, eval_x.shape[0], max(batch, 32)):
-            chunk = eval_x[i:i + max(batch, 32)]
+        size = max(batch, 32)  # windows per forward pass
+        for i in range(0, eval_x.shape[0], size):
+            chunk = eval_x[i:i + size]
             total += float(next_token_loss(built.model, chunk)) * chunk.shape[0]
     built.model.train(was)
     return total / eval_x.shape[0]
@@ -139,7 +140,12 @@ def held_out_loss(built, eval_x, batch: int) -> float:
 
 def run_name(variant: str, seed: int, lr: float) -> str:
     """A run's file name stem: `share_qk-s0-lr0.001` (`rank:8` as rank8, `+params` as -params)."""
-    return f"{variant.replace(':', '').replace('+', '-')}-s{seed}-lr{lr:g}"
+    return f"{_slug(variant)}-s{seed}-lr{lr:g}"
+
+
+def _slug(variant: str) -> str:
+    """A variant as a file name: `rank:8` as rank8, `share_qk+params` as share_qk-params."""
+    return variant.replace(":", "").replace("+", "-")
 
 
 def _tracker(root: Path, variant: str, seed: int, lr: float, spec: dict[str, Any]):
@@ -184,7 +190,7 @@ def save_checkpoint(root: Path, variant: str, seed: int, built) -> str:
     its class; a twin no class holds (bilinear) saves its tensors with the config and a note."""
     from qkinspect.twin.model import plain_copy, state_tensors
 
-    folder = root / "checkpoints" / f"{variant.replace(':', '').replace('+', '-')}-s{seed}"
+    folder = root / "checkpoints" / f"{_slug(variant)}-s{seed}"
     folder.mkdir(parents=True, exist_ok=True)
     tensors = state_tensors(built.model)
     if built.plain:
