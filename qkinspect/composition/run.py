@@ -41,7 +41,8 @@ Progress = Callable[[int, int], None]
 
 @dataclass
 class _Request:
-    """A composition request, checked once, in the user's option names."""
+    """The run's settings as the scoring uses them (the checked request's precision as a torch dtype, each side's
+    selection once the model is known) and the blocks whose q/k norms it measured unfolded."""
 
     kinds: tuple[str, ...]
     dtype: torch.dtype
