@@ -39,7 +39,8 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
          lr: float | str | Sequence[float] = 1e-3, steps: int = 2000, warmup: int | None = None, batch: int = 12,
          eval_every: int | None = None, eval_windows: int = 128, track_every: int | None = None,
          margin: float = 0.02, device: str = "cpu", save_checkpoints: bool = False, scheduler: str | None = None,
-         workers: int | None = None, threads: int | None = None, progress: Callable[[str], None] | None = None,
+         workers: int | None = None, threads: int | None = None, stack: int | None = None,
+         precision: str = "float32", compile: bool = False, progress: Callable[[str], None] | None = None,
          names: Names = LIBRARY_NAMES) -> Twin:
     """Train the twins into the folder `out` (resumable) and return every run's records there.
 
@@ -61,6 +62,10 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
         device: cpu or cuda. save_checkpoints: each twin's final weights as a transformers folder.
         scheduler: a Dask scheduler address (None: a local cluster of `workers` processes; 0 workers: in this
             process, one run after another). threads: torch threads per run (default 1).
+        stack: the runs of one shape trained together as one batched model (docs/twin.md, "Stacked
+            training"): at most this many a task (None: as many as fit in memory; 1: one run a task).
+        precision: float32, or bf16 (bfloat16 autocast, float32 weights; a CPU or GPU with bfloat16).
+        compile: torch.compile the stacked model (where torch can).
         progress: called with one line per run started, finished or failed.
         names: how errors name the options (the CLI passes `request.CLI_NAMES`).
 
@@ -79,7 +84,7 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
                         seeds=seeds, lr=lr, steps=steps, warmup=warmup, batch=batch, eval_every=eval_every,
                         eval_windows=eval_windows, track_every=track_every, margin=margin, device=device,
                         save_checkpoints=save_checkpoints, scheduler=scheduler, workers=workers, threads=threads,
-                        names=names)
+                        stack=stack, precision=precision, compile=compile, names=names)
     if req.shape.config is not None:  # a config.json it cannot use is refused before the text is read
         from qkinspect.twin.model import config_for
 
@@ -88,6 +93,12 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
         from qkinspect.device import check_device
 
         check_device("cuda", names.device)
+    if req.precision != "float32" or req.compile:  # refused here, before the text is read
+        from qkinspect.twin.stacked import check_compile, check_precision
+
+        check_precision(req.precision, req.device, names.said("precision", req.precision))
+        if req.compile:
+            check_compile(req.device, names.compile)
     spec, manifest = prepare(req, names)
     failures: list[dict[str, Any]] = []
     say = progress or (lambda line: None)
@@ -217,6 +228,10 @@ def execute(req: Request, spec: dict[str, Any], plan: list[tuple[str, int, float
         say(f"[{n}/{len(todo)}] {run_name(v, s, x)}: held-out loss {result['points'][-1]['val_loss']:.4f} "
             f"in {result['seconds']:.0f} s")
 
+    stacks = _stacks(req, spec, todo, say)
+    if stacks is not None:
+        _stacked(req, spec, stacks, folder, finished, say, names)
+        return
     if req.workers == 0 and req.scheduler is None:  # in this process, one after another
         for n, item in enumerate(todo, start=1):
             say(f"[{n}/{len(todo)}] {run_name(*item)} started")
@@ -250,6 +265,76 @@ def _on_dask(req: Request, spec, todo, folder: str, finished, say, names: Names)
                     finished(item, fut.result(), None, n)
                 else:
                     finished(item, None, error_text(fut), n)
+                fut.release()
+
+
+def _stacks(req: Request, spec: dict[str, Any], todo, say) -> list[list[tuple[str, int, float]]] | None:
+    """The runs to do as stacks (qkinspect.twin.stacked), or None where each runs alone (`stack` 1 in float32, or
+    a config the batched model does not reproduce)."""
+    if req.stack == 1 and req.precision == "float32" and not req.compile:
+        return None
+    from qkinspect.twin.batched import supported
+    from qkinspect.twin.model import config_for
+    from qkinspect.twin.stacked import largest_stack, plan_stacks
+
+    why = supported(config_for(req.shape, spec["vocab_size"]))
+    if why is not None:
+        if req.precision != "float32" or req.compile:
+            raise InputError(f"the batched twin does not reproduce this config ({why}): train it in float32 without "
+                             "compile")
+        say(f"the batched twin does not reproduce this config ({why}): one run a task")
+        return None
+    return plan_stacks(todo, req.stack, largest_stack(spec, spec["vocab_size"]))
+
+
+def _stacked(req: Request, spec, stacks, folder: str, finished, say, names: Names) -> None:
+    """Each stack one task (in this process with 0 workers, else on the sweep engine); its runs' files written
+    as it returns (a stack that fails records each of its runs as failed)."""
+    from qkinspect import limits
+    from qkinspect.twin.stacked import run_stack
+    from qkinspect.twin.train import run_name
+
+    n = 0
+    options = {"precision": req.precision, "compile": req.compile}
+
+    def arrived(items, results, error) -> None:
+        nonlocal n
+        for k, item in enumerate(items):
+            n += 1
+            why = error or results[k].get("error")
+            finished(item, None if why else results[k], why, n)
+
+    def names_of(items) -> str:
+        return ", ".join(run_name(*it) for it in items)
+
+    if req.workers == 0 and req.scheduler is None:
+        for k, items in enumerate(stacks, start=1):
+            say(f"stack {k}/{len(stacks)} of {len(items)} runs started: {names_of(items)}")
+            try:
+                results = run_stack(folder, items, spec, threads=req.threads_asked or limits.cores(), **options)
+            except Exception as e:  # noqa: BLE001 - a failed stack is recorded; the others go on
+                arrived(items, None, " ".join(f"{type(e).__name__}: {e}".split()))
+                continue
+            arrived(items, results, None)
+        return
+    import uuid
+
+    from distributed import as_completed
+
+    from qkinspect.sweep.engine import cancelling, connect, error_text
+
+    with connect(req.scheduler, req.workers, req.threads, len(stacks), names) as (client, threads):
+        futures = {client.submit(run_stack, folder, items, spec, threads=req.threads_asked or threads, **options,
+                                 pure=False, key=f"qkinspect-twin-stack-{uuid.uuid4().hex[:12]}"): items
+                   for items in stacks}
+        say(f"{sum(len(s) for s in stacks)} runs submitted as {len(stacks)} stacks")
+        with cancelling(client, futures):
+            for fut in as_completed(futures):
+                items = futures[fut]
+                if fut.status == "finished":
+                    arrived(items, fut.result(), None)
+                else:
+                    arrived(items, None, error_text(fut))
                 fut.release()
 
 

@@ -71,7 +71,22 @@ SchedulerOpt = Annotated[str | None, typer.Option(
 WorkersOpt = Annotated[int | None, typer.Option(
     "--workers", metavar="N", help="Local cluster: worker processes (default: one per core, at most one per run; "
                                    "0: in this process).")]
-ThreadsOpt = Annotated[int | None, typer.Option("--threads", metavar="N", help="torch threads per run (default 1).")]
+ThreadsOpt = Annotated[int | None, typer.Option("--threads", metavar="N", help="torch threads per run (default 1; "
+                                                                              "a stack: its worker's cores).")]
+StackOpt = Annotated[int | None, typer.Option(
+    "--stack", metavar="N", show_default=False,
+    help="Train up to N runs of one shape together as one batched model (default: as many as fit in memory; 1: "
+         "one run a task). Records equal the single runs'.")]
+
+
+class Precision(str, Enum):
+    float32 = "float32"
+    bf16 = "bf16"
+
+
+PrecisionOpt = Annotated[Precision, typer.Option(
+    "--precision", help="float32, or bf16: bfloat16 autocast with float32 weights (a CPU or GPU with bfloat16).")]
+CompileOpt = Annotated[bool, typer.Option("--compile", help="torch.compile the stacked model (where torch can).")]
 FormatOpt = Annotated[RecordFormat | None, typer.Option(
     "--format", "-f", show_default=False, metavar="FORMAT",
     help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
@@ -88,6 +103,7 @@ def register(app: typer.Typer) -> None:
         eval_every: EvalOpt = None, eval_windows: EvalWindowsOpt = 128, track_every: TrackOpt = None,
         margin: MarginOpt = 0.02, device: DeviceOpt = Device.cpu, save_checkpoints: CheckpointsOpt = False,
         scheduler: SchedulerOpt = None, workers: WorkersOpt = None, threads: ThreadsOpt = None,
+        stack: StackOpt = None, precision: PrecisionOpt = Precision.float32, compile: CompileOpt = False,
         fmt: FormatOpt = None, output: OutputOpt = None, rows: RowsOpt = Rows.runs,
     ) -> None:
         """Train the same small transformer from scratch, from the same seeds on the same text, as standard and
@@ -114,7 +130,8 @@ def register(app: typer.Typer) -> None:
                               tokenizer=tokenizer, seeds=seeds, lr=lr, steps=steps, warmup=warmup, batch=batch,
                               eval_every=eval_every, eval_windows=eval_windows, track_every=track_every,
                               margin=margin, device=device.value, save_checkpoints=save_checkpoints,
-                              scheduler=scheduler, workers=workers, threads=threads,
+                              scheduler=scheduler, workers=workers, threads=threads, stack=stack,
+                              precision=precision.value, compile=compile,
                               progress=lambda line: note(f"twin: {line}"), names=CLI_NAMES)
         except KeyboardInterrupt:
             note(f"stopped; the runs done are kept in {out}: run the same command to resume")
