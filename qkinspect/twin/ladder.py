@@ -62,6 +62,8 @@ def parse_shapes(shapes: str | Sequence[str], names: Names = LIBRARY_NAMES) -> t
     out: list[tuple[int, int]] = []
     for text in texts:
         t = text.strip() if isinstance(text, str) else text
+        if t == "":
+            continue
         m = _SHAPE.fullmatch(t) if isinstance(t, str) else None
         if m is None or int(m.group(1)) < 1 or int(m.group(2)) < 2:
             raise InputError(f"{names.said('shapes', shapes)}: {t!r} is not a shape; expected layers x d_model, "
