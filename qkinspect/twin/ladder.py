@@ -228,11 +228,15 @@ class Ladder(Tabular):
                                   twins={r.name: t.to_dict() for r, t in zip(self.rungs, self.twins, strict=True)},
                                   notes=list(self.notes)))
 
-    def save(self, path: str | Path) -> None:
-        from qkinspect.files import atomic_write, write_json
+    def save(self, path: str | Path, rows: str = "summary") -> Path:
+        """Write the ladder to `path` as `qkinspect twin --shapes ... -o path --rows ROWS` writes it, in the format the
+        extension names (qkinspect.formats): `.json` `to_dict()`, `.csv`, `.ndjson` and `.parquet` the rows of kind
+        `rows`, `.txt` the table. Returns the path."""
+        from qkinspect.formats import save_result
 
-        doc = self.to_dict()
-        atomic_write(Path(path), lambda f: write_json(doc, f))
+        self.rows(rows)  # an unknown kind is refused before anything is written
+        return save_result(path, document=self.to_dict, rows=lambda: self.rows(rows), render=self.render_table,
+                           parquet=lambda: self.rows(rows))
 
     def table_rows(self) -> list[dict[str, Any]]:
         return self.rows("summary")

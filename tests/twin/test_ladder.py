@@ -126,19 +126,45 @@ def test_a_ladder_folder_holds_every_shape_and_reads_back(tmp_path, small_text):
     assert lad.to_dict()["kind"] == "twin-ladder"
 
 
-def test_the_ladder_table_fits_80_columns(tmp_path, small_text, monkeypatch):
-    out = tmp_path / "lad"
+@pytest.fixture(scope="module")
+def cli_ladder(tmp_path_factory, small_text):
+    out = tmp_path_factory.mktemp("ladder") / "lad"
     r = twin("--out", out, "--text", small_text, *CLI_SMALL, "--shapes", "1x16,2x16", "--head-size", "8",
              "--steps", "3", "--variants", "share_qk,symmetric", "-f", "table")
     assert r.exit_code == 0, r.stderr
+    return out
+
+
+def test_the_ladder_table_fits_80_columns(cli_ladder, small_text):
     from rich.console import Console
 
     console = Console(width=80, record=True, force_terminal=False)
-    read_ladder(out).render_table(console)
+    read_ladder(cli_ladder).render_table(console)
     text = console.export_text()
     table = [line for line in text.splitlines() if line.startswith(("shape", "1x16", "2x16", "━"))]
     assert table and all(len(line) <= 80 for line in table)
     assert "share_qk" in text and ("no power law" in text or "α =" in text)
-    rows = twin("--out", out, "--text", small_text, *CLI_SMALL, "--shapes", "1x16,2x16", "--head-size", "8",
+    rows = twin("--out", cli_ladder, "--text", small_text, *CLI_SMALL, "--shapes", "1x16,2x16", "--head-size", "8",
                 "--steps", "3", "--variants", "share_qk,symmetric", "-f", "csv", "--rows", "scaling")
     assert rows.exit_code == 0 and rows.stdout.splitlines()[0].startswith("variant,rungs,alpha")
+    assert "already in" in rows.stderr  # the same command resumes: nothing trained again
+
+
+def test_plot_and_report_draw_a_ladder_folder(cli_ladder, tmp_path):
+    r = CliRunner().invoke(app, ["plot", str(cli_ladder), "--kind", "scaling", "-o", str(tmp_path / "s.png")])
+    assert r.exit_code == 0, r.stderr
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+    r = CliRunner().invoke(app, ["report", str(cli_ladder), "-o", str(tmp_path / "l.pdf")])
+    assert r.exit_code == 0 and "twin ladder report" in r.stderr, r.stderr
+    assert (tmp_path / "l.pdf").read_bytes()[:4] == b"%PDF"
+    r = CliRunner().invoke(app, ["report", str(cli_ladder), "--html", "-o", str(tmp_path / "l.html")])
+    page = (tmp_path / "l.html").read_text()
+    assert r.exit_code == 0 and "Scaling" in page and "1x16" in page and "<svg" in page
+    # each shape is a twin folder its own figures draw; the ladder draws the scaling figure only
+    r = CliRunner().invoke(app, ["plot", str(cli_ladder / "2x16"), "--kind", "gap", "-o", str(tmp_path / "g.png")])
+    assert r.exit_code == 0, r.stderr
+    one_error_line(CliRunner().invoke(app, ["plot", str(cli_ladder), "--kind", "gap", "-o", str(tmp_path / "x.png")]),
+                   "--kind gap", "scaling")
+    one_error_line(CliRunner().invoke(app, ["plot", str(tmp_path), "--kind", "scaling", "-o",
+                                            str(tmp_path / "x.png")]), "--kind scaling", "ladder.json")
+    assert not (tmp_path / "x.png").exists()
