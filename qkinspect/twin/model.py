@@ -172,7 +172,8 @@ def constrain(kind: str, variant: str, model: nn.Module, device: str, init: str 
                      for i, (form, maps) in healer.forms.items()]
             return float(torch.stack([x.float() for x in v]).max())
 
-        return Built(healer.model, healer.params, forms, violation, _count(healer.params), family, note, init=start)
+        return Built(healer.model, healer.params, forms, violation, _count(healer.params) - _held(forms), family,
+                     note, init=start)
     if kind == "share_kv":
         free = share_keys_values(hf, start)
         return Built(model, _trained(model), [], free.violation, _count(_trained(model)) - free.pinned, family,
@@ -228,6 +229,26 @@ def _trained(model: nn.Module) -> list[nn.Parameter]:
 
 def _count(params: list[nn.Parameter]) -> int:
     return sum(p.numel() for p in params)
+
+
+def _held(forms) -> int:
+    """The elements of the forms' parameters that the constraint holds still: the optimizer carries them, but no
+    loss reaches them, so they are no free parameters (docs/twin.md). A rank form's W_Q outside the rotary pairs it
+    keeps (its real block is the factor pair A C), the factors' columns beyond a head's kept directions, and W_K's
+    columns of the rotary pairs dropped (a pair's score is zero whatever its key holds)."""
+    held = 0
+    for form in forms:
+        if form.kind != "rank":
+            continue
+        _, D, d = form.shapes["W_Q"]
+        kept = int(form.kept_dirs.sum())
+        pairs = form.free_cols.clone()  # (edited heads, d): 1 on the rotary columns kept
+        pairs[:, form.real_cols] = 1  # the real block is the factors': its W_K columns stay free
+        held += len(form.heads) * D * d - int(form.free_cols.sum()) * D  # W_Q: the kept pairs' columns alone
+        held += int((1 - pairs).sum()) * D  # W_K: the dropped pairs' columns
+        held += form.A.numel() - kept * D  # A (n, D, kmax): the kept directions' columns
+        held += form.C.numel() - kept * form.C.shape[-1]  # C (n, kmax, k0): the kept directions' rows
+    return held
 
 
 def matched(variant: str, cfg, std: nn.Module, shape: Shape, vocab: int, seed: int, init: str = "draw") -> nn.Module:
