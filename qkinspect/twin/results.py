@@ -140,12 +140,23 @@ class Twin(Tabular):
                                   lr_sweep=self.rows("lr"), failures=[asdict(f) for f in self.failures],
                                   notes=list(self.notes)))
 
-    def save(self, path: str | Path) -> None:
-        """Write `to_dict()` to `path` as JSON, atomically."""
-        from qkinspect.files import atomic_write, write_json
+    PARQUET = True
 
-        doc = self.to_dict()
-        atomic_write(Path(path), lambda f: write_json(doc, f))
+    def save(self, path: str | Path, rows: str = "runs") -> Path:
+        """Write the twin to `path` (atomically) as `qkinspect twin -o path --rows ROWS` writes it, in the format the
+        extension names: `.json` `to_dict()`, `.csv`, `.ndjson`/`.jsonl` and `.parquet` (needs pyarrow) the rows of
+        kind `rows` (runs, trajectories, summary or lr), `.txt` the table. Returns the path.
+
+        Raises:
+            InputError: an extension that names no format (naming the path), an unknown `rows`, Parquet without
+                pyarrow.
+            OutputError: the file cannot be written.
+        """
+        from qkinspect.formats import save_result
+
+        self.rows(rows)  # an unknown kind is refused before anything is written
+        return save_result(path, document=self.to_dict, rows=lambda: self.rows(rows), render=self.render_table,
+                           parquet=lambda: self.rows(rows))
 
     def table_rows(self) -> list[dict[str, Any]]:
         return self.rows("summary")
