@@ -67,6 +67,7 @@ class TwinRun:
     checkpoint: str | None  # the folder under the twin folder, with --save-checkpoints
     note: str | None  # what its checkpoint does not carry (the Reformer's attention), or why analyze cannot read it
     threads: int
+    init: str = "nearest"  # its start: draw or nearest (qkinspect.twin.model); a folder from before --init: nearest
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class VariantSummary:
     p_worse: float | None
     verdict: str  # better / not worse / worse / can't tell ("reference" for standard)
     steps_to_standard: int | None
+    init: str = "nearest"  # its runs' start (TwinRun.init)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from qkinspect.errors import InputError
+from qkinspect.twin.request import INITS, LEGACY
 from qkinspect.twin.results import (
     FOLDER_KIND,
     MANIFEST,
@@ -47,6 +48,9 @@ def read_twin(folder: str | Path) -> Twin:
     seeds = _int(plan, "seeds", where)
     lrs = [_num(x, where, "plan.lrs") for x in _list(plan, "lrs", where)]
     margin = _num(plan.get("margin"), where, "plan.margin")
+    training = setup.get("training")
+    if isinstance(training, dict):  # a folder written before --init and --schedule: what the twin did then
+        setup = {**setup, "training": {**LEGACY, **training}}
     # the plan as checked, beside the setup: the figures draw its margin
     setup = {**setup, "plan": {"variants": variants, "seeds": seeds, "lrs": lrs, "margin": margin}}
     runs, points, trajectories, notes = [], [], [], []
@@ -104,7 +108,8 @@ def _run(doc: dict[str, Any], where: Path) -> tuple[TwinRun, list[RunPoint], lis
     _expect(note is None or isinstance(note, str), where, "note", "text or null")
     run = TwinRun(variant, seed, lr, params, pts[-1].val_loss, pts[-1].train_loss, _num(doc.get("seconds"), where,
                   "seconds"), _opt(doc.get("step_seconds"), where, "step_seconds"),
-                  _num(doc.get("violation"), where, "violation"), checkpoint, note, _int(doc, "threads", where))
+                  _num(doc.get("violation"), where, "violation"), checkpoint, note, _int(doc, "threads", where),
+                  _choice(doc.get("init", LEGACY["init"]), where, "init", INITS))
     return run, pts, traj
 
 
@@ -153,7 +158,7 @@ def _summaries(runs, points, variants, seeds, chosen, margin) -> tuple[VariantSu
             verdict, diff, steps = paired.verdict, paired.diff, steps_to(curve(v), target)
         out.append(VariantSummary(v, mine[order[0]].params, chosen[v], len(order), mean, losses, diff,
                                   paired.ci_low, paired.ci_high, paired.p_better, paired.p_not_worse,
-                                  paired.p_worse, verdict, steps))
+                                  paired.p_worse, verdict, steps, mine[order[0]].init))
     return tuple(out)
 
 
@@ -187,6 +192,11 @@ def _dict(doc: dict, key: str, where: Path) -> dict[str, Any]:
 def _list(doc: dict, key: str, where: Path, default: Any = None) -> list:
     v = doc.get(key, default)
     _expect(isinstance(v, list), where, key, "expected a list")
+    return v
+
+
+def _choice(v: Any, where: Path, key: str, allowed: tuple[str, ...]) -> str:
+    _expect(v in allowed, where, key, f"expected {' or '.join(allowed)}")
     return v
 
 

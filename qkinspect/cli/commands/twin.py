@@ -17,6 +17,16 @@ class Arch(str, Enum):
     gpt2 = "gpt2"
 
 
+class Init(str, Enum):
+    draw = "draw"
+    nearest = "nearest"
+
+
+class Schedule(str, Enum):
+    cosine = "cosine"
+    constant = "constant"
+
+
 class Rows(str, Enum):
     runs = "runs"
     trajectories = "trajectories"
@@ -30,8 +40,8 @@ OutOpt = Annotated[Path, typer.Option(
     help="The twin folder: one file per run, written as each finishes; the same --out again skips those done.")]
 VariantsOpt = Annotated[str, typer.Option(
     "--variants", metavar="V[,V…]",
-    help="Constraints: share_qk, share_qk_reformer, symmetric, share_qkv, rank:K, wq_identity, bilinear "
-         "(standard is always trained).")]
+    help="Constraints: share_qk, share_qk_reformer, symmetric, share_qkv, share_kv, rank:K, wq_identity, "
+         "bilinear (standard is always trained).")]
 MatchOpt = Annotated[bool, typer.Option(
     "--match-params", help="Also train each constrained variant with its MLP resized to the standard twin's "
                            "parameter count (within 1 %), as VARIANT+params.")]
@@ -70,6 +80,11 @@ StepsOpt = Annotated[int | None, typer.Option("--steps", metavar="N", show_defau
                                               help="Optimizer steps (default 2000), every shape's.")]
 WarmupOpt = Annotated[int | None, typer.Option("--warmup", metavar="N",
                                                help="Warm-up steps (default: min(100, steps/10)).")]
+InitOpt = Annotated[Init, typer.Option(
+    "--init", help="A constrained twin's start: the standard draw itself put in the form (share_qk: W_K := W_Q), or "
+                   "the nearest constrained form to the standard draw.")]
+ScheduleOpt = Annotated[Schedule, typer.Option(
+    "--schedule", help="After the warm-up: cosine to lr/10, or the learning rate held constant.")]
 BatchOpt = Annotated[int, typer.Option("--batch", metavar="B", help="Windows per step.")]
 EvalOpt = Annotated[int | None, typer.Option("--eval-every", metavar="N",
                                              help="Held-out loss every N steps (default: at the end).")]
@@ -100,7 +115,8 @@ def register(app: typer.Typer) -> None:
         out: OutOpt, variants: VariantsOpt = "share_qk", match_params: MatchOpt = False, arch: ArchOpt = Arch.llama,
         layers: LayersOpt = 4, d_model: DModelOpt = 128, heads: HeadsOpt = None, context: ContextOpt = 64,
         config: ConfigOpt = None, text: TextOpt = None, tokenizer: TokenizerOpt = "char", seeds: SeedsOpt = 3,
-        lr: LrOpt = "1e-3", steps: StepsOpt = None, warmup: WarmupOpt = None, batch: BatchOpt = 12,
+        lr: LrOpt = "1e-3", steps: StepsOpt = None, warmup: WarmupOpt = None, schedule: ScheduleOpt = Schedule.cosine,
+        init: InitOpt = Init.draw, batch: BatchOpt = 12,
         eval_every: EvalOpt = None, eval_windows: EvalWindowsOpt = 128, track_every: TrackOpt = None,
         margin: MarginOpt = 0.02, device: DeviceOpt = Device.cpu, save_checkpoints: CheckpointsOpt = False,
         scheduler: SchedulerOpt = None, workers: WorkersOpt = None, threads: ThreadsOpt = None,
@@ -140,9 +156,10 @@ def register(app: typer.Typer) -> None:
                               tokenizer=tokenizer, seeds=seeds, lr=lr, steps=steps, warmup=warmup, batch=batch,
                               eval_every=eval_every, eval_windows=eval_windows, track_every=track_every,
                               margin=margin, device=device.value, save_checkpoints=save_checkpoints,
-                              scheduler=scheduler, workers=workers, threads=threads, shapes=shapes,
-                              head_size=head_size, tokens_per_param=tokens_per_param,
-                              progress=lambda line: note(f"twin: {line}"), names=CLI_NAMES)
+                              scheduler=scheduler, workers=workers, threads=threads, init=init.value,
+                              schedule=schedule.value, shapes=shapes, head_size=head_size,
+                              tokens_per_param=tokens_per_param, progress=lambda line: note(f"twin: {line}"),
+                              names=CLI_NAMES)
         except KeyboardInterrupt:
             note(f"stopped; the runs done are kept in {out}: run the same command to resume")
             raise
