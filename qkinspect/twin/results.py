@@ -62,6 +62,7 @@ class TwinRun:
     checkpoint: str | None  # the folder under the twin folder, with --save-checkpoints
     note: str | None  # what its checkpoint does not carry (the Reformer's attention), or why analyze cannot read it
     threads: int
+    init: str = "nearest"  # its start: draw or nearest (qkinspect.twin.model); a folder from before --init: nearest
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class VariantSummary:
     p_worse: float | None
     verdict: str  # better / not worse / worse / can't tell ("reference" for standard)
     steps_to_standard: int | None
+    init: str = "nearest"  # its runs' start (TwinRun.init)
 
 
 @dataclass(frozen=True)
@@ -133,12 +135,19 @@ class Twin(Tabular):
                                   lr_sweep=self.rows("lr"), failures=[asdict(f) for f in self.failures],
                                   notes=list(self.notes)))
 
-    def save(self, path: str | Path) -> None:
-        """Write `to_dict()` to `path` as JSON, atomically."""
-        from qkinspect.files import atomic_write, write_json
+    PARQUET = True
 
-        doc = self.to_dict()
-        atomic_write(Path(path), lambda f: write_json(doc, f))
+    def save(self, path: str | Path, rows: str = "runs") -> Path:
+        """Write the twin to `path` (atomically) as `qkinspect twin -o path --rows ROWS` writes it, in the format the
+        extension names: `.json` `to_dict()`, `.csv`, `.ndjson`/`.jsonl` and `.parquet` (needs pyarrow) the rows of
+        kind `rows` (runs, trajectories, summary or lr), `.txt` the table. Returns the path.
+
+        Raises:
+            InputError: an extension that names no format (naming the path), an unknown `rows`, Parquet without
+                pyarrow.
+            OutputError: the file cannot be written.
+        """
+        return save_rows(self, path, rows)
 
     def table_rows(self) -> list[dict[str, Any]]:
         return self.rows("summary")
@@ -169,3 +178,13 @@ class Twin(Tabular):
         seeds = plan.get("seeds")
         return (f"Twin({str(self.folder)!r}: {len(self.runs)} runs{failed}, {seeds} seed{'' if seeds == 1 else 's'}"
                 f"; {verdicts or 'no variant compared'})")
+
+
+def save_rows(result: Any, path: str | Path, rows: str) -> Path:
+    """`result.save(path, rows)` for the twin's results (Twin, and the ladder's Ladder): the format the extension
+    names, the rows of kind `rows` (refused before anything is written where unknown)."""
+    from qkinspect.formats import save_result
+
+    result.rows(rows)
+    return save_result(path, document=result.to_dict, rows=lambda: result.rows(rows), render=result.render_table,
+                       parquet=lambda: result.rows(rows))

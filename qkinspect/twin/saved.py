@@ -12,6 +12,7 @@ from typing import Any
 
 from qkinspect.checking import Checker, show
 from qkinspect.twin.folder import MANIFEST, RUN_KIND, is_twin_folder, read_manifest, read_run, run_files
+from qkinspect.twin.request import INITS, LEGACY
 from qkinspect.twin.results import (
     Failure,
     LrTrial,
@@ -42,6 +43,9 @@ def read_twin(folder: str | Path) -> Twin:
     seeds = c.index(plan.get("seeds"), "plan.seeds", null=False)
     lrs = [c.number(x, f"plan.lrs[{i}]", null=False) for i, x in enumerate(_list(c, plan.get("lrs"), "plan.lrs"))]
     margin = c.number(plan.get("margin"), "plan.margin", null=False)
+    training = setup.get("training")
+    if isinstance(training, dict):  # a folder written before --init and --schedule: what the twin did then
+        setup = {**setup, "training": {**LEGACY, **training}}
     # the plan as checked, beside the setup: the figures draw its margin
     setup = {**setup, "plan": {"variants": variants, "seeds": seeds, "lrs": [float(x) for x in lrs],
                                "margin": float(margin)}}
@@ -118,7 +122,8 @@ def check_run(c: Checker, doc: Any) -> tuple[TwinRun, list[RunPoint], list[Traje
                   float(c.number(doc.get("seconds"), "run.seconds", null=False)),
                   None if step_seconds is None else float(step_seconds),
                   float(c.number(doc.get("violation"), "run.violation", null=False)), checkpoint, note,
-                  c.index(doc.get("threads"), "run.threads", null=False))
+                  c.index(doc.get("threads"), "run.threads", null=False),
+                  _choice(c, doc.get("init", LEGACY["init"]), "run.init", INITS))
     return run, pts, traj
 
 
@@ -167,7 +172,7 @@ def _summaries(runs, points, variants, seeds, chosen, margin) -> tuple[VariantSu
             verdict, diff, steps = paired.verdict, paired.diff, steps_to(curve(v), target)
         out.append(VariantSummary(v, mine[order[0]].params, chosen[v], len(order), mean, losses, diff,
                                   paired.ci_low, paired.ci_high, paired.p_better, paired.p_not_worse,
-                                  paired.p_worse, verdict, steps))
+                                  paired.p_worse, verdict, steps, mine[order[0]].init))
     return tuple(out)
 
 
@@ -185,3 +190,9 @@ def _text(c: Checker, x: Any, key: str) -> str:
     if len(value) > MAX_TEXT:
         raise c.fail(key, f"is {len(value)} characters long; at most {MAX_TEXT}")
     return value
+
+
+def _choice(c: Checker, x: Any, key: str, allowed: tuple[str, ...]) -> str:
+    if x not in allowed:
+        raise c.fail(key, f"is {show(x)}, not {' or '.join(allowed)}")
+    return x

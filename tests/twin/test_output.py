@@ -45,7 +45,7 @@ def test_with_o_file_the_verdicts_notes_and_edge_warnings_reach_stderr(tmp_path)
 
 def test_help_names_the_rows_kinds():
     r = CliRunner().invoke(app, ["twin", "--help"], env={"COLUMNS": "200"})
-    line = next(x for x in r.stdout.splitlines() if "--rows" in x)
+    line = next(x for x in r.stdout.splitlines() if x.strip("│ ").startswith("--rows"))
     assert "None" not in line and "runs|trajectories|summary|lr" in line
 
 

@@ -36,6 +36,8 @@ def hand_count(arch: str, variant: str) -> int:
         return std - L * wq  # W_Q (and b_Q) read from W_K, its signs, or pinned at I (and 0)
     if variant == "share_qkv":
         return std - L * (wq + D * D)  # W_V is W_K too; b_V stays its own
+    if variant == "share_kv":
+        return std - L * wq  # W_K (and b_K) read from W_V (and b_V)
     if variant == "bilinear":
         return std - L * (2 * wq) + L * H * D * D  # no W_Q, W_K (nor their biases); one D×D W_QK per head
     K = int(variant.partition(":")[2])
@@ -45,8 +47,8 @@ def hand_count(arch: str, variant: str) -> int:
     return std - L * D * D + L * H * k * (D + d)
 
 
-VARIANTS = ["standard", "share_qk", "share_qk_reformer", "symmetric", "share_qkv", "rank:1", "rank:2", "rank:3",
-            "rank:8", "wq_identity", "bilinear"]
+VARIANTS = ["standard", "share_qk", "share_qk_reformer", "symmetric", "share_qkv", "share_kv", "rank:1", "rank:2",
+            "rank:3", "rank:8", "wq_identity", "bilinear"]
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
