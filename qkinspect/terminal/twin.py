@@ -63,3 +63,51 @@ def render_twin(console, summary: list[dict[str, Any]], sweep: list[dict[str, An
                       soft_wrap=True)
     for n in notes:
         console.print(Text(f"* {n}", style="dim"), soft_wrap=True)
+
+
+def render_ladder(console, ladder) -> None:
+    """A ladder's table: a row per shape and constrained variant (the shape's size, tokens, the paired gap and its
+    interval, the verdict), then one line per variant with its scaling fit (or why there is none), then the notes."""
+    from rich.text import Text
+
+    from qkinspect.terminal.tables import Column, fit_tables, fmt_spec
+
+    rows = [s for s in ladder.summaries if s.summary.variant != "standard"]
+    if not rows:
+        console.print(Text("no constrained run finished at any shape", style="bold"))
+    else:
+        console.print(Text("N: the standard twin's non-embedding parameters; tokens: each run's; diff: variant − "
+                           "standard held-out loss, paired by seed", style="dim"), soft_wrap=True)
+        starts = [i for i in range(1, len(rows)) if rows[i].shape != rows[i - 1].shape]
+        cells = {
+            "N": [f"{s.non_embedding_params:,}" for s in rows],
+            "tokens": [_short(s.tokens) for s in rows],
+            "variant": [s.summary.variant for s in rows],
+            "seeds": [fmt_spec(s.summary.seeds, "d") for s in rows],
+            "diff": [fmt_spec(s.summary.diff, "+.4f") for s in rows],
+            "CI": ["-" if s.summary.ci_low is None else f"{s.summary.ci_low:+.3f} … {s.summary.ci_high:+.3f}"
+                   for s in rows],
+            "verdict": [s.summary.verdict for s in rows],
+        }
+        labels = [Column("shape", [s.shape for s in rows], left=True)]
+        for t in fit_tables(labels, [Column(k, v, left=k in ("variant", "verdict")) for k, v in cells.items()],
+                            width=console.width, sections=starts):
+            console.print(t)
+    for f in ladder.fits:
+        if f.alpha is None:
+            line = Text(f"{f.variant}: no power law: {f.reason}", style="yellow")
+        else:
+            ci = "" if f.alpha_low is None else f" [{f.alpha_low:.2f}, {f.alpha_high:.2f}] ({f.level:.0%} bootstrap)"
+            fit = "" if f.residual is None else f", residual {f.residual:.2f}"
+            line = Text(f"{f.variant}: gap ≈ {f.a:.3g} · N^−α, α = {f.alpha:.2f}{ci} over {f.rungs} shapes{fit}")
+        console.print(line, soft_wrap=True)
+    for n in ladder.notes:
+        console.print(Text(f"* {n}", style="dim"), soft_wrap=True)
+
+
+def _short(n: int) -> str:
+    """A token count in three figures: 786k, 1.2M."""
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
