@@ -232,11 +232,9 @@ class Ladder(Tabular):
         """Write the ladder to `path` as `qkinspect twin --shapes ... -o path --rows ROWS` writes it, in the format the
         extension names (qkinspect.formats): `.json` `to_dict()`, `.csv`, `.ndjson` and `.parquet` the rows of kind
         `rows`, `.txt` the table. Returns the path."""
-        from qkinspect.formats import save_result
+        from qkinspect.twin.results import save_rows
 
-        self.rows(rows)  # an unknown kind is refused before anything is written
-        return save_result(path, document=self.to_dict, rows=lambda: self.rows(rows), render=self.render_table,
-                           parquet=lambda: self.rows(rows))
+        return save_rows(self, path, rows)
 
     def table_rows(self) -> list[dict[str, Any]]:
         return self.rows("summary")

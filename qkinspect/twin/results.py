@@ -171,11 +171,7 @@ class Twin(Tabular):
                 pyarrow.
             OutputError: the file cannot be written.
         """
-        from qkinspect.formats import save_result
-
-        self.rows(rows)  # an unknown kind is refused before anything is written
-        return save_result(path, document=self.to_dict, rows=lambda: self.rows(rows), render=self.render_table,
-                           parquet=lambda: self.rows(rows))
+        return save_rows(self, path, rows)
 
     def table_rows(self) -> list[dict[str, Any]]:
         return self.rows("summary")
@@ -191,3 +187,13 @@ class Twin(Tabular):
         from qkinspect.notebook import data_frame
 
         return data_frame(self.rows(kind), f"to_pandas({kind!r})")
+
+
+def save_rows(result: Any, path: str | Path, rows: str) -> Path:
+    """`result.save(path, rows)` for the twin's results (Twin, and the ladder's Ladder): the format the extension
+    names, the rows of kind `rows` (refused before anything is written where unknown)."""
+    from qkinspect.formats import save_result
+
+    result.rows(rows)
+    return save_result(path, document=result.to_dict, rows=lambda: result.rows(rows), render=result.render_table,
+                       parquet=lambda: result.rows(rows))
