@@ -116,11 +116,23 @@ class ExperimentResult(Tabular):
         """The CSV's rows: one per run (`run_rows`)."""
         return run_rows(self)
 
+    def reader_notes(self) -> list[str]:
+        """What the reader must know (`notes`, then the healing's): `qkinspect experiment` prints them on stderr
+        whatever -o is; a notebook shows them under the table."""
+        return notes(self) + (list(self.healing.notes) if self.healing is not None else [])
+
     def render_table(self, console) -> None:
-        """`qkinspect experiment`'s table of this result."""
+        """`qkinspect experiment`'s table of this result, as `-o FILE.txt` writes it (the notes go to stderr)."""
         from qkinspect.terminal.experiment import render_experiment
 
-        render_experiment(console, self, run_rows(self), notes(self))
+        render_experiment(console, self, run_rows(self), [])
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the table, then the notes (which the CLI prints on stderr)."""
+        from qkinspect.notebook import html_table
+        from qkinspect.terminal.experiment import render_experiment
+
+        return html_table(lambda console: render_experiment(console, self, run_rows(self), self.reader_notes()))
 
     def document(self) -> dict[str, Any]:
         """The JSON document `qkinspect experiment -o FILE.json` writes (`experiment_json`); `save(path)` writes it."""

@@ -19,12 +19,18 @@ from qkinspect.names import Names
 from qkinspect.suggest import did_you_mean
 
 # the variants, each a constraint held at every step (docs/twin.md); names as the experiment's edits where one exists
-VARIANTS = ("standard", "share_qk", "share_qk_reformer", "symmetric", "share_qkv", "rank", "wq_identity", "bilinear")
+VARIANTS = ("standard", "share_qk", "share_qk_reformer", "symmetric", "share_qkv", "share_kv", "rank", "wq_identity",
+            "bilinear")
 ARCHS = ("llama", "gpt2")
 MATCHED = "+params"  # suffix of a constrained variant's arm whose saved parameters are given back to its MLP
 _RANK = re.compile(r"rank:([0-9]{1,6})")
 _BPE = re.compile(r"bpe:([0-9]{1,7})")
 MAX_STEPS = 10_000_000
+INITS = ("draw", "nearest")  # a constrained twin's start: the standard draw put in the form, or the nearest form
+SCHEDULES = ("cosine", "constant")  # after the warm-up: cosine to lr/10, or the rate held
+# what the twin did before --init and --schedule existed: a folder's resume key names them only where they differ,
+# so a folder written then resumes with --init nearest --schedule cosine
+LEGACY = {"init": "nearest", "schedule": "cosine"}
 
 
 LIBRARY_NAMES = Names()
@@ -67,6 +73,8 @@ class Request:
     scheduler: str | None
     workers: int | None
     threads: int
+    init: str = "draw"
+    schedule: str = "cosine"
 
     def training(self) -> dict[str, Any]:
         """What a run's numbers depend on besides its variant, seed and learning rate (the resume key)."""
@@ -75,7 +83,8 @@ class Request:
                           "config": str(self.shape.config) if self.shape.config else None},
                 "tokenizer": self.tokenizer, "steps": self.steps, "warmup": self.warmup, "batch": self.batch,
                 "eval_every": self.eval_every, "eval_windows": self.eval_windows, "track_every": self.track_every,
-                "device": self.device, "save_checkpoints": self.save_checkpoints}
+                "device": self.device, "save_checkpoints": self.save_checkpoints,
+                **{k: v for k, v in (("init", self.init), ("schedule", self.schedule)) if v != LEGACY[k]}}
 
 
 def base_variant(variant: str) -> str:
@@ -150,8 +159,8 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
                   warmup: int | None = None, batch: int = 12, eval_every: int | None = None,
                   eval_windows: int = 128, track_every: int | None = None, margin: float = 0.02,
                   device: str = "cpu", save_checkpoints: bool = False, scheduler: str | None = None,
-                  workers: int | None = None, threads: int | None = None,
-                  names: Names = LIBRARY_NAMES) -> Request:
+                  workers: int | None = None, threads: int | None = None, init: str = "draw",
+                  schedule: str = "cosine", names: Names = LIBRARY_NAMES) -> Request:
     """Every option that can be checked without torch, in one place; InputError naming the first bad one."""
     chosen = parse_variants(variants, match_params, names)
     if arch not in ARCHS:
@@ -183,6 +192,10 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
         _whole(track_every, "track_every", names)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < math.inf:
         raise InputError(f"{names.said('margin', margin)}: the margin is a loss difference in nats, 0 or more")
+    for option, value, allowed in (("init", init, INITS), ("schedule", schedule, SCHEDULES)):
+        if value not in allowed:
+            raise InputError(f"{names.said(option, value)}: expected {' or '.join(allowed)}"
+                             f"{did_you_mean(str(value), allowed)}")
     if device not in ("cpu", "cuda"):
         raise InputError(f"{names.said('device', device)}: expected cpu or cuda")
     from qkinspect.limits import check_threads, check_workers
@@ -196,4 +209,5 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
         scheduler = check_address(scheduler, names.scheduler)
     shape = Shape(arch, layers, d_model, heads, context, cfg)
     return Request(Path(out), chosen, shape, src, tokenizer, seeds, lrs, steps, warm, batch, every, eval_windows,
-                   track_every, float(margin), device, bool(save_checkpoints), scheduler, workers, threads or 1)
+                   track_every, float(margin), device, bool(save_checkpoints), scheduler, workers, threads or 1,
+                   init, schedule)

@@ -25,36 +25,50 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.errors import InputError
 from qkinspect.names import Names
 from qkinspect.twin.request import LIBRARY_NAMES, Request, check_request
 from qkinspect.twin.results import FOLDER_KIND, MANIFEST, RUN_KIND, RUNS, Twin
 
+if TYPE_CHECKING:
+    from qkinspect.twin.ladder import Ladder
+
 
 def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk", match_params: bool = False,
-         arch: str = "llama", layers: int = 4, d_model: int = 128, heads: int = 4, context: int = 64,
+         arch: str = "llama", layers: int = 4, d_model: int = 128, heads: int | None = None, context: int = 64,
          config: str | Path | None = None, text: str | Path | None = None, tokenizer: str = "char", seeds: int = 3,
-         lr: float | str | Sequence[float] = 1e-3, steps: int = 2000, warmup: int | None = None, batch: int = 12,
-         eval_every: int | None = None, eval_windows: int = 128, track_every: int | None = None,
+         lr: float | str | Sequence[float] = 1e-3, steps: int | None = None, warmup: int | None = None,
+         batch: int = 12, eval_every: int | None = None, eval_windows: int = 128, track_every: int | None = None,
          margin: float = 0.02, device: str = "cpu", save_checkpoints: bool = False, scheduler: str | None = None,
-         workers: int | None = None, threads: int | None = None, progress: Callable[[str], None] | None = None,
-         names: Names = LIBRARY_NAMES) -> Twin:
+         workers: int | None = None, threads: int | None = None, init: str = "draw", schedule: str = "cosine",
+         shapes: str | Sequence[str] | None = None, head_size: int | None = None,
+         tokens_per_param: float | None = None, progress: Callable[[str], None] | None = None,
+         names: Names = LIBRARY_NAMES) -> Twin | Ladder:
     """Train the twins into the folder `out` (resumable) and return every run's records there.
 
     Args:
         out: the twin folder (created; the same folder again skips the runs done).
-        variants: standard, share_qk, share_qk_reformer, symmetric, share_qkv, rank:K, wq_identity, bilinear
-            (standard is always trained). `match_params`: add each constrained variant's arm with its MLP
+        variants: standard, share_qk, share_qk_reformer, symmetric, share_qkv, share_kv, rank:K, wq_identity,
+            bilinear (standard is always trained). `match_params`: add each constrained variant's arm with its MLP
             resized to the standard twin's free parameters (within 1 %).
         arch, layers, d_model, heads, context: the model (transformers' llama or gpt2 class), or `config`, a
-            config.json (llama or gpt2) whose sizes are taken (its vocabulary is the tokenizer's).
+            config.json (llama or gpt2) whose sizes are taken (its vocabulary is the tokenizer's). `heads`
+            defaults to 4, or to d_model / `head_size` where a head size or `shapes` is given.
+        shapes: a ladder, "2x64,4x128,6x192" (layers x d_model; the head size kept, `head_size` default 32, or
+            `heads` for every shape): one folder for every shape's twin (qkinspect.twin.ladder), and a
+            `Ladder` returned. One shape is today's twin (its folder and records).
+        tokens_per_param: set each shape's steps so that its training tokens are about this many times its
+            non-embedding parameters (instead of `steps`, default 2000, which applies to every shape).
         text: a UTF-8 file or a folder of .txt files (None: Python's pydoc_data.topics, a demo);
             `tokenizer`: char, byte or bpe:N.
         seeds: seeds 0..N-1; each fixes the initialisation and the batch order of every variant.
         lr: one learning rate, or several (a list or "3e-4,1e-3"): each variant's best on seed 0 is used.
-        steps, warmup (default min(100, steps/10)), batch: AdamW, linear warm-up, cosine to lr/10.
+        steps, warmup (default min(100, steps/10)), batch: AdamW, linear warm-up, then `schedule`: cosine to
+            lr/10, or constant (the rate held after the warm-up).
+        init: a constrained twin's start: draw (the standard draw itself put in the form where the form allows:
+            share_qk's W_K := W_Q) or nearest (the nearest constrained form to the standard draw), docs/twin.md.
         eval_every (default: at the end only), eval_windows: held-out loss on this many fixed windows.
         track_every: each head's metrics every N steps (qkinspect.callback.Tracker).
         margin: the two one-sided tests' margin in nats.
@@ -65,7 +79,7 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
         names: how errors name the options (the CLI passes `request.CLI_NAMES`).
 
     Returns:
-        Twin: the records of every run in the folder for this request.
+        Twin: the records of every run in the folder for this request (a `Ladder` for several shapes).
 
     Raises:
         InputError: a bad option, unreadable text, a folder holding runs of another setup.
@@ -74,12 +88,31 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
         >>> result = twin("twin-out", variants="share_qk", seeds=2, steps=200)  # doctest: +SKIP
         >>> result.to_pandas("summary")[["variant", "diff", "verdict"]]  # doctest: +SKIP
     """
+    from qkinspect.twin.ladder import budget, resolve, run_ladder
+
+    rungs = resolve(shapes=shapes, layers=layers, d_model=d_model, heads=heads, head_size=head_size, steps=steps,
+                    tokens_per_param=tokens_per_param, config=config, names=names)
+    if len(rungs) > 1 or tokens_per_param is not None:  # sizes checked before the parameters are counted
+        for r in rungs:
+            check_request(out, variants=variants, match_params=match_params, arch=arch, layers=r.layers,
+                          d_model=r.d_model, heads=r.heads, context=context, config=config, text=text,
+                          tokenizer=tokenizer, seeds=seeds, lr=lr, steps=r.steps, batch=batch, margin=margin,
+                          eval_windows=eval_windows, device=device, init=init, schedule=schedule, names=names)
+        rungs = budget(rungs, tokens_per_param, arch=arch, context=context, batch=batch, config=config, names=names)
+    if len(rungs) > 1:
+        return run_ladder(Path(out), rungs, tokens_per_param, dict(
+            variants=variants, match_params=match_params, arch=arch, context=context, config=config, text=text,
+            tokenizer=tokenizer, seeds=seeds, lr=lr, warmup=warmup, batch=batch, eval_every=eval_every,
+            eval_windows=eval_windows, track_every=track_every, margin=margin, device=device,
+            save_checkpoints=save_checkpoints, scheduler=scheduler, workers=workers, threads=threads, init=init,
+            schedule=schedule), progress, names)
+    layers, d_model, heads, steps = rungs[0].layers, rungs[0].d_model, rungs[0].heads, rungs[0].steps
     req = check_request(out, variants=variants, match_params=match_params, arch=arch, layers=layers,
                         d_model=d_model, heads=heads, context=context, config=config, text=text, tokenizer=tokenizer,
                         seeds=seeds, lr=lr, steps=steps, warmup=warmup, batch=batch, eval_every=eval_every,
                         eval_windows=eval_windows, track_every=track_every, margin=margin, device=device,
                         save_checkpoints=save_checkpoints, scheduler=scheduler, workers=workers, threads=threads,
-                        names=names)
+                        init=init, schedule=schedule, names=names)
     if req.shape.config is not None:  # a config.json it cannot use is refused before the text is read
         from qkinspect.twin.model import config_for
 
@@ -129,12 +162,14 @@ def prepare(req: Request, names: Names) -> tuple[dict[str, Any], dict[str, Any]]
         "text": {"name": corpus.name, "sha256": corpus.sha256, "chars": corpus.chars, "demo": corpus.demo,
                  "files": [p.name for p in corpus.parts], "train_tokens": int(len(tokens.train)),
                  "held_out_tokens": int(len(tokens.held_out)),
+                 "held_out_bytes": sum(len(p.held_out.encode("utf-8")) for p in corpus.parts),
                  "held_out": "the last 10 % of each file (contiguous); training windows come from the rest"},
         "tokenizer": {"kind": tok.kind, "vocab_size": tok.vocab_size, "sha256": tok.sha256},
         "model": {"arch": cfg.model_type, "config": cfg.to_dict()},
         "training": {"steps": req.steps, "warmup": req.warmup, "batch": req.batch, "context": req.shape.context,
-                     "optimizer": "AdamW (no weight decay), linear warm-up, cosine to lr/10",
-                     "device": req.device, "threads": req.threads},
+                     "optimizer": "AdamW (no weight decay), linear warm-up, " + (
+                         "cosine to lr/10" if req.schedule == "cosine" else "then constant"),
+                     "schedule": req.schedule, "init": req.init, "device": req.device, "threads": req.threads},
         "evaluation": {"windows": int(len(starts)), "tokens": int(len(starts)) * req.shape.context,
                        "every": req.eval_every,
                        "what": "evenly spaced, non-overlapping windows of the held-out text, the same for every run"},
@@ -235,12 +270,14 @@ def _on_dask(req: Request, spec, todo, folder: str, finished, say, names: Names)
 
     from distributed import as_completed
 
-    from qkinspect.sweep.engine import cancelling, connect, error_text
+    from qkinspect.sweep.engine import cancelling, error_text
+    from qkinspect.twin.cluster import twin_cluster
     from qkinspect.twin.train import run_name, run_twin
 
-    with connect(req.scheduler, req.workers, req.threads, len(todo), names) as (client, threads):
+    with twin_cluster(req.device, req.scheduler, req.workers, req.threads, len(todo), names) as \
+            (client, threads, extra):
         futures = {client.submit(run_twin, folder, v, s, x, spec, threads=req.threads or threads, pure=False,
-                                 key=f"qkinspect-twin-{run_name(v, s, x)}-{uuid.uuid4().hex[:8]}"): (v, s, x)
+                                 key=f"qkinspect-twin-{run_name(v, s, x)}-{uuid.uuid4().hex[:8]}", **extra): (v, s, x)
                    for v, s, x in todo}
         say(f"{len(todo)} runs submitted")
         with cancelling(client, futures):

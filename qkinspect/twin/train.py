@@ -4,9 +4,10 @@ seed's batches, evaluate it on the fixed held-out windows, and return its record
 Nothing here writes into the twin folder but the run's own tracking folder and checkpoint (the client writes the
 run's file when it arrives), so a task can run on any worker that reads the folder's token streams.
 
-The schedule is nanoGPT's: linear warm-up over `warmup` steps to `lr`, then cosine to lr/10 at the last step;
-AdamW without weight decay (`qkinspect.experiment.heal.adamw`, healing's). The loss is next-token cross-entropy on
-windows of `context` tokens (the window's `context + 1` tokens give the targets), in nats.
+The schedule: linear warm-up over `warmup` steps to `lr`, then (`cosine`, nanoGPT's) cosine to lr/10 at the last
+step, or (`constant`) the rate held to the end; AdamW without weight decay (`qkinspect.experiment.heal.adamw`,
+healing's). The loss is next-token cross-entropy on windows of `context` tokens (the window's `context + 1` tokens
+give the targets), in nats.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import numpy as np
 TOKENS = "tokens"  # the folder's token streams: tokens/train.npy, tokens/held_out.npy
 
 
-def lr_at(step: int, lr: float, warmup: int, steps: int) -> float:
-    """The learning rate of optimizer step `step` (0-based): warm-up, then cosine to lr/10."""
+def lr_at(step: int, lr: float, warmup: int, steps: int, schedule: str = "cosine") -> float:
+    """The learning rate of optimizer step `step` (0-based): warm-up, then cosine to lr/10 (or held: `constant`)."""
     if step < warmup:
         return lr * (step + 1) / warmup
+    if schedule == "constant":
+        return lr
     span = max(1, steps - warmup)
     return lr / 10 + (lr - lr / 10) * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / span)))
 
@@ -43,7 +46,7 @@ def run_twin(folder: str, variant: str, seed: int, lr: float, spec: dict[str, An
 
     from qkinspect.twin.data import batch_starts, gather
     from qkinspect.twin.model import build
-    from qkinspect.twin.request import Shape
+    from qkinspect.twin.request import LEGACY, Shape
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
@@ -54,7 +57,8 @@ def run_twin(folder: str, variant: str, seed: int, lr: float, spec: dict[str, An
     shape = Shape(s["arch"], s["layers"], s["d_model"], s["heads"], s["context"],
                   Path(s["config"]) if s["config"] else None)
     device = torch.device(spec["device"])
-    built = build(variant, shape, spec["vocab_size"], seed, spec["device"])
+    init, schedule = spec.get("init", LEGACY["init"]), spec.get("schedule", LEGACY["schedule"])
+    built = build(variant, shape, spec["vocab_size"], seed, spec["device"], init)
     steps, batch, ctx = spec["steps"], spec["batch"], shape.context
     starts = batch_starts(len(train), ctx, batch, steps, seed)
     eval_x = torch.from_numpy(gather(np.asarray(held), np.asarray(spec["eval_starts"], dtype=np.int64),
@@ -82,7 +86,7 @@ def run_twin(folder: str, variant: str, seed: int, lr: float, spec: dict[str, An
     for k in range(steps):
         t1 = time.perf_counter()
         for group in opt.param_groups:
-            group["lr"] = lr_at(k, lr, spec["warmup"], steps)
+            group["lr"] = lr_at(k, lr, spec["warmup"], steps, schedule)
         x = torch.from_numpy(gather(train, starts[k], ctx).astype(np.int64)).to(device)  # (batch, context + 1)
         losses.append(train_step(built, opt, x))
         step_seconds.append(time.perf_counter() - t1)
@@ -96,7 +100,8 @@ def run_twin(folder: str, variant: str, seed: int, lr: float, spec: dict[str, An
     return {"variant": variant, "seed": seed, "lr": lr, "params": built.params, "points": points,
             "train_losses": losses, "violation": violation, "seconds": time.perf_counter() - t0,
             "step_seconds": float(np.median(step_seconds)) if step_seconds else None,
-            "trajectory": trajectory(tracker), "checkpoint": saved, "note": built.note, "threads": threads}
+            "trajectory": trajectory(tracker), "checkpoint": saved, "note": built.note, "threads": threads,
+            "init": built.init}
 
 
 def train_step(built, opt, x) -> float:
