@@ -295,6 +295,8 @@ def read_ladder(folder: str | Path) -> Ladder:
             notes.append(f"{rung.name}: not started yet")
             continue
         twin = read_twin(sub)
+        if not twin.runs:
+            notes.append(f"{rung.name}: no run finished yet")
         rungs.append(rung)
         twins.append(twin)
         notes += [f"{rung.name}: {n}" for n in twin.notes]

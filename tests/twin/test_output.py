@@ -52,7 +52,8 @@ def test_help_names_the_rows_kinds():
 def _summary(variants: list[str], seeds: int = 3) -> list[dict]:
     return [{"variant": v, "params": 825_728, "lr": 0.001, "seeds": seeds, "val_loss": 1.62, "diff": 0.07,
              "ci_low": 0.031, "ci_high": 0.11, "verdict": "reference" if v == "standard" else "worse",
-             "steps_to_standard": None} for v in variants]
+             "steps_to_standard": None, "p_one_sided_better": None if v == "standard" else 0.5}
+            for v in variants]
 
 
 def _render(width: int, summary, sweep=(), notes=()) -> list[str]:
