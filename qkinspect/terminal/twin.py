@@ -10,6 +10,7 @@ def render_twin(console, summary: list[dict[str, Any]], sweep: list[dict[str, An
                 failures: list[dict[str, Any]]) -> None:
     from rich.text import Text
 
+    from qkinspect.numbers import signed_alike
     from qkinspect.terminal.tables import Column, fit_tables, fmt_spec
 
     if not summary:
@@ -20,10 +21,14 @@ def render_twin(console, summary: list[dict[str, Any]], sweep: list[dict[str, An
         "lr": [fmt_spec(r["lr"], "g") for r in summary],
         "seeds": [fmt_spec(r["seeds"], "d") for r in summary],
         "loss": [fmt_spec(r["val_loss"]) for r in summary],
-        "diff": [fmt_spec(r["diff"], "+.4f") for r in summary],
-        "95% CI": ["-" if r["ci_low"] is None else f"{r['ci_low']:+.4f} … {r['ci_high']:+.4f}" for r in summary],
+        # signed, 4 decimals or two significant digits, no negative zero: as the report and the figures print it
+        "diff": [signed_alike(r["diff"], r["ci_low"], r["ci_high"])[0] for r in summary],
+        "95% CI": ["-" if r["ci_low"] is None else " … ".join(signed_alike(r["diff"], r["ci_low"], r["ci_high"])[1:])
+                   for r in summary],
         "verdict": [r["verdict"] for r in summary],
-        "reach": [fmt_spec(r["steps_to_standard"], "d") for r in summary],
+        # "never": the variant's mean curve does not reach standard's final loss (the report's word too)
+        "reach": ["-" if r["variant"] == "standard" else "never" if r["steps_to_standard"] is None
+                  else fmt_spec(r["steps_to_standard"], "d") for r in summary],
     }
     if len({r["seeds"] for r in summary}) == 1:  # the same for every variant: said once, above the table
         console.print(Text(f"{summary[0]['seeds']} seeds; loss: held-out mean; diff: paired by seed "
