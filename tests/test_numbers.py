@@ -52,7 +52,7 @@ def test_the_twin_table_prints_never_and_no_negative_zero():
 
     from qkinspect.terminal.twin import render_twin
 
-    row = dict(params=100, lr=1e-3, seeds=3, val_loss=2.0, verdict="not worse")
+    row = dict(params=100, lr=1e-3, seeds=3, val_loss=2.0, verdict="not worse", p_one_sided_better=None)
     summary = [dict(row, variant="standard", diff=0.0, ci_low=None, ci_high=None, steps_to_standard=None),
                dict(row, variant="share_qk", diff=-3.1e-05, ci_low=-5.2e-05, ci_high=-1.04e-05,
                     steps_to_standard=None),

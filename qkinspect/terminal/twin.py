@@ -1,5 +1,6 @@
 """The table `qkinspect twin` prints, for the terminal and for a notebook: a row per variant (its summary over the
-seeds against the standard twin), then the learning-rate sweep, the failures and the notes."""
+seeds against the standard twin), how each gap was still moving at the end, the losses in bits per byte, then the
+learning-rate sweep, the failures and the notes."""
 
 from __future__ import annotations
 
@@ -23,22 +24,41 @@ def render_twin(console, summary: list[dict[str, Any]], sweep: list[dict[str, An
         "loss": [fmt_spec(r["val_loss"]) for r in summary],
         # signed, 4 decimals or two significant digits, no negative zero: as the report and the figures print it
         "diff": [signed_alike(r["diff"], r["ci_low"], r["ci_high"])[0] for r in summary],
-        "95% CI": ["-" if r["ci_low"] is None else " … ".join(signed_alike(r["diff"], r["ci_low"], r["ci_high"])[1:])
+        "90% CI": ["-" if r["ci_low"] is None else " … ".join(signed_alike(r["diff"], r["ci_low"], r["ci_high"])[1:])
                    for r in summary],
         "verdict": [r["verdict"] for r in summary],
         # "never": the variant's mean curve does not reach standard's final loss (the report's word too)
         "reach": ["-" if r["variant"] == "standard" else "never" if r["steps_to_standard"] is None
                   else fmt_spec(r["steps_to_standard"], "d") for r in summary],
     }
+    tested = sum(r["p_one_sided_better"] is not None for r in summary)
+    said = ("loss: held-out mean (nats per token); diff: paired by seed against standard; 90% CI: the interval of "
+            "the two one-sided tests at 5 % against the margin")
+    said += (f"; verdicts Holm-corrected over the {tested} variants tested" if tested > 1 else "")
+    said += "; reach: first step at standard's final loss"
     if len({r["seeds"] for r in summary}) == 1:  # the same for every variant: said once, above the table
-        console.print(Text(f"{summary[0]['seeds']} seeds; loss: held-out mean; diff: paired by seed "
-                           "against standard; reach: first step at standard's final loss", style="dim"),
-                      soft_wrap=True)
+        said = f"{summary[0]['seeds']} seeds; {said}"
         del cells["seeds"]
+    if summary:
+        console.print(Text(said, style="dim"))
     labels = [Column("variant", cells.pop("variant"), left=True)]
     for t in fit_tables(labels, [Column(k, v, left=k == "verdict") for k, v in cells.items()],
                         width=console.width):
         console.print(t)
+    moving = [r for r in summary if r.get("slope") is not None]
+    if moving:
+        starts = {r["slope_from"] for r in moving}
+        window = f"from step {moving[0]['slope_from']}" if len(starts) == 1 else "over the last evaluations"
+        console.print(Text(f"gap still moving (per 1000 steps {window} to the end, mean over seeds, 90% CI): ",
+                           style="bold") + Text("; ".join(
+            f"{r['variant']} {r['slope']:+.4f}" + ("" if r["slope_low"] is None else
+                                                 f" [{r['slope_low']:+.4f}, {r['slope_high']:+.4f}]")
+            for r in moving)))
+    if any(r.get("val_bpb") is not None for r in summary):
+        console.print(Text("bits per byte of the held-out text: ", style="bold") + Text("; ".join(
+            f"{r['variant']} {fmt_spec(r['val_bpb'])}" + ("" if r["variant"] == "standard" else
+                                                          f" (diff {fmt_spec(r['diff_bpb'], '+.4f')})")
+            for r in summary)))
     if sweep:
         console.print(Text("learning rates (seed 0's final held-out loss; * chosen): ", style="bold") + Text(
             "; ".join(f"{r['variant']} {r['lr']:g}{'*' if r['chosen'] else ''} {fmt_spec(r['val_loss'])}"

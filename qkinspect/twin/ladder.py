@@ -232,11 +232,9 @@ class Ladder(Tabular):
         """Write the ladder to `path` as `qkinspect twin --shapes ... -o path --rows ROWS` writes it, in the format the
         extension names (qkinspect.formats): `.json` `to_dict()`, `.csv`, `.ndjson` and `.parquet` the rows of kind
         `rows`, `.txt` the table. Returns the path."""
-        from qkinspect.formats import save_result
+        from qkinspect.twin.results import save_rows
 
-        self.rows(rows)  # an unknown kind is refused before anything is written
-        return save_result(path, document=self.to_dict, rows=lambda: self.rows(rows), render=self.render_table,
-                           parquet=lambda: self.rows(rows))
+        return save_rows(self, path, rows)
 
     def table_rows(self) -> list[dict[str, Any]]:
         return self.rows("summary")
@@ -297,6 +295,8 @@ def read_ladder(folder: str | Path) -> Ladder:
             notes.append(f"{rung.name}: not started yet")
             continue
         twin = read_twin(sub)
+        if not twin.runs:
+            notes.append(f"{rung.name}: no run finished yet")
         rungs.append(rung)
         twins.append(twin)
         notes += [f"{rung.name}: {n}" for n in twin.notes]

@@ -270,12 +270,14 @@ def _on_dask(req: Request, spec, todo, folder: str, finished, say, names: Names)
 
     from distributed import as_completed
 
-    from qkinspect.sweep.engine import cancelling, connect, error_text
+    from qkinspect.sweep.engine import cancelling, error_text
+    from qkinspect.twin.cluster import twin_cluster
     from qkinspect.twin.train import run_name, run_twin
 
-    with connect(req.scheduler, req.workers, req.threads, len(todo), names) as (client, threads):
+    with twin_cluster(req.device, req.scheduler, req.workers, req.threads, len(todo), names) as \
+            (client, threads, extra):
         futures = {client.submit(run_twin, folder, v, s, x, spec, threads=req.threads or threads, pure=False,
-                                 key=f"qkinspect-twin-{run_name(v, s, x)}-{uuid.uuid4().hex[:8]}"): (v, s, x)
+                                 key=f"qkinspect-twin-{run_name(v, s, x)}-{uuid.uuid4().hex[:8]}", **extra): (v, s, x)
                    for v, s, x in todo}
         say(f"{len(todo)} runs submitted")
         with cancelling(client, futures):

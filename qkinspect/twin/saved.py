@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,12 @@ def read_twin(folder: str | Path) -> Twin:
     points.sort(key=lambda p: (*rank(p), p.step))
     trajectories.sort(key=lambda t: (*rank(t), t.step, t.layer, t.head, t.metric))
     sweep, chosen = _lr_sweep(runs, variants, lrs)
-    summaries = _summaries(runs, points, variants, seeds, chosen, margin)
+    bpb = bits_per_byte(setup)
+    if bpb is not None:
+        points = [replace(p, val_bpb=p.val_loss * bpb) for p in points]
+        runs = [replace(r, val_bpb=r.val_loss * bpb) for r in runs]
+    summaries = _summaries(runs, points, variants, seeds, chosen, margin, bpb)
+    setup = {**setup, "statistics": statistics_said(summaries)}
     return Twin(folder, setup, tuple(runs), tuple(points), tuple(trajectories), summaries, sweep, failures,
                 tuple(notes))
 
@@ -127,38 +133,87 @@ def _lr_sweep(runs: list[TwinRun], variants: list[str], lrs: list[float]):
     return tuple(trials), chosen
 
 
-def _summaries(runs, points, variants, seeds, chosen, margin) -> tuple[VariantSummary, ...]:
+def bits_per_byte(setup: dict[str, Any]) -> float | None:
+    """The factor from nats per token to bits per byte of the held-out text: held-out tokens ÷ held-out UTF-8
+    bytes ÷ ln 2 (None where the setup does not say its bytes: a folder written before they were recorded)."""
+    text = setup.get("text")
+    tokens = text.get("held_out_tokens") if isinstance(text, dict) else None
+    size = text.get("held_out_bytes") if isinstance(text, dict) else None
+    ok = all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (tokens, size))
+    return tokens / size / math.log(2) if ok else None
+
+
+def statistics_said(summaries: tuple[VariantSummary, ...]) -> dict[str, Any]:
+    """What the summary's statistics are, as the JSON says it (`setup.statistics`) and the table's caption."""
+    from qkinspect.twin.summary import ALPHA, LEVEL, PER_STEPS, SLOPE_EVALS
+
+    family = sum(s.p_one_sided_better is not None for s in summaries)
+    return {"interval": f"{LEVEL:.0%} t-interval of the paired difference: the two one-sided tests at {ALPHA:.0%} "
+                        "against the margin",
+            "p_values": "one-sided p-values of those tests (not probabilities of the claims)",
+            "multiple_comparisons": (f"Holm over the {family} constrained variants tested, each test's family; "
+                                     "the verdict uses the adjusted p-values (p_holm_*)" if family > 1 else
+                                     "none: one variant tested (p_holm_* = p_one_sided_*)"),
+            "variants_tested": family,
+            "slope": f"the paired gap's least-squares slope per {PER_STEPS} steps over the last {SLOPE_EVALS} "
+                     f"evaluations after step 0, mean over seeds with its {LEVEL:.0%} t-interval",
+            "bits_per_byte": "nats per token × held-out tokens ÷ held-out UTF-8 bytes ÷ ln 2"}
+
+
+def _summaries(runs, points, variants, seeds, chosen, margin, bpb) -> tuple[VariantSummary, ...]:
+    from qkinspect.twin.summary import corrected, gap_slope
+
     def at(v: str) -> dict[int, TwinRun]:
         return {r.seed: r for r in runs if r.variant == v and r.lr == chosen.get(v) and r.seed < seeds}
 
-    def curve(v: str) -> dict[int, float]:
-        by: dict[int, list[float]] = {}
+    def by_seed(v: str) -> dict[int, dict[int, float]]:
+        out: dict[int, dict[int, float]] = {}
         for p in points:
             if p.variant == v and p.lr == chosen.get(v) and p.seed < seeds:
-                by.setdefault(p.step, []).append(p.val_loss)
+                out.setdefault(p.seed, {})[p.step] = p.val_loss
+        return out
+
+    def curve(v: str) -> dict[int, float]:
+        by: dict[int, list[float]] = {}
+        for c in by_seed(v).values():
+            for k, x in c.items():
+                by.setdefault(k, []).append(x)
         n = len(at(v))
         return {k: sum(x) / len(x) for k, x in by.items() if len(x) == n}
 
+    def in_bits(x: float | None) -> float | None:
+        return None if x is None or bpb is None else x * bpb
+
     std = at("standard")
-    std_curve = curve("standard")
+    std_curve, std_seeds = curve("standard"), by_seed("standard")
     target = std_curve[max(std_curve)] if std_curve else None
-    out = []
+    rows = []
     for v in variants:
         mine = at(v)
         if not mine:
             continue
         order = sorted(mine)
+        paired = compare([] if v == "standard" else [mine[s].val_loss - std[s].val_loss for s in order if s in std],
+                         margin)
+        gaps = [{k: x - std_seeds[s][k] for k, x in c.items() if k in std_seeds[s]}
+                for s, c in sorted(by_seed(v).items()) if s in mine and s in std_seeds]
+        rows.append((v, mine, order, paired, gap_slope([] if v == "standard" else gaps)))
+    holm = iter(corrected([paired for v, *_, paired, _ in rows if v != "standard"]))
+    out = []
+    for v, mine, order, paired, slope in rows:
         losses = tuple(mine[s].val_loss for s in order)
         mean = sum(losses) / len(losses)
         if v == "standard":
-            paired = compare([], margin)
-            verdict, diff, steps = "reference", 0.0, None
+            adjusted, verdict, diff, steps = (None, None, None), "reference", 0.0, None
         else:
-            paired = compare([mine[s].val_loss - std[s].val_loss for s in order if s in std], margin)
-            verdict, diff, steps = paired.verdict, paired.diff, steps_to(curve(v), target)
-        out.append(VariantSummary(v, mine[order[0]].params, chosen[v], len(order), mean, losses, diff,
-                                  paired.ci_low, paired.ci_high, paired.p_better, paired.p_not_worse,
-                                  paired.p_worse, verdict, steps, mine[order[0]].init))
+            c = next(holm)
+            adjusted, verdict = (c.p_holm_better, c.p_holm_not_worse, c.p_holm_worse), c.verdict
+            diff, steps = paired.diff, steps_to(curve(v), target)
+        out.append(VariantSummary(
+            v, mine[order[0]].params, chosen[v], len(order), mine[order[0]].init, mean, losses, in_bits(mean),
+            diff, paired.ci_low, paired.ci_high, in_bits(diff), paired.p_one_sided_better,
+            paired.p_one_sided_not_worse, paired.p_one_sided_worse, *adjusted, verdict, steps, slope.slope,
+            slope.low, slope.high, slope.start))
     return tuple(out)
 
 

@@ -96,7 +96,7 @@ def test_the_gap_figure_draws_the_paired_t_interval_and_the_margin(twin):
         order = sorted(by[variant])
         for k, step in enumerate(order):
             d = np.array([by[variant][step][s] - by["standard"][step][s] for s in range(3)])
-            low, high = stats.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+            low, high = stats.t.interval(0.90, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
             assert drawn.get_ydata()[k] == pytest.approx(d.mean(), abs=1e-12)
             np.testing.assert_allclose(edges_at(ax.collections[0], step), (low, high), rtol=1e-9, atol=1e-12)
         final = next(s for s in twin.summaries if s.variant == variant)
@@ -235,7 +235,7 @@ def test_the_report_holds_the_setup_the_summary_and_every_figure(cli, folder, tw
     assert "rounded to 4 decimals and differences signed, as qkinspect twin prints them" in " ".join(text.split())
     runs_page = next(p.extract_text() for p in reader.pages if "violation: the largest departure" in p.extract_text())
     assert all(plain(r.train_loss) in runs_page for r in twin.runs)  # the Runs table is kept on one page
-    for caption in ("Held-out loss (mean cross-entropy", "95 % t-interval, mean ± t(0.975",
+    for caption in ("Held-out loss (mean cross-entropy", "90 % t-interval, mean ± t(0.95",
                     "Symmetry score measured from the weights", "Q/K subspace overlap measured"):
         assert caption in text.replace("\n", " "), caption
     assert len(reader.pages) == 2 + 2 + 2  # setup and tables (two pages), learning, gap, two trajectories

@@ -168,3 +168,31 @@ def test_plot_and_report_draw_a_ladder_folder(cli_ladder, tmp_path):
     one_error_line(CliRunner().invoke(app, ["plot", str(tmp_path), "--kind", "scaling", "-o",
                                             str(tmp_path / "x.png")]), "--kind scaling", "ladder.json")
     assert not (tmp_path / "x.png").exists()
+
+
+def test_save_writes_what_the_extension_names(cli_ladder, tmp_path):
+    lad = read_ladder(cli_ladder)
+    assert lad.save(tmp_path / "s.csv").read_text().splitlines()[0].startswith("shape,layers,d_model,heads")
+    assert lad.save(tmp_path / "f.csv", rows="scaling").read_text().startswith("variant,rungs,alpha")
+    assert json.loads(lad.save(tmp_path / "l.json").read_text())["kind"] == "twin-ladder"
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("not json", ["ladder.json", "JSON"]),
+    ({"kind": "twin-ladder", "shapes": "1x16"}, ["ladder.json", "shapes"]),
+    ({"kind": "twin-ladder", "shapes": [{"name": "1x16", "layers": "x", "d_model": 16, "heads": 2, "steps": 3,
+                                         "non_embedding_params": 10}]}, ["ladder.json", "shapes.layers"]),
+    ({"kind": "twin-ladder", "shapes": [{"name": "9x16", "layers": 1, "d_model": 16, "heads": 2, "steps": 3,
+                                         "non_embedding_params": 10}]}, ["ladder.json", "shapes.name", "1x16"]),
+    ({"kind": "sweep", "shapes": []}, ["ladder.json", "kind"]),
+])
+def test_a_damaged_ladder_is_one_line_and_no_figure(cli_ladder, tmp_path, damage, says):
+    import shutil
+
+    folder = tmp_path / "lad"
+    shutil.copytree(cli_ladder, folder)
+    (folder / "ladder.json").write_text(damage if isinstance(damage, str) else json.dumps(damage))
+    for args in (["plot", str(folder), "--kind", "scaling", "-o", str(tmp_path / "x.png")],
+                 ["report", str(folder), "-o", str(tmp_path / "x.pdf")]):
+        one_error_line(CliRunner().invoke(app, args), *says)
+    assert not (tmp_path / "x.png").exists() and not (tmp_path / "x.pdf").exists()

@@ -116,7 +116,7 @@ def learning_figure(twin: Twin, *, name: str | None = None, canvas: Canvas = new
 
 def gap_figure(twin: Twin, *, name: str | None = None, canvas: Canvas = new_figure) -> Figure:
     """variant − standard held-out loss against step, paired by seed: one panel per variant, the mean (line), its
-    95 % t-interval (band), zero and the ± margin of the two one-sided tests."""
+    90 % t-interval (band: the interval of the two one-sided tests at 5 %), zero and the ± margin of those tests."""
     _need_runs(twin)
     by = _by_variant(gap_curves(twin), order=list(chosen(twin)))
     if not by:
@@ -146,7 +146,7 @@ def gap_figure(twin: Twin, *, name: str | None = None, canvas: Canvas = new_figu
             ax.grid(True, axis="y")
         _frame(axes, len(by), cols, "variant − standard (nats)")
         key = [Line2D([], [], color="0.2", linewidth=1.5, marker="o", markersize=2.5, label="mean over seeds"),
-               Patch(color="0.2", alpha=BAND_ALPHA, label="95 % t-interval of the mean")]
+               Patch(color="0.2", alpha=BAND_ALPHA, label="90 % t-interval of the mean")]
         if m:
             key.append(Line2D([], [], color="0.4", linewidth=0.8, linestyle="--", label=f"± margin {m:g} nats"))
         fig.legend(handles=key, loc="outside lower center", ncols=len(key), frameon=False)
@@ -307,12 +307,19 @@ def gap_caption(twin: Twin) -> str:
     m = margin(twin)
     tests = (f"Dashed lines: ± the margin of {m:g} nats of the two one-sided tests; the verdict (panel title, "
              "from the final step) is 'not worse' where a one-sided t-test at the 5 % level puts the mean "
-             "difference below +margin, 'better' below −margin, 'worse' above +margin (each test is one-sided, so "
-             "a 95 % band that touches a margin line can still pass it).") if m else ""
+             "difference below +margin, 'better' below −margin, 'worse' above +margin: with one variant, exactly "
+             "where the final 90 % band lies against the margin lines"
+             + ("; with several, each test's p-values are Holm-corrected over the variants, so a band that clears a "
+                "margin line can still be 'can't tell'" if _tested(twin) > 1 else "") + ").") if m else ""
     return ("Held-out loss of each variant minus the standard twin's, paired by seed (the same seed: the same "
             "initial weights and batches), against the training step; positive means the variant is worse. Line: "
-            "the mean difference over seeds; band: its 95 % t-interval, mean ± t(0.975, n − 1) · s.d. / √n "
+            "the mean difference over seeds; band: its 90 % t-interval, mean ± t(0.95, n − 1) · s.d. / √n "
             "(absent with one seed). Solid grey line: zero. " + tests)
+
+
+def _tested(twin: Twin) -> int:
+    """The constrained variants whose tests were run (the Holm family's size)."""
+    return sum(s.p_one_sided_better is not None for s in twin.summaries)
 
 
 def trajectory_caption(twin: Twin, metric: str) -> str:

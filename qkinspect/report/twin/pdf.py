@@ -111,8 +111,9 @@ def scale_caveat(twin: Twin) -> str:
 
 
 def summary_table(twin: Twin) -> Table:
-    """One row per variant: free parameters, final held-out loss mean ± s.d., the paired difference
-    from standard with its 95 % t-interval, the verdict and the first step at the standard twin's final loss."""
+    """One row per variant: free parameters, final held-out loss mean ± s.d., the paired difference from standard
+    with its 90 % t-interval (the two one-sided tests'), the verdict and the first step at the standard twin's final
+    loss."""
     rows = []
     for s in twin.summaries:
         ref = s.variant == "standard"
@@ -121,8 +122,9 @@ def summary_table(twin: Twin) -> Table:
                      plain(seed_sd(s.val_losses), missing="n/a"),
                      *(["—"] * 3 if ref else signed_alike(s.diff, s.ci_low, s.ci_high, missing="n/a")),
                      s.verdict, steps])
-    return Table("Summary: final held-out loss (nats per token), mean over seeds ± s.d.; diff with its 95 % "
-                 "t-interval", ["variant", "params", "val_loss", "± s.d.", "diff", "ci_low", "ci_high", "verdict",
+    return Table("Summary: final held-out loss (nats per token), mean over seeds ± s.d.; diff with its 90 % "
+                 "t-interval (the two one-sided tests at 5 %; verdicts Holm-corrected where several variants were "
+                 "tested)", ["variant", "params", "val_loss", "± s.d.", "diff", "ci_low", "ci_high", "verdict",
                                 "steps_to_standard"], rows)
 
 
@@ -134,7 +136,7 @@ def verdict_words(twin: Twin) -> list[str]:
         if s.variant == "standard":
             continue
         diff, low, high = signed_alike(s.diff, s.ci_low, s.ci_high, missing="n/a")
-        interval = f"; 95 % t-interval of variant − standard [{low}, {high}]" \
+        interval = f"; 90 % t-interval of variant − standard [{low}, {high}]" \
             if s.ci_low is not None else "; no interval: fewer than two paired seeds"
         reach = (f"; its mean curve reaches the standard twin's final loss at step {s.steps_to_standard}"
                  if s.steps_to_standard is not None else "; its mean curve never reaches the standard twin's final "

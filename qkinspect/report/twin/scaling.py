@@ -67,7 +67,7 @@ def scaling_figure(ladder: Ladder, *, name: str | None = None, canvas: Canvas = 
         ax.set_xticks(ns, [_params(n) for n in ns])
         ax.minorticks_off()
         ax.set_xlabel("standard twin's non-embedding parameters (log scale); shapes: "
-                      + ", ".join(r.name for r in sorted(ladder.rungs, key=lambda r: r.non_embedding_params or 0)))
+                      + ", ".join(dict.fromkeys(s.shape for s in sorted(rows, key=lambda s: s.non_embedding_params))))
         ax.set_ylabel("variant − standard held-out loss (nats)")
         ax.grid(True, axis="y")
         level = next((f.level for f in ladder.fits), 0.9)
