@@ -113,6 +113,19 @@ def parse_variants(variants: str | Sequence[str], match_params: bool, names: Nam
     return tuple(out)
 
 
+def check_rank_pairs(variants: Sequence[str], arch: str, names: Names = LIBRARY_NAMES) -> None:
+    """Refuse rank:K with K odd under llama: rotary positions turn every pair of a head's dimensions together, so
+    the form keeps whole pairs and rank:K would hold rank K − 1 (docs/twin.md, "Variants")."""
+    if arch != "llama":
+        return
+    for v in variants:
+        m = _RANK.fullmatch(v.removesuffix(MATCHED))
+        if m is not None and int(m.group(1)) % 2:
+            k = int(m.group(1))
+            raise InputError(f"{names.said('variants', v)}: under llama rotary positions turn pairs of dimensions, so "
+                             f"a head's rank comes in steps of 2 (rank:{k} would hold rank {k - 1}); give an even K")
+
+
 def parse_lrs(lr: float | str | Sequence[float], names: Names = LIBRARY_NAMES) -> tuple[float, ...]:
     values: list[Any]
     if isinstance(lr, str):
@@ -174,6 +187,8 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
     if config is None and arch == "llama" and (d_model // heads) % 2:
         raise InputError(f"{names.said('d_model', d_model)} / {names.said('heads', heads)}: rotary positions turn "
                          "pairs of dimensions, so a llama head's size must be even")
+    if config is None:
+        check_rank_pairs(chosen, arch, names)
     cfg = Path(config) if config is not None else None
     if cfg is not None and not cfg.is_file():
         raise InputError(f"{names.said('config', cfg)}: no such file (a transformers config.json)")

@@ -115,8 +115,9 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
                         init=init, schedule=schedule, names=names)
     if req.shape.config is not None:  # a config.json it cannot use is refused before the text is read
         from qkinspect.twin.model import config_for
+        from qkinspect.twin.request import check_rank_pairs
 
-        config_for(req.shape, 2, names=names)
+        check_rank_pairs(req.variants, config_for(req.shape, 2, names=names).model_type, names)
     if req.device == "cuda":
         from qkinspect.device import check_device
 

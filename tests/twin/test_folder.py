@@ -71,6 +71,23 @@ def test_saved_checkpoints_read_back_by_analyze_with_symmetry_one(tmp_path, smal
         assert heads and all(h.values["symmetry"] == pytest.approx(1.0, abs=1e-5) for h in heads)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_share_kv_checkpoints_read_back_by_analyze_with_keys_equal_to_values(tmp_path, small_text, arch):
+    result = qkinspect.twin(tmp_path, text=small_text, variants="share_kv", arch=arch, seeds=1, steps=3,
+                            save_checkpoints=True, **TINY)
+    run = next(r for r in result.runs if r.variant == "share_kv")
+    heads = qkinspect.analyze(str(tmp_path / run.checkpoint), metrics=["cosine_kv", "overlap_kv"]).heads
+    assert len(heads) == 2 * 4  # every head of both layers
+    assert all(h.values["cosine_kv"] == pytest.approx(1.0, abs=1e-5) for h in heads)
+    assert all(h.values["overlap_kv"] == pytest.approx(1.0, abs=1e-4) for h in heads)
+    from typer.testing import CliRunner
+
+    from qkinspect.cli.app import app
+
+    out = CliRunner().invoke(app, ["analyze", str(tmp_path / run.checkpoint), "--metrics", "cosine_kv", "-f", "csv"])
+    assert out.exit_code == 0 and out.output.count("\n") >= 9, out.output
+
+
 def test_bilinear_saves_its_tensors_and_says_why_analyze_cannot(tmp_path, small_text):
     result = qkinspect.twin(tmp_path, text=small_text, variants="bilinear", seeds=2, lr="1e-3,2e-3", steps=2,
                             save_checkpoints=True, **TINY)
