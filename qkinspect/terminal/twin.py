@@ -29,6 +29,7 @@ def render_twin(console, summary: list[dict[str, Any]], sweep: list[dict[str, An
                 failures: list[dict[str, Any]]) -> None:
     from rich.text import Text
 
+    from qkinspect.numbers import signed_alike
     from qkinspect.terminal.tables import COLUMN_GAP, Column, fit_tables, fmt_spec
 
     if not summary:
@@ -39,10 +40,14 @@ def render_twin(console, summary: list[dict[str, Any]], sweep: list[dict[str, An
         "lr": [fmt_spec(r["lr"], "g") for r in summary],
         "seeds": [fmt_spec(r["seeds"], "d") for r in summary],
         "loss": [fmt_spec(r["val_loss"]) for r in summary],
-        "diff": [fmt_spec(r["diff"], "+.4f") for r in summary],
-        "90% CI": ["-" if r["ci_low"] is None else f"{r['ci_low']:+.4f} … {r['ci_high']:+.4f}" for r in summary],
+        # signed, 4 decimals or two significant digits, no negative zero: as the report and the figures print it
+        "diff": [signed_alike(r["diff"], r["ci_low"], r["ci_high"])[0] for r in summary],
+        "90% CI": ["-" if r["ci_low"] is None else " … ".join(signed_alike(r["diff"], r["ci_low"], r["ci_high"])[1:])
+                   for r in summary],
         "verdict": [r["verdict"] for r in summary],
-        "reach": [fmt_spec(r["steps_to_standard"], "d") for r in summary],
+        # "never": the variant's mean curve does not reach standard's final loss (the report's word too)
+        "reach": ["-" if r["variant"] == "standard" else "never" if r["steps_to_standard"] is None
+                  else fmt_spec(r["steps_to_standard"], "d") for r in summary],
     }
     tested = sum(r["p_one_sided_better"] is not None for r in summary)
     said = ("loss: held-out mean (nats per token); diff: paired by seed against standard; 90% CI: the interval of "
