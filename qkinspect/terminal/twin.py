@@ -7,12 +7,30 @@ from __future__ import annotations
 from typing import Any
 
 
+def plural(n: int, word: str) -> str:
+    """`1 seed`, `2 seeds`."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def verdict_line(summary: list[dict[str, Any]]) -> str | None:
+    """One line of every variant's verdict against the standard twin and its mean paired difference, for stderr
+    where the table is not shown (`-o FILE`, JSON or CSV on stdout); None where no variant has one."""
+    rows = [r for r in summary if r["variant"] != "standard"]
+    if not rows:
+        return None
+    seeds = {r["seeds"] for r in summary}
+    said = "; ".join(f"{r['variant']} {r['verdict']}" + ("" if r["diff"] is None else f" ({r['diff']:+.4f})")
+                     for r in rows)
+    over = plural(seeds.pop(), "seed") if len(seeds) == 1 else "paired seeds"
+    return f"against standard (held-out loss, {over}): {said}"
+
+
 def render_twin(console, summary: list[dict[str, Any]], sweep: list[dict[str, Any]], notes: list[str],
                 failures: list[dict[str, Any]]) -> None:
     from rich.text import Text
 
     from qkinspect.numbers import signed_alike
-    from qkinspect.terminal.tables import Column, fit_tables, fmt_spec
+    from qkinspect.terminal.tables import COLUMN_GAP, Column, fit_tables, fmt_spec
 
     if not summary:
         console.print(Text("no run finished", style="bold"))
@@ -37,13 +55,15 @@ def render_twin(console, summary: list[dict[str, Any]], sweep: list[dict[str, An
     said += (f"; verdicts Holm-corrected over the {tested} variants tested" if tested > 1 else "")
     said += "; reach: first step at standard's final loss"
     if len({r["seeds"] for r in summary}) == 1:  # the same for every variant: said once, above the table
-        said = f"{summary[0]['seeds']} seeds; {said}"
+        said = f"{plural(summary[0]['seeds'], 'seed')}; {said}"
         del cells["seeds"]
     if summary:
         console.print(Text(said, style="dim"))
     labels = [Column("variant", cells.pop("variant"), left=True)]
+    # fit_tables counts a gap after the last column, which a table does not print: a table exactly as wide as the
+    # terminal (or one column narrower) fits whole
     for t in fit_tables(labels, [Column(k, v, left=k == "verdict") for k, v in cells.items()],
-                        width=console.width):
+                        width=console.width + COLUMN_GAP):
         console.print(t)
     moving = [r for r in summary if r.get("slope") is not None]
     if moving:
@@ -59,15 +79,14 @@ def render_twin(console, summary: list[dict[str, Any]], sweep: list[dict[str, An
             f"{r['variant']} {fmt_spec(r['val_bpb'])}" + ("" if r["variant"] == "standard" else
                                                           f" (diff {fmt_spec(r['diff_bpb'], '+.4f')})")
             for r in summary)))
-    if sweep:
+    if sweep:  # wrapped at the console's width
         console.print(Text("learning rates (seed 0's final held-out loss; * chosen): ", style="bold") + Text(
             "; ".join(f"{r['variant']} {r['lr']:g}{'*' if r['chosen'] else ''} {fmt_spec(r['val_loss'])}"
-                      for r in sweep)), soft_wrap=True)
+                      for r in sweep)))
     for f in failures:
-        console.print(Text(f"failed: {f['variant']} seed {f['seed']} lr {f['lr']:g}: {f['error']}", style="red"),
-                      soft_wrap=True)
+        console.print(Text(f"failed: {f['variant']} seed {f['seed']} lr {f['lr']:g}: {f['error']}", style="red"))
     for n in notes:
-        console.print(Text(f"* {n}", style="dim"), soft_wrap=True)
+        console.print(Text(f"* {n}", style="dim"))
 
 
 def render_ladder(console, ladder) -> None:

@@ -371,9 +371,10 @@ def _rung(s: Any, where: Path) -> Rung:
 
 
 def run_ladder(out: Path, rungs: Sequence[Rung], tokens_per_param: float | None, options: dict[str, Any],
-               progress, names: Names) -> Ladder:
+               progress, names: Names, notice=None) -> Ladder:
     """Every rung's request checked, then the manifest written and each rung's twin trained into its folder, in
-    turn (`options`: the twin's other arguments); the ladder read back."""
+    turn (`options`: the twin's other arguments); the ladder read back. `progress` (qkinspect.progress) is each
+    rung's twin's; `notice` gets the lines the CLI prints, each under its rung's name."""
     from qkinspect.twin.request import check_request
     from qkinspect.twin.run import twin
 
@@ -381,11 +382,11 @@ def run_ladder(out: Path, rungs: Sequence[Rung], tokens_per_param: float | None,
         check_request(out / r.name, layers=r.layers, d_model=r.d_model, heads=r.heads, steps=r.steps, names=names,
                       **{k: v for k, v in options.items() if k in _REQUEST})
     write_manifest(out, rungs, tokens_per_param, names)
-    say = progress or (lambda line: None)
+    say = notice or (lambda line: None)
     for r in rungs:
         say(f"{r.name}: {r.heads} heads, {r.non_embedding_params:,} non-embedding parameters, {r.steps} steps")
         twin(out / r.name, layers=r.layers, d_model=r.d_model, heads=r.heads, steps=r.steps, names=names,
-             progress=lambda line, name=r.name: say(f"{name}: {line}"), **options)
+             progress=progress, notice=lambda line, name=r.name: say(f"{name}: {line}"), **options)
     return read_ladder(out)
 
 

@@ -8,6 +8,7 @@ Errors name each option as the caller spells it (`qkinspect.names.Names`): the l
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -93,11 +94,24 @@ def base_variant(variant: str) -> str:
 
 
 def parse_variants(variants: str | Sequence[str], match_params: bool, names: Names = LIBRARY_NAMES) -> tuple[str, ...]:
-    texts = variants.split(",") if isinstance(variants, str) else list(variants)
+    """The variants asked for, standard first; InputError for an empty list or item ("standard" alone is the
+    reference only)."""
+    if isinstance(variants, str):
+        texts = variants.split(",")
+    elif isinstance(variants, Sequence) and all(isinstance(t, str) for t in variants):
+        texts = list(variants)
+    else:
+        raise InputError(f"{names.said('variants', variants)}: expected the variants as text (share_qk,symmetric) "
+                         "or a list of texts")
+    texts = [t.strip() for t in texts]
+    if not any(texts):
+        raise InputError(f"{names.said('variants', variants, quoted=True)}: no variant; name at least one "
+                         f"({', '.join(VARIANTS[1:])}; standard alone trains the reference only)")
+    if "" in texts:
+        raise InputError(f"{names.said('variants', variants, quoted=True)}: an empty item; give the variants "
+                         "separated by single commas")
     out: list[str] = ["standard"]
-    for text in (t.strip() for t in texts):
-        if not text:
-            continue
+    for text in texts:
         name, sep, arg = text.partition(":")
         if name not in VARIANTS:
             raise InputError(f"{names.said('variants', text)}: unknown variant{did_you_mean(name, VARIANTS)}; "
@@ -129,11 +143,17 @@ def check_rank_pairs(variants: Sequence[str], arch: str, names: Names = LIBRARY_
 def parse_lrs(lr: float | str | Sequence[float], names: Names = LIBRARY_NAMES) -> tuple[float, ...]:
     values: list[Any]
     if isinstance(lr, str):
-        values = [t for t in (s.strip() for s in lr.split(",")) if t]
+        values = [s.strip() for s in lr.split(",")]
+        if "" in values and any(values):
+            raise InputError(f"{names.said('lr', lr, quoted=True)}: an empty item; give the learning rates "
+                             "separated by single commas")
+        values = [v for v in values if v]
     elif isinstance(lr, (int, float)):
         values = [lr]
-    else:
+    elif isinstance(lr, Sequence):
         values = list(lr)
+    else:
+        raise InputError(f"{names.said('lr', lr)}: expected a learning rate, or several (a list or \"3e-4,1e-3\")")
     out = []
     for v in values:
         try:
@@ -159,6 +179,46 @@ def check_tokenizer(tokenizer: str, names: Names = LIBRARY_NAMES) -> str:
     return tokenizer
 
 
+def _types(names: Names, **given: tuple[Any, type | tuple[type, ...], bool]) -> None:
+    """InputError naming the first argument whose value is not of its type (None allowed where marked)."""
+    for option, (value, kind, optional) in given.items():
+        if (value is None and optional) or isinstance(value, kind):
+            continue
+        what = {bool: "True or False", str: "text"}.get(kind, "a path")  # type: ignore[arg-type]
+        raise InputError(f"{names.said(option, _shown(value))}: expected {what}{' or None' if optional else ''}")
+
+
+def _shown(value: Any) -> Any:
+    """A value as an error shows it: a long repr (an object's) cut short."""
+    text = repr(value)
+    return value if len(text) <= 60 else text[:57] + "..."
+
+
+def check_types(names: Names, *, out: Any, text: Any, config: Any, progress: Any, notice: Any) -> None:
+    """What `qkinspect.twin` checks before anything else (a ladder too): the paths and the callbacks' types."""
+    _types(names, out=(out, (str, os.PathLike), False), config=(config, (str, os.PathLike), True),
+           text=(text, (str, os.PathLike), True))
+    if progress is not None and not callable(progress):
+        raise InputError(f"{names.said('progress', _shown(progress))}: expected a progress receiver "
+                         "(qkinspect.progress), or None")
+    if notice is not None and not callable(notice):
+        raise InputError(f"{names.said('notice', _shown(notice))}: expected a function of one line, or None")
+
+
+def _needs_dask(names: Names) -> None:
+    """InputError where Dask distributed is missing (the `sweep` extra), which the local cluster and a scheduler
+    need; the runs in this process (0 workers) need no Dask."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("distributed") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise InputError(f"twin needs Dask distributed: pip install 'qkinspect[sweep]' (or "
+                         f"{names.said('workers', 0)}: the runs in this process, one after another)")
+
+
 def _whole(value: Any, option: str, names: Names, low: int = 1, high: int = MAX_STEPS) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InputError(f"{names.said(option, value)}: expected a whole number from {low} to {high}")
@@ -175,6 +235,12 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
                   workers: int | None = None, threads: int | None = None, init: str = "draw",
                   schedule: str = "cosine", names: Names = LIBRARY_NAMES) -> Request:
     """Every option that can be checked without torch, in one place; InputError naming the first bad one."""
+    _types(names, out=(out, (str, os.PathLike), False), config=(config, (str, os.PathLike), True),
+           text=(text, (str, os.PathLike), True), arch=(arch, str, False), tokenizer=(tokenizer, str, False),
+           device=(device, str, False), scheduler=(scheduler, str, True), match_params=(match_params, bool, False),
+           save_checkpoints=(save_checkpoints, bool, False))
+    if not str(out):
+        raise InputError(f"{names.said('out', out, quoted=True)}: give the twin folder")
     chosen = parse_variants(variants, match_params, names)
     if arch not in ARCHS:
         raise InputError(f"{names.said('arch', arch)}: expected one of {', '.join(ARCHS)}{did_you_mean(arch, ARCHS)}")
@@ -190,10 +256,10 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
     if config is None:
         check_rank_pairs(chosen, arch, names)
     cfg = Path(config) if config is not None else None
-    if cfg is not None and not cfg.is_file():
+    if cfg is not None and not cfg.exists():  # what it is (a device, a FIFO) the reader refuses
         raise InputError(f"{names.said('config', cfg)}: no such file (a transformers config.json)")
     src = Path(text) if text is not None else None
-    if src is not None and not (src.is_file() or src.is_dir()):
+    if src is not None and not src.exists():  # what it is (a device, a FIFO) the reader refuses
         raise InputError(f"{names.said('text', src)}: no such file or folder")
     check_tokenizer(tokenizer, names)
     _whole(seeds, "seeds", names, 1, 10_000)
@@ -217,6 +283,8 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
 
     if workers is not None and workers != 0:
         check_workers(workers, names.workers)
+    if workers != 0 or scheduler is not None:
+        _needs_dask(names)
     check_threads(threads, names.threads)
     if scheduler is not None:
         from qkinspect.sweep.scheduler import check_address

@@ -167,3 +167,18 @@ def best_lr(losses: Mapping[float, float | None]) -> float | None:
     no run finished. The one rule of the lr sweep: the orchestrator runs every seed at it, the reader reports it."""
     tried = [(loss, lr) for lr, loss in losses.items() if loss is not None]
     return min(tried)[1] if tried else None
+
+
+def edge_notes(chosen: Mapping[str, float], lrs: Sequence[float]) -> list[str]:
+    """A line for each variant whose chosen learning rate is the smallest or the largest of the grid tried (of
+    two or more): its best rate may lie beyond the grid."""
+    if len(lrs) < 2:
+        return []
+    low, high = min(lrs), max(lrs)
+    out = []
+    for variant, lr in chosen.items():
+        if lr in (low, high):
+            side, beyond = ("smallest", "below") if lr == low else ("largest", "above")
+            out.append(f"learning rate {lr:g} chosen for {variant} is the {side} tried: its best may lie {beyond} "
+                       "the grid (widen it)")
+    return out

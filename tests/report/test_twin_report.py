@@ -298,7 +298,7 @@ def test_a_damaged_twin_folder_is_one_line_naming_the_file(cli, folder, tmp_path
     manifest = bad / "twin.json"
     if damage == "not json":
         manifest.write_text("{", encoding="utf-8")
-        says = ("twin.json", "not readable as JSON")
+        says = ("twin.json", "not valid JSON")
     elif damage == "margin":
         doc = json.loads(manifest.read_text())
         doc["plan"]["margin"] = "wide"

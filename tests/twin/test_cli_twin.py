@@ -69,7 +69,7 @@ def test_a_folder_of_another_setup_is_refused(tmp_path):
     text = text_file(tmp_path / "t.txt", 2000)
     assert twin("--out", tmp_path / "out", "--text", text, "--workers", "0", *TINY, "-f", "json").exit_code == 0
     one_error_line(twin("--out", tmp_path / "out", "--text", text, "--workers", "0", *TINY, "--batch", "3"),
-                   "--out", "another setup")
+                   "--out", "another setup", "--batch 2, not --batch 3")
 
 
 def test_failed_runs_exit_3_and_the_others_are_kept_on_dask(tmp_path):

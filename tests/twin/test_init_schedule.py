@@ -142,3 +142,23 @@ def test_the_library_names_a_bad_init():
 
     with pytest.raises(InputError, match="init='drawn'.*draw or nearest"):
         check_request("x", init="drawn")
+
+
+@pytest.mark.parametrize("init", ["draw", "nearest"])
+def test_share_kv_under_grouped_query_attention_ties_each_key_head_to_its_value_head(tmp_path, init):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "intermediate_size": 64, "num_hidden_layers": 2,
+                               "max_position_embeddings": 16}))
+    shape = Shape("llama", 2, 32, 4, 16, cfg)
+    std = state_tensors(standard_model(config_for(shape, 40), seed=0))
+    built = build("share_kv", shape, 40, seed=0, init=init)
+    twin = state_tensors(built.model)
+    for i in range(2):
+        a = f"model.layers.{i}.self_attn."
+        k, v = twin[a + "k_proj.weight"], twin[a + "v_proj.weight"]
+        assert k.shape == (2 * 8, 32) and torch.equal(k, v)  # two key/value heads of 8, keys are values
+        want = std[a + "v_proj.weight"] if init == "draw" else (std[a + "k_proj.weight"] + std[a + "v_proj.weight"]) / 2
+        assert torch.allclose(v, want, atol=1e-7) and torch.equal(twin[a + "q_proj.weight"], std[a + "q_proj.weight"])
+    n_std = build("standard", shape, 40, seed=0).params
+    assert n_std - built.params == 2 * 16 * 32 and built.violation() == 0.0  # each layer's W_K is W_V
