@@ -81,6 +81,10 @@ def setup_pairs(twin: Twin) -> list[tuple[str, str]]:
         ("training", f"{steps} steps (warm-up {train.get('warmup')}), batch {train.get('batch')} × context "
                      f"{train.get('context')}" + (f" = {tokens:,} tokens seen per run" if tokens else "")
                      + f"; {train.get('optimizer', 'n/a')}; {train.get('device', 'cpu')}"),
+        ("start", {"draw": "draw: each constrained twin starts from the standard draw put in its form (share_qk: "
+                           "W_K := W_Q)", "nearest": "nearest: each constrained twin starts from the nearest "
+                           "constrained form to the standard draw"}.get(train.get("init"), "n/a")
+                  + " (rank:K from its truncation, bilinear from W_Q W_Kᵀ either way)"),
         ("evaluation", f"{ev.get('windows', 'n/a')} windows ({ev.get('tokens', 0):,} tokens), "
                        + (f"every {ev['every']} steps" if ev.get("every") else "at the end only")
                        + f": {ev.get('what', '')}"),
