@@ -56,7 +56,7 @@ def _share_qkv(t: Tensors) -> Tensors:
 
 
 def _share_kv(t: Tensors) -> Tensors:
-    return {**t, "v": t["k"], **({"bv": t["bk"]} if "bk" in t else {})}
+    return {**t, "k": t["v"], **({"bk": t["bv"]} if "bv" in t else {})}
 
 
 def _rank(t: Tensors) -> Tensors:
@@ -85,7 +85,7 @@ FORMS: dict[str, Form] = {
     "share_qk_reformer": Form(("k", "v", "bk", "bv"), _tie_qk, "reformer"),
     "symmetric": Form(("k", "v", "bk", "bv"), _symmetric, extras=("signs",)),
     "share_qkv": Form(("k", "bk", "bv"), _share_qkv),
-    "share_kv": Form(("q", "k", "bq", "bk"), _share_kv),
+    "share_kv": Form(("q", "v", "bq", "bv"), _share_kv),
     "rank": Form(("q", "k", "v", "bq", "bk", "bv", "A", "C"), _rank,
                  extras=("A", "C", "free_cols", "kept_dirs", "real_cols")),
     "wq_identity": Form(("k", "v", "bk", "bv"), _identity),

@@ -133,9 +133,10 @@ def run_stack(folder: str, items: Sequence[Item], spec: dict[str, Any], *, threa
 
     from qkinspect.twin.batched import Stacked, supported
     from qkinspect.twin.data import batch_starts
+    from qkinspect.twin.folder import HELD_OUT, TRAIN, read_tokens
     from qkinspect.twin.model import build
-    from qkinspect.twin.request import Shape
-    from qkinspect.twin.train import TOKENS, _tracker, eval_steps, lr_at, save_tensors, trajectory
+    from qkinspect.twin.request import LEGACY, Shape
+    from qkinspect.twin.train import _tracker, eval_steps, lr_at, save_tensors, trajectory
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
@@ -143,11 +144,12 @@ def run_stack(folder: str, items: Sequence[Item], spec: dict[str, Any], *, threa
     s = spec["shape"]
     shape = Shape(s["arch"], s["layers"], s["d_model"], s["heads"], s["context"],
                   Path(s["config"]) if s["config"] else None)
+    init, schedule = spec.get("init", LEGACY["init"]), spec.get("schedule", LEGACY["schedule"])
     failed: dict[int, str] = {}
     made: dict[int, Any] = {}
     for i, (v, seed, _) in enumerate(items):  # a run its twin cannot be built for fails alone
         try:
-            made[i] = build(v, shape, spec["vocab_size"], seed, "cpu")
+            made[i] = build(v, shape, spec["vocab_size"], seed, "cpu", init)
         except Exception as e:  # noqa: BLE001 - recorded as that run's failure; the others train
             failed[i] = " ".join(f"{type(e).__name__}: {e}".split())
     order = sorted(made, key=lambda i: base_variant(items[i][0]))  # by form: the stack's run order
@@ -162,8 +164,8 @@ def run_stack(folder: str, items: Sequence[Item], spec: dict[str, Any], *, threa
     model = Stacked.from_built([(base_variant(v), b) for (v, _, _), b in zip(runs, built, strict=True)]).to(device)
     R = len(runs)
     steps, batch, ctx = spec["steps"], spec["batch"], shape.context
-    train = torch.from_numpy(np.load(root / TOKENS / "train.npy").astype(np.int64)).to(device)
-    held = np.load(root / TOKENS / "held_out.npy").astype(np.int64)
+    train = torch.from_numpy(np.asarray(read_tokens(root, TRAIN), dtype=np.int64)).to(device)
+    held = np.asarray(read_tokens(root, HELD_OUT), dtype=np.int64)
     window = torch.arange(ctx + 1, device=device)
     starts = torch.stack([torch.from_numpy(batch_starts(len(train), ctx, batch, steps, seed))
                           for _, seed, _ in runs], 1).to(device)  # (steps, R, batch)
@@ -181,15 +183,19 @@ def run_stack(folder: str, items: Sequence[Item], spec: dict[str, Any], *, threa
     step_seconds: list[float] = []
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
+    clock = {"train": 0.0, "since": 0.0}  # seconds of training steps, evaluations and tracking left out
+
     def evaluate(k: int) -> None:
         sync()
         now = time.perf_counter() - t0
+        clock["train"] += now - clock["since"] if k else 0.0
         held_loss = held_out_losses(model, eval_x, batch, autocast)
         window_losses = losses[max(0, k - max(1, spec["eval_every"])):k].mean(0).tolist() if k else [None] * R
         for r in range(R):
             violations[r] = max(violations[r], violation(model, r, built[r]))
             points[r].append({"step": k, "tokens": k * batch * ctx, "train_loss": window_losses[r],
                               "val_loss": held_loss[r], "seconds": now})
+        clock["since"] = time.perf_counter() - t0
 
     def track(k: int) -> None:
         if spec["track_every"] is None or (k % spec["track_every"] and k != steps):
@@ -208,7 +214,7 @@ def run_stack(folder: str, items: Sequence[Item], spec: dict[str, Any], *, threa
         with autocast:
             per_run = loss_fn(x)
         per_run.sum().backward()  # the runs' parameters are disjoint: each run's gradient is its own loss's
-        opt.step(lambda lr, k=k: lr_at(k, lr, spec["warmup"], steps))
+        opt.step(lambda lr, k=k: lr_at(k, lr, spec["warmup"], steps, schedule))
         losses[k] = per_run.detach()
         if device.type == "cpu":
             step_seconds.append(time.perf_counter() - t1)
@@ -218,7 +224,7 @@ def run_stack(folder: str, items: Sequence[Item], spec: dict[str, Any], *, threa
     sync()
     seconds = time.perf_counter() - t0
     if device.type != "cpu":  # no per-step clock on a GPU (it would wait for the device): the mean step
-        step_seconds = [seconds / max(1, steps)]
+        step_seconds = [clock["train"] / max(1, steps)]
     train_losses = losses.T.tolist()
     out: list[dict[str, Any]] = [{"error": failed.get(i, "")} for i in range(len(items))]
     for r, (v, seed, lr) in enumerate(runs):
@@ -228,7 +234,8 @@ def run_stack(folder: str, items: Sequence[Item], spec: dict[str, Any], *, threa
                   "train_losses": train_losses[r], "violation": violations[r], "seconds": seconds,
                   "step_seconds": float(np.median(step_seconds)) if step_seconds else None,
                   "trajectory": trajectory(trackers[r]), "checkpoint": saved, "note": built[r].note,
-                  "threads": threads, "stack": {"runs": R, "precision": precision, "compile": compile}}
+                  "threads": threads, "init": built[r].init,
+                  "stack": {"runs": R, "precision": precision, "compile": compile}}
         out[order[r]] = result
     return out
 

@@ -20,7 +20,7 @@ from qkinspect.twin.stacked import _StackedAdamW, plan_stacks, stack_kind
 from tests.one_line import one_error_line
 from tests.twin.conftest import text_file
 
-VARIANTS = ["standard", "share_qk", "symmetric", "share_qkv", "rank:2", "wq_identity"]
+VARIANTS = ["standard", "share_qk", "symmetric", "share_qkv", "share_kv", "rank:2", "wq_identity"]
 ALONE = ["share_qk_reformer", "bilinear"]  # attention functions of their own: stacks of their own
 
 
@@ -126,7 +126,7 @@ def test_a_stacked_runs_records_equal_the_single_runs(tmp_path, arch):
         sizes.append(stacked["stack"]["runs"])
         assert (single["params"], single["note"]) == (stacked["params"], stacked["note"])
         assert stacked["violation"] < 1e-5
-    assert max(sizes) == 12  # seed 0 at two rates of the six variants of standard attention
+    assert max(sizes) == 14  # seed 0 at two rates of the seven variants of standard attention
 
 
 def test_a_matched_arm_stacks_with_its_own_kind_and_keeps_its_records(tmp_path):
@@ -174,12 +174,12 @@ def test_a_stack_that_dies_loses_only_its_unfinished_runs(tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        qkinspect.twin(tmp_path / "a", progress=stop_after_first_stack, **kw)
+        qkinspect.twin(tmp_path / "a", notice=stop_after_first_stack, **kw)
     kept = sorted(p.name for p in (tmp_path / "a" / "runs").iterdir())
     assert len(kept) == 2
     stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "a" / "runs").iterdir()}
     said: list[str] = []
-    again = qkinspect.twin(tmp_path / "a", progress=said.append, **kw)
+    again = qkinspect.twin(tmp_path / "a", notice=said.append, **kw)
     assert said[0] == "2 of 4 runs already in " + str(tmp_path / "a")
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "a" / "runs").iterdir() if p.name in stamps} == stamps
     whole = qkinspect.twin(tmp_path / "b", **kw)
