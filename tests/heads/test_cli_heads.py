@@ -80,7 +80,8 @@ def test_bad_options_are_one_line(cli, llama, args, says):
 def test_a_text_too_short_is_one_line(cli, llama, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("ab")
-    one_error_line(cli("heads", llama, "--length", "8", "--window", "32", "--text", short), "--text", "fewer than one window")
+    one_error_line(cli("heads", llama, "--length", "8", "--window", "32", "--text", short), "--text",
+                   "fewer than one window")
 
 
 def test_a_decoder_without_its_lm_head_is_one_line(cli, tmp_path):
@@ -100,4 +101,5 @@ def test_a_family_without_eager_probabilities_here_is_one_line(cli, tmp_path):
                              vocab_size=len(tiny_models.VOCAB), max_position_embeddings=64)).save_pretrained(
         tmp_path / "opt")
     tiny_models.save_tokenizer(tmp_path / "opt")
-    one_error_line(cli("heads", tmp_path / "opt", "--length", "8", "--window", "32"), "model_type 'opt'", "eager attention")
+    one_error_line(cli("heads", tmp_path / "opt", "--length", "8", "--window", "32"), "model_type 'opt'",
+                   "eager attention")
