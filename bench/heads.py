@@ -7,7 +7,8 @@ Printed, in one run:
   (b) scores    the behaviour passes of `qkinspect.heads` over those tokens (hooks reducing each layer's
                 probabilities as they are made; no LM head), timed alternately with (a) (best of each)
   (b) / (a), and a child process running the whole `qkinspect.heads(MODEL)` (loading, weight metrics, behaviour,
-  correlations with 1000 resamples and 1000 permutations) on 2 threads: its wall time and its peak RSS (VmHWM,
+  correlations with 1000 resamples and 1000 permutations) on 2 threads: its wall time, its CPU time (on a loaded
+  machine, CPU seconds / 2 is what 2 idle cores would take) and its peak RSS (VmHWM,
   with MALLOC_MMAP_THRESHOLD_ fixed so the figure is the allocator's exact high-water mark), against the targets
   60 s and 2 GiB.
 
@@ -34,13 +35,14 @@ TARGET_SECONDS, TARGET_BYTES = 60.0, 2 << 30
 AMOUNTS = dict(sequences=64, length=64, windows=16, window=128, batch=16)
 
 CHILD = """
-import json, sys, time
+import json, resource, sys, time
 import qkinspect
 t = time.perf_counter()
 r = qkinspect.heads(sys.argv[1], **json.loads(sys.argv[2]))
 wall = time.perf_counter() - t
 hwm = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
-print(json.dumps({"wall": wall, "hwm": hwm, "seconds": r.seconds}))
+use = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"wall": wall, "hwm": hwm, "seconds": r.seconds, "cpu": use.ru_utime + use.ru_stime}))
 """
 
 
@@ -103,7 +105,8 @@ def main() -> None:
     got = child(model)
     parts = ", ".join(f"{k} {v:.1f} s" for k, v in got["seconds"].items())
     print(f"qkinspect.heads, whole (child, 2 threads): {got['wall']:.1f} s ({parts}); "
-          f"peak RSS {got['hwm'] / 2**30:.2f} GiB")
+          f"peak RSS {got['hwm'] / 2**30:.2f} GiB; {got['cpu']:.0f} CPU seconds (on 2 idle cores: about "
+          f"{got['cpu'] / 2:.0f} s)")
     ok = got["wall"] <= TARGET_SECONDS and got["hwm"] <= TARGET_BYTES
     print(f"targets {TARGET_SECONDS:.0f} s and {TARGET_BYTES / 2**30:.0f} GiB: {'met' if ok else 'NOT met'}; "
           f"(b)/(a) = {t_scores / t_plain:.2f}")

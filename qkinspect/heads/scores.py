@@ -37,14 +37,14 @@ def positional(A: Tensor, *, causal: bool) -> dict[str, Tensor]:
     T = A.shape[-1]
     if T < 2:
         raise ValueError("positional scores need sequences of at least 2 positions")
-    A = A.double()
     start = 1 if causal else 0  # a causal query 0 sees one key only
-    diag = A.diagonal(dim1=-2, dim2=-1)  # (B, H, T): A[p, p]
-    out = {"previous_token": A.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1),  # A[p, p-1], p = 1..T-1
+    # diagonals and columns are views: only they are cast to float64, never the (B, H, T, T) probabilities
+    diag = A.diagonal(dim1=-2, dim2=-1).double()  # (B, H, T): A[p, p]
+    out = {"previous_token": A.diagonal(offset=-1, dim1=-2, dim2=-1).double().mean(-1),  # A[p, p-1], p = 1..T-1
            "self": diag[..., start:].mean(-1),
-           "first_token": A[..., 1:, 0].mean(-1)}
-    h = -torch.special.xlogy(A, A).sum(-1)  # (B, H, T), 0 log 0 = 0
-    keys = torch.arange(1, T + 1, dtype=A.dtype) if causal else torch.full((T,), float(T), dtype=A.dtype)
+           "first_token": A[..., 1:, 0].double().mean(-1)}
+    h = -torch.special.xlogy(A, A).sum(-1).double()  # (B, H, T), 0 log 0 = 0; T float32 terms per row
+    keys = torch.arange(1, T + 1, dtype=h.dtype) if causal else torch.full((T,), float(T), dtype=h.dtype)
     out["entropy"] = (h[..., start:] / keys[start:].log()).mean(-1)
     return out
 
@@ -55,12 +55,11 @@ def repeated(A: Tensor, *, prefix: int, n: int, causal: bool) -> dict[str, Tenso
     T = A.shape[-1]
     if n < 1 or prefix + 2 * n > T:
         raise ValueError(f"a repeated sequence of 2 x {n} tokens after {prefix} does not fit {T} positions")
-    A = A.double()
     # the diagonal at offset -k holds A[p, p-k] for p = k..T-1, at index p - k; the second copy is p = prefix+n..
-    dup = A.diagonal(offset=-n, dim1=-2, dim2=-1)[..., prefix:prefix + n]
+    dup = A.diagonal(offset=-n, dim1=-2, dim2=-1)[..., prefix:prefix + n].double()
     out = {"duplicate_token": dup.mean(-1), "induction": None}
     if causal and n >= 2:
-        ind = A.diagonal(offset=-(n - 1), dim1=-2, dim2=-1)[..., prefix + 1:prefix + n + 1]
+        ind = A.diagonal(offset=-(n - 1), dim1=-2, dim2=-1)[..., prefix + 1:prefix + n + 1].double()
         out["induction"] = ind.mean(-1)
     return out
 

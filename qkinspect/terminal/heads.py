@@ -15,13 +15,18 @@ def head_label(r, gqa: bool) -> str:
     return f"L{r.layer} H{r.head}" + (f" (KV{r.kv_head})" if gqa else "")
 
 
+def _r(x: float) -> str:
+    """A correlation without its leading zero, as statistics tables print it: "+.43", "−.07", "+1.00"."""
+    return f"{x:+.2f}".replace("0.", ".", 1).replace("-", "−")
+
+
 def rho_cell(r) -> str:
-    """"+0.43 (+0.02..+0.72)": ρ and its 95 % bootstrap interval; "-" where undefined."""
+    """"+.43 (+.02..+.72)": ρ and its 95 % bootstrap interval; "-" where undefined."""
     if r is None or r.rho is None:
         return "-"
     if r.low is None or r.high is None:
-        return f"{r.rho:+.2f}"
-    return f"{r.rho:+.2f} ({r.low:+.2f}..{r.high:+.2f})"
+        return _r(r.rho)
+    return f"{_r(r.rho)} ({_r(r.low)}..{_r(r.high)})"
 
 
 def _p(p) -> str:
@@ -65,14 +70,15 @@ def render_heads(console, result, top: int = 5) -> None:
         vals = []
         for scope, name in (("all", "all heads"), ("within", "within layers")):
             got = [by.get((m, sc, scope)) for m, sc in pairs]
-            vals += [Column(f"ρ {name} (95 % CI)", [rho_cell(g) for g in got]),
+            vals += [Column(f"ρ {name}", [rho_cell(g) for g in got]),
                      Column("p", [_p(g.p) if g else "-" for g in got])]
         starts = [i for i, (m, _) in enumerate(pairs) if i == 0 or pairs[i - 1][0] != m]
         for t in fit_tables(labels, vals, width=console.width, sections=starts,
                             title="Spearman's ρ of weight metric and behaviour score"):
             console.print(t)
     n = len(result.records)
-    lines = [f"text: {s.text}, {s.windows} windows of {s.window} tokens; repeated: {s.sequences} sequences of "
+    lines = ["ρ (95 % CI): Spearman's rank correlation and its bootstrap interval",
+             f"text: {s.text}, {s.windows} windows of {s.window} tokens; repeated: {s.sequences} sequences of "
              f"2 x {s.length} random tokens (seed {s.seed}); ± se over sequences",
              f"ρ over {n} heads; within layers: ranks within each layer, pooled; CI: 95 % bootstrap over heads "
              f"({s.resamples} resamples); p: permutation ({s.permutations}); per-layer ρ in the JSON"]

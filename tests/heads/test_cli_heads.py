@@ -103,3 +103,15 @@ def test_a_family_without_eager_probabilities_here_is_one_line(cli, tmp_path):
     tiny_models.save_tokenizer(tmp_path / "opt")
     one_error_line(cli("heads", tmp_path / "opt", "--length", "8", "--window", "32"), "model_type 'opt'",
                    "eager attention")
+
+
+def test_the_request_is_checked_without_torch_in_the_callers_names():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom qkinspect.heads.request import check_request, CLI_NAMES\n"
+            "check_request(sequences=4, length=8, relate='symmetry')\n"
+            "try:\n    check_request(sequences=0, names=CLI_NAMES)\nexcept Exception as e:\n    print(e)\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["--sequences 0: expected 1 to 65536", "False"]
