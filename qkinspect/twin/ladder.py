@@ -15,7 +15,6 @@ the per-rung records (`ShapeSummary`) and the scaling fit per variant (`qkinspec
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
@@ -340,13 +339,16 @@ def per_seed_gaps(rungs: Sequence[Rung], twins: Sequence[Any], variant: str) -> 
 
 
 def _manifest(folder: Path) -> dict[str, Any]:
+    import os
+
+    from qkinspect.reading import read_json
+
     path = folder / LADDER
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file (not a ladder folder?)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: not readable as JSON ({e})") from None
+    if not os.path.lexists(path):
+        raise InputError(f"{path}: no such file (not a ladder folder?)")
+    if os.path.islink(path):
+        raise InputError(f"{path}: is a link; a ladder's manifest is a regular file")
+    doc = read_json(path, what="a twin ladder's manifest")  # bounded in size and depth, regular files only
     if not isinstance(doc, dict) or doc.get("kind") != LADDER_KIND:
         raise InputError(f"{path}: kind: not a twin ladder's manifest")
     return doc
