@@ -214,3 +214,18 @@ def test_workers_0_needs_no_dask_and_the_local_cluster_says_which_extra(tmp_path
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'qkinspect[sweep]'" in lines[0] and "--workers 0" in lines[0], lines
     assert not (tmp_path / "b").exists()  # refused before anything is written
+
+
+def test_the_twin_package_parses_no_json_of_its_own():
+    """Every twin document and folder manifest is read through qkinspect.reading (bounded, regular files only):
+    no module of the twin package calls json.load/json.loads or opens a file to read it itself."""
+    import ast
+
+    for path in sorted((ROOT / "qkinspect" / "twin").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                name = node.func.attr
+                owner = node.func.value.id if isinstance(node.func.value, ast.Name) else None
+                assert not (owner == "json" and name in ("load", "loads")), f"{path.name}:{node.lineno}: {name}"
+                assert name not in ("read_text", "read_bytes"), f"{path.name}:{node.lineno}: {name}"

@@ -123,3 +123,7 @@ def test_to_pandas_of_an_empty_kind_has_its_columns(tmp_path, small_text):
     assert list(frame.columns) == ["variant", "seed", "lr", "step", "layer", "head", "metric", "value"]
     assert len(frame) == 0
     assert list(result.to_pandas("lr").columns) == ["variant", "lr", "val_loss", "chosen"]
+    # what docs/notebook.md does with a twin
+    assert list(result.to_pandas("summary")[["variant", "diff", "verdict"]].variant) == ["standard"]
+    curves = result.to_pandas("runs").pivot_table(index="step", columns="variant", values="val_loss")
+    assert list(curves.columns) == ["standard"] and list(curves.index) == [0, 1]

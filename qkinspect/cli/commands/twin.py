@@ -175,9 +175,10 @@ def register(app: typer.Typer) -> None:
         if result.failures:
             from qkinspect.errors import SweepFailed
             from qkinspect.terminal.twin import plural
+            from qkinspect.twin.folder import MANIFEST
 
             raise SweepFailed(f"{plural(len(result.failures), 'run')} failed (listed above, and in "
-                              f"{out / 'twin.json'}); run the same command to retry them")
+                              f"{out / MANIFEST}); run the same command to retry them")
 
 
 def _on_stderr(result, shown: bool) -> None:
