@@ -128,3 +128,10 @@ def test_to_pandas_of_an_empty_kind_has_its_columns(tmp_path, small_text):
     assert list(result.to_pandas("summary")[["variant", "diff", "verdict"]].variant) == ["standard"]
     curves = result.to_pandas("runs").pivot_table(index="step", columns="variant", values="val_loss")
     assert list(curves.columns) == ["standard"] and list(curves.index) == [0, 1]
+
+
+def test_trajectories_without_tracking_say_why_there_are_none(tmp_path):
+    text = text_file(tmp_path / "t.txt", 2000)
+    r = twin("--out", tmp_path / "out", "--text", text, *CLI_TINY, "--variants", "standard", "--rows",
+             "trajectories", "-o", tmp_path / "t.csv")
+    assert r.exit_code == 0 and "no trajectories to write" in r.stderr and "--track-every" in r.stderr
