@@ -12,24 +12,28 @@ run `record` in the checkout of the code to record (it says which it records).
 `record FOLDER NAME...` records only the cases whose names start with one of the NAMEs (and the cases whose
 documents they read), for a change that touches only some commands: compare two such recordings.
 
-Each case runs `python -m qkinspect ...` in a subprocess and keeps its exit status, stdout, stderr and any file it
-wrote. Compared byte for byte, after masking only what differs from run to run:
+Each case runs `python -m qkinspect ...` in a subprocess and keeps its exit status, stdout, stderr and any file
+(or folder: an atlas's, a twin's, every file in it) it wrote. Compared byte for byte, after masking only what
+differs from run to run:
   - durations: in JSON/NDJSON every value under a key named `seconds` or ending in `_seconds` (the experiment's
     `timing` and each run's `seconds`); in text (tables, CSV cells, stderr, PDF text) a number followed by ` s`
     (`0.1 s for every head × edit`) and the `seconds` column of CSV;
   - the tool version (`tool.version` in JSON, `qkinspect X.Y.Z` in text);
   - the report's date (the PDF cover's `date` line and its metadata; the HTML's date line);
   - the recording folder's own path (in "wrote ... to PATH" notes);
+  - an engine's progress clock (`00:00:04 elapsed, ETA 00:00:00`);
+  - a worker's address (`worker` in JSON); a twin's run ids (`@run-…`) and its tracked result files' keys;
   - in SVG figures (and the HTML report's inline ones), matplotlib's `<dc:date>` and the random ids of its shared
     paths, clip paths and images (renumbered in order of first appearance; everything drawn is compared).
 PDF reports are compared as their text (pypdf's) and page count, since their date is drawn into the page;
-PNG figures byte for byte. Commands that read a saved experiment (plot/report --experiment) read a copy of it
-whose durations are set to 1.0, so their figures do not depend on this run's timing.
+PNG figures byte for byte. Commands that read a saved experiment (plot/report --experiment), an atlas or a twin
+folder read a copy of it whose durations are set to 1.0, so their figures do not depend on this run's timing.
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
 import importlib.util
 import io
 import json
@@ -38,10 +42,14 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 DURATION = re.compile(r"\b\d+(?:\.\d+)?(?:e[-+]?\d+)? ?(?:s|ms|min)\b")
 VERSION = re.compile(r"qkinspect \d+\.\d+\.\d+(?:[.+-][0-9A-Za-z]+)*")
+CLOCK = re.compile(r"\b\d{2}:\d{2}:\d{2}(?= elapsed)|(?<=ETA )\d{2}:\d{2}:\d{2}\b")  # an engine's progress line
+RUN_ID = re.compile(r"@run-[0-9a-f]{8}\b")  # a twin's runs held in memory, tracked as a sweep's checkpoints
+TRACK_KEY = re.compile(r"\.[0-9a-f]{16}\b|(?<=\"key\": \")[0-9a-f]{16}\b")  # their result files' keys
 DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(?::\d{2})?(?:\.\d+)?(?: ?(?:UTC|Z|[+-]\d{2}:?\d{2}))?")
 
 
@@ -102,6 +110,31 @@ def cases(smol: Path | None) -> list[tuple[str, list[str], str | None]]:
         ("demo-bad-sweep-scheduler", ["sweep", "{demo}", "--out", "{out}", "--scheduler", "ftp://x:1"], ".sweep"),
         ("demo-bad-sweep-revisions", ["sweep", "{demo}", "--out", "{out}", "--revisions", "main"], ".sweep"),
         ("demo-bad-atlas-none", ["atlas", "--out", "{out}"], ".atlas"),
+        # composition, directions, atlas and twin that succeed (small runs), and their figures and reports
+        ("demo-comp-table", ["composition", "--layers", "0-2", "--top", "5", "-f", "table"], None),
+        ("demo-comp-json", ["composition", "--layers", "0-2", "-f", "json"], None),
+        ("demo-comp-doc", ["composition", "-o", "{out}"], ".json"),
+        ("demo-plot-comp", ["plot", "{comp}", "--kind", "composition", "-o", "{out}"], ".png"),
+        ("demo-report-comp", ["report", "{run}", "--composition", "{comp}", "-o", "{out}"], ".pdf"),
+        ("demo-dir-json", ["directions", "--layers", "0", "--heads", "0-1", "-k", "2", "-f", "json"], None),
+        ("demo-dir-table", ["directions", "--layers", "5", "--heads", "3", "-k", "2", "-f", "table", "--pdf",
+                            "{out}"], ".pdf"),
+        ("demo-atlas", ["atlas", "{demo}", "{run}", "--out", "{out}", "--workers", "1", "-f", "csv"], ".atlas"),
+        ("demo-plot-atlas-depth", ["plot", "{atlas}", "--kind", "depth", "--metric", "overlap_qk", "-o", "{out}"],
+         ".png"),
+        ("demo-plot-atlas-size", ["plot", "{atlas}", "--kind", "size", "-o", "{out}"], ".svg"),
+        ("demo-report-atlas", ["report", "{atlas}", "-o", "{out}"], ".pdf"),
+        ("demo-report-atlas-html", ["report", "{atlas}", "--html", "-o", "{out}"], ".html"),
+        ("twin-run", ["twin", "--out", "{out}", "--variants", "share_qk", "--seeds", "2", "--steps", "4",
+                      "--layers", "1", "--d-model", "16", "--heads", "2", "--context", "16", "--batch", "2",
+                      "--eval-windows", "4", "--eval-every", "2", "--track-every", "2", "--workers", "0",
+                      "-f", "json"], ".twin"),
+        ("twin-plot-learning", ["plot", "{twin}", "--kind", "learning", "-o", "{out}"], ".png"),
+        ("twin-plot-gap", ["plot", "{twin}", "--kind", "gap", "-o", "{out}"], ".png"),
+        ("twin-plot-trajectory", ["plot", "{twin}", "--kind", "trajectory", "--metric", "symmetry", "-o", "{out}"],
+         ".svg"),
+        ("twin-report", ["report", "{twin}", "-o", "{out}"], ".pdf"),
+        ("twin-report-html", ["report", "{twin}", "--html", "-o", "{out}"], ".html"),
     ]
     if smol is not None:
         s = str(smol)
@@ -146,13 +179,30 @@ def _is_duration(key: str) -> bool:
 
 
 SAVED = {"demo-exp-runs": "runs", "demo-est-map": "map", "demo-analyze-run": "run", "demo-exp-ranks": "ranks",
-         "smol-heal-runs": "heal"}  # documents later cases read
+         "smol-heal-runs": "heal", "demo-comp-doc": "comp", "demo-atlas": "atlas",
+         "twin-run": "twin"}  # documents and folders later cases read
 
 
-def record(folder: Path, only: tuple[str, ...] = ()) -> None:
+WORK = Path(tempfile.gettempdir()) / "qkinspect-same-outputs"  # where every recording runs (see `record`)
+
+
+def record(target: Path, only: tuple[str, ...] = ()) -> None:
     """Run the cases (those whose names start with one of `only`, and the ones whose documents they read; every
-    case when `only` is empty) and keep what each wrote in `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
+    case when `only` is empty) and keep what each wrote in `target`.
+
+    The cases run in one fixed folder (WORK, one recording at a time), copied to `target` at the end: an atlas's
+    and a twin's folders name their files by a hash of the paths they were given, which must not depend on where
+    the recording is kept."""
+    with open(f"{WORK}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(WORK, ignore_errors=True)
+        _record(WORK, only)
+        shutil.copytree(WORK, target, symlinks=True)
+        shutil.rmtree(WORK)
+
+
+def _record(folder: Path, only: tuple[str, ...]) -> None:
+    folder.mkdir(parents=True)
     env = dict(os.environ, COLUMNS="80", NO_COLOR="1", TERM="dumb", PYTHONHASHSEED="0")
     saved = {"demo": demo_folder()}
     chosen = cases(smollm2())
@@ -171,6 +221,12 @@ def record(folder: Path, only: tuple[str, ...] = ()) -> None:
         (folder / f"{name}.stdout").write_bytes(p.stdout)
         (folder / f"{name}.stderr").write_bytes(p.stderr)
         print(f"{name}: exit {p.returncode}", file=sys.stderr)
+        if out is not None and out.is_dir() and SAVED.get(name):
+            fixed = folder / f"{name}.fixed{suffix}"
+            shutil.copytree(out, fixed, symlinks=True)
+            for f in fixed.rglob("*.json"):
+                f.write_text(json.dumps(fixed_durations(json.loads(f.read_text()))))
+            saved[SAVED[name]] = str(fixed)
         if out is not None and out.exists() and suffix == ".json":
             fixed = folder / f"{name}.fixed.json"
             fixed.write_text(json.dumps(fixed_durations(json.loads(out.read_text()))))
@@ -185,17 +241,18 @@ def record(folder: Path, only: tuple[str, ...] = ()) -> None:
             (folder / f"{name}.pdf.pages").write_text(f"{len(pages)}\n")
 
 
-def mask(path: Path) -> bytes:
-    """The file's bytes with durations, versions, dates and the folder's path masked (see the module docstring)."""
+def mask(path: Path, root: Path | None = None) -> bytes:
+    """The file's bytes with durations, versions, dates and the recording folder's path (`root`, default: the
+    file's own folder) masked (see the module docstring)."""
     data = path.read_bytes()
     name = path.name
-    if name.endswith((".png", ".rc", ".pages")) or name.endswith(".fixed.json"):
+    if name.endswith((".png", ".rc", ".pages")) or ".fixed." in name:
         return data
     if name.endswith(".svg"):
         return _same_svg(data.decode()).encode()
     if name.endswith(".pdf"):
         return b"<pdf: compared as text>"
-    text = data.decode("utf-8", errors="replace").replace(str(path.parent), "<folder>")
+    text = data.decode("utf-8", errors="replace").replace(str(root or path.parent), "<folder>")
     if name.endswith(".html"):
         text = _same_svg(text)  # its figures are inline SVG
     masked = _mask_json(text)
@@ -208,6 +265,10 @@ def mask(path: Path) -> bytes:
     masked = DURATION.sub("<duration>", masked)
     masked = VERSION.sub("qkinspect <version>", masked)
     masked = DATE.sub("<date>", masked)
+    masked = CLOCK.sub("<clock>", masked)
+    masked = RUN_ID.sub("@run-<id>", masked)
+    if "/tracks/" in str(path):
+        masked = TRACK_KEY.sub(".<key>", masked)
     return masked.encode()
 
 
@@ -224,6 +285,8 @@ def _mask_doc(doc):
         for k, v in doc.items():
             if _is_duration(k) and isinstance(v, (int, float)):
                 out[k] = "<duration>"
+            elif k == "worker" and isinstance(v, str):
+                out[k] = "<worker>"
             elif k == "tool" and isinstance(v, dict) and "version" in v:
                 out[k] = {**v, "version": "<version>"}
             else:
@@ -264,15 +327,26 @@ def _mask_csv(text: str) -> str | None:
     return buf.getvalue()
 
 
+def files(folder: Path) -> dict[str, Path]:
+    """Every file a recording holds, by its path in it (a twin's tracked result files without their key)."""
+    out = {}
+    for p in folder.rglob("*"):
+        if p.is_file():
+            name = str(p.relative_to(folder))
+            out[TRACK_KEY.sub(".<key>", name) if "/tracks/" in name else name] = p
+    return out
+
+
 def compare(a: Path, b: Path) -> int:
-    names = sorted({p.name for p in a.iterdir()} | {p.name for p in b.iterdir()})
+    in_a, in_b = files(a), files(b)
+    names = sorted(in_a.keys() | in_b.keys())
     bad = 0
     for name in names:
-        pa, pb = a / name, b / name
+        pa, pb = in_a.get(name, a / name), in_b.get(name, b / name)
         if not pa.exists() or not pb.exists():
             print(f"only in {'before' if pa.exists() else 'after'}: {name}")
             bad += 1
-        elif mask(pa) != mask(pb):
+        elif mask(pa, a) != mask(pb, b):
             print(f"differs: {name}")
             bad += 1
     print(f"{len(names) - bad} of {len(names)} files the same (after masking)")

@@ -137,8 +137,6 @@ def _results(minilm, tmp_path):
 
 
 def test_every_result_is_a_table_a_frame_and_saves_what_o_writes(minilm, tmp_path):
-    from qkinspect.cli.output import emit
-
     pd = pytest.importorskip("pandas")
     for name, result, doc in _results(minilm, tmp_path):
         fragment = result._repr_html_()
@@ -146,10 +144,38 @@ def test_every_result_is_a_table_a_frame_and_saves_what_o_writes(minilm, tmp_pat
         assert len(text_of(fragment).split()) > 10, name  # a table with something in it
         df = result.to_pandas()
         assert isinstance(df, pd.DataFrame) and len(df) > 0, name
-        saved = result.save(tmp_path / f"{name}-saved.json")
-        assert saved == tmp_path / f"{name}-saved.json"
-        emit(doc, "json", tmp_path / f"{name}-o.json")  # what the command's -o FILE.json writes
-        assert saved.read_bytes() == (tmp_path / f"{name}-o.json").read_bytes(), name
+        assert_saves_what_o_writes(result, doc, tmp_path / name, parquet=name not in ("analysis", "experiment"),
+                                   parquet_columns=name == "composition")
+
+
+def assert_saves_what_o_writes(result, doc, folder, *, parquet: bool, parquet_columns: bool = False,
+                               save=None) -> None:
+    """`save(path)` (default `result.save`) writes what the command's `-o path` writes, byte for byte, for every
+    extension -o knows (`.parquet` where the command writes Parquet: the same table); any other extension is
+    refused with an InputError naming the path, and nothing is written."""
+    from qkinspect.cli.output import emit, write_parquet
+    from qkinspect.errors import InputError
+
+    save = save or result.save
+    folder.mkdir(parents=True, exist_ok=True)
+    for ext, fmt in ((".json", "json"), (".csv", "csv"), (".ndjson", "ndjson"), (".jsonl", "ndjson"),
+                     (".txt", "table")):
+        mine = save(folder / f"saved{ext}")
+        assert mine == folder / f"saved{ext}"
+        emit(doc, fmt, folder / f"o{ext}")  # what the command's -o FILE writes
+        assert mine.read_bytes() == (folder / f"o{ext}").read_bytes(), (folder.name, ext)
+    assert (folder / "saved.csv").read_text().splitlines()[0].split(",")[0] != "{"  # not JSON under a csv name
+    refused = [".xlsx", ""] + ([] if parquet else [".parquet"])
+    for ext in refused:
+        with pytest.raises(InputError, match=re.escape(str(folder / f"bad{ext}"))):
+            save(folder / f"bad{ext}")
+        assert not (folder / f"bad{ext}").exists()
+    if parquet and pytest.importorskip("pyarrow"):
+        import pyarrow.parquet as pq
+
+        save(folder / "saved.parquet")
+        write_parquet(result.columns() if parquet_columns else doc.rows, folder / "o.parquet")
+        assert pq.read_table(folder / "saved.parquet").equals(pq.read_table(folder / "o.parquet")), folder.name
 
 
 def test_directions_and_composition_show_their_command_tables(minilm):

@@ -94,6 +94,12 @@ class AnalysisResult:
     def layer_rows(self) -> list[dict[str, Any]]:
         return [r.row() for r in self.layers]
 
+    def table_rows(self, by: str = "head") -> list[dict[str, Any]]:
+        """The rows of `qkinspect analyze --format csv` (`--by layer`: by="layer"): the model's name, then the
+        head's (or layer's) record."""
+        rows = self.head_rows() if by == "head" else self.layer_rows()
+        return [{"model": self.model.name, **r} for r in rows]
+
     def to_dict(self) -> dict[str, Any]:
         """The saved analysis as a JSON-ready dict: the document `qkinspect analyze -o FILE.json` writes (schema
         qkinspect/1, "kind": "analyze"; docs/output.md), which `plot` and `report` read. NaN becomes null."""
@@ -114,20 +120,25 @@ class AnalysisResult:
         ))
 
     def save(self, path: str | Path) -> Path:
-        """Write the analysis to `path` (atomically) as `qkinspect analyze -o FILE.json` writes it, byte for byte:
-        `qkinspect plot FILE.json` and `qkinspect report FILE.json` then draw it without the model (the spectra
-        are not kept). Returns the path.
+        """Write the analysis to `path` (atomically) as `qkinspect analyze -o path` writes it, byte for byte, in
+        the format the extension names: `.json` the whole analysis (`qkinspect plot FILE.json` and `qkinspect
+        report FILE.json` then draw it without the model; the spectra are not kept), `.csv` and `.ndjson`/`.jsonl`
+        a row per head, `.txt` the tables. Returns the path.
 
         Raises:
+            InputError: an extension that names no format (naming the path).
             OutputError: the file cannot be written.
 
         Example:
             >>> qkinspect.analyze().save("run.json")  # doctest: +SKIP
             >>> # then: qkinspect plot run.json --kind symmetry -o symmetry.png
         """
-        from qkinspect.files import save_json
+        from qkinspect.formats import save_result
+        from qkinspect.terminal.analysis import default_columns, render_analysis
 
-        return save_json(self.to_dict(), path)
+        return save_result(path, document=self.to_dict,
+                           rows=self.table_rows,
+                           render=lambda console: render_analysis(console, self, columns=default_columns(self)))
 
     def to_pandas(self, by: str = "head"):
         """Head records (or, with by="layer", layer records) as a pandas DataFrame (needs pandas), with the
@@ -143,8 +154,7 @@ class AnalysisResult:
             from qkinspect.errors import InputError
 
             raise InputError(f"by={by!r}: choose 'head' or 'layer'")
-        rows = self.head_rows() if by == "head" else self.layer_rows()
-        return data_frame([{"model": self.model.name, **r} for r in rows])
+        return data_frame(self.table_rows(by))
 
     def _repr_html_(self) -> str:
         """A notebook cell's view: the tables `qkinspect analyze` prints (qkinspect.notebook)."""

@@ -71,6 +71,8 @@ class AtlasResult(Tabular):
         ...                                                              values="median")  # doctest: +SKIP
     """
 
+    PARQUET = True
+
     folder: Path
     options: dict[str, Any]
     models: list[str]
@@ -142,6 +144,12 @@ class AtlasResult(Tabular):
                 "facts": self.facts, "records": self.table_rows(), "baselines": self.baselines,
                 "notes": list(self.notes),
                 "failures": [{"model": f.name, "error": f.error} for f in self.failures]}
+
+    def render_table(self, console) -> None:
+        """`qkinspect atlas`'s table of this result (what `save("x.txt")` writes)."""
+        from qkinspect.terminal.atlas import render_atlas
+
+        render_atlas(console, self)
 
     def _repr_html_(self) -> str:
         """A notebook's view: the one-row-per-model table (medians), then the failures and notes."""

@@ -19,14 +19,11 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import csv
 import io
-import json
-import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -35,11 +32,11 @@ from typing import IO, Any
 from qkinspect.documents import json_safe
 from qkinspect.errors import InputError, OutputError
 from qkinspect.files import STDOUT, atomic_write, check_writable
+from qkinspect.formats import EXTENSIONS, TABLE_FILE_WIDTH, parquet_file, write_csv, write_ndjson
+from qkinspect.formats import write_table as format_table
 from qkinspect.suggest import did_you_mean
 
 FORMATS = ("table", "json", "ndjson", "csv")
-EXTENSIONS = {".json": "json", ".ndjson": "ndjson", ".jsonl": "ndjson", ".csv": "csv", ".txt": "table"}
-TABLE_FILE_WIDTH = 160  # a table written to a file has no terminal to take its width from ($COLUMNS, if set, wins)
 
 
 @dataclass
@@ -94,17 +91,13 @@ def check_parquet(fmt: str | Enum | None, output: Path | None) -> bool:
 
 def write_parquet(data: list[dict[str, Any]] | dict[str, Any], output: Path) -> None:
     """Rows (a list of dicts) or columns (name -> array) as a Parquet file, written atomically."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from qkinspect.files import atomic_write_file
 
-    table = pa.Table.from_pylist(data) if isinstance(data, list) else pa.table(data)
-    atomic_write_file(output, lambda tmp: pq.write_table(table, tmp))
+    atomic_write_file(output, lambda tmp: parquet_file(data, tmp))
     note(f"wrote parquet to {output}")
 
 
-# -- serialisers -----------------------------------------------------------------------------------------------
+# -- serialisers (qkinspect.formats: every result's save(path) writes the same bytes) ------------------------
 
 def write_json(doc: dict[str, Any], f: IO[str]) -> None:
     from qkinspect.files import write_json as write_document
@@ -112,42 +105,8 @@ def write_json(doc: dict[str, Any], f: IO[str]) -> None:
     write_document(json_safe(doc), f)
 
 
-def write_ndjson(rows: Iterable[dict[str, Any]], f: IO[str]) -> None:
-    for row in rows:
-        f.write(json.dumps(json_safe(row), allow_nan=False, separators=(",", ":")))
-        f.write("\n")
-
-
-def write_csv(rows: list[dict[str, Any]], f: IO[str]) -> None:
-    """A header, then one row per record; missing or NaN values are empty cells."""
-    fields = list(dict.fromkeys(k for row in rows for k in row))
-    w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
-    w.writeheader()
-    for row in rows:
-        w.writerow({k: _csv_cell(v) for k, v in json_safe(row).items()})
-
-
-def _csv_cell(v: Any) -> Any:
-    if v is None:
-        return ""
-    if isinstance(v, (list, dict)):
-        return json.dumps(v)
-    return v
-
-
 def write_table(doc: Document, f: IO[str], *, terminal: bool, width: int = TABLE_FILE_WIDTH) -> None:
-    from rich.console import Console
-
-    if terminal:
-        console = Console(file=f)
-    else:
-        columns = os.environ.get("COLUMNS", "")
-        width = int(columns) if columns.isdigit() and int(columns) >= 40 else width
-        console = Console(file=f, width=width, no_color=True, force_terminal=False, color_system=None)
-    if doc.render is None:
-        console.print_json(data=json_safe(doc.json))
-    else:
-        doc.render(console)
+    format_table(doc.render, lambda: doc.json, f, terminal=terminal, width=width)
 
 
 def emit(doc: Document, fmt: str | Enum | None, output: Path | None) -> str:

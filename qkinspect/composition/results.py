@@ -88,7 +88,7 @@ Key = tuple[str, int, str, int, str]  # (from_block, from_layer, to_block, to_la
 @dataclass
 class CompositionResult(Tabular):
     """Everything `qkinspect.composition` returns. In a notebook it shows `qkinspect composition`'s table (the 10
-    strongest pairs of each kind); `to_pandas()` is a row per pair; `save(path)` writes what `-o FILE.json` writes.
+    strongest pairs of each kind); `to_pandas()` is a row per pair; `save(path)` writes what `-o path` writes.
 
     `scores[(from_block, from_layer, to_block, to_layer, kind)]`: an (H_a, H_b) float64 array over all heads of the
     two layers (NaN for a head with a zero norm); `heads()` and `rows()` apply the head selection. With
@@ -96,6 +96,8 @@ class CompositionResult(Tabular):
     `read_norms[(block, layer, kind)]`: each later head's ‖W_QK^b‖_F (q, k) or ‖W_OV^b‖_F (v), which weigh the
     query heads of a key/value head when they are taken together.
     """
+
+    PARQUET = True  # `save("x.parquet")` writes `columns()`, as `-o x.parquet` does
 
     model: ModelInfo
     processing: CompositionProcessing
@@ -246,6 +248,9 @@ class CompositionResult(Tabular):
     def table_rows(self) -> list[dict[str, Any]]:
         """The CSV's rows: one per (earlier head, later head, kind)."""
         return list(self.rows())
+
+    def parquet_data(self) -> dict[str, np.ndarray]:
+        return self.columns()
 
     def render_table(self, console) -> None:
         """`qkinspect composition`'s table of this result."""

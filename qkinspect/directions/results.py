@@ -77,7 +77,9 @@ class Readout:
 class DirectionsResult(Tabular):
     """`qkinspect.directions`'s answer: records in (block, layer, head, matrix, side, index, sign) order. In a
     notebook it shows `qkinspect directions`' table; `to_pandas()` is a row per record; `save(path)` writes what
-    `-o FILE.json` writes."""
+    `-o path` writes."""
+
+    PARQUET = True
 
     model: ModelInfo
     records: list[DirectionRecord]

@@ -36,11 +36,21 @@ def beyond_error(dloss: float | None, se: float | None) -> bool:
     return dloss is not None and se is not None and abs(dloss) > SIGNIFICANT * se
 
 
+RHO_HEADS = 3  # Spearman's ρ needs this many points: fewer, and it is undefined
+
+
+def too_few_to_rank(result: ExperimentResult) -> list[Agreement]:
+    """The edits whose estimate was checked on fewer verified heads than Spearman's ρ needs (RHO_HEADS): ρ is
+    undefined there, which the notes, the cost map and the report say."""
+    e = result.estimate
+    return [a for a in (e.agreement if e is not None else ()) if 0 < a.verified < RHO_HEADS]
+
+
 def rank_correlation(x: list[float], y: list[float]) -> tuple[float, float] | None:
     """Spearman's rank correlation of `x` and `y` and its two-sided p-value (scipy's); None with fewer than 3
     points or a constant side, where ρ is undefined. The one Spearman of qkinspect: undefined is None (JSON null,
     "-" in tables), never NaN, so that no caller prints "nan" or compares with one."""
-    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
+    if len(x) < RHO_HEADS or len(set(x)) < 2 or len(set(y)) < 2:
         return None
     from scipy.stats import spearmanr
 
@@ -116,11 +126,23 @@ class ExperimentResult(Tabular):
         """The CSV's rows: one per run (`run_rows`)."""
         return run_rows(self)
 
+    def reader_notes(self) -> list[str]:
+        """What the reader must know (`notes`, then the healing's): `qkinspect experiment` prints them on stderr
+        whatever -o is; a notebook shows them under the table."""
+        return notes(self) + (list(self.healing.notes) if self.healing is not None else [])
+
     def render_table(self, console) -> None:
-        """`qkinspect experiment`'s table of this result."""
+        """`qkinspect experiment`'s table of this result, as `-o FILE.txt` writes it (the notes go to stderr)."""
         from qkinspect.terminal.experiment import render_experiment
 
-        render_experiment(console, self, run_rows(self), notes(self))
+        render_experiment(console, self, run_rows(self), [])
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the table, then the notes (which the CLI prints on stderr)."""
+        from qkinspect.notebook import html_table
+        from qkinspect.terminal.experiment import render_experiment
+
+        return html_table(lambda console: render_experiment(console, self, run_rows(self), self.reader_notes()))
 
     def document(self) -> dict[str, Any]:
         """The JSON document `qkinspect experiment -o FILE.json` writes (`experiment_json`); `save(path)` writes it."""
@@ -297,6 +319,12 @@ def notes(result: ExperimentResult) -> list[str]:
                    "to rise above its noise (score more tokens); read each against its standard error")
     if result.estimate is not None and not result.estimate.agreement:
         out.append("the estimate was not checked against exact runs (no head was verified)")
+    if few := too_few_to_rank(result):
+        counts = sorted({a.verified for a in few})
+        out.append(f"{', '.join(a.edit for a in few)}: {' or '.join(map(str, counts))} verified "
+                   f"head{'s' if counts != [1] else ''}, and Spearman's ρ between estimate and exact Δloss needs at "
+                   f"least {RHO_HEADS}: it is undefined (verify {RHO_HEADS} or more heads; 10 or more give ρ an "
+                   "interval)")
     return out
 
 

@@ -40,6 +40,8 @@ class SweepFolder(Tabular):
     checkpoint identity) and the failures recorded. In a notebook it shows `qkinspect sweep`'s table, and
     `to_pandas()` is its tidy rows per head (qkinspect.notebook)."""
 
+    PARQUET = True
+
     folder: Path
     options: dict[str, Any]
     checkpoints: list[Checkpoint]

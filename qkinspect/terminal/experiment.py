@@ -10,7 +10,8 @@ from qkinspect.terminal.healing import render_healing
 
 def render_experiment(console, result, rows: list[dict[str, Any]], notes: list[str]) -> None:
     """`qkinspect experiment`'s table of `result` (its `rows`, as `experiment.results.run_rows` gives them),
-    then the legend, the estimate's agreement, the predictors, healing and `notes`."""
+    then the legend, the estimate's agreement, the predictors, healing and `notes` (the CLI gives none: it prints
+    them on stderr, whatever -o is), every line wrapped at the console's width."""
     from rich.text import Text
 
     from qkinspect.terminal.tables import Column, fit_tables, fmt_spec
@@ -18,7 +19,7 @@ def render_experiment(console, result, rows: list[dict[str, Any]], notes: list[s
     baseline = 0.0 if abs(result.baseline) < 5e-5 else result.baseline  # no "-0.0000" for a drift of ~0
     console.print(Text(result.model.name, style="bold") + Text(
         f"  {result.measure_name} on {result.text}: {result.tokens} tokens ({result.windows} × "
-        f"{result.window}), baseline {baseline:.4f}"), soft_wrap=True)
+        f"{result.window}), baseline {baseline:.4f}"))
     cells = {"edit": [r["edit"] for r in rows], "scope": [r["scope"] for r in rows],
              "layer": [fmt_spec(r["layer"], "d") for r in rows], "head": [fmt_spec(r["head"], "d") for r in rows],
              "loss": [fmt_spec(r["loss"]) for r in rows], "Δloss": [fmt_spec(r["dloss"], "+.4f") for r in rows],
@@ -50,19 +51,19 @@ def render_experiment(console, result, rows: list[dict[str, Any]], notes: list[s
                   + (", off0=exact at offset 0 only (rotary)" if "off0" in cells else "")
                   + "; -=none: " + ("Δloss and ± of a head not run exactly, " if estimated else "")
                   + "layer or head of a run over several, pred of an edit without a prediction",
-                  highlight=False, soft_wrap=True)
+                  highlight=False)
     if estimated:
         e = result.estimate
         console.print(f"estimate: {e.probes} probes, {e.seconds:.1f} s for every head × edit; "
-                      f"{e.verify_seconds:.1f} s for the exact runs that check it", highlight=False, soft_wrap=True)
+                      f"{e.verify_seconds:.1f} s for the exact runs that check it", highlight=False)
         from qkinspect.rho import rho_text
 
         for a in e.agreement:
             rand = f"; over the {a.sampled} drawn at random: {rho_text(a.rho_sampled, a.sampled)}" if a.sampled else ""
             console.print(f"agreement {a.edit}: Spearman's rank correlation of estimate and exact Δloss "
-                          f"{rho_text(a.rho, a.verified, 'verified heads')}{rand}", highlight=False, soft_wrap=True)
+                          f"{rho_text(a.rho, a.verified, 'verified heads')}{rand}", highlight=False)
     for name, what in result.predictors.items():
-        console.print(f"predicted for {name}: {what}", highlight=False, soft_wrap=True)
+        console.print(f"predicted for {name}: {what}", highlight=False)
     render_healing(console, getattr(result, "healing", None))
     for n in notes:
-        console.print(f"note: {n}", highlight=False, soft_wrap=True)
+        console.print(f"note: {n}", highlight=False)

@@ -37,7 +37,7 @@ def render_healing(console, healing) -> None:
     console.print(f"healing: {h.steps} steps of {h.batch_windows} windows{dtype}, lr {h.lr:g}, trained {h.trained} "
                   f"({h.trained_parameters:,} of {h.parameters:,} parameters), on {h.text} ({h.train_tokens} tokens,"
                   f" {h.epochs:.2f} passes); control after healing {h.control_loss:.4f} "
-                  f"({h.control_gain:+.4f} from the baseline)", highlight=False, soft_wrap=True)
+                  f"({h.control_gain:+.4f} from the baseline)", highlight=False)
     runs = h.runs
     labels = [Column("edit", [r.edit for r in runs], left=True),
               Column("layer", [fmt_spec(r.layer, "d") for r in runs])]
@@ -56,9 +56,8 @@ def render_healing(console, healing) -> None:
                   "after healing) ± its standard error, unhealed Δ=the edit's Δloss before healing, recovered=1 − "
                   "(−control)/(unhealed Δ), shown where the unhealed Δ exceeds 2 se"
                   + LATE_WORDS * any(r.late is not None for r in runs),
-                  highlight=False, soft_wrap=True)
+                  highlight=False)
     if h.control_late is not None:
         console.print(f"control over the last quarter (steps {h.control_late.start}→{h.control_late.end}): "
-                      f"{_late(h.control_late)}", highlight=False, soft_wrap=True)
-    for note in h.notes:
-        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+                      f"{_late(h.control_late)}", highlight=False)
+    # its notes go with the experiment's (`ExperimentResult.reader_notes`): on stderr from the CLI

@@ -7,7 +7,7 @@ counts (0 … seeds − 1); a step enters where every one of those seeds has a v
 - `learning_curves`: held-out loss per (variant, step): mean over seeds and the sample standard deviation (±1 s.d.
   is the seed-to-seed spread, not an interval of the mean).
 - `gap_curves`: per (variant, step) the paired difference variant − standard over the seeds both have, its mean and
-  95 % t-interval (`qkinspect.twin.summary.compare`, the summary's own statistics, at every evaluated step).
+  90 % t-interval (`qkinspect.twin.summary.compare`, the summary's own statistics, at every evaluated step).
 - `trajectory_curves`: a tracked metric per (variant, layer, step): each seed's median over the layer's heads,
   then their mean and standard deviation over seeds.
 """
@@ -38,7 +38,7 @@ class CurvePoint:
 
 @dataclass(frozen=True)
 class GapPoint:
-    """variant − standard held-out loss at one step, paired by seed: mean and 95 % t-interval (None: < 2 seeds)."""
+    """variant − standard held-out loss at one step, paired by seed: mean and 90 % t-interval (None: < 2 seeds)."""
 
     variant: str
     step: int

@@ -4,9 +4,10 @@ seed's batches, evaluate it on the fixed held-out windows, and return its record
 Nothing here writes into the twin folder but the run's own tracking folder and checkpoint (the client writes the
 run's file when it arrives), so a task can run on any worker that reads the folder's token streams.
 
-The schedule is nanoGPT's: linear warm-up over `warmup` steps to `lr`, then cosine to lr/10 at the last step;
-AdamW without weight decay (`qkinspect.experiment.heal.adamw`, healing's). The loss is next-token cross-entropy on
-windows of `context` tokens (the window's `context + 1` tokens give the targets), in nats.
+The schedule: linear warm-up over `warmup` steps to `lr`, then (`cosine`, nanoGPT's) cosine to lr/10 at the last
+step, or (`constant`) the rate held to the end; AdamW without weight decay (`qkinspect.experiment.heal.adamw`,
+healing's). The loss is next-token cross-entropy on windows of `context` tokens (the window's `context + 1` tokens
+give the targets), in nats.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from typing import Any
 
 import numpy as np
 
-TOKENS = "tokens"  # the folder's token streams: tokens/train.npy, tokens/held_out.npy
+from qkinspect.twin.folder import HELD_OUT, TRAIN, checkpoint_dir, make_room, own_dir, read_tokens, run_name, track_dir
 
 
-def lr_at(step: int, lr: float, warmup: int, steps: int) -> float:
-    """The learning rate of optimizer step `step` (0-based): warm-up, then cosine to lr/10."""
+def lr_at(step: int, lr: float, warmup: int, steps: int, schedule: str = "cosine") -> float:
+    """The learning rate of optimizer step `step` (0-based): warm-up, then cosine to lr/10 (or held: `constant`)."""
     if step < warmup:
         return lr * (step + 1) / warmup
+    if schedule == "constant":
+        return lr
     span = max(1, steps - warmup)
     return lr / 10 + (lr - lr / 10) * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / span)))
 
@@ -43,18 +46,18 @@ def run_twin(folder: str, variant: str, seed: int, lr: float, spec: dict[str, An
 
     from qkinspect.twin.data import batch_starts, gather
     from qkinspect.twin.model import build
-    from qkinspect.twin.request import Shape
+    from qkinspect.twin.request import LEGACY, Shape
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     root = Path(folder)
-    train = np.load(root / TOKENS / "train.npy", mmap_mode="r")
-    held = np.load(root / TOKENS / "held_out.npy", mmap_mode="r")
+    train, held = read_tokens(root, TRAIN), read_tokens(root, HELD_OUT)
     s = spec["shape"]
     shape = Shape(s["arch"], s["layers"], s["d_model"], s["heads"], s["context"],
                   Path(s["config"]) if s["config"] else None)
     device = torch.device(spec["device"])
-    built = build(variant, shape, spec["vocab_size"], seed, spec["device"])
+    init, schedule = spec.get("init", LEGACY["init"]), spec.get("schedule", LEGACY["schedule"])
+    built = build(variant, shape, spec["vocab_size"], seed, spec["device"], init)
     steps, batch, ctx = spec["steps"], spec["batch"], shape.context
     starts = batch_starts(len(train), ctx, batch, steps, seed)
     eval_x = torch.from_numpy(gather(np.asarray(held), np.asarray(spec["eval_starts"], dtype=np.int64),
@@ -82,7 +85,7 @@ def run_twin(folder: str, variant: str, seed: int, lr: float, spec: dict[str, An
     for k in range(steps):
         t1 = time.perf_counter()
         for group in opt.param_groups:
-            group["lr"] = lr_at(k, lr, spec["warmup"], steps)
+            group["lr"] = lr_at(k, lr, spec["warmup"], steps, schedule)
         x = torch.from_numpy(gather(train, starts[k], ctx).astype(np.int64)).to(device)  # (batch, context + 1)
         losses.append(train_step(built, opt, x))
         step_seconds.append(time.perf_counter() - t1)
@@ -96,7 +99,8 @@ def run_twin(folder: str, variant: str, seed: int, lr: float, spec: dict[str, An
     return {"variant": variant, "seed": seed, "lr": lr, "params": built.params, "points": points,
             "train_losses": losses, "violation": violation, "seconds": time.perf_counter() - t0,
             "step_seconds": float(np.median(step_seconds)) if step_seconds else None,
-            "trajectory": trajectory(tracker), "checkpoint": saved, "note": built.note, "threads": threads}
+            "trajectory": trajectory(tracker), "checkpoint": saved, "note": built.note, "threads": threads,
+            "init": built.init}
 
 
 def train_step(built, opt, x) -> float:
@@ -138,23 +142,15 @@ def held_out_loss(built, eval_x, batch: int) -> float:
     return total / eval_x.shape[0]
 
 
-def run_name(variant: str, seed: int, lr: float) -> str:
-    """A run's file name stem: `share_qk-s0-lr0.001` (`rank:8` as rank8, `+params` as -params)."""
-    return f"{_slug(variant)}-s{seed}-lr{lr:g}"
-
-
-def _slug(variant: str) -> str:
-    """A variant as a file name: `rank:8` as rank8, `share_qk+params` as share_qk-params."""
-    return variant.replace(":", "").replace("+", "-")
-
-
 def _tracker(root: Path, variant: str, seed: int, lr: float, spec: dict[str, Any]):
     if spec["track_every"] is None:
         return None
     from qkinspect.callback import Tracker
 
-    name = run_name(variant, seed, lr)
-    return Tracker(root / "tracks" / name, name=name)
+    folder = track_dir(root, variant, seed, lr)
+    own_dir(folder.parent)
+    make_room(folder)  # the run's own tracking folder, never a link out of the twin folder
+    return Tracker(folder, name=run_name(variant, seed, lr))
 
 
 def measure(tracker, built, step: int, steps: int, spec: dict[str, Any]) -> None:
@@ -190,11 +186,17 @@ def save_checkpoint(root: Path, variant: str, seed: int, built) -> str:
     its class; a twin no class holds (bilinear) saves its tensors with the config and a note."""
     from qkinspect.twin.model import plain_copy, state_tensors
 
-    folder = root / "checkpoints" / f"{_slug(variant)}-s{seed}"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = checkpoint_dir(root, variant, seed)
+    own_dir(folder.parent)
+    own_dir(folder)
+    for name in ("config.json", "generation_config.json", "model.safetensors", "README.txt"):  # never through a link
+        make_room(folder / name)
     tensors = state_tensors(built.model)
     if built.plain:
-        plain_copy(built.model.config, tensors).save_pretrained(folder)
+        from qkinspect.experiment.model.runtime import quiet_transformers
+
+        with quiet_transformers():  # no "Writing model shards" bar: the run's line on stderr says it finished
+            plain_copy(built.model.config, tensors).save_pretrained(folder)
         if built.note:
             (folder / "README.txt").write_text(built.note + "\n", encoding="utf-8")
     else:

@@ -116,8 +116,36 @@ def test_estimate_in_json_csv_and_table(llama, tmp_path, monkeypatch):
     r = cli(llama, "--edit", "share_qk", "--layers", "2", "--heads", "0", "--estimate", "--probes", "4", *SMALL,
             "--format", "table")
     assert r.exit_code == 0, r.stderr
-    assert "agreement share_qk: Spearman's rank correlation of estimate and exact Δloss ρ" in r.stdout
+    assert all(len(ln) <= 80 for ln in r.stdout.splitlines()), r.stdout
+    assert "agreement share_qk: Spearman's rank correlation of estimate and exact Δloss ρ" in " ".join(r.stdout.split())
     assert "est" in r.stdout and "±MC" in r.stdout
+
+
+def test_notes_go_to_stderr_whatever_o_is(llama, tmp_path):
+    """The note about too few scored tokens reaches the terminal (stderr) with -o FILE, in a pipe and with a table;
+    the JSON keeps it and the table itself does not repeat it (issue 44)."""
+    args = (llama, "--edit", "ablate", "--layers", "0", "--heads", "0", *SMALL)
+    for extra in (("-o", tmp_path / "runs.json"), ("-o", tmp_path / "runs.csv"), ("--format", "json"),
+                  ("--format", "table")):
+        r = cli(*args, *extra)
+        assert r.exit_code == 0, r.stderr
+        assert "note: only 62 tokens were scored" in r.stderr, extra
+        assert "tokens were scored" not in r.stdout.replace('"only 62 tokens', ""), extra  # JSON keeps it, as data
+    assert any("tokens were scored" in n for n in json.loads((tmp_path / "runs.json").read_text())["notes"])
+
+
+def test_every_line_fits_80_columns(llama, monkeypatch):
+    """The title (about 100 characters) and the `columns:` legend (269) wrap at word boundaries (issue 44)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    r = cli(llama, "--edit", "share_qk,rank:4", "--layers", "0", "--heads", "0-1", *SMALL, "--rotary", "offset0",
+            "--format", "table")
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert all(len(ln) <= 80 for ln in lines), r.stdout
+    text = " ".join(r.stdout.split())
+    assert "next-token cross-entropy on" in text and "baseline" in lines[0] + lines[1]
+    assert "columns: ±=standard error of the exact Δloss, Δ/Δabl=Δloss / Δloss(ablate) of the same heads" in text
+    assert "pred of an edit without a prediction" in text
 
 
 def test_exact_runs_carry_their_standard_error(llama):

@@ -119,7 +119,9 @@ def test_first_order_term_is_the_directional_derivative(models, family, edit):
     loss, _ = _loss_along(hf, s, layer, delta, eps)
     (d,) = torch.autograd.grad(loss, eps)
     assert est.first == pytest.approx(float(d), rel=1e-4, abs=1e-9 * abs(float(loss.detach())))
-    assert abs(float(d)) > 0  # a real edit moves the loss
+    # a real edit moves the head's output (>= 7e-5 measured): the derivative itself is as small as 1e-8 on a tiny
+    # random model (bert, symmetric) and is no test of that
+    assert max(float(x.abs().max()) for x in delta) > 1e-5
 
 
 @pytest.mark.parametrize("family", ["llama", "bert", "bare", "gpt2"])

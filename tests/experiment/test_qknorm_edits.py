@@ -20,6 +20,7 @@ from qkinspect.experiment.edits.apply import EditError
 from qkinspect.experiment.edits.qknorm import one_matrix
 from qkinspect.experiment.model.writeback import written
 from tests.experiment import tiny_models as tiny
+from tests.experiment.effects import EFFECT
 from tests.experiment.test_writeback import T, capture, opened
 from tests.metrics.helpers import make_layer
 
@@ -345,7 +346,11 @@ def test_runs_of_every_defined_edit_on_a_qk_norm_model(folders):
     r = run_experiment(folders["qwen3"], "share_qk,symmetric,rank:4,share_qkv", layers=[1], heads=[0, 3],
                        tokens=64, window=32)
     assert {x.edit for x in r.runs} == {"share_qk", "symmetric", "rank:4", "share_qkv", "ablate"}
-    assert all(x.dloss != 0 and np.isfinite(x.dloss) for x in r.runs)
+    assert all(np.isfinite(x.dloss) for x in r.runs)
+    # W_V W_O edits move the loss measurably (>= 1.9e-3); the Q/K edits of a tiny random model move its mean loss
+    # by float32's resolution (symmetric: 8e-7), so theirs is shown in weight space, where it is exact
+    assert all(abs(x.dloss) > EFFECT for x in r.runs if x.edit in ("share_qkv", "ablate"))
+    assert all(x.predicted > 1e-3 for x in r.runs if x.edit not in ("share_qkv", "ablate"))
     # the one-matrix edits of a rotary q/k-normed head are built on the unrotated form, and say so
     assert all(x.offset0 == (x.edit in ONE_MATRIX) for x in r.runs)
     assert all("folded form" in r.predictors[e] for e in ("share_qk", "symmetric", "rank:4", "share_qkv"))

@@ -15,6 +15,7 @@ from qkinspect.experiment.model.scoring import Scorer, default_text, windows
 from qkinspect.experiment.model.writeback import written
 from qkinspect.loading import open_model
 from tests.experiment import tiny_models as tiny
+from tests.experiment.effects import EFFECT, moved, with_ablated_neighbour
 
 FAMILIES = sorted(tiny.WRITEBACK_FAMILIES)
 QK_NORM = ("qwen3", "qwen3_moe", "gemma3", "olmo2")
@@ -178,10 +179,12 @@ def test_runs_from_a_cached_layer_equal_full_runs(folders, family):
     hf, layers = opened(folders[family])
     s = Scorer(hf, windows(hf, default_text(), 64, 32), batch_tokens=64)
     base = s.baseline(cache={1})
-    edited = apply_edit(layers[1], parse_edit(EDITS[family][0]), [1]).layer
-    with written(hf, [edited]):
-        full, suffix = s.score(0), s.score(start=1)
-    assert full != base
+    with written(hf, [with_ablated_neighbour(layers[1], EDITS[family][0], 1)]):  # measurable: effects.py
+        full = s.score(0)
+        assert moved(s) > EFFECT
+        full_tokens = s.token_losses
+        suffix = s.score(start=1)
+    assert torch.allclose(s.token_losses, full_tokens, rtol=1e-6, atol=1e-6)
     assert suffix == pytest.approx(full, rel=1e-6, abs=1e-7)
     assert s.score() == base
 
@@ -193,9 +196,9 @@ def test_form_edits_under_qk_norms_run_or_are_refused_saying_why(folders, family
             run_experiment(folders[family], "share_qk", layers=[0], heads=[0], tokens=64, window=32)
     else:
         r = run_experiment(folders[family], "share_qk", layers=[0], heads=[0], tokens=64, window=32)
-        assert [x.edit for x in r.runs] == ["share_qk", "ablate"] and all(x.dloss != 0 for x in r.runs)
+        assert [x.edit for x in r.runs] == ["share_qk", "ablate"] and all(abs(x.dloss) > EFFECT for x in r.runs)
     r = run_experiment(folders[family], "tie_q", layers=[0], heads=[0], tokens=64, window=32)
-    assert [x.edit for x in r.runs] == ["tie_q", "ablate"] and all(x.dloss != 0 for x in r.runs)
+    assert [x.edit for x in r.runs] == ["tie_q", "ablate"] and all(abs(x.dloss) > EFFECT for x in r.runs)
 
 
 @pytest.mark.parametrize("family", ["phi3", "gemma", "gemma2"])

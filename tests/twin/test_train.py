@@ -99,6 +99,8 @@ def _check(variant: str, built) -> None:
             assert torch.equal(L.W_Q, L.W_K)
         if variant == "share_qkv":
             assert torch.equal(L.W_V, L.W_K)
+        if variant == "share_kv":
+            assert torch.equal(L.W_K, L.W_V)
         if variant == "symmetric":
             assert float((M - M.transpose(-2, -1)).abs().max()) <= 1e-6 * scale
         if variant == "rank:2":
@@ -110,7 +112,7 @@ def _check(variant: str, built) -> None:
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-@pytest.mark.parametrize("variant", ["share_qk", "symmetric", "share_qkv", "rank:2", "wq_identity",
+@pytest.mark.parametrize("variant", ["share_qk", "symmetric", "share_qkv", "share_kv", "rank:2", "wq_identity",
                                      "share_qk_reformer"])
 def test_every_constraint_holds_at_every_step(tmp_path, small_text, arch, variant):
     req = twin_run.check_request(tmp_path, arch=arch, text=small_text, steps=6, seeds=1, lr=1e-2,
@@ -143,7 +145,7 @@ def test_reformer_mask_holds_in_the_trained_model():
 def test_matched_arms_have_the_standard_twins_parameters_within_one_percent(arch):
     shape = Shape(arch, 2, 64, 4, 16)
     std = build("standard", shape, 40, seed=0).params
-    for variant in ("share_qk+params", "share_qkv+params", "bilinear+params"):
+    for variant in ("share_qk+params", "share_qkv+params", "share_kv+params", "bilinear+params"):
         assert abs(build(variant, shape, 40, seed=0).params - std) <= 0.01 * std, variant
 
 

@@ -67,9 +67,7 @@ def analysis_document(result, *, by: str = "head", requested=None, sort: str | N
     """JSON: the result's schema-qkinspect/1 dict (with "kind": "analyze"); rows: tidy per head (or per layer)."""
     from qkinspect.terminal.analysis import default_columns, render_analysis
 
-    records = result.heads if by == "head" else result.layers
-    rows = [{"model": result.model.name, **r.row()} for r in records]
     cols = default_columns(result, requested, sort)
-    return Document(json=result.to_dict(), rows=rows,  # what AnalysisResult.save writes
+    return Document(json=result.to_dict(), rows=result.table_rows(by),  # what AnalysisResult.save writes
                     render=lambda console: render_analysis(console, result, columns=cols, by=by,
                                                            grouped=sort is None))

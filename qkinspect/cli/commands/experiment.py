@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -30,7 +30,7 @@ from qkinspect.cli.options import (
     OutputOpt,
     RevisionOpt,
 )
-from qkinspect.cli.output import Document, check_output, emit, progress
+from qkinspect.cli.output import Document, check_output, emit, note, progress
 from qkinspect.selection import parse_indices
 
 
@@ -71,7 +71,8 @@ ProbesOpt = Annotated[int | None, typer.Option(
                                   "(default 16).")]
 VerifyOpt = Annotated[int | None, typer.Option(
     "--verify", metavar="N", help="--estimate: run N heads per edit exactly (the predicted cheapest and "
-                                  "costliest, flagged ones, a random sample) and report Spearman ρ (default 12).")]
+                                  "costliest, flagged ones, a random sample) and report Spearman ρ (default 12; "
+                                  "ρ needs 3 or more).")]
 TokenizerOpt = Annotated[Path | None, typer.Option(
     "--tokenizer", metavar="PATH", help="A tokenizer folder or a vocab.txt, for a model folder without one.")]
 
@@ -126,18 +127,13 @@ def register(app: typer.Typer) -> None:
                                   eval_every=heal_eval_every, float32=heal_float32),
                 names=CLI_NAMES)
         emit(experiment_document(result), fmt, output)
+        for line in result.reader_notes():  # on stderr whatever -o is (the JSON keeps them too)
+            note(line)
 
 
 def experiment_document(result) -> Document:
-    """The library's document (qkinspect.experiment.results), its rows, and the table that shows them."""
-    from qkinspect.experiment.results import experiment_json, run_rows
+    """The library's document (qkinspect.experiment.results), its rows, and the table that shows them (the notes
+    go to stderr: `ExperimentResult.reader_notes`)."""
+    from qkinspect.experiment.results import experiment_json
 
-    rows = run_rows(result)
-    return Document(json=experiment_json(result), rows=rows, render=lambda console: _render(console, result, rows))
-
-
-def _render(console, result, rows: list[dict[str, Any]]) -> None:
-    from qkinspect.experiment.results import notes as result_notes
-    from qkinspect.terminal.experiment import render_experiment
-
-    render_experiment(console, result, rows, result_notes(result))
+    return Document(json=experiment_json(result), rows=result.table_rows(), render=result.render_table)

@@ -51,6 +51,7 @@ class Kind(str, Enum):
     composition = "composition"
     depth = "depth"
     size = "size"
+    scaling = "scaling"
 
 
 KindOpt = Annotated[Kind, typer.Option("--kind", "-k", metavar="KIND", help="Which figure to draw: "
@@ -107,6 +108,9 @@ def register(app: typer.Typer) -> None:
         metric per layer): qkinspect plot twin-out/ --kind learning -o learning.png; qkinspect plot twin-out/ --kind
         gap -o gap.png; qkinspect plot twin-out/ --kind trajectory --metric symmetry -o symmetry.png
 
+        Example (a ladder folder, qkinspect twin --shapes: each variant's gap against model size with its power-law
+        fit): qkinspect plot ladder/ --kind scaling -o scaling.png
+
         Example (an atlas folder: a metric against normalised depth, one line per model; or the medians against
         attention parameters): qkinspect plot atlas/ --kind depth --metric overlap_qk -o depth.png; qkinspect plot
         atlas/ --kind size --metric symmetry_layer -o size.png
@@ -130,8 +134,18 @@ def register(app: typer.Typer) -> None:
             note(f"wrote the {drawn} figure to {output}")
             return
         from qkinspect.atlas.folder import is_atlas
+        from qkinspect.twin.ladder import is_ladder_folder
         from qkinspect.twin.saved import is_twin_folder
 
+        if is_ladder_folder(model) or kind is Kind.scaling:
+            refuse_twin_options(model, {"--layers": layers, "--block": block, "--layer": layer, "--compare": compare,
+                                        "--experiment": experiment, "--revision": revision, "--fold-ln": fold_ln,
+                                        "--fold-qk-norm": fold_qk_norm, "--metric": metric,
+                                        "--precision": precision is not Precision.float32,
+                                        "--device": device is not Device.cpu})
+            draw_ladder(model, kind, output, title=title)
+            note(f"wrote the scaling figure to {output}")
+            return
         if is_twin_folder(model) or kind in (Kind.learning, Kind.gap):
             refuse_twin_options(model, {"--layers": layers, "--block": block, "--layer": layer, "--compare": compare,
                                         "--experiment": experiment, "--revision": revision, "--fold-ln": fold_ln,
@@ -230,6 +244,24 @@ def draw_twin(model: str | None, kind: Kind, metric: str | None, output: Path, *
         fig = (gap_figure if kind is Kind.gap else learning_figure)(twin)
     save_figure(retitle(fig, title), output)
     return f"{metric} trajectory" if kind is Kind.trajectory else kind.value
+
+
+def draw_ladder(model: str | None, kind: Kind, output: Path, *, title: str | None = None) -> None:
+    """A ladder folder's figure (`qkinspect twin --shapes ... --out FOLDER`): the scaling figure, saved to `output`
+    (also the default, --kind symmetry); each shape's own figures are its folder's (FOLDER/LxD)."""
+    from qkinspect.twin.ladder import is_ladder_folder, read_ladder
+
+    if not is_ladder_folder(model):
+        raise InputError(f"--kind {kind.value}: draws a ladder folder (qkinspect twin --shapes LxD,... --out FOLDER); "
+                         f"{model or 'no folder given'} is not one (it has no ladder.json)")
+    if kind not in (Kind.scaling, Kind.symmetry):
+        raise InputError(f"--kind {kind.value}: a ladder folder draws --kind scaling; each shape's twin folder "
+                         f"({Path(model) / 'LxD'}) draws learning, gap and trajectory")
+    ladder = read_ladder(model)
+    from qkinspect.report.titles import retitle
+    from qkinspect.report.twin.scaling import scaling_figure  # matplotlib: last
+
+    save_figure(retitle(scaling_figure(ladder), title), output)
 
 
 def draw_heads(model: str | None, kind: Kind, metric: str | None, score: str | None, output: Path, *,

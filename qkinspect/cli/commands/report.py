@@ -73,6 +73,9 @@ def register(app: typer.Typer) -> None:
         Example (a twin folder: the setup and its scale, the summary and verdicts, the learning, gap and
         trajectory figures): qkinspect report twin-out/ -o twin.pdf
 
+        Example (a ladder folder, qkinspect twin --shapes: the shapes, the scaling fits, the scaling and gap
+        figures): qkinspect report ladder/ -o ladder.pdf
+
         Example (a heads document: the strongest heads, the relations, the scatter figures): qkinspect heads
         ./my-llama -o heads.json; qkinspect report heads.json -o heads.pdf
 
@@ -86,9 +89,10 @@ def register(app: typer.Typer) -> None:
         """
         output = check_report_path(output, html=html)
         from qkinspect.sweep import is_sweep_folder
+        from qkinspect.twin.ladder import is_ladder_folder
         from qkinspect.twin.saved import is_twin_folder
 
-        if is_twin_folder(model):  # a twin folder (qkinspect twin --out)
+        if is_twin_folder(model) or is_ladder_folder(model):  # a twin folder (qkinspect twin --out)
             from qkinspect.cli.model_argument import refuse_twin_options
 
             refuse_twin_options(model, {"--experiment": experiment, "--composition": composition, "--layers": layers,
@@ -96,8 +100,10 @@ def register(app: typer.Typer) -> None:
                                         "--layer-form": layer_form, "--revision": revision,
                                         "--precision": precision is not Precision.float32,
                                         "--device": device is not Device.cpu})
-            n = write_twin_report(Path(model), output, html=html, title=title)
-            note(f"wrote an HTML twin report to {output}" if html else f"wrote {pages(n)} twin report to {output}")
+            what = "twin ladder" if is_ladder_folder(model) else "twin"
+            write = write_ladder_report if is_ladder_folder(model) else write_twin_report
+            n = write(Path(model), output, html=html, title=title)
+            note(f"wrote an HTML {what} report to {output}" if html else f"wrote {pages(n)} {what} report to {output}")
             return
         from qkinspect.heads.saved import is_heads
 
@@ -218,6 +224,20 @@ def write_folder_report(output: Path, html: bool, page: Callable[[], str], pdf: 
         atomic_write(output, lambda f: f.write(text))
         return 1
     return write_rendered(output, pdf)
+
+
+def write_ladder_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
+    """The report of a ladder folder (qkinspect twin --shapes), written atomically as a PDF (returns the number of
+    pages) or, with `html`, as one HTML page (returns 1)."""
+    from qkinspect.twin.ladder import read_ladder
+
+    ladder = read_ladder(folder)
+    if not ladder.summaries:
+        raise InputError(f"{folder}: the ladder folder has no finished runs yet")
+    from qkinspect.report.twin.ladder import render_ladder_html, write_ladder_pdf  # matplotlib: after the checks
+
+    return write_folder_report(output, html, lambda: render_ladder_html(ladder, name=title),
+                               lambda buffer: write_ladder_pdf(ladder, buffer, title=title))
 
 
 def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:

@@ -4,6 +4,8 @@ public `AttentionInterface`, never model code of our own.
 
 - share_qk_reformer: share_qk's form (`parametrised.EditForm`) plus the Reformer's attention (Kitaev et al. 2020,
   §2.2): keys unit-normalised per head, and a position does not attend to itself unless nothing else is visible.
+- share_kv: W_K := W_V per head (keys are values; the literature's Q-K=V), b_K := b_V where the layer has biases:
+  llama's k_proj reads v_proj's weight, GPT-2's fused c_attn reads its value block into its key block.
 - wq_identity: W_Q := I (each head's query is its slice of the normed residual stream), no query weights.
 - bilinear: one full d_model × d_model W_QK per head, scores x_i W x_jᵀ (x the attention's input), values and
   outputs as standard; W starts as the standard twin's W_Q W_Kᵀ. Rotary positions act on queries and keys, which
@@ -166,6 +168,68 @@ def pin_query_identity(hf) -> Held:
             pinned += _pin(attn.q_proj, "weight", torch.ones_like(attn.q_proj.weight, dtype=torch.bool), eye)
             checks.append(lambda a=attn, eye=eye: (a.q_proj.weight - eye).abs().max())
     return Held(pinned, lambda: _worst(checks))
+
+
+class ReadFrom(nn.Module):
+    """A module weight that is another module's (`source.attr`): its own original is emptied and not trained. The
+    source is held outside the module tree, so its parameter is registered once, where it lives."""
+
+    def __init__(self, source: nn.Module, attr: str):
+        super().__init__()
+        self.__dict__["source"] = source
+        self.attr = attr
+
+    def forward(self, X: Tensor) -> Tensor:
+        return getattr(self.__dict__["source"], self.attr)
+
+
+class CopyBlock(nn.Module):
+    """A fused weight whose last-axis block `dst` is read from its block `src` (GPT-2's c_attn: the key columns
+    are the value columns); the elements of `dst` in the original are not read."""
+
+    def __init__(self, src: tuple[int, int], dst: tuple[int, int]):
+        super().__init__()
+        self.src, self.dst = src, dst
+
+    def forward(self, X: Tensor) -> Tensor:
+        (a, b), (c, d) = self.src, self.dst
+        return torch.cat([X[..., :c], X[..., a:b], X[..., d:]], -1)
+
+
+def share_keys_values(hf, init: str = "draw") -> Held:
+    """W_K := W_V per head on every layer (b_K := b_V where there are biases). `init`: draw keeps the standard
+    draw's W_V as the one matrix, nearest puts (W_K + W_V)/2, the one matrix nearest to both."""
+    pinned, checks = 0, []
+    for attn, _, _ in _projections(hf):
+        if hf.family == "gpt2":  # Conv1D stores [in, out]: query, key, value blocks of D output columns
+            D = attn.c_attn.weight.shape[0]
+            for attr in ("weight", "bias"):
+                t = getattr(attn.c_attn, attr)
+                if init == "nearest":
+                    with torch.no_grad():
+                        t[..., 2 * D:] = (t[..., D:2 * D] + t[..., 2 * D:]) / 2
+                parametrize.register_parametrization(attn.c_attn, attr, CopyBlock((2 * D, 3 * D), (D, 2 * D)))
+                pinned += t[..., D:2 * D].numel()  # the original's key block: held, never read
+            checks.append(lambda a=attn, D=D: _apart(a.c_attn.weight[:, D:2 * D], a.c_attn.weight[:, 2 * D:]))
+            continue
+        for attr in ("weight", "bias"):
+            k, v = getattr(attn.k_proj, attr, None), getattr(attn.v_proj, attr, None)
+            if k is None or v is None:
+                continue
+            if init == "nearest":
+                with torch.no_grad():
+                    v.copy_((k + v) / 2)
+            parametrize.register_parametrization(attn.k_proj, attr, ReadFrom(attn.v_proj, attr))
+            original = attn.k_proj.parametrizations[attr].original
+            original.requires_grad_(False)
+            original.data = original.data.new_empty(0)
+        checks.append(lambda a=attn: _apart(a.k_proj.weight, a.v_proj.weight))
+    return Held(pinned, lambda: _worst(checks))
+
+
+def _apart(W_K: Tensor, W_V: Tensor) -> Tensor:
+    """The largest |W_K − W_V| relative to W_V's largest element."""
+    return (W_K - W_V).abs().max() / W_V.abs().max().clamp_min(1e-30)
 
 
 def _worst(checks) -> float:
