@@ -11,6 +11,7 @@ from qkinspect.cli.options import (
     Device,
     DeviceOpt,
     FoldLnOpt,
+    FoldQkNormOpt,
     ModelArg,
     OutputOpt,
     RevisionOpt,
@@ -57,7 +58,8 @@ def register(app: typer.Typer) -> None:
         model: ModelArg = None, text: TextOpt = None, windows: WindowsOpt = 16, window: WindowOpt = 128,
         sequences: SequencesOpt = 64, length: LengthOpt = 64, seed: SeedOpt = 0, batch: BatchOpt = 16,
         metrics: MetricsOpt = None, relate: RelateOpt = "symmetry,overlap_qk,qk_effective_rank",
-        fold_ln: FoldLnOpt = False, resamples: ResamplesOpt = 1000, permutations: PermutationsOpt = 1000,
+        fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False, resamples: ResamplesOpt = 1000,
+        permutations: PermutationsOpt = 1000,
         tokenizer: TokenizerOpt = None, top: TopOpt = 5, device: DeviceOpt = Device.cpu,
         revision: RevisionOpt = None, fmt: FormatOpt = None, output: OutputOpt = None, export: ExportOpt = None,
     ) -> None:
@@ -91,13 +93,15 @@ def register(app: typer.Typer) -> None:
         with progress("running heads") as p:
             result = run_heads(model, text=text, windows=windows, window=window, sequences=sequences,
                                length=length, seed=seed, batch=batch, metrics=metrics, relate=relate or None,
-                               fold_ln=fold_ln, tokenizer=tokenizer, resamples=resamples,
+                               fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, tokenizer=tokenizer, resamples=resamples,
                                permutations=permutations, device=device.value, progress=p, revision=revision,
                                names=CLI_NAMES)
         for w in result.warnings:
             warn(w)
-        note(f"behaviour from {result.settings.text} and {result.settings.sequences} repeated random sequences; "
-             f"weight metrics as analyze{' --fold-ln' if result.settings.fold_ln else ''} measures them")
+        s = result.settings
+        flags = "".join(f" {f}" for f, on in (("--fold-ln", s.fold_ln), ("--fold-qk-norm", s.fold_qk_norm)) if on)
+        note(f"behaviour from {s.text} and {s.sequences} repeated random sequences; weight metrics as analyze{flags} "
+             "measures them")
         if export is not None:
             write_export(result, export)
         emit(heads_document(result, top), name, output)
