@@ -199,11 +199,11 @@ def prepare(req: Request, names: Names) -> tuple[dict[str, Any], dict[str, Any]]
     folder = req.out
     try:
         own_dir(folder)
+        write_json(folder / MANIFEST, manifest)  # first: a folder stopped before its tokens is still a twin's
         own_dir(folder / RUNS)
     except OSError as e:
         raise InputError(f"{names.said('out', folder)}: cannot create the twin folder ({e.strerror or e})") from None
     write_tokens(folder, tokens.train, tokens.held_out, tok.serialized())
-    write_json(folder / MANIFEST, manifest)
     spec = {**training, "vocab_size": tokens.vocab_size, "eval_starts": starts.tolist()}
     return spec, manifest
 
