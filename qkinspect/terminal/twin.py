@@ -65,20 +65,7 @@ def render_twin(console, summary: list[dict[str, Any]], sweep: list[dict[str, An
     for t in fit_tables(labels, [Column(k, v, left=k == "verdict") for k, v in cells.items()],
                         width=console.width + COLUMN_GAP):
         console.print(t)
-    moving = [r for r in summary if r.get("slope") is not None]
-    if moving:
-        starts = {r["slope_from"] for r in moving}
-        window = f"from step {moving[0]['slope_from']}" if len(starts) == 1 else "over the last evaluations"
-        console.print(Text(f"gap still moving (per 1000 steps {window} to the end, mean over seeds, 90% CI): ",
-                           style="bold") + Text("; ".join(
-            f"{r['variant']} {r['slope']:+.4f}" + ("" if r["slope_low"] is None else
-                                                 f" [{r['slope_low']:+.4f}, {r['slope_high']:+.4f}]")
-            for r in moving)))
-    if any(r.get("val_bpb") is not None for r in summary):
-        console.print(Text("bits per byte of the held-out text: ", style="bold") + Text("; ".join(
-            f"{r['variant']} {fmt_spec(r['val_bpb'])}" + ("" if r["variant"] == "standard" else
-                                                          f" (diff {fmt_spec(r['diff_bpb'], '+.4f')})")
-            for r in summary)))
+    _render_moving_and_bits(console, summary)
     if sweep:  # wrapped at the console's width
         console.print(Text("learning rates (seed 0's final held-out loss; * chosen): ", style="bold") + Text(
             "; ".join(f"{r['variant']} {r['lr']:g}{'*' if r['chosen'] else ''} {fmt_spec(r['val_loss'])}"
@@ -135,3 +122,36 @@ def _short(n: int) -> str:
         if n >= size:
             return f"{n / size:.3g}{unit}"
     return str(n)
+
+
+def _render_moving_and_bits(console, summary: list[dict[str, Any]]) -> None:
+    """A second table: each variant's held-out loss in bits per byte (and its diff), and how its gap was still
+    moving at the end (slope per 1000 steps with its 90 % interval); only the columns that have values."""
+    from rich.text import Text
+
+    from qkinspect.numbers import signed_alike
+    from qkinspect.terminal.tables import COLUMN_GAP, Column, fit_tables, fmt_spec
+
+    moving = any(r.get("slope") is not None for r in summary)
+    bits = any(r.get("val_bpb") is not None for r in summary)
+    if not summary or not (moving or bits):
+        return
+    cells: dict[str, list[str]] = {}
+    said = []
+    if bits:
+        cells["bpb"] = [fmt_spec(r["val_bpb"]) for r in summary]
+        cells["diff bpb"] = ["-" if r["variant"] == "standard" else signed_alike(r["diff_bpb"])[0] for r in summary]
+        said.append("bpb: held-out loss in bits per byte of the held-out text")
+    if moving:
+        starts = sorted({r["slope_from"] for r in summary if r.get("slope_from") is not None})
+        slopes = [signed_alike(r.get("slope"), r.get("slope_low"), r.get("slope_high")) for r in summary]
+        cells["slope/1k"] = [x[0] for x in slopes]
+        cells["slope 90% CI"] = ["-" if r.get("slope_low") is None else f"{x[1]} … {x[2]}"
+                                 for r, x in zip(summary, slopes, strict=True)]
+        window = f"from step {starts[0]}" if len(starts) == 1 else "over the last evaluations"
+        said.append(f"slope/1k: how the gap was still moving, its change per 1000 steps {window} to the end (mean "
+                    "over seeds)")
+    console.print(Text("; ".join(said), style="dim"))
+    labels = [Column("variant", [r["variant"] for r in summary], left=True)]
+    for t in fit_tables(labels, [Column(k, v) for k, v in cells.items()], width=console.width + COLUMN_GAP):
+        console.print(t)

@@ -26,6 +26,7 @@ from qkinspect.documents import envelope, json_safe
 from qkinspect.errors import InputError
 from qkinspect.names import Names
 from qkinspect.notebook import Tabular
+from qkinspect.twin.folder import is_twin_folder
 from qkinspect.twin.request import LIBRARY_NAMES, MAX_STEPS, Shape
 
 LADDER = "ladder.json"
@@ -258,7 +259,7 @@ def write_manifest(folder: Path, rungs: Sequence[Rung], tokens_per_param: float 
 
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{names.said('out', folder)}: not a folder")
-    if (folder / "twin.json").is_file():
+    if is_twin_folder(folder):
         raise InputError(f"{names.said('out', folder)}: holds a one-shape twin; choose another folder for a ladder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -290,7 +291,7 @@ def read_ladder(folder: str | Path) -> Ladder:
     for s in shapes:
         rung = _rung(s, where)
         sub = folder / rung.name
-        if not (sub / "twin.json").is_file():
+        if not is_twin_folder(sub):
             notes.append(f"{rung.name}: not started yet")
             continue
         twin = read_twin(sub)

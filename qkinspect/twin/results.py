@@ -194,9 +194,12 @@ class Twin(Tabular):
         verdicts = ", ".join(f"{s.variant} {s.verdict}" + ("" if s.diff is None else f" {s.diff:+.4f}")
                              for s in self.summaries if s.variant != "standard")
         failed = f", {len(self.failures)} failed" if self.failures else ""
+        from qkinspect.terminal.twin import plural
+
         seeds = plan.get("seeds")
-        return (f"Twin({str(self.folder)!r}: {len(self.runs)} runs{failed}, {seeds} seed{'' if seeds == 1 else 's'}"
-                f"; {verdicts or 'no variant compared'})")
+        seeds = plural(seeds, "seed") if isinstance(seeds, int) else "? seeds"
+        return f"Twin({str(self.folder)!r}: {plural(len(self.runs), 'run')}{failed}, {seeds}; " \
+               f"{verdicts or 'no variant compared'})"
 
 
 def save_rows(result: Any, path: str | Path, rows: str) -> Path:

@@ -211,11 +211,11 @@ def prepare(req: Request, names: Names) -> tuple[dict[str, Any], dict[str, Any]]
     folder = req.out
     try:
         own_dir(folder)
+        write_json(folder / MANIFEST, manifest)  # first: a folder stopped before its tokens is still a twin's
         own_dir(folder / RUNS)
     except OSError as e:
         raise InputError(f"{names.said('out', folder)}: cannot create the twin folder ({e.strerror or e})") from None
     write_tokens(folder, tokens.train, tokens.held_out, tok.serialized())
-    write_json(folder / MANIFEST, manifest)
     spec = {**training, "vocab_size": tokens.vocab_size, "eval_starts": starts.tolist()}
     return spec, manifest
 
@@ -226,11 +226,12 @@ def execute(req: Request, spec: dict[str, Any], key: str, plan: list[tuple[str, 
     """Run the plan's runs not in the folder yet, writing each as it arrives; failures recorded. `progress` (a
     qkinspect.progress receiver) is told the phase `phase` and ticked after each run, its line as the status."""
     from qkinspect.progress import phase as begin
+    from qkinspect.terminal.twin import plural
     from qkinspect.twin.train import run_twin
 
     todo = [(v, s, x) for v, s, x in plan if done(req.out, v, s, x, key) is None]
     if len(todo) < len(plan):
-        say(f"{len(plan) - len(todo)} of {len(plan)} runs already in {req.out}")
+        say(f"{len(plan) - len(todo)} of {plural(len(plan), 'run')} already in {req.out}")
     if not todo:
         return
     tick = begin(progress, phase, len(todo), "runs")
@@ -272,6 +273,7 @@ def _on_dask(req: Request, spec, todo, folder: str, finished, say, names: Names)
     from distributed import as_completed
 
     from qkinspect.sweep.engine import cancelling, error_text
+    from qkinspect.terminal.twin import plural
     from qkinspect.twin.cluster import twin_cluster
     from qkinspect.twin.train import run_twin
 
@@ -280,7 +282,7 @@ def _on_dask(req: Request, spec, todo, folder: str, finished, say, names: Names)
         futures = {client.submit(run_twin, folder, v, s, x, spec, threads=req.threads or threads, pure=False,
                                  key=f"qkinspect-twin-{run_name(v, s, x)}-{uuid.uuid4().hex[:8]}", **extra): (v, s, x)
                    for v, s, x in todo}
-        say(f"{len(todo)} runs submitted")
+        say(f"{plural(len(todo), 'run')} submitted")
         with cancelling(client, futures):
             for n, fut in enumerate(as_completed(futures), start=1):
                 item = futures[fut]

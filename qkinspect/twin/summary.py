@@ -170,15 +170,15 @@ def best_lr(losses: Mapping[float, float | None]) -> float | None:
 
 
 def edge_notes(chosen: Mapping[str, float], lrs: Sequence[float]) -> list[str]:
-    """A line for each variant whose chosen learning rate is the smallest or the largest of the grid tried (of
-    two or more): its best rate may lie beyond the grid."""
+    """A line for each edge of a grid of two or more learning rates that some variant chose (the variants named):
+    their best rate may lie beyond the grid."""
     if len(lrs) < 2:
         return []
-    low, high = min(lrs), max(lrs)
     out = []
-    for variant, lr in chosen.items():
-        if lr in (low, high):
-            side, beyond = ("smallest", "below") if lr == low else ("largest", "above")
-            out.append(f"learning rate {lr:g} chosen for {variant} is the {side} tried: its best may lie {beyond} "
-                       "the grid (widen it)")
+    for lr, side, beyond in ((min(lrs), "smallest", "below"), (max(lrs), "largest", "above")):
+        at = [v for v, x in chosen.items() if x == lr]
+        if at:
+            names = at[0] if len(at) == 1 else f"{', '.join(at[:-1])} and {at[-1]}"
+            out.append(f"learning rate {lr:g}, the {side} tried, chosen for {names}: the best may lie {beyond} the "
+                       "grid (widen it)")
     return out

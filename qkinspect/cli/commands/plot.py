@@ -75,6 +75,11 @@ CompareOpt = Annotated[str | None, typer.Option(
     "--compare", metavar="MODEL_B", help="--kind compare: the second model; the figure shows B − A per head.")]
 
 
+ScoreOpt = Annotated[str | None, typer.Option(
+    "--score", metavar="NAME", help="A heads document (qkinspect heads -o FILE.json): the behaviour score to draw "
+    "against --metric (previous_token, induction, duplicate_token, self, first_token, entropy).")]
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def plot(
@@ -82,7 +87,7 @@ def register(app: typer.Typer) -> None:
         compare: CompareOpt = None, metric: MetricOpt = None, layers: LayersOpt = None, block: BlockOpt = None,
         fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False, precision: PrecisionOpt = Precision.float32,
         device: DeviceOpt = Device.cpu, revision: RevisionOpt = None, experiment: ExperimentOpt = None,
-        title: TitleOpt = None,
+        title: TitleOpt = None, score: ScoreOpt = None,
     ) -> None:
         """Draw one figure of the attention geometry (heatmaps of symmetry or Q/K/V overlap, singular-value spectra,
         ranks by layer, the symmetry histogram against chance, head-by-head overlap, a two-model comparison, or a
@@ -115,10 +120,19 @@ def register(app: typer.Typer) -> None:
 
         Example (the estimated cost of every head): qkinspect plot --kind costmap --experiment map.json -o map.png
 
+        Example (a heads document: a weight metric against a behaviour score, one dot per head): qkinspect plot
+        heads.json --kind heads --metric symmetry --score self -o self.png
+
         Example (heads composing, from the model or a saved `qkinspect composition -o c.json`): qkinspect plot
         ./my-llama --kind composition -o composition.png
         """
         output = check_figure_path(output)
+        from qkinspect.heads.saved import is_heads
+
+        if is_heads(model) or score is not None:
+            drawn = draw_heads(model, kind, metric, score, output, title=title)
+            note(f"wrote the {drawn} figure to {output}")
+            return
         from qkinspect.atlas.folder import is_atlas
         from qkinspect.twin.ladder import is_ladder_folder
         from qkinspect.twin.saved import is_twin_folder
@@ -248,6 +262,25 @@ def draw_ladder(model: str | None, kind: Kind, output: Path, *, title: str | Non
     from qkinspect.report.twin.scaling import scaling_figure  # matplotlib: last
 
     save_figure(retitle(scaling_figure(ladder), title), output)
+
+
+def draw_heads(model: str | None, kind: Kind, metric: str | None, score: str | None, output: Path, *,
+               title: str | None = None) -> str:
+    """A heads document's figure (`qkinspect heads -o FILE.json`): `metric` against `score`, one dot per head
+    (--kind heads, or the default kind), saved to `output`. Returns what was drawn."""
+    from qkinspect.heads.saved import is_heads, read
+
+    if not is_heads(model):
+        raise InputError(f"--score: draws a heads document (qkinspect heads -o FILE.json); {model or 'no file given'} "
+                         "is not one")
+    if kind not in (Kind.heads, Kind.symmetry):
+        raise InputError(f"--kind {kind.value}: a heads document draws --kind heads (--metric NAME --score NAME)")
+    result = read(model)
+    from qkinspect.report.heads.figures import check_pair, heads_figure  # matplotlib: after the checks
+
+    metric, score = check_pair(result, metric, score)
+    save_figure(heads_figure(result, metric, score, title=title), output)
+    return f"{metric} / {score}"
 
 
 def refuse_sweep_folder(model: str | None, kind: str) -> None:

@@ -76,6 +76,9 @@ def register(app: typer.Typer) -> None:
         Example (a ladder folder, qkinspect twin --shapes: the shapes, the scaling fits, the scaling and gap
         figures): qkinspect report ladder/ -o ladder.pdf
 
+        Example (a heads document: the strongest heads, the relations, the scatter figures): qkinspect heads
+        ./my-llama -o heads.json; qkinspect report heads.json -o heads.pdf
+
         Example (with an experiment's runs.json): qkinspect report ./my-bert --experiment runs.json -o report.pdf
 
         Example (with heads composing): qkinspect composition ./my-llama -o c.json; qkinspect report ./my-llama
@@ -101,6 +104,19 @@ def register(app: typer.Typer) -> None:
             write = write_ladder_report if is_ladder_folder(model) else write_twin_report
             n = write(Path(model), output, html=html, title=title)
             note(f"wrote an HTML {what} report to {output}" if html else f"wrote {pages(n)} {what} report to {output}")
+            return
+        from qkinspect.heads.saved import is_heads
+
+        if is_heads(model):  # a heads document (qkinspect heads -o FILE.json)
+            from qkinspect.cli.model_argument import refuse_twin_options
+
+            refuse_twin_options(model, {"--experiment": experiment, "--composition": composition, "--layers": layers,
+                                        "--block": block, "--fold-ln": fold_ln, "--fold-qk-norm": fold_qk_norm,
+                                        "--layer-form": layer_form, "--revision": revision,
+                                        "--precision": precision is not Precision.float32,
+                                        "--device": device is not Device.cpu})
+            n = write_heads_report(Path(model), output, html=html, title=title)
+            note(f"wrote an HTML heads report to {output}" if html else f"wrote {pages(n)} heads report to {output}")
             return
         from qkinspect.atlas.folder import is_atlas
 
@@ -250,6 +266,18 @@ def write_atlas_report(folder: Path, output: Path, *, html: bool = False, title:
     from qkinspect.report.atlas.pdf import write_atlas_pdf
     return write_folder_report(output, html, lambda: render_atlas_html(atlas, name=title),
                                lambda buffer: write_atlas_pdf(atlas, buffer, title=title))
+
+
+def write_heads_report(path: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
+    """The report of a heads document (qkinspect heads -o FILE.json), written atomically as a PDF (returns the
+    number of pages) or, with `html`, as one HTML page (returns 1)."""
+    from qkinspect.heads.saved import read
+
+    result = read(path)
+    from qkinspect.report.heads.page import render_heads_html, write_heads_pdf  # matplotlib: after the checks
+
+    return write_folder_report(output, html, lambda: render_heads_html(result, name=title),
+                               lambda buffer: write_heads_pdf(result, buffer, title=title))
 
 
 def write_twin_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:

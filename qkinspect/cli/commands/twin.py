@@ -181,6 +181,8 @@ def register(app: typer.Typer) -> None:
             note(f"stopped; the runs done are kept in {out}: run the same command to resume")
             raise
         doc = Document(json=result.to_dict(), rows=result.rows(rows.value), render=result.render_table)
+        if not doc.rows and rows is Rows.trajectories and (parquet or output is not None or fmt is not None):
+            note("twin: no trajectories to write: the runs were not tracked (--track-every N)")
         if parquet:
             write_parquet(doc.rows, output)
             shown = False
@@ -190,9 +192,10 @@ def register(app: typer.Typer) -> None:
         if result.failures:
             from qkinspect.errors import SweepFailed
             from qkinspect.terminal.twin import plural
+            from qkinspect.twin.folder import MANIFEST
 
             raise SweepFailed(f"{plural(len(result.failures), 'run')} failed (listed above, and in "
-                              f"{out / 'twin.json'}); run the same command to retry them")
+                              f"{out / MANIFEST}); run the same command to retry them")
 
 
 def _on_stderr(result, shown: bool) -> None:
