@@ -145,7 +145,9 @@ def heads(
     relations = relations_of(records, request.relate, seed=request.seed, resamples=request.resamples,
                              permutations=request.permutations)
     seconds["relate"] = time.perf_counter() - t3
-    return HeadsResult(info, settings, records, relations, warnings, seconds)
+    from dataclasses import asdict
+
+    return HeadsResult(info, settings, records, relations, warnings, seconds, asdict(weights.processing))
 
 
 def _head_metrics() -> tuple[str, ...]:
