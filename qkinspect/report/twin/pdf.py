@@ -239,12 +239,12 @@ def _first_page(pages, twin: Twin, name: str, version: str, date: dt.datetime) -
     pages.heading("Summary", size=13)
     for line in verdict_words(twin):
         pages.paragraph(line)
-    pages.table(summary_table(twin), min_column=0.6)
+    pages.table(summary_table(twin), min_column=0.6, keep=True)
     pages.paragraph(f"diff: variant − standard, mean over seeds; positive is worse. steps_to_standard: the first "
                     "evaluated step at which the variant's mean held-out loss is at or below the standard twin's "
                     f"final one; {NEVER}: it does not. {TWIN_NUMBERS}", size=8)
     if (lr := lr_table(twin)) is not None:
-        pages.table(lr)
+        pages.table(lr, keep=True)
     if twin.failures:  # as lines, not a table: an error's text is longer than a column
         pages.heading("Failed runs", size=10)
         for f in twin.failures:
