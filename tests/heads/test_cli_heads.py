@@ -38,7 +38,9 @@ def saved(llama, tmp_path_factory):
 
 
 def test_json_csv_and_export(cli, llama, saved, tmp_path):
-    doc = json.loads(saved.read_text())
+    from tests.cli.schema import validate
+
+    doc = validate(json.loads(saved.read_text()))
     assert doc["kind"] == "heads" and len(doc["heads"]) == 12 and doc["relations"]
     r = cli("heads", llama, *SMALL, "-f", "csv", "--export", tmp_path / "long.csv")
     assert r.exit_code == 0, r.stderr
