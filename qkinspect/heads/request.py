@@ -45,6 +45,7 @@ class HeadsRequest:
     metrics: tuple[str, ...] | None
     relate: tuple[str, ...]
     fold_ln: bool
+    fold_qk_norm: bool
     resamples: int
     permutations: int
     device: str
@@ -66,7 +67,8 @@ def _names(value: Any) -> list[str]:
 
 def check_request(*, text: str | Path | None = None, windows: int = 16, window: int = 128, sequences: int = 64,
                   length: int = 64, seed: int = 0, batch: int = 16, metrics: str | Iterable[str] | None = None,
-                  relate: str | Iterable[str] | None = RELATE, fold_ln: bool = False, resamples: int = 1000,
+                  relate: str | Iterable[str] | None = RELATE, fold_ln: bool = False, fold_qk_norm: bool = False,
+                  resamples: int = 1000,
                   permutations: int = 1000, device: str = "cpu", names: Names = LIBRARY_NAMES) -> HeadsRequest:
     """The request, checked whole before the model is opened, in the caller's option names (`names`).
 
@@ -100,7 +102,7 @@ def check_request(*, text: str | Path | None = None, windows: int = 16, window: 
         raise InputError(f"{names.said('relate', ','.join(bad))}: not among the measured metrics "
                          f"({', '.join(m for m in measured if m in HEAD_METRIC_NAMES)})")
     return HeadsRequest(None if text is None else Path(text), windows, window, sequences, length, seed, batch,
-                        chosen, related, bool(fold_ln), resamples, permutations,
+                        chosen, related, bool(fold_ln), bool(fold_qk_norm), resamples, permutations,
                         requested_device(device, names.device), names)
 
 

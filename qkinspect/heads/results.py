@@ -55,6 +55,7 @@ class HeadsSettings:
     prefix: int
     suffix: int
     fold_ln: bool
+    fold_qk_norm: bool
     metrics: tuple[str, ...]
     relate: tuple[str, ...]
     resamples: int

@@ -44,6 +44,7 @@ def heads(
     metrics: str | Iterable[str] | None = None,
     relate: str | Iterable[str] | None = ("symmetry", "overlap_qk", "qk_effective_rank"),
     fold_ln: bool = False,
+    fold_qk_norm: bool = False,
     tokenizer: Any = None,
     resamples: int = 1000,
     permutations: int = 1000,
@@ -65,7 +66,8 @@ def heads(
         batch: sequences per forward pass.
         metrics: the weight metrics to join (analyze's names and groups); None: analyze's defaults.
         relate: the weight metrics whose rank correlations with each score are computed.
-        fold_ln: measure the weight metrics with the input norms folded in (as `analyze --fold-ln`).
+        fold_ln, fold_qk_norm: measure the weight metrics with the input norms, or the q/k-norm gains (Qwen3,
+            OLMo2, Gemma 3), folded in (as `analyze` folds them).
         tokenizer: a tokenizer, or a folder / vocab.txt; None reads the model's own.
         resamples, permutations: for each correlation's bootstrap interval and permutation p-value (0: none).
         device: "cpu", "cuda" or "cuda:N".
@@ -86,6 +88,7 @@ def heads(
     """
     request = check_request(text=text, windows=windows, window=window, sequences=sequences, length=length,
                             seed=seed, batch=batch, metrics=metrics, relate=relate, fold_ln=fold_ln,
+                            fold_qk_norm=fold_qk_norm,
                             resamples=resamples, permutations=permutations, device=device, names=names)
     from qkinspect.experiment.model.scoring import default_text, read_text
 
@@ -110,7 +113,8 @@ def heads(
         random_ids = _repeated(tok, config, request, prefix, suffix, causal)
         with torch_threads():
             t1 = time.perf_counter()
-            weights = analyze(m, metrics=request.metrics, fold_ln=request.fold_ln, spectra=None)
+            weights = analyze(m, metrics=request.metrics, fold_ln=request.fold_ln,
+                              fold_qk_norm=request.fold_qk_norm, spectra=None)
             seconds["weights"] = time.perf_counter() - t1
         if hf is None:
             from qkinspect.experiment.model.runtime import load_hf
@@ -130,8 +134,8 @@ def heads(
     seconds["behaviour"] = time.perf_counter() - t2
     settings = HeadsSettings(source.name, int(text_ids.shape[0]), int(text_ids.shape[1]), request.sequences,
                              request.length, request.seed, causal, prefix, suffix, request.fold_ln,
-                             tuple(m for m in weights.metric_names if m in _head_metrics()), request.relate,
-                             request.resamples, request.permutations, request.device)
+                             request.fold_qk_norm, tuple(m for m in weights.metric_names if m in _head_metrics()),
+                             request.relate, request.resamples, request.permutations, request.device)
     records = _records(weights, {**per_text, **per_random}, spec, settings.metrics)
     warnings = list(weights.warnings)
     if text_ids.shape[0] < request.windows:

@@ -66,7 +66,7 @@ def _from_dict(doc: Any) -> HeadsResult:
         got = (doc.get("schema"), doc.get("kind")) if isinstance(doc, dict) else type(doc).__name__
         raise ValueError(f"schema/kind {got!r}: expected {SCHEMA}, {HEADS_KIND}")
     info = model_info(doc["model"])
-    raw = doc["settings"]
+    raw = {"fold_qk_norm": False, **doc["settings"]}  # documents written before the option had no fold
     known = HeadsSettings.__dataclass_fields__
     settings = HeadsSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known})
     spec = info.blocks[0]

@@ -395,4 +395,4 @@ def run_ladder(out: Path, rungs: Sequence[Rung], tokens_per_param: float | None,
 
 _REQUEST = ("variants", "match_params", "arch", "context", "config", "text", "tokenizer", "seeds", "lr", "warmup",
             "batch", "eval_every", "eval_windows", "track_every", "margin", "save_checkpoints", "scheduler",
-            "workers", "threads", "device", "init", "schedule")
+            "workers", "threads", "device", "init", "schedule", "stack", "precision", "compile")

@@ -27,6 +27,7 @@ MATCHED = "+params"  # suffix of a constrained variant's arm whose saved paramet
 _RANK = re.compile(r"rank:([0-9]{1,6})")
 _BPE = re.compile(r"bpe:([0-9]{1,7})")
 MAX_STEPS = 10_000_000
+PRECISIONS = ("float32", "bf16")  # the training's arithmetic: float32, or bfloat16 autocast (float32 weights)
 INITS = ("draw", "nearest")  # a constrained twin's start: the standard draw put in the form, or the nearest form
 SCHEDULES = ("cosine", "constant")  # after the warm-up: cosine to lr/10, or the rate held
 # what the twin did before --init and --schedule existed: a folder's resume key names them only where they differ,
@@ -76,6 +77,9 @@ class Request:
     threads: int
     init: str = "draw"
     schedule: str = "cosine"
+    stack: int | None = None  # runs of one shape trained together (qkinspect.twin.stacked); None: what fits
+    precision: str = "float32"  # or bf16: autocast, float32 master weights (stacked runs)
+    compile: bool = False  # torch.compile the stacked model's step
 
     def training(self) -> dict[str, Any]:
         """What a run's numbers depend on besides its variant, seed and learning rate (the resume key)."""
@@ -85,7 +89,8 @@ class Request:
                 "tokenizer": self.tokenizer, "steps": self.steps, "warmup": self.warmup, "batch": self.batch,
                 "eval_every": self.eval_every, "eval_windows": self.eval_windows, "track_every": self.track_every,
                 "device": self.device, "save_checkpoints": self.save_checkpoints,
-                **{k: v for k, v in (("init", self.init), ("schedule", self.schedule)) if v != LEGACY[k]}}
+                **{k: v for k, v in (("init", self.init), ("schedule", self.schedule)) if v != LEGACY[k]},
+                **({"precision": self.precision} if self.precision != "float32" else {})}
 
 
 def base_variant(variant: str) -> str:
@@ -233,7 +238,8 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
                   eval_windows: int = 128, track_every: int | None = None, margin: float = 0.02,
                   device: str = "cpu", save_checkpoints: bool = False, scheduler: str | None = None,
                   workers: int | None = None, threads: int | None = None, init: str = "draw",
-                  schedule: str = "cosine", names: Names = LIBRARY_NAMES) -> Request:
+                  schedule: str = "cosine", stack: int | None = None, precision: str = "float32",
+                  compile: bool = False, names: Names = LIBRARY_NAMES) -> Request:
     """Every option that can be checked without torch, in one place; InputError naming the first bad one."""
     _types(names, out=(out, (str, os.PathLike), False), config=(config, (str, os.PathLike), True),
            text=(text, (str, os.PathLike), True), arch=(arch, str, False), tokenizer=(tokenizer, str, False),
@@ -290,7 +296,11 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
         from qkinspect.sweep.scheduler import check_address
 
         scheduler = check_address(scheduler, names.scheduler)
+    if stack is not None:
+        _whole(stack, "stack", names, 1, 4096)
+    if precision not in PRECISIONS:
+        raise InputError(f"{names.said('precision', precision)}: expected one of {', '.join(PRECISIONS)}")
     shape = Shape(arch, layers, d_model, heads, context, cfg)
     return Request(Path(out), chosen, shape, src, tokenizer, seeds, lrs, steps, warm, batch, every, eval_windows,
                    track_every, float(margin), device, bool(save_checkpoints), scheduler, workers, threads or 1,
-                   init, schedule)
+                   init, schedule, stack, precision, bool(compile))

@@ -52,7 +52,8 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
          margin: float = 0.02, device: str = "cpu", save_checkpoints: bool = False, scheduler: str | None = None,
          workers: int | None = None, threads: int | None = None, init: str = "draw", schedule: str = "cosine",
          shapes: str | Sequence[str] | None = None, head_size: int | None = None,
-         tokens_per_param: float | None = None, progress: Any = None, notice: Callable[[str], None] | None = None,
+         tokens_per_param: float | None = None, stack: int | None = None, precision: str = "float32",
+         compile: bool = False, progress: Any = None, notice: Callable[[str], None] | None = None,
          names: Names = LIBRARY_NAMES) -> Twin | Ladder:
     """Train the twins into the folder `out` (resumable) and return every run's records there.
 
@@ -85,6 +86,10 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
         device: cpu or cuda. save_checkpoints: each twin's final weights as a transformers folder.
         scheduler: a Dask scheduler address (None: a local cluster of `workers` processes; 0 workers: in this
             process, one run after another). threads: torch threads per run (default 1).
+        stack: the runs of one shape trained together as one batched model (docs/twin.md, "Stacked
+            training"): at most this many a task (None: as many as fit in memory; 1: one run a task).
+        precision: float32, or bf16 (bfloat16 autocast, float32 weights; a CPU or GPU with bfloat16).
+        compile: torch.compile the stacked model (where torch can).
         progress: a receiver of qkinspect.progress (`progress(done, total)`, or an object with `phase` too, such
             as `qkinspect.progress.Lines()`, which prints a line on stderr per run): told each phase of runs
             and ticked as each run finishes or fails, its line (what the CLI prints) as the status.
@@ -122,14 +127,15 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
             tokenizer=tokenizer, seeds=seeds, lr=lr, warmup=warmup, batch=batch, eval_every=eval_every,
             eval_windows=eval_windows, track_every=track_every, margin=margin, device=device,
             save_checkpoints=save_checkpoints, scheduler=scheduler, workers=workers, threads=threads, init=init,
-            schedule=schedule), progress, names, notice)
+            schedule=schedule, stack=stack, precision=precision, compile=compile), progress, names, notice)
     layers, d_model, heads, steps = rungs[0].layers, rungs[0].d_model, rungs[0].heads, rungs[0].steps
     req = check_request(out, variants=variants, match_params=match_params, arch=arch, layers=layers,
                         d_model=d_model, heads=heads, context=context, config=config, text=text, tokenizer=tokenizer,
                         seeds=seeds, lr=lr, steps=steps, warmup=warmup, batch=batch, eval_every=eval_every,
                         eval_windows=eval_windows, track_every=track_every, margin=margin, device=device,
                         save_checkpoints=save_checkpoints, scheduler=scheduler, workers=workers, threads=threads,
-                        init=init, schedule=schedule, names=names)
+                        init=init, schedule=schedule, stack=stack, precision=precision, compile=compile,
+                        names=names)
     check_out(req.out, names)
     if req.shape.config is not None:  # a config.json it cannot use is refused before the text is read
         from qkinspect.twin.model import config_for
@@ -140,6 +146,12 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
         from qkinspect.device import check_device
 
         check_device("cuda", names.device)
+    if req.precision != "float32" or req.compile:  # refused here, before the text is read
+        from qkinspect.twin.stacked import check_compile, check_precision
+
+        check_precision(req.precision, req.device, names.said("precision", req.precision))
+        if req.compile:
+            check_compile(req.device, names.compile)
     spec, manifest = prepare(req, names)
     failures: list[dict[str, Any]] = []
     say = notice or (lambda line: None)
@@ -238,6 +250,10 @@ def execute(req: Request, spec: dict[str, Any], key: str, plan: list[tuple[str, 
         say(line)
         tick(n, status=line)
 
+    stacks = _stacks(req, spec, todo, say)
+    if stacks is not None:
+        _stacked(req, spec, stacks, folder, finished, say, names)
+        return
     if req.workers == 0 and req.scheduler is None:  # in this process, one after another
         for n, item in enumerate(todo, start=1):
             say(f"[{n}/{len(todo)}] {run_name(*item)} started")
@@ -274,6 +290,83 @@ def _on_dask(req: Request, spec, todo, folder: str, finished, say, names: Names)
                     finished(item, fut.result(), None, n)
                 else:
                     finished(item, None, error_text(fut), n)
+                fut.release()
+
+
+def _stacks(req: Request, spec: dict[str, Any], todo, say) -> list[list[tuple[str, int, float]]] | None:
+    """The runs to do as stacks (qkinspect.twin.stacked), or None where each runs alone (`stack` 1 in float32, or
+    a config the batched model does not reproduce)."""
+    if req.stack == 1 and req.precision == "float32" and not req.compile:
+        return None
+    from qkinspect.twin.batched import supported
+    from qkinspect.twin.model import config_for
+    from qkinspect.twin.stacked import largest_stack, plan_stacks
+
+    why = supported(config_for(req.shape, spec["vocab_size"]))
+    if why is not None:
+        if req.precision != "float32" or req.compile:
+            raise InputError(f"the batched twin does not reproduce this config ({why}): train it in float32 without "
+                             "compile")
+        say(f"the batched twin does not reproduce this config ({why}): one run a task")
+        return None
+    largest = largest_stack(spec, spec["vocab_size"])
+    if req.stack is None and req.scheduler is None:  # the runs shared among the local workers, one stack each
+        from qkinspect import limits
+
+        workers = 1 if req.workers == 0 else req.workers or limits.cores()
+        largest = min(largest, -(-len(todo) // workers))
+    return plan_stacks(todo, req.stack, largest)
+
+
+def _stacked(req: Request, spec, stacks, folder: str, finished, say, names: Names) -> None:
+    """Each stack one task (in this process with 0 workers, else on the sweep engine); its runs' files written
+    as it returns (a stack that fails records each of its runs as failed)."""
+    from qkinspect.twin.stacked import run_stack
+    from qkinspect.twin.train import run_name
+
+    n = 0
+    options = {"precision": req.precision, "compile": req.compile}
+
+    def arrived(items, results, error) -> None:
+        nonlocal n
+        for k, item in enumerate(items):
+            n += 1
+            why = error or results[k].get("error")
+            finished(item, None if why else results[k], why, n)
+
+    def names_of(items) -> str:
+        return ", ".join(run_name(*it) for it in items)
+
+    if req.scheduler is None and (req.workers == 0 or len(stacks) == 1):  # a cluster for one task: only its start
+        for k, items in enumerate(stacks, start=1):
+            say(f"stack {k}/{len(stacks)} of {len(items)} runs started: {names_of(items)}")
+            try:
+                results = run_stack(folder, items, spec, threads=req.threads, **options)
+            except Exception as e:  # noqa: BLE001 - a failed stack is recorded; the others go on
+                arrived(items, None, " ".join(f"{type(e).__name__}: {e}".split()))
+                continue
+            arrived(items, results, None)
+        return
+    import uuid
+
+    from distributed import as_completed
+
+    from qkinspect.sweep.engine import cancelling, error_text
+    from qkinspect.twin.cluster import twin_cluster
+
+    with twin_cluster(req.device, req.scheduler, req.workers, req.threads, len(stacks), names) as \
+            (client, threads, extra):
+        futures = {client.submit(run_stack, folder, items, spec, threads=req.threads or threads or 1,
+                                 **options, pure=False, key=f"qkinspect-twin-stack-{uuid.uuid4().hex[:12]}",
+                                 **extra): items for items in stacks}
+        say(f"{sum(len(s) for s in stacks)} runs submitted as {len(stacks)} stacks")
+        with cancelling(client, futures):
+            for fut in as_completed(futures):
+                items = futures[fut]
+                if fut.status == "finished":
+                    arrived(items, fut.result(), None)
+                else:
+                    arrived(items, None, error_text(fut))
                 fut.release()
 
 

@@ -184,14 +184,21 @@ def trajectory(tracker) -> list[dict[str, Any]]:
 def save_checkpoint(root: Path, variant: str, seed: int, built) -> str:
     """The trained twin as a transformers folder (config.json, model.safetensors), read back into a plain model of
     its class; a twin no class holds (bilinear) saves its tensors with the config and a note."""
-    from qkinspect.twin.model import plain_copy, state_tensors
+    from qkinspect.twin.model import state_tensors
+
+    return save_tensors(root, variant, seed, built, state_tensors(built.model))
+
+
+def save_tensors(root: Path, variant: str, seed: int, built, tensors) -> str:
+    """`save_checkpoint` of the twin's `tensors` (its class's names, as `state_tensors` reads them): a stacked
+    run's checkpoint (qkinspect.twin.stacked) is written by the same code."""
+    from qkinspect.twin.model import plain_copy
 
     folder = checkpoint_dir(root, variant, seed)
     own_dir(folder.parent)
     own_dir(folder)
     for name in ("config.json", "generation_config.json", "model.safetensors", "README.txt"):  # never through a link
         make_room(folder / name)
-    tensors = state_tensors(built.model)
     if built.plain:
         from qkinspect.experiment.model.runtime import quiet_transformers
 

@@ -38,7 +38,9 @@ def saved(llama, tmp_path_factory):
 
 
 def test_json_csv_and_export(cli, llama, saved, tmp_path):
-    doc = json.loads(saved.read_text())
+    from tests.cli.schema import validate
+
+    doc = validate(json.loads(saved.read_text()))
     assert doc["kind"] == "heads" and len(doc["heads"]) == 12 and doc["relations"]
     r = cli("heads", llama, *SMALL, "-f", "csv", "--export", tmp_path / "long.csv")
     assert r.exit_code == 0, r.stderr
@@ -115,3 +117,16 @@ def test_the_request_is_checked_without_torch_in_the_callers_names():
             "print('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["--sequences 0: expected 1 to 65536", "False"]
+
+
+def test_fold_qk_norm_reaches_the_weight_metrics(tmp_path):
+    import qkinspect
+
+    path = tiny_models.qwen3(tmp_path / "qwen3")
+    small = dict(sequences=4, length=8, windows=2, window=24, resamples=50, permutations=50, relate="symmetry")
+    raw = qkinspect.heads(str(path), **small)
+    folded = qkinspect.heads(str(path), fold_qk_norm=True, **small)
+    assert folded.settings.fold_qk_norm and not raw.settings.fold_qk_norm
+    assert any(abs(a.weights["symmetry"] - b.weights["symmetry"]) > 1e-4
+               for a, b in zip(raw.records, folded.records, strict=True))
+    assert [a.scores for a in raw.records] == [b.scores for b in folded.records]  # behaviour: the same model

@@ -179,3 +179,20 @@ def test_a_text_too_short_for_one_window(folders, tmp_path):
     short.write_text("ab cd")
     with pytest.raises(InputError, match="text .*short.txt: .* fewer than one window"):
         qkinspect.heads(str(folders["gpt2"]), **{**SMALL, "text": short})
+
+
+def test_a_model_in_memory_runs_where_it_is_and_keeps_its_kernel(folders):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folders["llama"], attn_implementation="sdpa")
+    in_memory = qkinspect.heads(model, tokenizer=str(folders["llama"]), **SMALL)
+    seen = []  # switched back: sdpa's attention modules return no probabilities, eager's would
+    handle = model.model.layers[0].self_attn.register_forward_hook(lambda m, a, out: seen.append(out[1]))
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[5, 6, 7]]))
+    handle.remove()
+    assert seen == [None]
+    from_folder = qkinspect.heads(str(folders["llama"]), **SMALL)
+    for a, b in zip(in_memory.records, from_folder.records, strict=True):
+        for k, v in a.scores.items():
+            assert v == pytest.approx(b.scores[k], abs=1e-6), (a.layer, a.head, k)

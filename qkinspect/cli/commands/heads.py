@@ -10,7 +10,6 @@ import typer
 from qkinspect.cli.options import (
     Device,
     DeviceOpt,
-    FoldLnOpt,
     ModelArg,
     OutputOpt,
     RevisionOpt,
@@ -45,6 +44,12 @@ PermutationsOpt = Annotated[int, typer.Option("--permutations", metavar="N", hel
 TopOpt = Annotated[int, typer.Option("--top", metavar="N", help="Table: the N strongest heads per score.")]
 TokenizerOpt = Annotated[Path | None, typer.Option(
     "--tokenizer", metavar="PATH", help="A tokenizer folder or vocab.txt (default: the model's own).")]
+FoldLnOpt = Annotated[bool, typer.Option(
+    "--fold-ln", help="The weight metrics with the input norm's gain folded into W_Q, W_K, W_V (as analyze --fold-ln); "
+                      "the behaviour is the model's own either way.")]
+FoldQkNormOpt = Annotated[bool, typer.Option(
+    "--fold-qk-norm", help="The weight metrics with the q/k-norm gains (Qwen3, OLMo2, Gemma 3) folded in, as analyze "
+                           "--fold-qk-norm.")]
 ExportOpt = Annotated[Path | None, typer.Option(
     "--export", metavar="FILE", help="Also write the joined per-head table as tidy long rows for viewers (layer, "
                                      "head, kv_head, name, kind, value, se), .csv or .json (docs/heads.md, "
@@ -57,7 +62,8 @@ def register(app: typer.Typer) -> None:
         model: ModelArg = None, text: TextOpt = None, windows: WindowsOpt = 16, window: WindowOpt = 128,
         sequences: SequencesOpt = 64, length: LengthOpt = 64, seed: SeedOpt = 0, batch: BatchOpt = 16,
         metrics: MetricsOpt = None, relate: RelateOpt = "symmetry,overlap_qk,qk_effective_rank",
-        fold_ln: FoldLnOpt = False, resamples: ResamplesOpt = 1000, permutations: PermutationsOpt = 1000,
+        fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False, resamples: ResamplesOpt = 1000,
+        permutations: PermutationsOpt = 1000,
         tokenizer: TokenizerOpt = None, top: TopOpt = 5, device: DeviceOpt = Device.cpu,
         revision: RevisionOpt = None, fmt: FormatOpt = None, output: OutputOpt = None, export: ExportOpt = None,
     ) -> None:
@@ -91,13 +97,15 @@ def register(app: typer.Typer) -> None:
         with progress("running heads") as p:
             result = run_heads(model, text=text, windows=windows, window=window, sequences=sequences,
                                length=length, seed=seed, batch=batch, metrics=metrics, relate=relate or None,
-                               fold_ln=fold_ln, tokenizer=tokenizer, resamples=resamples,
+                               fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, tokenizer=tokenizer, resamples=resamples,
                                permutations=permutations, device=device.value, progress=p, revision=revision,
                                names=CLI_NAMES)
         for w in result.warnings:
             warn(w)
-        note(f"behaviour from {result.settings.text} and {result.settings.sequences} repeated random sequences; "
-             f"weight metrics as analyze{' --fold-ln' if result.settings.fold_ln else ''} measures them")
+        s = result.settings
+        flags = "".join(f" {f}" for f, on in (("--fold-ln", s.fold_ln), ("--fold-qk-norm", s.fold_qk_norm)) if on)
+        note(f"behaviour from {s.text} and {s.sequences} repeated random sequences; weight metrics as analyze{flags} "
+             "measures them")
         if export is not None:
             write_export(result, export)
         emit(heads_document(result, top), name, output)

@@ -102,6 +102,20 @@ WorkersOpt = Annotated[int | None, typer.Option(
     "--workers", metavar="N", help="Local cluster: worker processes (default: one per core, at most one per run; "
                                    "0: in this process).")]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", metavar="N", help="torch threads per run (default 1).")]
+StackOpt = Annotated[int | None, typer.Option(
+    "--stack", metavar="N", show_default=False,
+    help="Train up to N runs of one shape together as one batched model (default: the runs shared evenly among "
+         "the workers, as many a stack as fit in memory; 1: one run a task). Records equal the single runs'.")]
+
+
+class Precision(str, Enum):
+    float32 = "float32"
+    bf16 = "bf16"
+
+
+PrecisionOpt = Annotated[Precision, typer.Option(
+    "--precision", help="float32, or bf16: bfloat16 autocast with float32 weights (a CPU or GPU with bfloat16).")]
+CompileOpt = Annotated[bool, typer.Option("--compile", help="torch.compile the stacked model (where torch can).")]
 FormatOpt = Annotated[RecordFormat | None, typer.Option(
     "--format", "-f", show_default=False, metavar="FORMAT",
     help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
@@ -123,6 +137,7 @@ def register(app: typer.Typer) -> None:
         margin: MarginOpt = 0.02, device: DeviceOpt = Device.cpu, save_checkpoints: CheckpointsOpt = False,
         scheduler: SchedulerOpt = None, workers: WorkersOpt = None, threads: ThreadsOpt = None,
         shapes: ShapesOpt = None, head_size: HeadSizeOpt = None, tokens_per_param: TokensPerParamOpt = None,
+        stack: StackOpt = None, precision: PrecisionOpt = Precision.float32, compile: CompileOpt = False,
         fmt: FormatOpt = None, output: OutputOpt = None, rows: RowsOpt = Rows.runs,
     ) -> None:
         """Train the same small transformer from scratch, from the same seeds on the same text, as standard and
@@ -160,8 +175,8 @@ def register(app: typer.Typer) -> None:
                               margin=margin, device=device.value, save_checkpoints=save_checkpoints,
                               scheduler=scheduler, workers=workers, threads=threads, init=init.value,
                               schedule=schedule.value, shapes=shapes, head_size=head_size,
-                              tokens_per_param=tokens_per_param, notice=lambda line: note(f"twin: {line}"),
-                              names=CLI_NAMES)
+                              tokens_per_param=tokens_per_param, stack=stack, precision=precision.value,
+                              compile=compile, notice=lambda line: note(f"twin: {line}"), names=CLI_NAMES)
         except KeyboardInterrupt:
             note(f"stopped; the runs done are kept in {out}: run the same command to resume")
             raise
