@@ -10,8 +10,6 @@ import typer
 from qkinspect.cli.options import (
     Device,
     DeviceOpt,
-    FoldLnOpt,
-    FoldQkNormOpt,
     ModelArg,
     OutputOpt,
     RevisionOpt,
@@ -46,6 +44,12 @@ PermutationsOpt = Annotated[int, typer.Option("--permutations", metavar="N", hel
 TopOpt = Annotated[int, typer.Option("--top", metavar="N", help="Table: the N strongest heads per score.")]
 TokenizerOpt = Annotated[Path | None, typer.Option(
     "--tokenizer", metavar="PATH", help="A tokenizer folder or vocab.txt (default: the model's own).")]
+FoldLnOpt = Annotated[bool, typer.Option(
+    "--fold-ln", help="The weight metrics with the input norm's gain folded into W_Q, W_K, W_V (as analyze --fold-ln); "
+                      "the behaviour is the model's own either way.")]
+FoldQkNormOpt = Annotated[bool, typer.Option(
+    "--fold-qk-norm", help="The weight metrics with the q/k-norm gains (Qwen3, OLMo2, Gemma 3) folded in, as analyze "
+                           "--fold-qk-norm.")]
 ExportOpt = Annotated[Path | None, typer.Option(
     "--export", metavar="FILE", help="Also write the joined per-head table as tidy long rows for viewers (layer, "
                                      "head, kv_head, name, kind, value, se), .csv or .json (docs/heads.md, "
@@ -109,8 +113,8 @@ def register(app: typer.Typer) -> None:
 
 def write_export(result, path: Path) -> None:
     """The tidy long rows (`HeadsResult.headvis`) as CSV or JSON, atomically."""
-    from qkinspect.cli.output import write_csv
     from qkinspect.files import atomic_write, save_json
+    from qkinspect.formats import write_csv
 
     rows = result.headvis()
     if path.suffix.lower() == ".json":
