@@ -22,7 +22,7 @@ from qkinspect.sweep.names import LIBRARY_NAMES
 
 __all__ = ["OPTION_NAMES", "AtlasRequest", "atlas_options", "check_request"]
 
-OPTION_NAMES = ("metrics", "precision", "fold_ln", "fold_qk_norm")
+OPTION_NAMES = ("metrics", "precision", "fold_ln", "fold_qk_norm", "behaviour")
 
 
 @dataclass(frozen=True)
@@ -57,20 +57,28 @@ def atlas_options(options: dict[str, Any]) -> dict[str, Any]:
     precision = str(options.get("precision") or "float32")
     if precision not in PRECISIONS:
         raise InputError(f"precision={precision!r}: choose float32 or float64")
+    # behaviour: the heads' settings (qkinspect.atlas.behaviour.settings), stored only when asked for, so that an
+    # atlas without it keeps its keys and files as they were
     return normalized_options({"metrics": list(metrics) if metrics is not None else None, "precision": precision,
                                "fold_ln": bool(options.get("fold_ln", False)),
-                               "fold_qk_norm": bool(options.get("fold_qk_norm", False)), "layer_form": True})
+                               "fold_qk_norm": bool(options.get("fold_qk_norm", False)), "layer_form": True,
+                               "behaviour": options.get("behaviour") or None})
 
 
 def check_request(out: str | Path, *, metrics: list[str] | tuple[str, ...] | str | None = None,
                   precision: str = "float32", fold_ln: bool = False, fold_qk_norm: bool = False,
                   device: str = "cpu", scheduler: str | None = None, workers: int | None = None,
-                  threads: int | None = None, names: Names = LIBRARY_NAMES) -> AtlasRequest:
-    """The atlas request, checked whole before any work, in the caller's option names (`names`).
+                  threads: int | None = None, behaviour: bool | dict[str, Any] = False, sequences: int | None = None,
+                  length: int | None = None, seed: int | None = None,
+                  names: Names = LIBRARY_NAMES) -> AtlasRequest:
+    """The atlas request, checked whole before any work, in the caller's option names (`names`). `behaviour`:
+    run `heads` in each model's task, with `sequences`, `length`, `seed` (None: the atlas's small defaults,
+    qkinspect.atlas.behaviour; a dict: settings as an atlas stored them).
 
     Raises:
         InputError: threads or workers out of range, a scheduler address that is not one, an unknown metric or
-            precision, a device that is not there.
+            precision, a device that is not there; sequences, length or seed out of range, or given without
+            behaviour.
     """
     from qkinspect.limits import check_threads, check_workers
 
@@ -84,8 +92,20 @@ def check_request(out: str | Path, *, metrics: list[str] | tuple[str, ...] | str
         metrics = list(dict.fromkeys(n.strip() for m in metrics for n in str(m).split(",") if n.strip()))
         if not metrics:
             raise InputError(f"{names.metrics}: no names given (leave the option out for the default)")
+    amounts = {k: v for k, v in (("sequences", sequences), ("length", length), ("seed", seed)) if v is not None}
+    if amounts and not behaviour:
+        first = next(iter(amounts))
+        raise InputError(f"{names.said(first, amounts[first])}: an amount of the behaviour scores; give "
+                         f"{names.behaviour} too")
+    if behaviour:
+        from qkinspect.atlas.behaviour import settings
+
+        if isinstance(behaviour, dict):  # as an atlas stored them: its amounts, asked again
+            amounts = {k: behaviour[k] for k in ("sequences", "length", "seed") if k in behaviour} | amounts
+        behaviour = settings(**amounts, metrics=None if metrics is None else (
+            [m for m in metrics.split(",") if m.strip()] if isinstance(metrics, str) else metrics), names=names)
     options = atlas_options({"metrics": metrics, "precision": precision, "fold_ln": fold_ln,
-                             "fold_qk_norm": fold_qk_norm})
+                             "fold_qk_norm": fold_qk_norm, "behaviour": behaviour or None})
     if device != "cpu":
         from qkinspect.device import check_device
 

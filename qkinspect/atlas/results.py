@@ -48,6 +48,32 @@ class AtlasRecord:
 
 # The records' fields, in the order the JSON, the CSV and `to_pandas()` write them.
 RECORD_FIELDS = tuple(f.name for f in fields(AtlasRecord))
+
+
+@dataclass(frozen=True)
+class AtlasRelation:
+    """How one weight metric relates to one behaviour score in one model and block (an atlas with behaviour, or a
+    heads document among its models): Spearman's ρ over the block's heads (`scope` "all") or of ranks within
+    layers ("within"), its 95 % bootstrap interval (`low`, `high`), permutation p-value and heads `n`, as
+    `qkinspect.heads` computes them (docs/heads.md, "Relations"). `to_dict()`: RELATION_FIELDS, in order."""
+
+    model: str
+    block: str
+    metric: str
+    score: str
+    scope: str
+    rho: float | None
+    low: float | None
+    high: float | None
+    p: float | None
+    n: int
+    path: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in RELATION_FIELDS}
+
+
+RELATION_FIELDS = tuple(f.name for f in fields(AtlasRelation))
 # The facts' fields (dicts, built by `qkinspect.atlas.stats.facts`), the columns of `to_pandas("facts")`.
 FACT_FIELDS = ("model", "block", "kind", "family", "format", "layers", "heads", "kv_heads", "d_model", "d_head",
                "positional", "qk_norm", "qk_norm_raw", "attention_params", "entry", "path")
@@ -63,6 +89,9 @@ class AtlasResult(Tabular):
     each block's random baseline as its analysis measured it (the same statistic for Gaussian weights of the
     block's shapes: mean, std, n), which tells structure from chance (an overlap of 0.4 is chance where
     d_head / d_model = 0.4).
+
+    With behaviour scores (`behaviour=True`, or heads documents among the models), `relations` holds each
+    model's `AtlasRelation`s (`to_pandas("relations")`).
 
     Example:
         >>> atlas = qkinspect.atlas(["./bert", "./gpt2"], out="atlas/")  # doctest: +SKIP
@@ -82,6 +111,7 @@ class AtlasResult(Tabular):
     notes: list[str] = field(default_factory=list)
     baselines: list[dict[str, Any]] = field(default_factory=list)  # model, block, metric, mean, std, n
     paths: dict[str, str] = field(default_factory=dict)  # model name -> the model as given (path, id, file)
+    relations: list[AtlasRelation] = field(default_factory=list)  # with behaviour: ρ of weight metric and score
 
     @property
     def metrics(self) -> list[str]:
@@ -122,15 +152,21 @@ class AtlasResult(Tabular):
             return df.astype({"layer": "Int64"})  # null for scope "model", not a float NaN
         if what == "facts":
             return pd.DataFrame(self.facts, columns=list(FACT_FIELDS))
+        if what == "relations":
+            return pd.DataFrame(self.relation_rows(), columns=list(RELATION_FIELDS))
         if what == "models":
             return pd.DataFrame(self.rows())
         from qkinspect.errors import InputError
 
-        raise InputError(f"what={what!r}: choose 'records', 'facts' or 'models'")
+        raise InputError(f"what={what!r}: choose 'records', 'facts', 'models' or 'relations'")
 
     def table_rows(self) -> list[dict[str, Any]]:
         """The CSV's rows: the tidy records, as dicts (RECORD_FIELDS)."""
         return [r.to_dict() for r in self.records]
+
+    def relation_rows(self) -> list[dict[str, Any]]:
+        """The relations across models, as dicts (RELATION_FIELDS): `atlas --relations -o FILE.csv`."""
+        return [r.to_dict() for r in self.relations]
 
     def document(self) -> dict[str, Any]:
         """The JSON document `qkinspect atlas -o FILE.json` writes; `save(path)` writes it."""
@@ -139,11 +175,14 @@ class AtlasResult(Tabular):
         return envelope("atlas", **self.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"folder": str(self.folder), "options": self.options, "models": list(self.models),
-                "paths": [self.paths.get(m, m) for m in self.models],
-                "facts": self.facts, "records": self.table_rows(), "baselines": self.baselines,
-                "notes": list(self.notes),
-                "failures": [{"model": f.name, "error": f.error} for f in self.failures]}
+        out = {"folder": str(self.folder), "options": self.options, "models": list(self.models),
+               "paths": [self.paths.get(m, m) for m in self.models],
+               "facts": self.facts, "records": self.table_rows(), "baselines": self.baselines,
+               "notes": list(self.notes),
+               "failures": [{"model": f.name, "error": f.error} for f in self.failures]}
+        if self.relations:  # an atlas with behaviour scores (its documents without them stay as they were)
+            out["relations"] = self.relation_rows()
+        return out
 
     def render_table(self, console) -> None:
         """`qkinspect atlas`'s table of this result (what `save("x.txt")` writes)."""

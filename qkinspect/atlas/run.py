@@ -148,12 +148,14 @@ def build_atlas(models: list[str] | tuple[str, ...] | str = (), *, out: str | Pa
                 metrics: list[str] | tuple[str, ...] | str | None = None, precision: str = "float32",
                 fold_ln: bool = False, fold_qk_norm: bool = False, device: str = "cpu", scheduler: str | None = None,
                 workers: int | None = None, threads: int | None = None, progress: Callable | None = None,
-                notice: Callable[[str], None] | None = None, names: Names = LIBRARY_NAMES) -> AtlasOutcome:
+                notice: Callable[[str], None] | None = None, behaviour: bool = False, sequences: int | None = None,
+                length: int | None = None, seed: int | None = None, names: Names = LIBRARY_NAMES) -> AtlasOutcome:
     """`atlas`'s work without reading the folder back: the request checked (before the models are looked for),
     the models found, the atlas built; what was done (`AtlasOutcome`; its `read()` is the atlas). `names`: how
     errors name the options (the CLI passes its own)."""
     request = check_request(out, metrics=metrics, precision=precision, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
-                            device=device, scheduler=scheduler, workers=workers, threads=threads, names=names)
+                            device=device, scheduler=scheduler, workers=workers, threads=threads, behaviour=behaviour,
+                            sequences=sequences, length=length, seed=seed, names=names)
     items = entries([models] if isinstance(models, str) else list(models), from_file=from_file, hf_cache=hf_cache,
                     names=names)
     return build(request, items, progress=progress, notice=notice)
@@ -162,7 +164,9 @@ def build_atlas(models: list[str] | tuple[str, ...] | str = (), *, out: str | Pa
 def atlas(models: list[str] | tuple[str, ...] | str = (), *, out: str | Path, from_file: str | Path | None = None,
           hf_cache: bool = False, metrics: list[str] | str | None = None, precision: str = "float32",
           fold_ln: bool = False, fold_qk_norm: bool = False, device: str = "cpu", scheduler: str | None = None,
-          workers: int | None = None, threads: int | None = None, progress: Callable | None = None) -> AtlasResult:
+          workers: int | None = None, threads: int | None = None, progress: Callable | None = None,
+          behaviour: bool = False, sequences: int | None = None, length: int | None = None,
+          seed: int | None = None) -> AtlasResult:
     """The atlas of many models of any family, shape and format: per model and block, each metric's distribution
     over heads, the layer form, and per layer the median over heads at normalised depth l / (L − 1), with the
     models' facts (docs/atlas.md).
@@ -177,6 +181,10 @@ def atlas(models: list[str] | tuple[str, ...] | str = (), *, out: str | Path, fr
             form is what attention computes; without it those models are measured raw, and flagged.
         scheduler, workers, threads, progress: as `qkinspect.sweep.run_sweep` takes them (a script that starts
             the local cluster needs an `if __name__ == "__main__":` guard).
+        behaviour: also run `qkinspect.heads` in each model's task: its six behaviour scores join the per-head
+            metrics (depth records as for a weight metric) and its relations (Spearman's ρ of symmetry, Q/K
+            overlap and QK effective rank with each score, interval, p) are in `relations`. sequences, length,
+            seed: its repeated random sequences (default 16 of 2 x 32 tokens, seed 0; 8 text windows of 64).
 
     Returns:
         AtlasResult; the models that failed are in its `failures` (the others are there).
@@ -187,4 +195,5 @@ def atlas(models: list[str] | tuple[str, ...] | str = (), *, out: str | Path, fr
     """
     return build_atlas(models, out=out, from_file=from_file, hf_cache=hf_cache, metrics=metrics, precision=precision,
                        fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, device=device, scheduler=scheduler,
-                       workers=workers, threads=threads, progress=progress).read()
+                       workers=workers, threads=threads, progress=progress, behaviour=behaviour,
+                       sequences=sequences, length=length, seed=seed).read()

@@ -23,7 +23,7 @@ def read_atlas(folder: str | Path) -> AtlasResult:
     """
     from qkinspect.analysis.saved import read_saved
     from qkinspect.atlas import folder as store
-    from qkinspect.atlas.stats import entry_stats
+    from qkinspect.atlas.stats import entry_relations, entry_stats
     from qkinspect.sweep import read_sweep
 
     folder = Path(folder)
@@ -36,7 +36,12 @@ def read_atlas(folder: str | Path) -> AtlasResult:
     docs: list[tuple[dict[str, str], dict[str, Any] | None]] = []
     for e in entries:
         if e["entry"] == "saved":
-            docs.append((e, read_saved(folder / e["file"]).to_dict()))
+            doc = read_saved(folder / e["file"]).to_dict()
+            if doc["heads"] and "previous_token" in doc["heads"][0]:  # a heads document's copy keeps its relations
+                from qkinspect.atlas.behaviour import saved_relations
+
+                doc = {**doc, "relations": saved_relations(folder / e["file"], doc)}
+            docs.append((e, doc))
         else:  # None: failed (listed in failures), or not computed yet (an interrupted atlas)
             docs.append((e, results.get(e["name"])))
     names = display_names([(e["name"], doc) for e, doc in docs])
@@ -50,6 +55,10 @@ def read_atlas(folder: str | Path) -> AtlasResult:
         records, facts = entry_stats(name, doc, e["entry"], path=e["name"])
         atlas.records += records
         atlas.facts += facts
+        atlas.relations += entry_relations(name, doc, path=e["name"])
+        error = (doc.get("behaviour") or {}).get("error")
+        if error:
+            atlas.notes.append(f"{e['name']}: no behaviour scores: {error}")
         atlas.baselines += [{"model": name, **{k: b.get(k) for k in ("block", "metric", "mean", "std", "n")}}
                             for b in doc.get("baselines") or []]
     raw = [f"{f['model']} [{f['block']}]" for f in atlas.facts if f.get("qk_norm_raw")]

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from qkinspect.atlas.results import AtlasRecord  # its fields: RECORD_FIELDS
+from qkinspect.atlas.results import AtlasRecord, AtlasRelation  # their fields: RECORD_FIELDS, RELATION_FIELDS
 
 LAYER_FORM = ("symmetry_layer", "directionality_layer")
 HEAD_LABELS = ("block", "layer", "head", "kv_head", "rank_q", "rank_k", "rank_v")
@@ -169,6 +169,16 @@ def entry_stats(name: str, doc: Mapping[str, Any], entry: str = "model",
                 records.append(_record(name, key, metric, "layer", layer, depth(layer, n_layers), (v, v, v, 1),
                                        level, path))
     return records, facts(name, model, entry, path=path, raw=raw_qk_norm_blocks(doc))
+
+
+def entry_relations(name: str, doc: Mapping[str, Any], path: str | None = None) -> list[AtlasRelation]:
+    """The relations of one model's analysis with behaviour scores (an atlas task's `relations`, or a heads
+    document's), in their stored order: weight metric by weight metric, score by score, all heads then within
+    layers; none for an analysis without them."""
+    return [AtlasRelation(model=name, block=r["block"], metric=r["metric"], score=r["score"], scope=r["scope"],
+                          rho=_num(r.get("rho")), low=_num(r.get("low")), high=_num(r.get("high")),
+                          p=_num(r.get("p")), n=r["n"], path=name if path is None else path)
+            for r in doc.get("relations") or []]
 
 
 def _record(model: str, block: str, metric: str, scope: str, layer: int | None, depth_: float | None,

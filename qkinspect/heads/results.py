@@ -158,15 +158,18 @@ class HeadsResult(Tabular):
 
     def analysis_document(self) -> dict[str, Any]:
         """An `analyze` document of the same heads whose per-head values are the weight metrics and the behaviour
-        scores side by side (no standard errors, no layer records): what the atlas takes from a heads document, so
-        that its depth records and figures hold the scores across models (docs/heads.md, "Across models")."""
+        scores side by side (no standard errors, no layer records), and the relations over all heads and within layers:
+        what the atlas takes from a heads document, so that its depth records, figures and relations table hold
+        the scores across models (docs/heads.md, "Across models")."""
         if not self.processing:
             raise ValueError("a heads document written before it kept analyze's processing; run heads again")
         rows = [{"block": r.block, "layer": r.layer, "head": r.head, "kv_head": r.kv_head, **r.weights,
                  **{s: v for s, v in r.scores.items() if s in self.scores}} for r in self.records]
+        # the relations over all heads and within layers, with their block: the atlas's table across models
+        relations = [{"block": self.records[0].block, **r.row()} for r in self.relations if r.scope != "layer"]
         return json_safe(envelope("analyze", model=model_dict(self.model), processing=dict(self.processing),
                                   definitions={**DEFINITIONS}, baselines=[], heads=rows, layers=[],
-                                  warnings=list(self.warnings)))
+                                  warnings=list(self.warnings), relations=relations))
 
     def headvis(self) -> list[dict[str, Any]]:
         """The joined per-head table as tidy long rows for viewers (one row per head and quantity: layer, head,

@@ -52,6 +52,8 @@ def heads(
     progress: Progress | None = None,
     revision: str | None = None,
     names: Names = LIBRARY_NAMES,
+    threads: int | None = None,
+    layer_relations: bool = True,
 ) -> HeadsResult:
     """Behaviour scores of every head, joined with its weight metrics, and their rank correlations.
 
@@ -74,6 +76,8 @@ def heads(
         progress: called as progress(done, total) after each forward pass.
         revision: hub revision when `model` is a hub id.
         names: how errors name the options (the CLI passes its own).
+        threads: torch threads (None: the cores this process may use); the atlas passes its task's share.
+        layer_relations: also relate within each layer (the atlas keeps only all heads and within layers).
 
     Returns:
         HeadsResult: one record per head (scores, their standard errors, weight metrics), the relations.
@@ -111,7 +115,7 @@ def heads(
         check_positions(request, config, prefix, suffix)
         text_ids = _windows(tok, source, request, prefix, suffix, causal)
         random_ids = _repeated(tok, config, request, prefix, suffix, causal)
-        with torch_threads():
+        with torch_threads(threads):
             t1 = time.perf_counter()
             weights = analyze(m, metrics=request.metrics, fold_ln=request.fold_ln,
                               fold_qk_norm=request.fold_qk_norm, spectra=None)
@@ -128,7 +132,7 @@ def heads(
     t2 = time.perf_counter()
     total = _passes(len(text_ids), request.batch) + _passes(len(random_ids), request.batch)
     tick = _Ticks(progress, total)
-    with torch_threads(), _eager(hf.model, info.source):
+    with torch_threads(threads), _eager(hf.model, info.source):
         per_text = measure(hf, family, text_ids, request.batch, causal, None, tick)
         per_random = measure(hf, family, random_ids, request.batch, causal, (prefix, request.length), tick)
     seconds["behaviour"] = time.perf_counter() - t2
@@ -143,7 +147,7 @@ def heads(
                         f"{request.windows} asked for ({names.windows})")
     t3 = time.perf_counter()
     relations = relations_of(records, request.relate, seed=request.seed, resamples=request.resamples,
-                             permutations=request.permutations)
+                             permutations=request.permutations, layers=layer_relations)
     seconds["relate"] = time.perf_counter() - t3
     from dataclasses import asdict
 
@@ -359,10 +363,11 @@ def _num(v: Any) -> float | None:
 
 
 def relations_of(records: list[HeadsRecord], metrics: Iterable[str], *, seed: int = 0, resamples: int = 1000,
-                 permutations: int = 1000) -> list[RelationRecord]:
-    """Spearman's ρ of each weight metric with each score: over all heads, within layers pooled, in each layer."""
+                 permutations: int = 1000, layers: bool = True) -> list[RelationRecord]:
+    """Spearman's ρ of each weight metric with each score: over all heads, within layers pooled, in each layer
+    (unless `layers` is False)."""
     out = []
-    layers = sorted({r.layer for r in records})
+    each = sorted({r.layer for r in records}) if layers else []
     present = [s for s in SCORES if any(r.scores.get(s) is not None for r in records)]
     for metric in metrics:
         x = np.array([_nan(r.weights.get(metric)) for r in records])
@@ -373,7 +378,7 @@ def relations_of(records: list[HeadsRecord], metrics: Iterable[str], *, seed: in
             for scope, groups in (("all", None), ("within", lay)):
                 rel = relate_pair(x, y, groups, **kw)
                 out.append(RelationRecord(metric, score, scope, None, rel.rho, rel.low, rel.high, rel.p, rel.n))
-            for layer in layers:
+            for layer in each:
                 sel = lay == layer
                 rel = relate_pair(x[sel], y[sel], **kw)
                 out.append(RelationRecord(metric, score, "layer", layer, rel.rho, rel.low, rel.high, rel.p, rel.n))

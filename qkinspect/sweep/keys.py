@@ -16,6 +16,9 @@ from qkinspect.sweep.checkpoints import Checkpoint
 
 RESULT_KIND = "sweep-result"
 OPTION_NAMES = ("layers", "heads", "blocks", "metrics", "precision", "fold_ln", "fold_qk_norm", "layer_form")
+# Options stored only when given (so the keys and folders of runs without them stay as they were): the atlas's
+# behaviour scores (qkinspect.atlas.behaviour: the heads' amounts, a dict).
+OPTIONAL_NAMES = ("behaviour",)
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,7 @@ def normalized_options(options: dict[str, Any]) -> dict[str, Any]:
     """The options that change the numbers, JSON-ready, every name present. A selection is stored as what it
     selects, whatever form it was given in: layers and heads ("0-5", "0,2,4", 3, [0, 1], range(6)) as the sorted
     list of their indexes, blocks ("decoder" or a list of names) as a list of names; None for all."""
-    unknown = set(options) - set(OPTION_NAMES)
+    unknown = set(options) - set(OPTION_NAMES) - set(OPTIONAL_NAMES)
     if unknown:
         raise InputError(f"sweep: unknown analysis options {', '.join(sorted(unknown))}")
     defaults = {"precision": "float32", "fold_ln": False, "fold_qk_norm": False, "layer_form": False}
@@ -40,7 +43,8 @@ def normalized_options(options: dict[str, Any]) -> dict[str, Any]:
         merged[name] = None if chosen is None else list(chosen)
     blocks = merged["blocks"]
     merged["blocks"] = None if blocks is None else [blocks] if isinstance(blocks, str) else [str(b) for b in blocks]
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in merged.items()}
+    extra = {name: options[name] for name in OPTIONAL_NAMES if options.get(name)}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in {**merged, **extra}.items()}
 
 
 def result_key(ck: Checkpoint, options: dict[str, Any]) -> str:

@@ -31,10 +31,14 @@ def analyze_checkpoint(spec: str, revision: str | None, options: dict[str, Any],
     atlas's models differ; the sweep command refuses the option for checkpoints without q/k norms before any work).
 
     `threads` (torch intra-op threads) defaults to this machine's cores shared among the worker's task slots.
+    With the atlas's `behaviour` option, `qkinspect.heads` runs on the same model in the same task and its scores
+    and relations join the analysis (qkinspect.atlas.behaviour).
     """
     from qkinspect import analysis  # the analysis package's face, not qkinspect's
 
     t0 = time.perf_counter()
+    behaviour = options.get("behaviour")
+    options = {k: v for k, v in options.items() if k != "behaviour"}
     threads = threads or _share_of_cores()
     if options.get("fold_qk_norm") and not any(b["qk_norm"] for b in describe(spec, revision)["blocks"]):
         options = {**options, "fold_qk_norm": False}  # nothing to fold (an atlas's models without q/k norms)
@@ -43,7 +47,12 @@ def analyze_checkpoint(spec: str, revision: str | None, options: dict[str, Any],
         from qkinspect.errors import InputError
 
         raise InputError(f"{spec}: the selection matched no heads")
-    return {"result": result.to_dict(), "worker": _worker_name(), "threads": threads,
+    doc = result.to_dict()
+    if behaviour:
+        from qkinspect.atlas.behaviour import join
+
+        doc = join(spec, revision, doc, behaviour, options, device=device, threads=threads)
+    return {"result": doc, "worker": _worker_name(), "threads": threads,
             "seconds": time.perf_counter() - t0}
 
 

@@ -28,7 +28,7 @@ from qkinspect.errors import InputError
 from qkinspect.limits import MAX_METRIC
 from qkinspect.selection import as_indexes
 from qkinspect.sweep.checkpoints import Checkpoint
-from qkinspect.sweep.keys import OPTION_NAMES, RESULT_KIND, Failure, normalized_options, stored_key
+from qkinspect.sweep.keys import OPTION_NAMES, OPTIONAL_NAMES, RESULT_KIND, Failure, normalized_options, stored_key
 
 MAX_CHECKPOINTS = 1 << 20
 MAX_SELECTION_TEXT = 10_000  # a selection stored as text ("0-5,7") by an earlier version
@@ -48,8 +48,8 @@ class ResultRefused(InputError):
 def check_options(c: Checker, options: Any, key: str = "options") -> dict[str, Any]:
     """The sweep's analysis options (keys.normalized_options' form) with the types the analysis takes."""
     opts = c.obj(options, key)
-    if set(opts) != set(OPTION_NAMES):
-        missing, extra = set(OPTION_NAMES) - set(opts), set(opts) - set(OPTION_NAMES)
+    if set(opts) - set(OPTIONAL_NAMES) != set(OPTION_NAMES):
+        missing, extra = set(OPTION_NAMES) - set(opts), set(opts) - set(OPTION_NAMES) - set(OPTIONAL_NAMES)
         raise c.fail(key, "lack " + ", ".join(sorted(missing)) if missing else "hold unknown "
                      + ", ".join(sorted(extra)))
     for name in ("layers", "heads"):
@@ -75,6 +75,10 @@ def check_options(c: Checker, options: Any, key: str = "options") -> dict[str, A
     for name in ("fold_ln", "fold_qk_norm", "layer_form"):
         if not isinstance(opts[name], bool):
             raise c.fail(f"{key}.{name}", f"is {show(opts[name])}, not true or false")
+    if "behaviour" in opts:
+        from qkinspect.atlas.behaviour import check_settings
+
+        check_settings(c, opts["behaviour"], f"{key}.behaviour")
     return opts
 
 
@@ -161,6 +165,10 @@ def check_result(doc: Any, path: object, ck: Checkpoint, key: str, options: dict
         c.text(b.get("metric"), f"{where}.metric")
         for name in ("mean", "std"):
             c.number(b.get(name), f"{where}.{name}", low=-MAX_METRIC, high=MAX_METRIC)
+    if options.get("behaviour"):
+        from qkinspect.atlas.behaviour import check_result as check_behaviour
+
+        check_behaviour(c, result, blocks)
     for name in ("device", "worker"):
         c.text(doc.get(name), name, null=True)
     c.index(doc.get("threads"), "threads", null=True, below=1 << 20)
