@@ -123,7 +123,8 @@ def heads(
         if hf is None:
             from qkinspect.experiment.model.runtime import load_hf
 
-            hf = load_hf(m.resolved, tok, device=request.device, option=names.tokenizer, staged=staged)
+            # only the base model runs: a checkpoint without its language-model head is complete for heads
+            hf = load_hf(m.resolved, tok, device=request.device, option=names.tokenizer, staged=staged, head=False)
         seconds["load"] = time.perf_counter() - t0 - seconds["weights"]
     spec = info.blocks[0]
     if len(hf.layers) != spec.n_layers:

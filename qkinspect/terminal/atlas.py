@@ -71,3 +71,44 @@ def _count(n: int) -> str:
         if n >= size:
             return f"{n / size:.1f}{unit}"
     return str(n)
+
+
+def render_relations(console, result) -> None:
+    """`atlas --relations`: how each weight metric relates to each behaviour score, model by model, side by side
+    (Spearman's ρ with its 95 % bootstrap interval and permutation p, over all heads and within layers)."""
+    tables, lines = relation_tables(result.relations, width=console.width)
+    for t in tables:
+        console.print(t)
+    print_lines(console, lines)
+
+
+def relation_tables(relations: list, *, width: int = 80) -> tuple[list, list[str]]:
+    """A row per model, block, weight metric and score: ρ (interval) and p over all heads and within layers; the
+    models numbered (spelt out below) and the metrics and scores by their short names, so that it fits `width`
+    (80 columns in one table)."""
+    from qkinspect.terminal.heads import SHORT, _p, rho_cell
+
+    if not relations:
+        return [], ["no relations: the atlas has no behaviour scores (atlas --behaviour, or heads documents "
+                    "among its models)"]
+    keys = list(dict.fromkeys((r.model, r.block, r.metric, r.score) for r in relations))
+    by = {(r.model, r.block, r.metric, r.score, r.scope): r for r in relations}
+    names = list(dict.fromkeys(k[0] for k in keys))
+    ids = {n: str(i + 1) for i, n in enumerate(names)}
+    several = len({(k[0], k[1]) for k in keys}) > len(names)
+    labels = [Column("#", [ids[m] + (f" {b}" if several else "") for m, b, _, _ in keys], left=True),
+              Column("metric", [short_name(x) for _, _, x, _ in keys], left=True),
+              Column("score", [SHORT.get(s, s) for *_, s in keys], left=True)]
+    values = []
+    for scope, name in (("all", "all heads"), ("within", "within layers")):
+        got = [by.get((*k, scope)) for k in keys]
+        values += [Column(f"ρ {name}", [rho_cell(g) for g in got]), Column("p", [_p(g.p) if g else "-" for g in got])]
+    sections = [i for i in range(1, len(keys)) if keys[i][:3] != keys[i - 1][:3]]
+    metrics = list(dict.fromkeys(k[2] for k in keys))
+    lines = ["ρ (95 % CI): Spearman's rank correlation of a weight metric and a behaviour score over a model's "
+             "heads, its 95 % bootstrap interval; p: permutation; within layers: ranks within each layer, pooled",
+             legend(metrics).replace("columns:", "metrics:"),
+             "scores: " + ", ".join(f"{SHORT[s]}={s}" for s in SHORT if SHORT[s] != s),
+             "models: " + ", ".join(f"{ids[n]}={n}" for n in names)]
+    return fit_tables(labels, values, width=width, sections=sections,
+                      title="weight metric and behaviour score, per model"), [x for x in lines if x]

@@ -42,6 +42,23 @@ AtlasFoldQkNormOpt = Annotated[bool, typer.Option(
 VsChanceOpt = Annotated[bool, typer.Option(
     "--vs-chance", help="The table's overlaps as ratios to their chance level (1 = what random weights of the "
                         "model's shapes give); the records always hold both (chance, vs_chance).")]
+BehaviourOpt = Annotated[bool, typer.Option(
+    "--behaviour", help="Also run heads in each model's task: its behaviour scores (previous_token, induction, "
+                        "duplicate_token, self, first_token, entropy) join the per-head metrics, and the rank "
+                        "correlations of symmetry, overlap_qk and qk_effective_rank with each score are kept per "
+                        "model (--relations shows them).")]
+SequencesOpt = Annotated[int | None, typer.Option(
+    "--sequences", metavar="N", show_default=False,
+    help="With --behaviour: repeated random sequences for induction and duplicate-token [default: 16].")]
+LengthOpt = Annotated[int | None, typer.Option(
+    "--length", metavar="T", show_default=False,
+    help="With --behaviour: random tokens per sequence, before its repeat [default: 32].")]
+SeedOpt = Annotated[int | None, typer.Option(
+    "--seed", metavar="S", show_default=False, help="With --behaviour: seed of the random tokens [default: 0].")]
+RelationsOpt = Annotated[bool, typer.Option(
+    "--relations", help="The table and the rows (-o FILE.csv) are the relations across models (model, block, "
+                        "metric, score, scope, rho, low, high, p, n), not the records.")]
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -51,6 +68,8 @@ def register(app: typer.Typer) -> None:
         precision: PrecisionOpt = Precision.float32, device: DeviceOpt = DeviceChoice.cpu,
         scheduler: SchedulerOpt = None, workers: WorkersOpt = None, threads: ThreadsOpt = None,
         fmt: RecordFormatOpt = None, output: OutputOpt = None, vs_chance: VsChanceOpt = False,
+        behaviour: BehaviourOpt = False, sequences: SequencesOpt = None, length: LengthOpt = None,
+        seed: SeedOpt = None, relations: RelationsOpt = False,
     ) -> None:
         """Compare many models of any family, shape and format: per model and block (an encoder-decoder has
         three), each metric's median and quartiles over heads, the layer form (Σ_h W_Q W_Kᵀ with query head h
@@ -73,6 +92,9 @@ def register(app: typer.Typer) -> None:
 
         Example (a saved analysis among the models): qkinspect analyze ./my-bert --layer-form -o bert.json;
         qkinspect atlas bert.json ./my-gpt2 --out atlas/
+
+        Example (behaviour beside the weights, the relations across models): qkinspect atlas $DEMO
+        SmolLM2-135M-Instruct.Q4_1.gguf --out atlas/ --behaviour --relations
         """
         from qkinspect.atlas.run import build_atlas
         from qkinspect.sweep.names import CLI_NAMES
@@ -83,6 +105,7 @@ def register(app: typer.Typer) -> None:
                                   precision=precision.value, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
                                   device=device.value, scheduler=scheduler, workers=workers, threads=threads,
                                   progress=ProgressLine("atlas"), notice=lambda why: note(f"{why}; computing it again"),
+                                  behaviour=behaviour, sequences=sequences, length=length, seed=seed,
                                   names=CLI_NAMES)
         except KeyboardInterrupt:
             note(f"stopped; the models done are kept in {out}: run the same command to resume")
@@ -92,7 +115,7 @@ def register(app: typer.Typer) -> None:
              f"saved analyses, {len(outcome.failures)} failed")
         for line in result.notes:
             note(line)
-        write_table(atlas_document(result, vs_chance=vs_chance), name, output)
+        write_table(atlas_document(result, vs_chance=vs_chance, relations=relations), name, output)
         for f in outcome.failures:
             warn(f"failed: {f.name}: {f.error}")
         if outcome.failures:
@@ -100,8 +123,14 @@ def register(app: typer.Typer) -> None:
                               f"{out / 'atlas.json'}); run the same command to retry them")
 
 
-def atlas_document(result, *, vs_chance: bool = False) -> Document:
-    """JSON: the envelope with the atlas (folder, options, models, facts, records, notes, failures); rows: the tidy
-    records; the table: a row per model and block."""
+def atlas_document(result, *, vs_chance: bool = False, relations: bool = False) -> Document:
+    """JSON: the envelope with the atlas (folder, options, models, facts, records, notes, failures; relations with
+    behaviour scores); rows: the tidy records; the table: a row per model and block. With `relations`, the rows
+    and the table are the relations across models."""
+    if relations:
+        from qkinspect.terminal.atlas import render_relations
+
+        return Document(json=result.document(), rows=result.relation_rows(),
+                        render=lambda console: render_relations(console, result))
     return Document(json=result.document(), rows=result.table_rows(),
                     render=lambda console: render_atlas(console, result, vs_chance=vs_chance))

@@ -77,7 +77,7 @@ def staged_config(resolved) -> Iterator[tuple[Any, Any]]:
 
 
 def load_hf(resolved, tokenizer: Any = None, device: str = "cpu", option: str = "tokenizer",
-            staged: tuple[Any, Any] | None = None) -> HFModel:
+            staged: tuple[Any, Any] | None = None, head: bool = True) -> HFModel:
     """Load `resolved` (from `qkinspect.loading.resolve`) with transformers' own classes in float32, eval mode,
     on `device` ("cpu", "cuda", "cuda:N"; checked by the caller).
 
@@ -87,6 +87,9 @@ def load_hf(resolved, tokenizer: Any = None, device: str = "cpu", option: str = 
     from a private folder, and what it raises is translated (`qkinspect.loading.boundary`). `option`: how errors
     name the tokenizer argument (a `Names` entry: "--tokenizer" from the CLI). `staged`: what `staged_config`
     gave, when the caller checked the config first (its folder still there); None stages the checkpoint here.
+    `head=False`: a caller that runs only the base model (`heads`) takes a decoder whose checkpoint has no
+    language-model head as its bare base model (kind DRIFT), instead of refusing it; every other weight must still
+    be there.
 
     Raises:
         UnsupportedModelError: a family the write-back does not know.
@@ -96,7 +99,7 @@ def load_hf(resolved, tokenizer: Any = None, device: str = "cpu", option: str = 
     with contextlib.ExitStack() as stack:
         st, config = staged if staged is not None else stack.enter_context(staged_config(resolved))
         with boundary(st.shown, "transformers cannot build the model from it"):
-            model, kind = _load_model(family, st.where, {**st.kw, "config": config}, st.shown)
+            model, kind = _load_model(family, st.where, {**st.kw, "config": config}, st.shown, head)
         tok, tok_shown = load_tokenizer(tokenizer, st, option)
     if len(tok) <= len(set(tok.all_special_ids)):  # transformers builds an empty one from a bare config
         raise CheckpointError(f"{tok_shown}: no tokenizer vocabulary found; "
@@ -120,9 +123,25 @@ def _config(st) -> Any:
     return config
 
 
-def _load_model(family: str, where: str, kw: dict[str, Any], shown: Any) -> tuple[nn.Module, str]:
+RANDOM = "weights of the model itself: transformers would fill them with random values"
+
+
+def _load_model(family: str, where: str, kw: dict[str, Any], shown: Any,
+                head: bool = True) -> tuple[nn.Module, str]:
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
+    if family != "bert" and not head:
+        model, info = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, output_loading_info=True, **kw)
+        prefix = f"{model.base_model_prefix}."
+        if not any(k.startswith(prefix) for k in info["missing_keys"]):  # at most the LM head is missing
+            if not info["missing_keys"]:
+                return model, CAUSAL
+            del model  # no language-model head in the checkpoint: the base model alone, all of it stored
+            return _complete(AutoModel, where, kw, shown, RANDOM), DRIFT
+        missing = sorted(info["missing_keys"])
+        del model
+        raise CheckpointError(f"{shown}: the checkpoint has no {', '.join(missing[:3])}"
+                              f"{' …' if len(missing) > 3 else ''} ({RANDOM})")
     if family != "bert":
         return _complete(AutoModelForCausalLM, where, kw, shown), CAUSAL
     model, info = AutoModelForMaskedLM.from_pretrained(where, dtype=torch.float32, output_loading_info=True, **kw)
@@ -132,14 +151,14 @@ def _load_model(family: str, where: str, kw: dict[str, Any], shown: Any) -> tupl
     return _complete(AutoModel, where, kw, shown), DRIFT
 
 
-def _complete(auto, where: str, kw: dict[str, Any], shown: Any) -> nn.Module:
+def _complete(auto, where: str, kw: dict[str, Any], shown: Any,
+              why: str = "a model without its head cannot be measured by its loss") -> nn.Module:
     """The model, refused when transformers had to fill any of its weights with random values."""
     model, info = auto.from_pretrained(where, dtype=torch.float32, output_loading_info=True, **kw)
     missing = sorted(info["missing_keys"])
     if missing:
         raise CheckpointError(f"{shown}: the checkpoint has no {', '.join(missing[:3])}"
-                              f"{' …' if len(missing) > 3 else ''} (a model without its head cannot be measured "
-                              "by its loss)")
+                              f"{' …' if len(missing) > 3 else ''} ({why})")
     return model
 
 
