@@ -87,14 +87,19 @@ def test_a_text_too_short_is_one_line(cli, llama, tmp_path):
                    "fewer than one window")
 
 
-def test_a_decoder_without_its_lm_head_is_one_line(cli, tmp_path):
+def test_a_bare_decoder_without_its_lm_head_runs(cli, tmp_path):
+    """heads runs only the base model: a LlamaModel saved alone (no lm_head, keys without the "model." prefix) is
+    complete for it (tests/heads/test_no_lm_head.py: the same scores as the whole checkpoint)."""
     from transformers import LlamaConfig, LlamaModel
 
     cfg = LlamaConfig(vocab_size=len(tiny_models.VOCAB), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     LlamaModel(cfg).save_pretrained(tmp_path / "bare")
     tiny_models.save_tokenizer(tmp_path / "bare")
-    one_error_line(cli("heads", tmp_path / "bare", "--length", "8", "--window", "32"), "lm_head")
+    r = cli("heads", tmp_path / "bare", "--length", "8", "--window", "32", "--sequences", "4", "--windows", "2",
+            "-f", "csv")
+    assert r.exit_code == 0, r.stderr
+    assert len(r.stdout.splitlines()) == 1 + 2 * 4 and "induction" in r.stdout.splitlines()[0]
 
 
 def test_a_family_without_eager_probabilities_here_is_one_line(cli, tmp_path):
