@@ -10,9 +10,16 @@ character-sized vocabulary of 85), one torch thread:
   (b) tracking: the seconds of one measurement of every head (qkinspect.callback.Tracker, symmetry and Q/K overlap)
       over 100 of the standard twin's steps: the share of training that `--track-every 100` adds (target <= 5 %).
 
+  (c) with --stacking STEPS: 3 variants (standard, share_qk, symmetric) x 3 seeds of a 2 x 64 twin (context 64,
+      batch 12, characters of the demo text), trained through `qkinspect.twin` three ways, one after another in
+      this run: stacked (the default: the runs shared among the local workers, one stack each), `--stack 1
+      --workers 2` (one run a task on a local cluster of 2) and `--stack 1 --workers 0` (one run after another
+      here); the wall times, their ratios, and the median step of a run on the cluster against one here (what the
+      workers' malloc setting cost: qkinspect.sweep.engine.PRE_SPAWN).
+
 Usage:
   python bench/twin.py [--arch llama|gpt2] [--layers 4] [--d-model 128] [--heads 4] [--context 64] [--batch 12]
-                       [--variants standard,share_qk,...] [--rounds 12] [--json FILE]
+                       [--variants standard,share_qk,...] [--rounds 12] [--json FILE] [--stacking STEPS]
 """
 
 from __future__ import annotations
@@ -43,6 +50,32 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def stacking(steps: int) -> dict:
+    """(c): wall seconds of the same 9 runs trained stacked, one a task on 2 workers, one after another here."""
+    import statistics as stats
+
+    from qkinspect.twin.run import twin
+
+    kw = dict(variants="share_qk,symmetric", seeds=3, layers=2, d_model=64, heads=2, context=64, batch=12,
+              steps=steps, eval_windows=64, threads=1)
+    arms = {"stacked": {}, "stack 1, workers 2": {"stack": 1, "workers": 2}, "stack 1, workers 0": {"stack": 1,
+                                                                                                   "workers": 0}}
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, (name, extra) in enumerate(arms.items()):
+            t0 = time.perf_counter()
+            result = twin(f"{tmp}/{n}", **kw, **extra)
+            wall = time.perf_counter() - t0
+            out[name] = {"wall": wall, "step": stats.median(r.step_seconds for r in result.runs),
+                         "runs": len(result.runs)}
+            print(f"  {name:20s} {wall:7.1f} s wall, median step of a run {out[name]['step'] * 1e3:6.1f} ms")
+    base = out["stack 1, workers 2"]
+    print(f"  stacked: {base['wall'] / out['stacked']['wall']:.2f}x faster in wall time than --stack 1 --workers 2; "
+          f"{out['stack 1, workers 0']['wall'] / out['stacked']['wall']:.2f}x than --stack 1 --workers 0")
+    print(f"  a run's step on the local cluster / here: {base['step'] / out['stack 1, workers 0']['step']:.2f}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="llama")
@@ -55,8 +88,17 @@ def main() -> None:
     ap.add_argument("--variants", default=VARIANTS)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--stacking", type=int, default=None, metavar="STEPS",
+                    help="(c) only: stacked against one run a task, STEPS steps a run")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.stacking is not None:
+        print(f"3 variants x 3 seeds of a 2 x 64 llama twin, {args.stacking} steps, one torch thread a task:")
+        out = {"stacking": stacking(args.stacking)}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return
 
     from qkinspect.callback import Tracker
     from qkinspect.experiment.heal import adamw

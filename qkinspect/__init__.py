@@ -4,8 +4,8 @@ from qkinspect.errors import QkinspectError
 from qkinspect.version import __version__
 
 __all__ = [
-    "__version__", "QkinspectError", "analyze", "atlas", "composition", "directions", "load", "read_atlas", "track",
-    "twin",
+    "__version__", "QkinspectError", "analyze", "atlas", "composition", "directions", "heads", "load", "read_atlas",
+    "track", "twin",
 ]
 
 _MOVED = {"records": "qkinspect.analysis.results", "saved": "qkinspect.analysis.saved"}
@@ -21,6 +21,10 @@ def __getattr__(name: str):
         import qkinspect.composition as composition
 
         return composition
+    if name == "heads":  # the package, callable as qkinspect.heads(model, ...)
+        import qkinspect.heads as heads
+
+        return heads
     if name == "atlas":  # the package, callable as qkinspect.atlas(models, out=...)
         import qkinspect.atlas as atlas
 

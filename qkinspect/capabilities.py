@@ -38,7 +38,7 @@ class Capability:
       `needs`: the refusal of one of its figures asked of something else; `other_kind`: the refusal of a figure
       it does not draw (formatted with `kind`, `kinds`, `model`);
     - `report_noun`: what its report is called ("an 8-page twin ladder report"); `filled`: the result's attribute
-      that is empty while nothing has finished, and `empty`, the refusal then.
+      that is empty while nothing has finished (none: it is never empty), and `empty`, the refusal then.
     """
 
     name: str
@@ -120,6 +120,16 @@ CAPABILITIES: tuple[Capability, ...] = (
         read="qkinspect.composition.saved:read_composition",
         is_saved="qkinspect.composition.saved:is_composition_document", figures=("composition",),
         draw="qkinspect.report.kinds:composition_figure", noun="a saved composition"),
+    Capability(
+        "heads", request="qkinspect.heads.request:check_request", call="qkinspect.heads.run:heads",
+        result="qkinspect.heads.results:HeadsResult", read="qkinspect.heads.saved:read",
+        is_saved="qkinspect.heads.saved:is_heads", figures=("heads",), draw="qkinspect.report.kinds:heads_figure",
+        pdf="qkinspect.report.heads.page:write_heads_pdf", html="qkinspect.report.heads.page:render_heads_html",
+        noun="a heads document", report_noun="heads", takes=("--kind", "--metric", "--score", "--title"),
+        refusal="{named}: not for a heads document ({model}); its figures and report are drawn from its records "
+                "alone (plot takes --kind heads --metric NAME --score NAME; both take --title)",
+        needs="--score: draws a heads document (qkinspect heads -o FILE.json); {model} is not one",
+        other_kind="--kind {kind}: a heads document draws --kind heads (--metric NAME --score NAME)"),
     Capability(
         "atlas", request="qkinspect.atlas.request:check_request", call="qkinspect.atlas.run:atlas",
         result="qkinspect.atlas.results:AtlasResult", read="qkinspect.atlas.saved:read_atlas",
@@ -215,9 +225,13 @@ def figure_source(spec: object, kind: str | None) -> tuple[Capability, str]:
 
 def refuse_options(cap: Capability, spec: object, given: dict[str, object]) -> None:
     """InputError naming the options in `given` (option -> its value, or whether it differs from its default)
-    that were set and that `cap`'s figures and report do not take."""
+    that were set and that `cap`'s figures and report do not take; for a model, an option only a saved thing's
+    figures take (--score) is refused with what that saved thing is."""
     named = [k for k, v in given.items() if k not in cap.takes and v not in (None, False, [], ())]
-    if named:
+    owner = next((c for c in CAPABILITIES for k in named if k in c.takes and c.needs.startswith(k)), None)
+    if owner is not None and cap.name in FROM_MODEL:
+        raise InputError(owner.needs.format(model=spec or "no file given"))
+    if named and cap.is_saved is not None and cap.name not in FROM_MODEL:
         raise InputError(cap.refusal.format(named=", ".join(named), noun=cap.noun, model=spec))
 
 

@@ -38,13 +38,14 @@ def html_table(render: Callable[[Any], None], width: int = NOTEBOOK_WIDTH) -> st
     return console.export_html(inline_styles=True, code_format=_PRE)
 
 
-def data_frame(rows: Sequence[dict[str, Any]], what: str = "to_pandas()"):
-    """`rows` as a pandas DataFrame, one row per record, the columns in the order the rows first name them."""
+def data_frame(rows: Sequence[dict[str, Any]], what: str = "to_pandas()", columns: Sequence[str] = ()):
+    """`rows` as a pandas DataFrame, one row per record, the columns in the order the rows first name them
+    (`columns` first: a kind of record with no rows is a frame of its columns and no rows)."""
     try:
         import pandas as pd
     except ImportError:
         raise ImportError(f"{what} needs pandas: pip install pandas") from None
-    columns = list(dict.fromkeys(k for r in rows for k in r))
+    columns = list(dict.fromkeys([*columns, *(k for r in rows for k in r)]))
     return pd.DataFrame(list(rows), columns=columns)
 
 

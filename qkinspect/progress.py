@@ -61,3 +61,34 @@ def phase(progress: Callable | None, name: str, total: int | None = None, unit: 
 
 def _nothing(done: int = 0, status: str = "") -> None:
     return None
+
+
+class Lines:
+    """A receiver that prints a line per phase and per unit done on stderr (or `file`): for a notebook or a log,
+    where no bar is drawn. `qkinspect.twin(..., progress=Lines())` prints a line as each run finishes.
+
+    Example:
+        >>> import sys
+        >>> show = Lines(file=sys.stdout)
+        >>> tick = phase(show, "twins", 2, "runs")
+        twins: 2 runs
+        >>> tick(1, status="standard-s0-lr0.001: held-out loss 2.8635 in 3 s")
+        twins: 1/2 runs  standard-s0-lr0.001: held-out loss 2.8635 in 3 s
+    """
+
+    def __init__(self, file=None):
+        self.file = file
+        self.name, self.unit = "", ""
+
+    def _print(self, line: str) -> None:
+        import sys
+
+        print(line, file=self.file or sys.stderr, flush=True)
+
+    def phase(self, name: str, total: int | None, unit: str) -> None:
+        self.name, self.unit = name, unit
+        self._print(f"{name}: {'?' if total is None else total} {unit}".rstrip())
+
+    def __call__(self, done: int, total: int | None, status: str = "") -> None:
+        line = f"{self.name}: {done}/{'?' if total is None else total} {self.unit}".rstrip()
+        self._print(f"{line}  {status}" if status else line)

@@ -72,6 +72,15 @@ def _ladder(root):
     return root / "ladder"
 
 
+def _heads(root):
+    from tests.experiment import tiny_models
+
+    llama = tiny_models.llama(root / "llama")
+    _ok(cli("heads", llama, "--sequences", "6", "--length", "12", "--windows", "3", "--window", "24", "--resamples",
+            "100", "--permutations", "100", "-o", root / "heads.json"))
+    return root / "heads.json"
+
+
 def _atlas(root):
     _ok(cli("atlas", _analysis(root), "--out", root / "atlas", "--workers", "1", "-f", "csv"))
     return root / "atlas"
@@ -80,7 +89,7 @@ def _atlas(root):
 # How each capability's saved thing is made here (None: it saves nothing of its own to draw or report: directions
 # write their PDF beside the table; tracking writes a sweep folder, walked as the sweep's).
 SAVE = {"analysis": _analysis, "composition": _composition, "experiment": _experiment, "sweep": _sweep,
-        "twin": _twin, "ladder": _ladder, "atlas": _atlas, "directions": None, "tracking": None}
+        "twin": _twin, "ladder": _ladder, "atlas": _atlas, "heads": _heads, "directions": None, "tracking": None}
 
 
 def test_every_capability_is_walked():
@@ -94,7 +103,7 @@ def test_every_piece_the_contract_names_exists(cap):
             assert callable(cap.get(piece)), (cap.name, piece)
     assert not cap.draw or cap.figures
     if cap.pdf and cap.is_saved and cap.name not in FROM_MODEL:  # a folder with a report of its own
-        assert cap.noun and cap.report_noun and cap.filled and cap.empty
+        assert cap.noun and cap.report_noun and bool(cap.filled) == bool(cap.empty)
     if cap.figures:
         assert set(cap.figures) <= set(all_figures())
 

@@ -118,6 +118,7 @@ def _results(minilm, tmp_path):
     from qkinspect.cli.commands.composition import composition_document
     from qkinspect.cli.commands.directions import directions_document
     from qkinspect.cli.commands.experiment import experiment_document
+    from qkinspect.cli.commands.heads import heads_document
     from qkinspect.cli.commands.sweep import sweep_document
     from tests.experiment.test_saved_experiment import full_result
 
@@ -128,12 +129,15 @@ def _results(minilm, tmp_path):
     sweep = _sweep_folder(tmp_path)
     analysis.save(tmp_path / "run.json")
     atlas = qkinspect.atlas([str(tmp_path / "run.json")], out=tmp_path / "atlas")
+    heads = qkinspect.heads(minilm, sequences=6, length=12, windows=3, window=24, batch=4, resamples=100,
+                            permutations=100)
     return [("analysis", analysis, analysis_document(analysis)),
             ("composition", composition, composition_document(composition)),
             ("directions", directions, directions_document(directions)),
             ("experiment", experiment, experiment_document(experiment)),
             ("sweep", sweep, sweep_document(sweep)),
-            ("atlas", atlas, atlas_document(atlas))]
+            ("atlas", atlas, atlas_document(atlas)),
+            ("heads", heads, heads_document(heads))]
 
 
 def test_every_result_is_a_table_a_frame_and_saves_what_o_writes(minilm, tmp_path):
@@ -144,7 +148,8 @@ def test_every_result_is_a_table_a_frame_and_saves_what_o_writes(minilm, tmp_pat
         assert len(text_of(fragment).split()) > 10, name  # a table with something in it
         df = result.to_pandas()
         assert isinstance(df, pd.DataFrame) and len(df) > 0, name
-        assert_saves_what_o_writes(result, doc, tmp_path / name, parquet=name not in ("analysis", "experiment"),
+        no_parquet = ("analysis", "experiment", "heads")  # their commands write no Parquet
+        assert_saves_what_o_writes(result, doc, tmp_path / name, parquet=name not in no_parquet,
                                    parquet_columns=name == "composition")
 
 

@@ -36,11 +36,21 @@ def beyond_error(dloss: float | None, se: float | None) -> bool:
     return dloss is not None and se is not None and abs(dloss) > SIGNIFICANT * se
 
 
+RHO_HEADS = 3  # Spearman's ρ needs this many points: fewer, and it is undefined
+
+
+def too_few_to_rank(result: ExperimentResult) -> list[Agreement]:
+    """The edits whose estimate was checked on fewer verified heads than Spearman's ρ needs (RHO_HEADS): ρ is
+    undefined there, which the notes, the cost map and the report say."""
+    e = result.estimate
+    return [a for a in (e.agreement if e is not None else ()) if 0 < a.verified < RHO_HEADS]
+
+
 def rank_correlation(x: list[float], y: list[float]) -> tuple[float, float] | None:
     """Spearman's rank correlation of `x` and `y` and its two-sided p-value (scipy's); None with fewer than 3
     points or a constant side, where ρ is undefined. The one Spearman of qkinspect: undefined is None (JSON null,
     "-" in tables), never NaN, so that no caller prints "nan" or compares with one."""
-    if len(x) < 3 or len(set(x)) < 2 or len(set(y)) < 2:
+    if len(x) < RHO_HEADS or len(set(x)) < 2 or len(set(y)) < 2:
         return None
     from scipy.stats import spearmanr
 
@@ -309,6 +319,12 @@ def notes(result: ExperimentResult) -> list[str]:
                    "to rise above its noise (score more tokens); read each against its standard error")
     if result.estimate is not None and not result.estimate.agreement:
         out.append("the estimate was not checked against exact runs (no head was verified)")
+    if few := too_few_to_rank(result):
+        counts = sorted({a.verified for a in few})
+        out.append(f"{', '.join(a.edit for a in few)}: {' or '.join(map(str, counts))} verified "
+                   f"head{'s' if counts != [1] else ''}, and Spearman's ρ between estimate and exact Δloss needs at "
+                   f"least {RHO_HEADS}: it is undefined (verify {RHO_HEADS} or more heads; 10 or more give ρ an "
+                   "interval)")
     return out
 
 

@@ -24,6 +24,7 @@ from qkinspect.loading.source import SafetensorsSource, TensorSource
 HUB_PATTERNS = ["config.json", "*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json"]
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".json", ".pt", ".pth")
+_BARE_NAME = re.compile(r"[A-Za-z0-9][\w.-]*")  # a hub name without its org ("bert-base-uncased"): no path in it
 
 
 @dataclass
@@ -66,7 +67,9 @@ def resolve(spec: str | Path | None, revision: str | None = None) -> Resolved:
     if is_hub_id(str(spec)):
         folder = hub_snapshot(str(spec), revision)
         return _from_folder(str(spec), folder, revision=folder.name)
-    raise ModelNotFoundError(f"{spec}: no such file or folder")
+    hint = ("; a Hugging Face hub id is written org/name (google-bert/bert-base-uncased)"
+            if _BARE_NAME.fullmatch(str(spec)) and not str(spec).lower().endswith(_WEIGHT_SUFFIXES) else "")
+    raise ModelNotFoundError(f"{spec}: no such file or folder{hint}")
 
 
 def _from_folder(name: str, folder: Path, revision: str | None = None) -> Resolved:

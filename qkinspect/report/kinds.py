@@ -34,6 +34,16 @@ def ladder_figure(ladder, kind: str, *, title: str | None = None, **_: Any):
     return retitle(scaling_figure(ladder), title), "scaling figure"
 
 
+def heads_figure(result, kind: str, *, metric: str | None = None, score: str | None = None,
+                 title: str | None = None, **_: Any):
+    """A heads document's figure: `metric` against `score`, one dot per head (their defaults: check_pair's)."""
+    from qkinspect.report.heads.figures import check_pair
+    from qkinspect.report.heads.figures import heads_figure as draw
+
+    metric, score = check_pair(result, metric, score)
+    return draw(result, metric, score, title=title), f"{metric} / {score} figure"
+
+
 def atlas_figure(atlas, kind: str, *, metric: str | None = None, title: str | None = None, **_: Any):
     """An atlas folder's figure: `depth` or `size` of `metric` (default: symmetry; symmetry_layer for size when
     the atlas has it)."""
@@ -117,7 +127,7 @@ def write_folder_report(cap, folder: Path, output: Path, *, html: bool = False, 
     from qkinspect.files import atomic_write, write_rendered
 
     result = cap.get("read")(folder)
-    if not getattr(result, cap.filled):
+    if cap.filled and not getattr(result, cap.filled):
         raise InputError(cap.empty.format(folder=folder))
     if html:
         page = cap.get("html")(result, name=title)  # matplotlib: after the checks

@@ -98,6 +98,9 @@ def header_lines(header: list[str], width: float, size: float) -> tuple[list[lis
     return [wrap(h.replace("_", " "), width, hsize, bold=True) for h in header], hsize
 
 
+KEEP_ROWS = 5  # `table(keep=True)`: fewer rows than this are not left alone on a page
+
+
 class TextPages:
     """Lays text out top to bottom on A4 pages; each full page goes to `sink` (e.g. PdfPages.savefig).
 
@@ -178,13 +181,21 @@ class TextPages:
                 self._put(MARGIN + key_width, line, size)
         self.y -= 0.08
 
-    def table(self, t: Table, size: float = TABLE_SIZE, min_column: float = MIN_COLUMN) -> None:
+    def table(self, t: Table, size: float = TABLE_SIZE, min_column: float = MIN_COLUMN, keep: bool = False) -> None:
         """A table with a rule under the header (repeated on each new page): the first column left-aligned, the
-        others right-aligned; columns narrower than `min_column` inches would not fit, so wide tables continue."""
+        others right-aligned; columns narrower than `min_column` inches would not fit, so wide tables continue.
+        `keep`: a table that fits on a page is not broken (it starts on the next page), and one that does not
+        leaves at least KEEP_ROWS rows for each page it continues on."""
         for part in t.split(max_columns=1 + int((self.width - FIRST_COLUMN) // min_column)):
-            self._table(part, size)
+            self._table(part, size, keep)
 
-    def _table(self, t: Table, size: float) -> None:
+    def _table_height(self, t: Table, size: float, depth: int) -> float:
+        """Inches the whole table takes: its title (as `heading` sets it), header, rule and rows."""
+        titles = len(wrap(t.title, self.width, 10, bold=True))
+        lh = size * LEADING / 72
+        return 0.12 + titles * 10 * LEADING / 72 + 0.06 + lh * (depth + 0.35) + lh * len(t.rows)
+
+    def _table(self, t: Table, size: float, keep: bool = False) -> None:
         lh = size * LEADING / 72
         # the first column as wide as its widest cell needs ("layer 16 head 6" ran into the next column's cell)
         first = max([FIRST_COLUMN, *(text_width(r[0], size, family=CELL_FONT) + CELL_GAP for r in t.rows)])
@@ -194,12 +205,20 @@ class TextPages:
         rights = [0.0] + [first + col * (i + 1) - 0.08 for i in range(len(t.header) - 1)]
         header, hsize = header_lines(t.header, col - 0.1, size)
         depth = max(len(h) for h in header)
+        height = self._table_height(t, size, depth)
+        if keep and self.fig is not None and self.y - height < MARGIN and height <= PAGE[1] - 2 * MARGIN:
+            self.new_page()  # it fits on a page of its own: not broken
         self.heading(t.title, size=10)
         self._header(header, depth, rights, hsize, lh)
+        left = len(t.rows)  # rows not yet set, this one included
         for row in t.rows:
-            if self.y - lh < MARGIN:
+            fit = int((self.y - MARGIN) // lh)  # rows this page still holds
+            # a page break comes within the rows left; with `keep`, break here so that KEEP_ROWS go on together
+            widow = keep and left > fit and left == KEEP_ROWS and left < len(t.rows)
+            if fit < 1 or widow:
                 self.new_page()
                 self._header(header, depth, rights, hsize, lh)
+            left -= 1
             self.y -= lh
             for i, (x, cell) in enumerate(zip(rights, row, strict=True)):
                 self._put(MARGIN + x, cell, size, ha="left" if i == 0 else "right", family=CELL_FONT)

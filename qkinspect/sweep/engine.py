@@ -41,6 +41,13 @@ from qkinspect.sweep.keys import Failure
 from qkinspect.sweep.names import LIBRARY_NAMES
 
 CONNECT_TIMEOUT = "20s"
+# The local cluster's workers keep glibc's malloc as every other process has it. Dask's nanny sets
+# MALLOC_TRIM_THRESHOLD_=65536 in its workers by default (`distributed.nanny.pre-spawn-environ`); setting any M_TRIM
+# threshold turns off glibc's dynamic mmap threshold, so every tensor over 128 KiB is a fresh mmap, page-faulted and
+# zeroed again at each allocation: a twin's training step was 2.3x slower in such a worker than in this process
+# (docs/twin.md, "Stacked training"). Memory the workers free is handed back by `heal.return_freed_memory` where
+# it matters.
+PRE_SPAWN = "distributed.nanny.pre-spawn-environ"
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,7 @@ def connect(scheduler: str | None, workers: int | None, threads: int | None,
     """A Dask client (to `scheduler`, or to a new LocalCluster) and the torch threads each task should use.
     `workers` and `threads` come checked (`check_threads`, `check_workers`: `run_sweep` and the twin's request
     check them once, in the caller's names, before any work)."""
+    import dask
     from distributed import Client, LocalCluster
 
     logging.getLogger("distributed").setLevel(logging.ERROR)  # the CLI reports failures itself, once
@@ -180,8 +188,9 @@ def connect(scheduler: str | None, workers: int | None, threads: int | None,
         # The workers' own logs stay quiet even at ERROR: a task's failure reaches the client as its exception
         # (listed once by the CLI), and what they log besides is shutdown noise (a heartbeat that meets the
         # closing scheduler: CommClosedError), which is not the user's to read.
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                               dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL)
+        with dask.config.set({PRE_SPAWN + ".MALLOC_TRIM_THRESHOLD_": None}):  # glibc's own malloc (WORKER_MALLOC)
+            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                   dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL)
     with contextlib.closing(cluster), contextlib.closing(Client(cluster)) as client:
         yield client, threads or max(1, cores // n)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,10 +57,7 @@ def read_corpus(text: Path | None, names: Names = LIBRARY_NAMES) -> Corpus:
         files = [(demo.name, demo.text)]
         name, is_demo = demo.name, True
     else:
-        paths = sorted(p for p in text.iterdir() if p.suffix == ".txt" and p.is_file()) if text.is_dir() else [text]
-        if not paths:
-            raise InputError(f"{names.said('text', text)}: the folder has no .txt file")
-        files = [(p.name, _read(p, names)) for p in paths]
+        files = [(p.name, body) for p, body in _read_all(text, names)]
         name, is_demo = str(text), False
     h = hashlib.sha256()
     for fname, body in files:
@@ -71,15 +69,41 @@ def read_corpus(text: Path | None, names: Names = LIBRARY_NAMES) -> Corpus:
     return Corpus(name, h.hexdigest(), sum(len(b) for _, b in files), tuple(parts), is_demo)
 
 
-def _read(path: Path, names: Names) -> str:
+def _read_all(text: Path, names: Names) -> list[tuple[Path, str]]:
+    """The file `text`, or every .txt entry of the folder `text` by name; each read bounded (qkinspect.reading:
+    a regular file, at most what is left of `MAX_TEXT_BYTES` for them all), a link to a file outside the folder
+    refused: nothing outside the given paths is read."""
+    if not text.is_dir():
+        return [(text, _read(text, MAX_TEXT_BYTES, names))]
+    root = os.path.realpath(text)
     try:
-        if path.stat().st_size > MAX_TEXT_BYTES:
-            raise InputError(f"{names.said('text', path)}: larger than {MAX_TEXT_BYTES >> 20} MiB")
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{names.said('text', path)}: not UTF-8 (byte {e.start})") from None
+        with os.scandir(text) as entries:
+            paths = sorted(text / e.name for e in entries if e.name.endswith(".txt") and not e.is_dir())
     except OSError as e:
-        raise InputError(f"{names.said('text', path)}: cannot read it ({e.strerror or e})") from None
+        raise InputError(f"{names.said('text', text)}: cannot read the folder ({e.strerror or e})") from None
+    if not paths:
+        raise InputError(f"{names.said('text', text)}: the folder has no .txt file")
+    for p in paths:
+        real = os.path.realpath(p)
+        if os.path.commonpath([root, real]) != root:
+            raise InputError(f"{names.said('text', p)}: a link to {real}, outside the folder {text}; refused")
+    out, left = [], MAX_TEXT_BYTES
+    for p in paths:
+        body = _read(p, left, names)
+        left -= len(body.encode("utf-8"))
+        out.append((p, body))
+    return out
+
+
+def _read(path: Path, limit: int, names: Names) -> str:
+    from qkinspect.reading import read_text
+
+    try:
+        return read_text(path, limit=limit, what="the text")
+    except InputError as e:  # the reader's line, naming the file as the caller's option
+        said = names.said("text", path)
+        message = str(e)
+        raise InputError(f"{said}: {message.removeprefix(f'{path}: ')}") from None
 
 
 class Tokenizer:

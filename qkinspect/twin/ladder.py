@@ -15,7 +15,6 @@ the per-rung records (`ShapeSummary`) and the scaling fit per variant (`qkinspec
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from qkinspect.documents import envelope, json_safe
 from qkinspect.errors import InputError
 from qkinspect.names import Names
 from qkinspect.notebook import Tabular
+from qkinspect.twin.folder import is_twin_folder
 from qkinspect.twin.request import LIBRARY_NAMES, MAX_STEPS, Shape
 
 LADDER = "ladder.json"
@@ -259,7 +259,7 @@ def write_manifest(folder: Path, rungs: Sequence[Rung], tokens_per_param: float 
 
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{names.said('out', folder)}: not a folder")
-    if (folder / "twin.json").is_file():
+    if is_twin_folder(folder):
         raise InputError(f"{names.said('out', folder)}: holds a one-shape twin; choose another folder for a ladder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -291,7 +291,7 @@ def read_ladder(folder: str | Path) -> Ladder:
     for s in shapes:
         rung = _rung(s, where)
         sub = folder / rung.name
-        if not (sub / "twin.json").is_file():
+        if not is_twin_folder(sub):
             notes.append(f"{rung.name}: not started yet")
             continue
         twin = read_twin(sub)
@@ -340,13 +340,16 @@ def per_seed_gaps(rungs: Sequence[Rung], twins: Sequence[Any], variant: str) -> 
 
 
 def _manifest(folder: Path) -> dict[str, Any]:
+    import os
+
+    from qkinspect.reading import read_json
+
     path = folder / LADDER
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file (not a ladder folder?)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: not readable as JSON ({e})") from None
+    if not os.path.lexists(path):
+        raise InputError(f"{path}: no such file (not a ladder folder?)")
+    if os.path.islink(path):
+        raise InputError(f"{path}: is a link; a ladder's manifest is a regular file")
+    doc = read_json(path, what="a twin ladder's manifest")  # bounded in size and depth, regular files only
     if not isinstance(doc, dict) or doc.get("kind") != LADDER_KIND:
         raise InputError(f"{path}: kind: not a twin ladder's manifest")
     return doc
@@ -371,9 +374,10 @@ def _rung(s: Any, where: Path) -> Rung:
 
 
 def run_ladder(out: Path, rungs: Sequence[Rung], tokens_per_param: float | None, options: dict[str, Any],
-               progress, names: Names) -> Ladder:
+               progress, names: Names, notice=None) -> Ladder:
     """Every rung's request checked, then the manifest written and each rung's twin trained into its folder, in
-    turn (`options`: the twin's other arguments); the ladder read back."""
+    turn (`options`: the twin's other arguments); the ladder read back. `progress` (qkinspect.progress) is each
+    rung's twin's; `notice` gets the lines the CLI prints, each under its rung's name."""
     from qkinspect.twin.request import check_request
     from qkinspect.twin.run import twin
 
@@ -381,14 +385,14 @@ def run_ladder(out: Path, rungs: Sequence[Rung], tokens_per_param: float | None,
         check_request(out / r.name, layers=r.layers, d_model=r.d_model, heads=r.heads, steps=r.steps, names=names,
                       **{k: v for k, v in options.items() if k in _REQUEST})
     write_manifest(out, rungs, tokens_per_param, names)
-    say = progress or (lambda line: None)
+    say = notice or (lambda line: None)
     for r in rungs:
         say(f"{r.name}: {r.heads} heads, {r.non_embedding_params:,} non-embedding parameters, {r.steps} steps")
         twin(out / r.name, layers=r.layers, d_model=r.d_model, heads=r.heads, steps=r.steps, names=names,
-             progress=lambda line, name=r.name: say(f"{name}: {line}"), **options)
+             progress=progress, notice=lambda line, name=r.name: say(f"{name}: {line}"), **options)
     return read_ladder(out)
 
 
 _REQUEST = ("variants", "match_params", "arch", "context", "config", "text", "tokenizer", "seeds", "lr", "warmup",
             "batch", "eval_every", "eval_windows", "track_every", "margin", "save_checkpoints", "scheduler",
-            "workers", "threads", "device", "init", "schedule")
+            "workers", "threads", "device", "init", "schedule", "stack", "precision", "compile")

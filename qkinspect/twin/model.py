@@ -11,7 +11,6 @@ wider (or narrower) MLP.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from qkinspect.errors import InputError
 from qkinspect.names import Names
 from qkinspect.twin.request import LIBRARY_NAMES, MATCHED, Shape, base_variant
 
+MAX_CONFIG_BYTES = 1 << 20  # a config.json larger than this is not a model's config
 EDITED = ("share_qk", "share_qk_reformer", "symmetric", "share_qkv", "rank")  # constraints held by an edit's form
 # the query-side tensor each tied parameter starts from under init="draw" (the form derives W_Q from W_K)
 _FROM_QUERY = {"W_K": "W_Q", "b_K": "b_Q"}
@@ -72,10 +72,12 @@ def config_for(shape: Shape, vocab: int, intermediate: int | None = None, names:
 def _from_file(path: Path, names: Names):
     from transformers import GPT2Config, LlamaConfig
 
+    from qkinspect.reading import read_json
+
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{names.said('config', path)}: not a readable JSON config ({e})") from None
+        doc = read_json(path, what="a config", limit=MAX_CONFIG_BYTES)
+    except InputError as e:  # the reader's line, naming the file as the caller's option
+        raise InputError(f"{names.said('config', path)}: {str(e).removeprefix(f'{path}: ')}") from None
     kind = doc.get("model_type") if isinstance(doc, dict) else None
     classes = {"llama": LlamaConfig, "gpt2": GPT2Config}
     if kind not in classes:

@@ -20,12 +20,7 @@ from typing import Any
 from qkinspect.documents import envelope, json_safe
 from qkinspect.notebook import Tabular
 
-KIND = "twin"
-# the twin folder: its manifest, the folder of one document per run, and the kinds those documents declare
-MANIFEST = "twin.json"
-RUNS = "runs"
-FOLDER_KIND = "twin-folder"
-RUN_KIND = "twin-run"
+KIND = "twin"  # the document -o writes (the folder's own files: qkinspect.twin.folder)
 ROW_KINDS = ("runs", "trajectories", "summary", "lr")
 
 
@@ -183,10 +178,28 @@ class Twin(Tabular):
                     [asdict(f) for f in self.failures])
 
     def to_pandas(self, kind: str = "runs"):
-        """One kind of tidy rows (runs, trajectories, summary, lr) as a pandas DataFrame."""
+        """One kind of tidy rows (runs, trajectories, summary, lr) as a pandas DataFrame; a kind with no rows
+        (trajectories without tracking) is a frame of its columns and no rows."""
+        from dataclasses import fields
+
         from qkinspect.notebook import data_frame
 
-        return data_frame(self.rows(kind), f"to_pandas({kind!r})")
+        rows = self.rows(kind)
+        record = {"runs": RunPoint, "trajectories": TrajectoryPoint, "summary": VariantSummary, "lr": LrTrial}[kind]
+        return data_frame(rows, f"to_pandas({kind!r})", [f.name for f in fields(record)])
+
+    def __repr__(self) -> str:
+        """One line: the folder, its runs and each variant's verdict (the records are in `runs`, `points`, ...)."""
+        plan = self.setup.get("plan", {}) if isinstance(self.setup, dict) else {}
+        verdicts = ", ".join(f"{s.variant} {s.verdict}" + ("" if s.diff is None else f" {s.diff:+.4f}")
+                             for s in self.summaries if s.variant != "standard")
+        failed = f", {len(self.failures)} failed" if self.failures else ""
+        from qkinspect.terminal.twin import plural
+
+        seeds = plan.get("seeds")
+        seeds = plural(seeds, "seed") if isinstance(seeds, int) else "? seeds"
+        return f"Twin({str(self.folder)!r}: {plural(len(self.runs), 'run')}{failed}, {seeds}; " \
+               f"{verdicts or 'no variant compared'})"
 
 
 def save_rows(result: Any, path: str | Path, rows: str) -> Path:

@@ -10,13 +10,7 @@ rate (lowest final held-out loss on seed 0) for the other seeds. A run whose fil
 is read back, checked, by `qkinspect.twin.saved.read_twin`: the result is the same whether the runs were computed
 now or before.
 
-Folder:
-    twin.json                  the setup (text, tokenizer, model config, training, evaluation windows), the plan
-                               (variants, seeds, learning rates, margin), the resume key, the failures
-    tokens/train.npy, held_out.npy, tokenizer.txt   the token streams and the tokenizer the runs read
-    runs/<variant>-s<seed>-lr<lr>.json               one file per finished run (its curve, trajectory, timing)
-    tracks/<run>/              the run's head metrics while it trained (a sweep folder; --track-every)
-    checkpoints/<variant>-s<seed>/   config.json + model.safetensors (--save-checkpoints)
+The folder's layout and every file of it read or written: qkinspect.twin.folder.
 """
 
 from __future__ import annotations
@@ -29,8 +23,22 @@ from typing import TYPE_CHECKING, Any
 
 from qkinspect.errors import InputError
 from qkinspect.names import Names
+from qkinspect.twin.folder import (
+    FOLDER_KIND,
+    MANIFEST,
+    RUN_KIND,
+    RUNS,
+    check_out,
+    done,
+    existing,
+    own_dir,
+    run_name,
+    run_path,
+    write_json,
+    write_tokens,
+)
 from qkinspect.twin.request import LIBRARY_NAMES, Request, check_request
-from qkinspect.twin.results import FOLDER_KIND, MANIFEST, RUN_KIND, RUNS, Twin
+from qkinspect.twin.results import Twin
 
 if TYPE_CHECKING:
     from qkinspect.twin.ladder import Ladder
@@ -44,15 +52,18 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
          margin: float = 0.02, device: str = "cpu", save_checkpoints: bool = False, scheduler: str | None = None,
          workers: int | None = None, threads: int | None = None, init: str = "draw", schedule: str = "cosine",
          shapes: str | Sequence[str] | None = None, head_size: int | None = None,
-         tokens_per_param: float | None = None, progress: Callable[[str], None] | None = None,
+         tokens_per_param: float | None = None, stack: int | None = None, precision: str = "float32",
+         compile: bool = False, progress: Any = None, notice: Callable[[str], None] | None = None,
          names: Names = LIBRARY_NAMES) -> Twin | Ladder:
     """Train the twins into the folder `out` (resumable) and return every run's records there.
 
     Args:
-        out: the twin folder (created; the same folder again skips the runs done).
+        out: the twin folder (created; the same folder again skips the runs done; a folder holding anything else
+            is refused).
         variants: standard, share_qk, share_qk_reformer, symmetric, share_qkv, share_kv, rank:K, wq_identity,
-            bilinear (standard is always trained). `match_params`: add each constrained variant's arm with its MLP
-            resized to the standard twin's free parameters (within 1 %).
+            bilinear (standard is always trained; "standard" alone trains the reference only). `match_params`:
+            add each constrained variant's arm with its MLP resized to the standard twin's free parameters (within
+            1 %).
         arch, layers, d_model, heads, context: the model (transformers' llama or gpt2 class), or `config`, a
             config.json (llama or gpt2) whose sizes are taken (its vocabulary is the tokenizer's). `heads`
             defaults to 4, or to d_model / `head_size` where a head size or `shapes` is given.
@@ -75,20 +86,31 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
         device: cpu or cuda. save_checkpoints: each twin's final weights as a transformers folder.
         scheduler: a Dask scheduler address (None: a local cluster of `workers` processes; 0 workers: in this
             process, one run after another). threads: torch threads per run (default 1).
-        progress: called with one line per run started, finished or failed.
+        stack: the runs of one shape trained together as one batched model (docs/twin.md, "Stacked
+            training"): at most this many a task (None: as many as fit in memory; 1: one run a task).
+        precision: float32, or bf16 (bfloat16 autocast, float32 weights; a CPU or GPU with bfloat16).
+        compile: torch.compile the stacked model (where torch can).
+        progress: a receiver of qkinspect.progress (`progress(done, total)`, or an object with `phase` too, such
+            as `qkinspect.progress.Lines()`, which prints a line on stderr per run): told each phase of runs
+            and ticked as each run finishes or fails, its line (what the CLI prints) as the status.
+        notice: called with each line the CLI prints (a run started, finished or failed; runs found done).
         names: how errors name the options (the CLI passes `request.CLI_NAMES`).
 
     Returns:
         Twin: the records of every run in the folder for this request (a `Ladder` for several shapes).
 
     Raises:
-        InputError: a bad option, unreadable text, a folder holding runs of another setup.
+        InputError: a bad option, unreadable text, a folder holding anything but twins of this setup.
 
     Example:
-        >>> result = twin("twin-out", variants="share_qk", seeds=2, steps=200)  # doctest: +SKIP
+        >>> from qkinspect.progress import Lines
+        >>> result = twin("twin-out", variants="share_qk", seeds=2, steps=200, progress=Lines())  # doctest: +SKIP
         >>> result.to_pandas("summary")[["variant", "diff", "verdict"]]  # doctest: +SKIP
     """
     from qkinspect.twin.ladder import budget, resolve, run_ladder
+    from qkinspect.twin.request import check_types
+
+    check_types(names, out=out, text=text, config=config, progress=progress, notice=notice)
 
     rungs = resolve(shapes=shapes, layers=layers, d_model=d_model, heads=heads, head_size=head_size, steps=steps,
                     tokens_per_param=tokens_per_param, config=config, names=names)
@@ -105,34 +127,45 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
             tokenizer=tokenizer, seeds=seeds, lr=lr, warmup=warmup, batch=batch, eval_every=eval_every,
             eval_windows=eval_windows, track_every=track_every, margin=margin, device=device,
             save_checkpoints=save_checkpoints, scheduler=scheduler, workers=workers, threads=threads, init=init,
-            schedule=schedule), progress, names)
+            schedule=schedule, stack=stack, precision=precision, compile=compile), progress, names, notice)
     layers, d_model, heads, steps = rungs[0].layers, rungs[0].d_model, rungs[0].heads, rungs[0].steps
     req = check_request(out, variants=variants, match_params=match_params, arch=arch, layers=layers,
                         d_model=d_model, heads=heads, context=context, config=config, text=text, tokenizer=tokenizer,
                         seeds=seeds, lr=lr, steps=steps, warmup=warmup, batch=batch, eval_every=eval_every,
                         eval_windows=eval_windows, track_every=track_every, margin=margin, device=device,
                         save_checkpoints=save_checkpoints, scheduler=scheduler, workers=workers, threads=threads,
-                        init=init, schedule=schedule, names=names)
+                        init=init, schedule=schedule, stack=stack, precision=precision, compile=compile,
+                        names=names)
+    check_out(req.out, names)
     if req.shape.config is not None:  # a config.json it cannot use is refused before the text is read
         from qkinspect.twin.model import config_for
+        from qkinspect.twin.request import check_rank_pairs
 
-        config_for(req.shape, 2, names=names)
+        check_rank_pairs(req.variants, config_for(req.shape, 2, names=names).model_type, names)
     if req.device == "cuda":
         from qkinspect.device import check_device
 
         check_device("cuda", names.device)
+    if req.precision != "float32" or req.compile:  # refused here, before the text is read
+        from qkinspect.twin.stacked import check_compile, check_precision
+
+        check_precision(req.precision, req.device, names.said("precision", req.precision))
+        if req.compile:
+            check_compile(req.device, names.compile)
     spec, manifest = prepare(req, names)
     failures: list[dict[str, Any]] = []
-    say = progress or (lambda line: None)
+    say = notice or (lambda line: None)
+    key = manifest["key"]
     first = [(v, 0, x) for v in req.variants for x in req.lrs] if len(req.lrs) > 1 else \
         [(v, s, req.lrs[0]) for v in req.variants for s in range(req.seeds)]
-    execute(req, spec, first, failures, say, names)
-    if len(req.lrs) > 1 and req.seeds > 1:
-        best = chosen_lrs(req.out, req.variants, req.lrs, manifest["key"])
+    sweeping = len(req.lrs) > 1
+    execute(req, spec, key, first, failures, say, progress, "lr sweep on seed 0" if sweeping else "twins", names)
+    if sweeping and req.seeds > 1:
+        best = chosen_lrs(req.out, req.variants, req.lrs, key)
         second = [(v, s, best[v]) for v in req.variants if v in best for s in range(1, req.seeds)]
-        execute(req, spec, second, failures, say, names)
+        execute(req, spec, key, second, failures, say, progress, "the other seeds at the chosen rates", names)
     manifest["failures"] = failures
-    _write(req.out / MANIFEST, manifest)
+    write_json(req.out / MANIFEST, manifest)
     from qkinspect.twin.saved import read_twin
 
     return read_twin(req.out)
@@ -141,8 +174,6 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
 def prepare(req: Request, names: Names) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read and tokenize the text, write the token streams and the manifest (refusing a folder of another setup);
     returns the runs' spec and the manifest."""
-    import numpy as np
-
     from qkinspect.twin.data import Tokenizer, check_lengths, eval_starts, read_corpus, tokenize
     from qkinspect.twin.model import config_for
 
@@ -157,7 +188,7 @@ def prepare(req: Request, names: Names) -> tuple[dict[str, Any], dict[str, Any]]
     starts = eval_starts(len(tokens.held_out), req.shape.context, req.eval_windows)
     training = req.training()
     key = hashlib.sha256(json.dumps([training, corpus.sha256, tok.sha256], sort_keys=True).encode()).hexdigest()[:16]
-    manifest = _existing(req.out, key, names)
+    manifest = existing(req.out, key, training, corpus.sha256, tok.sha256, names)
     setup = {
         "text": {"name": corpus.name, "sha256": corpus.sha256, "chars": corpus.chars, "demo": corpus.demo,
                  "files": [p.name for p in corpus.parts], "train_tokens": int(len(tokens.train)),
@@ -179,79 +210,50 @@ def prepare(req: Request, names: Names) -> tuple[dict[str, Any], dict[str, Any]]
                                               "lrs": list(req.lrs), "margin": req.margin}})
     folder = req.out
     try:
-        (folder / "tokens").mkdir(parents=True, exist_ok=True)
-        (folder / RUNS).mkdir(exist_ok=True)
+        own_dir(folder)
+        write_json(folder / MANIFEST, manifest)  # first: a folder stopped before its tokens is still a twin's
+        own_dir(folder / RUNS)
     except OSError as e:
         raise InputError(f"{names.said('out', folder)}: cannot create the twin folder ({e.strerror or e})") from None
-    np.save(folder / "tokens" / "train.npy", tokens.train.astype(np.int32))
-    np.save(folder / "tokens" / "held_out.npy", tokens.held_out.astype(np.int32))
-    (folder / "tokens" / "tokenizer.txt").write_text(tok.serialized(), encoding="utf-8")
-    _write(folder / MANIFEST, manifest)
+    write_tokens(folder, tokens.train, tokens.held_out, tok.serialized())
     spec = {**training, "vocab_size": tokens.vocab_size, "eval_starts": starts.tolist()}
     return spec, manifest
 
 
-def _existing(folder: Path, key: str, names: Names) -> dict[str, Any]:
-    """The folder's manifest where it was written for this setup (resumed), {} where there is none; InputError
-    where it holds runs of another setup."""
-    path = folder / MANIFEST
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"{names.said('out', folder)}: not a folder")
-    if not path.is_file():
-        return {}
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: not a twin folder's manifest ({e})") from None
-    if not isinstance(doc, dict) or doc.get("kind") != FOLDER_KIND:
-        raise InputError(f"{path}: not a twin folder's manifest")
-    if doc.get("key") != key:
-        raise InputError(f"{names.said('out', folder)}: holds twins of another setup (text, tokenizer, model or "
-                         "training options); choose another folder")
-    return doc
+def execute(req: Request, spec: dict[str, Any], key: str, plan: list[tuple[str, int, float]],
+            failures: list[dict[str, Any]], say: Callable[[str], None], progress: Any = None, phase: str = "twins",
+            names: Names = LIBRARY_NAMES) -> None:
+    """Run the plan's runs not in the folder yet, writing each as it arrives; failures recorded. `progress` (a
+    qkinspect.progress receiver) is told the phase `phase` and ticked after each run, its line as the status."""
+    from qkinspect.progress import phase as begin
+    from qkinspect.terminal.twin import plural
+    from qkinspect.twin.train import run_twin
 
-
-def run_path(folder: Path, variant: str, seed: int, lr: float) -> Path:
-    from qkinspect.twin.train import run_name
-
-    return folder / RUNS / f"{run_name(variant, seed, lr)}.json"
-
-
-def done(folder: Path, variant: str, seed: int, lr: float, key: str) -> dict[str, Any] | None:
-    """A finished run's document, where its file is in the folder for this setup."""
-    path = run_path(folder, variant, seed, lr)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    ok = isinstance(doc, dict) and doc.get("key") == key and isinstance(doc.get("run"), dict)
-    return doc if ok and (doc["run"].get("variant"), doc["run"].get("seed"), doc["run"].get("lr")) == \
-        (variant, seed, lr) else None
-
-
-def execute(req: Request, spec: dict[str, Any], plan: list[tuple[str, int, float]], failures: list[dict[str, Any]],
-            say: Callable[[str], None], names: Names = LIBRARY_NAMES) -> None:
-    """Run the plan's runs not in the folder yet, writing each as it arrives; failures recorded."""
-    from qkinspect.twin.train import run_name, run_twin
-
-    key = json.loads((req.out / MANIFEST).read_text(encoding="utf-8"))["key"]
     todo = [(v, s, x) for v, s, x in plan if done(req.out, v, s, x, key) is None]
     if len(todo) < len(plan):
-        say(f"{len(plan) - len(todo)} of {len(plan)} runs already in {req.out}")
+        say(f"{len(plan) - len(todo)} of {plural(len(plan), 'run')} already in {req.out}")
     if not todo:
         return
+    tick = begin(progress, phase, len(todo), "runs")
     folder = str(req.out)
 
     def finished(item, result: dict[str, Any] | None, error: str | None, n: int) -> None:
         v, s, x = item
         if error is not None:
             failures.append({"variant": v, "seed": s, "lr": x, "error": error})
-            say(f"[{n}/{len(todo)}] {run_name(v, s, x)} failed: {error}")
-            return
-        _write(run_path(req.out, v, s, x), {"schema": "qkinspect/1", "kind": RUN_KIND, "key": key, "run": result})
-        say(f"[{n}/{len(todo)}] {run_name(v, s, x)}: held-out loss {result['points'][-1]['val_loss']:.4f} "
-            f"in {result['seconds']:.0f} s")
+            line = f"[{n}/{len(todo)}] {run_name(v, s, x)} failed: {error}"
+        else:
+            write_json(run_path(req.out, v, s, x), {"schema": "qkinspect/1", "kind": RUN_KIND, "key": key,
+                                                    "run": result})
+            line = (f"[{n}/{len(todo)}] {run_name(v, s, x)}: held-out loss {result['points'][-1]['val_loss']:.4f} "
+                    f"in {result['seconds']:.0f} s")
+        say(line)
+        tick(n, status=line)
 
+    stacks = _stacks(req, spec, todo, say)
+    if stacks is not None:
+        _stacked(req, spec, stacks, folder, finished, say, names)
+        return
     if req.workers == 0 and req.scheduler is None:  # in this process, one after another
         for n, item in enumerate(todo, start=1):
             say(f"[{n}/{len(todo)}] {run_name(*item)} started")
@@ -271,15 +273,16 @@ def _on_dask(req: Request, spec, todo, folder: str, finished, say, names: Names)
     from distributed import as_completed
 
     from qkinspect.sweep.engine import cancelling, error_text
+    from qkinspect.terminal.twin import plural
     from qkinspect.twin.cluster import twin_cluster
-    from qkinspect.twin.train import run_name, run_twin
+    from qkinspect.twin.train import run_twin
 
     with twin_cluster(req.device, req.scheduler, req.workers, req.threads, len(todo), names) as \
             (client, threads, extra):
         futures = {client.submit(run_twin, folder, v, s, x, spec, threads=req.threads or threads, pure=False,
                                  key=f"qkinspect-twin-{run_name(v, s, x)}-{uuid.uuid4().hex[:8]}", **extra): (v, s, x)
                    for v, s, x in todo}
-        say(f"{len(todo)} runs submitted")
+        say(f"{plural(len(todo), 'run')} submitted")
         with cancelling(client, futures):
             for n, fut in enumerate(as_completed(futures), start=1):
                 item = futures[fut]
@@ -287,6 +290,83 @@ def _on_dask(req: Request, spec, todo, folder: str, finished, say, names: Names)
                     finished(item, fut.result(), None, n)
                 else:
                     finished(item, None, error_text(fut), n)
+                fut.release()
+
+
+def _stacks(req: Request, spec: dict[str, Any], todo, say) -> list[list[tuple[str, int, float]]] | None:
+    """The runs to do as stacks (qkinspect.twin.stacked), or None where each runs alone (`stack` 1 in float32, or
+    a config the batched model does not reproduce)."""
+    if req.stack == 1 and req.precision == "float32" and not req.compile:
+        return None
+    from qkinspect.twin.batched import supported
+    from qkinspect.twin.model import config_for
+    from qkinspect.twin.stacked import largest_stack, plan_stacks
+
+    why = supported(config_for(req.shape, spec["vocab_size"]))
+    if why is not None:
+        if req.precision != "float32" or req.compile:
+            raise InputError(f"the batched twin does not reproduce this config ({why}): train it in float32 without "
+                             "compile")
+        say(f"the batched twin does not reproduce this config ({why}): one run a task")
+        return None
+    largest = largest_stack(spec, spec["vocab_size"])
+    if req.stack is None and req.scheduler is None:  # the runs shared among the local workers, one stack each
+        from qkinspect import limits
+
+        workers = 1 if req.workers == 0 else req.workers or limits.cores()
+        largest = min(largest, -(-len(todo) // workers))
+    return plan_stacks(todo, req.stack, largest)
+
+
+def _stacked(req: Request, spec, stacks, folder: str, finished, say, names: Names) -> None:
+    """Each stack one task (in this process with 0 workers, else on the sweep engine); its runs' files written
+    as it returns (a stack that fails records each of its runs as failed)."""
+    from qkinspect.twin.stacked import run_stack
+    from qkinspect.twin.train import run_name
+
+    n = 0
+    options = {"precision": req.precision, "compile": req.compile}
+
+    def arrived(items, results, error) -> None:
+        nonlocal n
+        for k, item in enumerate(items):
+            n += 1
+            why = error or results[k].get("error")
+            finished(item, None if why else results[k], why, n)
+
+    def names_of(items) -> str:
+        return ", ".join(run_name(*it) for it in items)
+
+    if req.scheduler is None and (req.workers == 0 or len(stacks) == 1):  # a cluster for one task: only its start
+        for k, items in enumerate(stacks, start=1):
+            say(f"stack {k}/{len(stacks)} of {len(items)} runs started: {names_of(items)}")
+            try:
+                results = run_stack(folder, items, spec, threads=req.threads, **options)
+            except Exception as e:  # noqa: BLE001 - a failed stack is recorded; the others go on
+                arrived(items, None, " ".join(f"{type(e).__name__}: {e}".split()))
+                continue
+            arrived(items, results, None)
+        return
+    import uuid
+
+    from distributed import as_completed
+
+    from qkinspect.sweep.engine import cancelling, error_text
+    from qkinspect.twin.cluster import twin_cluster
+
+    with twin_cluster(req.device, req.scheduler, req.workers, req.threads, len(stacks), names) as \
+            (client, threads, extra):
+        futures = {client.submit(run_stack, folder, items, spec, threads=req.threads or threads or 1,
+                                 **options, pure=False, key=f"qkinspect-twin-stack-{uuid.uuid4().hex[:12]}",
+                                 **extra): items for items in stacks}
+        say(f"{sum(len(s) for s in stacks)} runs submitted as {len(stacks)} stacks")
+        with cancelling(client, futures):
+            for fut in as_completed(futures):
+                items = futures[fut]
+                if fut.status == "finished":
+                    arrived(items, fut.result(), None)
+                else:
+                    arrived(items, None, error_text(fut))
                 fut.release()
 
 
@@ -301,10 +381,3 @@ def chosen_lrs(folder: Path, variants: Sequence[str], lrs: Sequence[float], key:
         if chosen is not None:
             best[v] = chosen
     return best
-
-
-def _write(path: Path, doc: dict[str, Any]) -> None:
-    from qkinspect.documents import json_safe
-    from qkinspect.sweep.store import write_json
-
-    write_json(path, json_safe(doc))

@@ -1,24 +1,21 @@
 """Read a twin folder back, checked (it is untrusted input: a folder someone sent, or one a run left half
-written), into the records `qkinspect.twin` returns (qkinspect.twin.results). Each bad value is one InputError
-naming the file and the key; a run file that does not belong to the folder's setup (another resume key) is left
-out and said in the notes.
+written), into the records `qkinspect.twin` returns (qkinspect.twin.results). The files are read through the twin
+folder's one module (qkinspect.twin.folder: bounded, links refused) and each value checked with the house's
+`qkinspect.checking.Checker`: one InputError naming the file and the key. A run file that does not belong to the
+folder's setup (another resume key) is left out and said in the notes.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from qkinspect.errors import InputError
+from qkinspect.checking import Checker, show
+from qkinspect.twin.folder import MANIFEST, RUN_KIND, is_twin_folder, read_manifest, read_run, run_files
 from qkinspect.twin.request import INITS, LEGACY
 from qkinspect.twin.results import (
-    FOLDER_KIND,
-    MANIFEST,
-    RUN_KIND,
-    RUNS,
     Failure,
     LrTrial,
     RunPoint,
@@ -27,46 +24,52 @@ from qkinspect.twin.results import (
     TwinRun,
     VariantSummary,
 )
-from qkinspect.twin.summary import best_lr, compare, steps_to
+from qkinspect.twin.summary import best_lr, compare, edge_notes, steps_to
 
-MAX_FILE = 1 << 28  # 256 MiB: a run file larger than this is not one qkinspect wrote
+MAX_ITEMS = 1 << 24  # points, trajectory rows or failures in one document
+MAX_TEXT = 10_000  # characters of a name, metric, error or note
 
-
-def is_twin_folder(path: Any) -> bool:
-    return isinstance(path, (str, Path)) and (Path(path) / MANIFEST).is_file()
+__all__ = ["is_twin_folder", "read_twin"]
 
 
 def read_twin(folder: str | Path) -> Twin:
     """The records of every run in the twin folder `folder`, with the per-variant summary of its plan."""
     folder = Path(folder)
-    manifest = _json(folder / MANIFEST)
-    where = folder / MANIFEST
-    _expect(manifest.get("kind") == FOLDER_KIND, where, "kind", "not a twin folder's manifest")
-    key = _str(manifest, "key", where)
-    plan = _dict(manifest, "plan", where)
-    setup = _dict(manifest, "setup", where)
-    variants = [_s(v, where, "plan.variants") for v in _list(plan, "variants", where)]
-    seeds = _int(plan, "seeds", where)
-    lrs = [_num(x, where, "plan.lrs") for x in _list(plan, "lrs", where)]
-    margin = _num(plan.get("margin"), where, "plan.margin")
+    manifest = read_manifest(folder)
+    c = Checker(folder / MANIFEST)
+    key = _text(c, manifest.get("key"), "key")
+    plan = c.obj(manifest.get("plan"), "plan")
+    setup = c.obj(manifest.get("setup"), "setup")
+    variants = [_text(c, v, f"plan.variants[{i}]") for i, v in enumerate(_list(c, plan.get("variants"),
+                                                                                  "plan.variants"))]
+    seeds = c.index(plan.get("seeds"), "plan.seeds", null=False)
+    lrs = [c.number(x, f"plan.lrs[{i}]", null=False) for i, x in enumerate(_list(c, plan.get("lrs"), "plan.lrs"))]
+    margin = c.number(plan.get("margin"), "plan.margin", null=False)
     training = setup.get("training")
     if isinstance(training, dict):  # a folder written before --init and --schedule: what the twin did then
         setup = {**setup, "training": {**LEGACY, **training}}
     # the plan as checked, beside the setup: the figures draw its margin
-    setup = {**setup, "plan": {"variants": variants, "seeds": seeds, "lrs": lrs, "margin": margin}}
+    setup = {**setup, "plan": {"variants": variants, "seeds": seeds, "lrs": [float(x) for x in lrs],
+                               "margin": float(margin)}}
     runs, points, trajectories, notes = [], [], [], []
-    for path in sorted((folder / RUNS).glob("*.json")) if (folder / RUNS).is_dir() else []:
-        doc = _json(path)
+    for path in run_files(folder):
+        rc = Checker(path)
+        doc = rc.obj(read_run(path), "(top level)")
         if doc.get("kind") != RUN_KIND or doc.get("key") != key:
             notes.append(f"{path.name}: written for another setup; left out")
             continue
-        run, pts, traj = _run(_dict(doc, "run", path), path)
+        run, pts, traj = check_run(rc, doc.get("run"))
         runs.append(run)
         points += pts
         trajectories += traj
-    failures = tuple(Failure(_s(f.get("variant"), where, "failures.variant"), int(_num(f.get("seed"), where,
-                     "failures.seed")), _num(f.get("lr"), where, "failures.lr"), _s(f.get("error"), where,
-                     "failures.error")) for f in _list(manifest, "failures", where, default=[]) if isinstance(f, dict))
+    failures = []
+    for i, f in enumerate(_list(c, manifest.get("failures", []), "failures")):
+        where = f"failures[{i}]"
+        f = c.obj(f, where)
+        failures.append(Failure(_text(c, f.get("variant"), f"{where}.variant"),
+                                c.index(f.get("seed"), f"{where}.seed", null=False),
+                                float(c.number(f.get("lr"), f"{where}.lr", null=False)),
+                                _text(c, f.get("error"), f"{where}.error")))
     text = setup.get("text")
     if isinstance(text, dict) and text.get("demo") is True:
         notes.insert(0, "no text given: trained on Python's own pydoc_data.topics, a demo")
@@ -80,42 +83,54 @@ def read_twin(folder: str | Path) -> Twin:
     runs.sort(key=rank)
     points.sort(key=lambda p: (*rank(p), p.step))
     trajectories.sort(key=lambda t: (*rank(t), t.step, t.layer, t.head, t.metric))
-    sweep, chosen = _lr_sweep(runs, variants, lrs)
+    sweep, chosen = _lr_sweep(runs, variants, setup["plan"]["lrs"])
+    notes += edge_notes(chosen, setup["plan"]["lrs"])
     bpb = bits_per_byte(setup)
     if bpb is not None:
         points = [replace(p, val_bpb=p.val_loss * bpb) for p in points]
         runs = [replace(r, val_bpb=r.val_loss * bpb) for r in runs]
-    summaries = _summaries(runs, points, variants, seeds, chosen, margin, bpb)
+    summaries = _summaries(runs, points, variants, seeds, chosen, setup["plan"]["margin"], bpb)
     setup = {**setup, "statistics": statistics_said(summaries)}
-    return Twin(folder, setup, tuple(runs), tuple(points), tuple(trajectories), summaries, sweep, failures,
+    return Twin(folder, setup, tuple(runs), tuple(points), tuple(trajectories), summaries, sweep, tuple(failures),
                 tuple(notes))
 
 
-def _run(doc: dict[str, Any], where: Path) -> tuple[TwinRun, list[RunPoint], list[TrajectoryPoint]]:
-    variant, seed, lr = _str(doc, "variant", where), _int(doc, "seed", where), _num(doc.get("lr"), where, "lr")
-    params = _int(doc, "params", where)
+def check_run(c: Checker, doc: Any) -> tuple[TwinRun, list[RunPoint], list[TrajectoryPoint]]:
+    """A run file's `run`, checked whole: its record, its evaluations and its trajectory rows."""
+    doc = c.obj(doc, "run")
+    variant, seed = _text(c, doc.get("variant"), "run.variant"), c.index(doc.get("seed"), "run.seed", null=False)
+    lr = float(c.number(doc.get("lr"), "run.lr", null=False))
+    params = c.index(doc.get("params"), "run.params", null=False, below=1 << 62)
     pts = []
-    for p in _list(doc, "points", where):
-        _expect(isinstance(p, dict), where, "points", "each point is an object")
-        pts.append(RunPoint(variant, seed, lr, _int(p, "step", where), _int(p, "tokens", where),
-                            _opt(p.get("train_loss"), where, "points.train_loss"),
-                            _num(p.get("val_loss"), where, "points.val_loss"), params,
-                            _num(p.get("seconds"), where, "points.seconds")))
-    _expect(bool(pts), where, "points", "a run has at least one evaluation")
+    for i, p in enumerate(_list(c, doc.get("points"), "run.points")):
+        w = f"run.points[{i}]"
+        p = c.obj(p, w)
+        train = c.number(p.get("train_loss"), f"{w}.train_loss")
+        pts.append(RunPoint(variant, seed, lr, c.index(p.get("step"), f"{w}.step", null=False, below=1 << 62),
+                            c.index(p.get("tokens"), f"{w}.tokens", null=False, below=1 << 62),
+                            None if train is None else float(train),
+                            float(c.number(p.get("val_loss"), f"{w}.val_loss", null=False)), params,
+                            float(c.number(p.get("seconds"), f"{w}.seconds", null=False))))
+    if not pts:
+        raise c.fail("run.points", "is empty; a run has at least one evaluation")
     traj = []
-    for t in _list(doc, "trajectory", where, default=[]):
-        _expect(isinstance(t, dict), where, "trajectory", "each row is an object")
-        traj.append(TrajectoryPoint(variant, seed, lr, _int(t, "step", where), _int(t, "layer", where),
-                                    _int(t, "head", where), _str(t, "metric", where),
-                                    _opt(t.get("value"), where, "trajectory.value")))
-    checkpoint = doc.get("checkpoint")
-    note = doc.get("note")
-    _expect(checkpoint is None or isinstance(checkpoint, str), where, "checkpoint", "a folder name or null")
-    _expect(note is None or isinstance(note, str), where, "note", "text or null")
-    run = TwinRun(variant, seed, lr, params, pts[-1].val_loss, pts[-1].train_loss, _num(doc.get("seconds"), where,
-                  "seconds"), _opt(doc.get("step_seconds"), where, "step_seconds"),
-                  _num(doc.get("violation"), where, "violation"), checkpoint, note, _int(doc, "threads", where),
-                  _choice(doc.get("init", LEGACY["init"]), where, "init", INITS))
+    for i, t in enumerate(_list(c, doc.get("trajectory", []), "run.trajectory")):
+        w = f"run.trajectory[{i}]"
+        t = c.obj(t, w)
+        value = c.number(t.get("value"), f"{w}.value")
+        traj.append(TrajectoryPoint(variant, seed, lr, c.index(t.get("step"), f"{w}.step", null=False, below=1 << 62),
+                                    c.index(t.get("layer"), f"{w}.layer", null=False),
+                                    c.index(t.get("head"), f"{w}.head", null=False),
+                                    _text(c, t.get("metric"), f"{w}.metric"), None if value is None else float(value)))
+    checkpoint = c.text(doc.get("checkpoint"), "run.checkpoint", null=True)
+    note = c.text(doc.get("note"), "run.note", null=True)
+    step_seconds = c.number(doc.get("step_seconds"), "run.step_seconds")
+    run = TwinRun(variant, seed, lr, params, pts[-1].val_loss, pts[-1].train_loss,
+                  float(c.number(doc.get("seconds"), "run.seconds", null=False)),
+                  None if step_seconds is None else float(step_seconds),
+                  float(c.number(doc.get("violation"), "run.violation", null=False)), checkpoint, note,
+                  c.index(doc.get("threads"), "run.threads", null=False),
+                  _choice(c, doc.get("init", LEGACY["init"]), "run.init", INITS))
     return run, pts, traj
 
 
@@ -220,61 +235,20 @@ def _summaries(runs, points, variants, seeds, chosen, margin, bpb) -> tuple[Vari
 # -- checked values ------------------------------------------------------------------------------------------
 
 
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        if path.stat().st_size > MAX_FILE:
-            raise InputError(f"{path}: larger than a twin file can be")
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file (not a twin folder?)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{path}: not readable as JSON ({e})") from None
-    _expect(isinstance(doc, dict), path, "(top level)", "an object")
-    return doc
+def _list(c: Checker, x: Any, key: str) -> list:
+    if not isinstance(x, list) or len(x) > MAX_ITEMS:
+        raise c.fail(key, f"is {show(x)}, not a list")
+    return x
 
 
-def _expect(ok: bool, where: Path, key: str, what: str) -> None:
-    if not ok:
-        raise InputError(f"{where}: {key}: {what}")
+def _text(c: Checker, x: Any, key: str) -> str:
+    value = c.text(x, key)
+    if len(value) > MAX_TEXT:
+        raise c.fail(key, f"is {len(value)} characters long; at most {MAX_TEXT}")
+    return value
 
 
-def _dict(doc: dict, key: str, where: Path) -> dict[str, Any]:
-    v = doc.get(key)
-    _expect(isinstance(v, dict), where, key, "expected an object")
-    return v
-
-
-def _list(doc: dict, key: str, where: Path, default: Any = None) -> list:
-    v = doc.get(key, default)
-    _expect(isinstance(v, list), where, key, "expected a list")
-    return v
-
-
-def _choice(v: Any, where: Path, key: str, allowed: tuple[str, ...]) -> str:
-    _expect(v in allowed, where, key, f"expected {' or '.join(allowed)}")
-    return v
-
-
-def _s(v: Any, where: Path, key: str) -> str:
-    _expect(isinstance(v, str) and len(v) < 10_000, where, key, "expected text")
-    return v
-
-
-def _str(doc: dict, key: str, where: Path) -> str:
-    return _s(doc.get(key), where, key)
-
-
-def _int(doc: dict, key: str, where: Path) -> int:
-    v = doc.get(key)
-    _expect(isinstance(v, int) and not isinstance(v, bool) and v >= 0, where, key, "expected a whole number")
-    return v
-
-
-def _num(v: Any, where: Path, key: str) -> float:
-    _expect(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), where, key,
-            "expected a finite number")
-    return float(v)
-
-
-def _opt(v: Any, where: Path, key: str) -> float | None:
-    return None if v is None else _num(v, where, key)
+def _choice(c: Checker, x: Any, key: str, allowed: tuple[str, ...]) -> str:
+    if x not in allowed:
+        raise c.fail(key, f"is {show(x)}, not {' or '.join(allowed)}")
+    return x

@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-LEVEL = 0.90
+from qkinspect.twin.summary import LEVEL  # the verdicts' interval: 90 %
+
 DRAWS = 2000
 SEED = 0  # the bootstrap's generator: the same folder gives the same interval
 

@@ -167,3 +167,18 @@ def best_lr(losses: Mapping[float, float | None]) -> float | None:
     no run finished. The one rule of the lr sweep: the orchestrator runs every seed at it, the reader reports it."""
     tried = [(loss, lr) for lr, loss in losses.items() if loss is not None]
     return min(tried)[1] if tried else None
+
+
+def edge_notes(chosen: Mapping[str, float], lrs: Sequence[float]) -> list[str]:
+    """A line for each edge of a grid of two or more learning rates that some variant chose (the variants named):
+    their best rate may lie beyond the grid."""
+    if len(lrs) < 2:
+        return []
+    out = []
+    for lr, side, beyond in ((min(lrs), "smallest", "below"), (max(lrs), "largest", "above")):
+        at = [v for v, x in chosen.items() if x == lr]
+        if at:
+            names = at[0] if len(at) == 1 else f"{', '.join(at[:-1])} and {at[-1]}"
+            out.append(f"learning rate {lr:g}, the {side} tried, chosen for {names}: the best may lie {beyond} the "
+                       "grid (widen it)")
+    return out

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-TOKENS = "tokens"  # the folder's token streams: tokens/train.npy, tokens/held_out.npy
+from qkinspect.twin.folder import HELD_OUT, TRAIN, checkpoint_dir, make_room, own_dir, read_tokens, run_name, track_dir
 
 
 def lr_at(step: int, lr: float, warmup: int, steps: int, schedule: str = "cosine") -> float:
@@ -51,8 +51,7 @@ def run_twin(folder: str, variant: str, seed: int, lr: float, spec: dict[str, An
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
     root = Path(folder)
-    train = np.load(root / TOKENS / "train.npy", mmap_mode="r")
-    held = np.load(root / TOKENS / "held_out.npy", mmap_mode="r")
+    train, held = read_tokens(root, TRAIN), read_tokens(root, HELD_OUT)
     s = spec["shape"]
     shape = Shape(s["arch"], s["layers"], s["d_model"], s["heads"], s["context"],
                   Path(s["config"]) if s["config"] else None)
@@ -143,23 +142,15 @@ def held_out_loss(built, eval_x, batch: int) -> float:
     return total / eval_x.shape[0]
 
 
-def run_name(variant: str, seed: int, lr: float) -> str:
-    """A run's file name stem: `share_qk-s0-lr0.001` (`rank:8` as rank8, `+params` as -params)."""
-    return f"{_slug(variant)}-s{seed}-lr{lr:g}"
-
-
-def _slug(variant: str) -> str:
-    """A variant as a file name: `rank:8` as rank8, `share_qk+params` as share_qk-params."""
-    return variant.replace(":", "").replace("+", "-")
-
-
 def _tracker(root: Path, variant: str, seed: int, lr: float, spec: dict[str, Any]):
     if spec["track_every"] is None:
         return None
     from qkinspect.callback import Tracker
 
-    name = run_name(variant, seed, lr)
-    return Tracker(root / "tracks" / name, name=name)
+    folder = track_dir(root, variant, seed, lr)
+    own_dir(folder.parent)
+    make_room(folder)  # the run's own tracking folder, never a link out of the twin folder
+    return Tracker(folder, name=run_name(variant, seed, lr))
 
 
 def measure(tracker, built, step: int, steps: int, spec: dict[str, Any]) -> None:
@@ -193,13 +184,26 @@ def trajectory(tracker) -> list[dict[str, Any]]:
 def save_checkpoint(root: Path, variant: str, seed: int, built) -> str:
     """The trained twin as a transformers folder (config.json, model.safetensors), read back into a plain model of
     its class; a twin no class holds (bilinear) saves its tensors with the config and a note."""
-    from qkinspect.twin.model import plain_copy, state_tensors
+    from qkinspect.twin.model import state_tensors
 
-    folder = root / "checkpoints" / f"{_slug(variant)}-s{seed}"
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = state_tensors(built.model)
+    return save_tensors(root, variant, seed, built, state_tensors(built.model))
+
+
+def save_tensors(root: Path, variant: str, seed: int, built, tensors) -> str:
+    """`save_checkpoint` of the twin's `tensors` (its class's names, as `state_tensors` reads them): a stacked
+    run's checkpoint (qkinspect.twin.stacked) is written by the same code."""
+    from qkinspect.twin.model import plain_copy
+
+    folder = checkpoint_dir(root, variant, seed)
+    own_dir(folder.parent)
+    own_dir(folder)
+    for name in ("config.json", "generation_config.json", "model.safetensors", "README.txt"):  # never through a link
+        make_room(folder / name)
     if built.plain:
-        plain_copy(built.model.config, tensors).save_pretrained(folder)
+        from qkinspect.experiment.model.runtime import quiet_transformers
+
+        with quiet_transformers():  # no "Writing model shards" bar: the run's line on stderr says it finished
+            plain_copy(built.model.config, tensors).save_pretrained(folder)
         if built.note:
             (folder / "README.txt").write_text(built.note + "\n", encoding="utf-8")
     else:

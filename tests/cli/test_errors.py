@@ -32,6 +32,18 @@ def test_missing_model(cli, command, out, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("spec, hint", [("bert-base-uncased", True), ("Qwen2.5-0.5B", True),
+                                        ("./bert-base-uncased", False), ("model.gguf", False),
+                                        ("weights.safetensors", False)])
+def test_a_hub_name_without_its_org_gets_a_hint(cli, spec, hint, tmp_path, monkeypatch):
+    """`analyze bert-base-uncased` said only "no such file or folder": a name with no path in it (not a weight
+    file) is told that hub ids are written org/name, still one line and exit 2 (issue 44)."""
+    monkeypatch.chdir(tmp_path)
+    r = cli("analyze", spec)
+    _one_line_exit_2(r, f"{spec}: no such file or folder")
+    assert ("a Hugging Face hub id is written org/name (google-bert/bert-base-uncased)" in r.stderr) == hint
+
+
 def test_compare_missing_model(cli, tiny_bert, tmp_path):
     _one_line_exit_2(cli("compare", tiny_bert, tmp_path / "no-such-model"), "no-such-model")
 

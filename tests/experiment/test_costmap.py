@@ -50,6 +50,45 @@ def test_costmap_draws_the_estimate_with_verified_heads_and_rho(estimated, tmp_p
     assert out.stat().st_size > 10_000
 
 
+def test_costmap_titles_are_never_cut_at_any_width(estimated):
+    """Three edits side by side on the report's page: "estimate vs exact: ρ = … (95 % CI …; 12 verified heads)" was
+    cut to "estimate…: ρ undefined"; every title is whole, wrapped (issue 44)."""
+    from dataclasses import replace
+    from functools import partial
+
+    from qkinspect.experiment.results import Agreement
+    from qkinspect.report.experiment.costmap import panel_title
+    from qkinspect.report.style import new_figure
+
+    _, runs, _ = estimated
+    result = read_experiment(runs)
+    long = Agreement("share_qk", 24, -0.4321, 12, 0.1234)
+    for agreement, width in (((long,), 7.0), ((long, replace(long, edit="ablate")), 4.0)):
+        result = replace(result, estimate=replace(result.estimate, agreement=agreement))
+        fig = costmap_figure(result, canvas=partial(new_figure, width=width))
+        titles = [" ".join(ax.get_title().split()) for ax in fig.axes if ax.get_title()]
+        assert all("…" not in t for t in titles), titles
+        assert " ".join(panel_title(result, "share_qk").split()) in titles
+
+
+def test_verify_2_is_said_on_stderr_in_the_json_and_in_the_figure(estimated, tmp_path):
+    """ρ needs three verified heads: `--verify 2` runs, and says so (issue 44)."""
+    model, _, _ = estimated
+    runs = tmp_path / "two.json"
+    r = cli("experiment", model, "--edit", "share_qk", "--layers", "1", "--tokens", "64", "--window", "32",
+            "--estimate", "--probes", "4", "--verify", "2", "-o", runs)
+    assert r.exit_code == 0, r.stderr
+    said = "2 verified heads, and Spearman's ρ between estimate and exact Δloss needs at least 3"
+    assert said in r.stderr and "note: share_qk, ablate: " in r.stderr
+    assert any(said in n for n in json.loads(runs.read_text())["notes"])
+    titles = [" ".join(ax.get_title().split()) for ax in costmap_figure(read_experiment(runs)).axes
+              if ax.get_title()]
+    assert "share_qk estimate vs exact: 2 verified heads; ρ needs 3" in titles
+    r = cli("experiment", model, "--edit", "share_qk", "--layers", "1", "--tokens", "64", "--window", "32",
+            "--estimate", "--probes", "4", "--verify", "3", "--format", "json")
+    assert "needs at least 3" not in r.stderr and "needs at least 3" not in r.stdout
+
+
 def test_costmap_refuses_exact_runs_in_one_line(estimated, tmp_path):
     model, _, _ = estimated
     runs = tmp_path / "exact.json"

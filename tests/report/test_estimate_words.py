@@ -130,5 +130,7 @@ def test_the_cli_table_names_the_monte_carlo_error_and_the_dash(tmp_path):
     assert "-=none: Δloss and ± of a head not run exactly" in out
     assert "agreement share_qk: Spearman's rank correlation of estimate and exact Δloss ρ = " in out
     assert "over 3 verified heads: too few to tell" in out
-    table = r.stdout.split("columns:")[0].splitlines()[1:]  # the title line and the legend soft-wrap on a terminal
+    lines = r.stdout.split("columns:")[0].splitlines()
+    table = lines[next(i for i, line in enumerate(lines) if line.startswith("edit")):]  # below the wrapped title
+    assert all(len(line) <= 80 for line in r.stdout.splitlines())  # the title and the legend wrap too
     assert table[0].startswith("edit") and "±MC" in table[0] and max(len(line) for line in table) <= 80

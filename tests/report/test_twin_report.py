@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 import qkinspect
-from qkinspect.report.style import fmt
+from qkinspect.numbers import plain, signed_alike
 from qkinspect.twin.saved import read_twin
 from tests.one_line import one_error_line
 from tests.twin.conftest import TINY, text_file
@@ -100,13 +100,32 @@ def test_the_gap_figure_draws_the_paired_t_interval_and_the_margin(twin):
             assert drawn.get_ydata()[k] == pytest.approx(d.mean(), abs=1e-12)
             np.testing.assert_allclose(edges_at(ax.collections[0], step), (low, high), rtol=1e-9, atol=1e-12)
         final = next(s for s in twin.summaries if s.variant == variant)
-        assert f"[{fmt(final.ci_low)}, {fmt(final.ci_high)}]: {final.verdict}" in ax.get_title(loc="left")
+        diff, low, high = signed_alike(final.diff, final.ci_low, final.ci_high)
+        assert f"final {diff} [{low}, {high}]: {final.verdict}" in ax.get_title(loc="left")
+        assert diff.startswith(("+", "-")) or diff == "0.0000"  # signed, as the CLI prints it
+
+
+def test_the_gap_titles_print_the_numbers_as_the_cli_does(twin):
+    """Signed, 4 decimals or two significant digits, never a negative zero: a small effect read
+    `-0.000 [-0.000, -0.000]` with 3 decimals (issue 44)."""
+    from dataclasses import replace
+
+    from qkinspect.report.twin.figures import gap_figure
+
+    small = {"share_qk": (-3.1e-05, -5.2e-05, -1.04e-05), "symmetric": (-0.0, -0.0012, 0.0012)}
+    summaries = tuple(replace(s, diff=small[s.variant][0], ci_low=small[s.variant][1], ci_high=small[s.variant][2])
+                      if s.variant in small else s for s in twin.summaries)
+    titles = [ax.get_title(loc="left") for ax in gap_figure(replace(twin, summaries=summaries)).axes
+              if ax.get_visible()]
+    assert "final -0.000031 [-0.000052, -0.000010]:" in titles[0]
+    assert "final 0.0000 [-0.0012, +0.0012]:" in titles[1]
+    assert not any("-0.000 " in t or "-0.0000 " in t or "-0.000]" in t for t in titles)
 
 
 def test_the_trajectory_figure_draws_each_layers_median_over_heads_then_seeds(twin):
     from qkinspect.report.twin.figures import trajectory_figure
 
-    fig = trajectory_figure(twin, "symmetry")
+    fig = trajectory_figure(twin, "symmetry", every_panel=True)
     axes = [ax for ax in fig.axes if ax.get_visible() and ax.get_title(loc="left")]
     assert [ax.get_title(loc="left").split(" ")[0] for ax in axes] == list(VARIANTS)
     heads: dict = defaultdict(list)
@@ -125,6 +144,64 @@ def test_the_trajectory_figure_draws_each_layers_median_over_heads_then_seeds(tw
     constrained = [ax for ax in axes if not ax.get_title(loc="left").startswith("standard")]
     for ax in constrained:  # one matrix for queries and keys: symmetry 1 at every step
         assert all(np.allclose(line.get_ydata(), 1.0, atol=1e-4) for line in ax.get_lines())
+
+
+def test_panels_constant_by_construction_are_left_out_and_the_caption_says_so(twin):
+    """share_qk and symmetric read symmetry and Q/K overlap 1 at every step: their panels took two thirds of the
+    figure; the standard twin's is left, and the caption names what is not drawn (issue 44)."""
+    from qkinspect.report.twin.figures import trajectory_caption, trajectory_figure
+
+    for metric in ("symmetry", "overlap_qk"):
+        axes = [ax for ax in trajectory_figure(twin, metric).axes if ax.get_visible() and ax.get_title(loc="left")]
+        assert [ax.get_title(loc="left").split(" ")[0] for ax in axes] == ["standard"]
+        assert "Not drawn: share_qk and symmetric, whose" in trajectory_caption(twin, metric)
+        assert "1 at every step by construction" in trajectory_caption(twin, metric)
+
+
+def test_the_overlap_trajectory_has_its_chance_line_and_the_layer_colours_stay_dark(twin):
+    """The docs read the Q/K overlap against chance, d_head / d_model (8 / 32 here); the layer palette stops
+    before viridis' yellow, which vanished on white (issue 44)."""
+    from matplotlib.colors import to_rgb
+
+    from qkinspect.report.twin.figures import trajectory_caption, trajectory_figure
+
+    fig = trajectory_figure(twin, "overlap_qk")
+    (ax,) = [ax for ax in fig.axes if ax.get_visible() and ax.get_title(loc="left")]
+    flat = [line for line in ax.get_lines() if len(set(line.get_ydata())) == 1 and len(line.get_ydata()) == 2]
+    assert [float(line.get_ydata()[0]) for line in flat] == [pytest.approx(8 / 32)]
+    assert any("chance: d_head / d_model = 0.25" in t.get_text() for t in fig.legends[0].texts)
+    assert "Dotted line: chance, d_head / d_model = 0.25" in trajectory_caption(twin, "overlap_qk")
+    for line in ax.get_lines():
+        r, g, b = to_rgb(line.get_color())
+        assert 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.75  # no near-white line (viridis' end: 0.87)
+    axes = [a for a in trajectory_figure(twin, "symmetry").axes if a.get_visible() and a.get_title(loc="left")]
+    assert not any(len(set(line.get_ydata())) == 1 and len(line.get_ydata()) == 2 for line in axes[0].get_lines())
+
+
+def test_the_learning_figure_keeps_every_variant_visible_and_its_legend_reads_by_row(twin):
+    """Lines above every band, each variant with its own dash pattern and marker over standard's wider solid line;
+    bands outlined, not merged fills; the zoomed panel has its y label; the legend fills row by row (issue 44)."""
+    from qkinspect.report.twin.figures import learning_figure
+
+    fig = learning_figure(twin)
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert ax.get_ylabel() == "held-out loss (nats per token)"
+        lines = {line.get_label().split(" ")[0]: line for line in ax.get_lines()}
+        assert min(line.get_zorder() for line in lines.values()) > max(c.get_zorder() for c in ax.collections)
+        assert all(lines[v].get_zorder() > lines["standard"].get_zorder() for v in VARIANTS[1:])
+        assert lines["standard"].get_linestyle() == "-" and lines["standard"].get_linewidth() > max(
+            lines[v].get_linewidth() for v in VARIANTS[1:])
+        assert len({(str(line.get_linestyle()), str(line.get_dashes() if hasattr(line, "get_dashes") else ""),
+                     line.get_marker()) for line in lines.values()}) == len(VARIANTS)
+        assert len({line.get_marker() for line in lines.values()}) == len(VARIANTS)
+        for band in ax.collections:
+            assert band.get_facecolor()[0][3] < 0.1 and band.get_edgecolor()[0][3] > 0.3
+    legend = fig.legends[0]
+    ncols = legend._ncols
+    assert ncols == 3
+    texts = sorted(legend.texts, key=lambda t: (-round(t.get_window_extent().y0), t.get_window_extent().x0))
+    assert [t.get_text().split(" ")[0] for t in texts] == list(VARIANTS)  # row 1 left to right: the summary's order
 
 
 def test_a_metric_the_runs_did_not_track_is_refused(twin):
@@ -151,10 +228,13 @@ def test_the_report_holds_the_setup_the_summary_and_every_figure(cli, folder, tw
                   "seeds", "0.02 nats", "Learning-rate sweep", "12 finished, 0 failed, of 12 planned"):
         assert words in first.replace("\n", " ") or words in text, words
     assert f"{_standard(twin).params:,} parameters" in first
-    for s in twin.summaries:
-        assert s.variant in first and fmt(s.val_loss) in first and s.verdict in first
+    for s in twin.summaries:  # 4 decimals and signed differences, as `qkinspect twin` prints them
+        assert s.variant in first and plain(s.val_loss) in first and s.verdict in first
         if s.variant != "standard":
-            assert all(fmt(x) in first for x in (s.diff, s.ci_low, s.ci_high))
+            assert all(x in first for x in signed_alike(s.diff, s.ci_low, s.ci_high))
+    assert "rounded to 4 decimals and differences signed, as qkinspect twin prints them" in " ".join(text.split())
+    runs_page = next(p.extract_text() for p in reader.pages if "violation: the largest departure" in p.extract_text())
+    assert all(plain(r.train_loss) in runs_page for r in twin.runs)  # the Runs table is kept on one page
     for caption in ("Held-out loss (mean cross-entropy", "90 % t-interval, mean ± t(0.95",
                     "Symmetry score measured from the weights", "Q/K subspace overlap measured"):
         assert caption in text.replace("\n", " "), caption
@@ -171,7 +251,8 @@ def test_the_html_report_stands_alone(cli, folder, twin, tmp_path):
     assert r.exit_code == 0, r.stderr
     page = out.read_text()
     assert page.count("<svg") == 4 and "The answer holds at this scale" in page
-    assert all(fmt(s.val_loss) in page for s in twin.summaries)
+    assert all(plain(s.val_loss) in page for s in twin.summaries)
+    assert "rounded to 4 decimals and differences signed, as qkinspect twin prints them" in page
 
 
 @pytest.mark.parametrize("kind,extra", [("learning", ()), ("gap", ()), ("trajectory", ("--metric", "overlap_qk")),
@@ -218,7 +299,7 @@ def test_a_damaged_twin_folder_is_one_line_naming_the_file(cli, folder, tmp_path
     manifest = bad / "twin.json"
     if damage == "not json":
         manifest.write_text("{", encoding="utf-8")
-        says = ("twin.json", "not readable as JSON")
+        says = ("twin.json", "not valid JSON")
     elif damage == "margin":
         doc = json.loads(manifest.read_text())
         doc["plan"]["margin"] = "wide"

@@ -34,6 +34,8 @@ def twin(*args):
     (["--config", "missing.json"], ["--config"]),
     (["--scheduler", "http://x:1"], ["--scheduler"]),
     (["--margin", "-1"], ["--margin"]),
+    (["--variants", "rank:3"], ["--variants rank:3", "pairs", "rank 2", "even"]),
+    (["--variants", "share_qk,rank:5", "--match-params"], ["--variants rank:5", "pairs"]),
 ])
 def test_bad_input_is_one_line(tmp_path, args, says):
     one_error_line(twin("--out", tmp_path / "out", *args), *says)
@@ -45,6 +47,19 @@ def test_a_config_file_it_cannot_use_is_one_line(tmp_path):
     one_error_line(twin("--out", tmp_path / "out", "--config", tmp_path / "c.json"), "--config", "llama or gpt2")
 
 
+def test_odd_ranks_are_refused_under_llama_only(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 16, "num_attention_heads": 2,
+                               "num_key_value_heads": 2, "intermediate_size": 32, "num_hidden_layers": 1,
+                               "max_position_embeddings": 8, "vocab_size": 10}))
+    one_error_line(twin("--out", tmp_path / "out", "--config", cfg, "--variants", "rank:1"), "--variants rank:1",
+                   "pairs")
+    text = text_file(tmp_path / "t.txt", 2000)
+    got = twin("--out", tmp_path / "g", "--arch", "gpt2", "--text", text, "--variants", "rank:3", "--workers", "0",
+               *TINY, "-f", "json")
+    assert got.exit_code == 0, got.output  # no rotary pairs under gpt2: rank:3 is rank 3
+
+
 def test_a_text_too_short_for_a_window_is_one_line(tmp_path):
     (tmp_path / "t.txt").write_text("abc")
     one_error_line(twin("--out", tmp_path / "out", "--text", tmp_path / "t.txt", *TINY), "--context")
@@ -54,7 +69,7 @@ def test_a_folder_of_another_setup_is_refused(tmp_path):
     text = text_file(tmp_path / "t.txt", 2000)
     assert twin("--out", tmp_path / "out", "--text", text, "--workers", "0", *TINY, "-f", "json").exit_code == 0
     one_error_line(twin("--out", tmp_path / "out", "--text", text, "--workers", "0", *TINY, "--batch", "3"),
-                   "--out", "another setup")
+                   "--out", "another setup", "--batch 2, not --batch 3")
 
 
 def test_failed_runs_exit_3_and_the_others_are_kept_on_dask(tmp_path):

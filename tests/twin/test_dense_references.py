@@ -22,7 +22,8 @@ SHAPE = Shape("llama", 2, 32, 4, 16)
 
 def _tied(variant: str, tensors: dict) -> nn.Module:
     """The llama model of `tensors` with the constraint as weight tying: share_qk ties q_proj to k_proj,
-    share_qkv ties v_proj too, wq_identity freezes q_proj at its (identity) value."""
+    share_qkv ties v_proj too, share_kv ties k_proj to v_proj, wq_identity freezes q_proj at its (identity)
+    value."""
     model = plain_copy(config_for(SHAPE, 40), tensors)
     for block in model.model.layers:
         a = block.self_attn
@@ -30,6 +31,8 @@ def _tied(variant: str, tensors: dict) -> nn.Module:
             a.q_proj.weight = a.k_proj.weight
         if variant == "share_qkv":
             a.v_proj.weight = a.k_proj.weight
+        if variant == "share_kv":
+            a.k_proj.weight = a.v_proj.weight
         if variant == "wq_identity":
             a.q_proj.weight.requires_grad_(False)
     return model
@@ -40,9 +43,10 @@ def _loss(model, x):
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
 
 
-@pytest.mark.parametrize("variant", ["share_qk", "share_qkv", "wq_identity"])
-def test_constrained_twin_is_the_tied_model(variant):
-    built = build(variant, SHAPE, 40, seed=1)
+@pytest.mark.parametrize("init", ["draw", "nearest"])
+@pytest.mark.parametrize("variant", ["share_qk", "share_qkv", "share_kv", "wq_identity"])
+def test_constrained_twin_is_the_tied_model(variant, init):
+    built = build(variant, SHAPE, 40, seed=1, init=init)
     ref = _tied(variant, state_tensors(built.model))
     params = [p for p in ref.parameters() if p.requires_grad]
     assert sum(p.numel() for p in params) == built.params  # the free parameters are the tied model's
@@ -73,3 +77,26 @@ def test_a_twin_starts_inside_its_constraint_from_the_standard_tensors(arch, lay
     D = heads * d_head
     assert n_std - built.params == layers * D * D + (layers * D if arch == "gpt2" else 0)  # no W_Q (nor b_Q)
     assert built.violation() == 0.0
+
+
+def test_share_qkv_leaves_the_value_bias_its_own_because_it_is_an_output_bias():
+    """Under gpt2, share_qkv reads W_Q, W_K and W_V from one matrix and b_Q from b_K, but keeps b_V its own
+    (docs/twin.md): attention weights sum to 1 over the keys, so b_V adds b_V W_O at every position whatever the
+    scores, which b_O holds as well. Moving b_V into b_O leaves every output as it was: tying b_V to b_K would
+    constrain nothing of the form, only tie b_K's gradient to an output bias's."""
+    shape = Shape("gpt2", 2, 32, 4, 16)
+    tensors = state_tensors(build("share_qkv", shape, 40, seed=0).model)
+    g = torch.Generator().manual_seed(0)
+    for i in range(2):  # a value bias that is not zero, as training makes it
+        tensors[f"transformer.h.{i}.attn.c_attn.bias"][64:] = torch.randn(32, generator=g)
+    model = plain_copy(config_for(shape, 40), tensors)
+    folded = {k: v.clone() for k, v in tensors.items()}
+    for i in range(2):
+        b_V = folded[f"transformer.h.{i}.attn.c_attn.bias"][64:].clone()
+        folded[f"transformer.h.{i}.attn.c_attn.bias"][64:] = 0.0
+        folded[f"transformer.h.{i}.attn.c_proj.bias"] += b_V @ folded[f"transformer.h.{i}.attn.c_proj.weight"]
+    other = plain_copy(config_for(shape, 40), folded)
+    x = torch.randint(0, 40, (3, 16), generator=g)
+    with torch.no_grad():
+        a, b = model(input_ids=x).logits, other(input_ids=x).logits
+    assert float((a - b).abs().max()) < 1e-5 and float(a.abs().max()) > 0.1

@@ -48,7 +48,7 @@ def test_an_lr_sweep_chooses_on_seed_0_then_runs_every_seed_at_it(tmp_path, smal
 
 def test_no_held_out_token_in_a_training_batch(tmp_path):
     text = text_file(tmp_path / "t.txt", 4000, held_out_marker=True)  # 'Z' only in the held-out tenth
-    qkinspect.twin(tmp_path / "out", text=text, tokenizer="byte", seeds=1, steps=2, variants=[], **TINY)
+    qkinspect.twin(tmp_path / "out", text=text, tokenizer="byte", seeds=1, steps=2, variants="standard", **TINY)
     train = np.load(tmp_path / "out" / "tokens" / "train.npy")
     held = np.load(tmp_path / "out" / "tokens" / "held_out.npy")
     assert ord("Z") in held and ord("Z") not in train
@@ -71,6 +71,23 @@ def test_saved_checkpoints_read_back_by_analyze_with_symmetry_one(tmp_path, smal
         assert heads and all(h.values["symmetry"] == pytest.approx(1.0, abs=1e-5) for h in heads)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_share_kv_checkpoints_read_back_by_analyze_with_keys_equal_to_values(tmp_path, small_text, arch):
+    result = qkinspect.twin(tmp_path, text=small_text, variants="share_kv", arch=arch, seeds=1, steps=3,
+                            save_checkpoints=True, **TINY)
+    run = next(r for r in result.runs if r.variant == "share_kv")
+    heads = qkinspect.analyze(str(tmp_path / run.checkpoint), metrics=["cosine_kv", "overlap_kv"]).heads
+    assert len(heads) == 2 * 4  # every head of both layers
+    assert all(h.values["cosine_kv"] == pytest.approx(1.0, abs=1e-5) for h in heads)
+    assert all(h.values["overlap_kv"] == pytest.approx(1.0, abs=1e-4) for h in heads)
+    from typer.testing import CliRunner
+
+    from qkinspect.cli.app import app
+
+    out = CliRunner().invoke(app, ["analyze", str(tmp_path / run.checkpoint), "--metrics", "cosine_kv", "-f", "csv"])
+    assert out.exit_code == 0 and out.output.count("\n") >= 9, out.output
+
+
 def test_bilinear_saves_its_tensors_and_says_why_analyze_cannot(tmp_path, small_text):
     result = qkinspect.twin(tmp_path, text=small_text, variants="bilinear", seeds=2, lr="1e-3,2e-3", steps=2,
                             save_checkpoints=True, **TINY)
@@ -81,7 +98,7 @@ def test_bilinear_saves_its_tensors_and_says_why_analyze_cannot(tmp_path, small_
 
 
 def test_the_reader_refuses_a_bad_folder_in_one_line(tmp_path, small_text):
-    qkinspect.twin(tmp_path, text=small_text, seeds=1, steps=2, variants=[], **TINY)
+    qkinspect.twin(tmp_path, text=small_text, seeds=1, steps=2, variants="standard", **TINY)
     run = next((tmp_path / "runs").iterdir())
     manifest = json.loads((tmp_path / "twin.json").read_text())
     manifest["setup"]["text"] = 5  # what the reader does not need is not trusted either: no crash
@@ -101,7 +118,8 @@ def test_the_reader_refuses_a_bad_folder_in_one_line(tmp_path, small_text):
 
 def test_bpe_is_trained_on_the_training_text_only(tmp_path):
     text = text_file(tmp_path / "t.txt", 4000, held_out_marker=True)
-    result = qkinspect.twin(tmp_path / "out", text=text, tokenizer="bpe:300", seeds=1, steps=2, variants=[], **TINY)
+    result = qkinspect.twin(tmp_path / "out", text=text, tokenizer="bpe:300", seeds=1, steps=2, variants="standard",
+                            **TINY)
     tok = result.setup["tokenizer"]
     assert tok["kind"] == "bpe:300" and len(tok["sha256"]) == 64
     vocab = json.loads((tmp_path / "out" / "tokens" / "tokenizer.txt").read_text())["model"]["vocab"]

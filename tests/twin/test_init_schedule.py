@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from qkinspect.cli.app import app
@@ -23,10 +26,10 @@ torch.set_num_threads(1)
 SHAPES = [Shape("llama", 2, 32, 4, 16), Shape("gpt2", 2, 32, 4, 16)]
 
 
-def _blocks(t: dict, arch: str, D: int):
+def _blocks(t: dict, arch: str, D: int, layers: int = 2):
     """Per layer: (W_Q, W_K, W_V) as module weights, and their biases (GPT-2's c_attn split in three)."""
     out = []
-    for i in range(2):
+    for i in range(layers):
         if arch == "llama":
             a = f"model.layers.{i}.self_attn."
             out.append(tuple(t[f"{a}{p}_proj.weight"] for p in "qkv") + (None, None, None))
@@ -142,3 +145,49 @@ def test_the_library_names_a_bad_init():
 
     with pytest.raises(InputError, match="init='drawn'.*draw or nearest"):
         check_request("x", init="drawn")
+
+
+@pytest.mark.parametrize("init", ["draw", "nearest"])
+def test_share_kv_under_grouped_query_attention_ties_each_key_head_to_its_value_head(tmp_path, init):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4,
+                               "num_key_value_heads": 2, "intermediate_size": 64, "num_hidden_layers": 2,
+                               "max_position_embeddings": 16}))
+    shape = Shape("llama", 2, 32, 4, 16, cfg)
+    std = state_tensors(standard_model(config_for(shape, 40), seed=0))
+    built = build("share_kv", shape, 40, seed=0, init=init)
+    twin = state_tensors(built.model)
+    for i in range(2):
+        a = f"model.layers.{i}.self_attn."
+        k, v = twin[a + "k_proj.weight"], twin[a + "v_proj.weight"]
+        assert k.shape == (2 * 8, 32) and torch.equal(k, v)  # two key/value heads of 8, keys are values
+        want = std[a + "v_proj.weight"] if init == "draw" else (std[a + "k_proj.weight"] + std[a + "v_proj.weight"]) / 2
+        assert torch.allclose(v, want, atol=1e-7) and torch.equal(twin[a + "q_proj.weight"], std[a + "q_proj.weight"])
+    n_std = build("standard", shape, 40, seed=0).params
+    assert n_std - built.params == 2 * 16 * 32 and built.violation() == 0.0  # each layer's W_K is W_V
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.sampled_from(["llama", "gpt2"]), st.integers(1, 2), st.sampled_from([1, 2, 4]), st.sampled_from([2, 4]),
+       st.sampled_from(["draw", "nearest"]), st.integers(0, 1000))
+def test_share_kv_identities(arch, layers, heads, d_head, init, seed):
+    """Keys are values at the start and after a step of AdamW; every tensor but the keys (and, for nearest, the
+    values) is the standard draw's; the free parameters are the standard's less one W_K (and b_K) a layer."""
+    from qkinspect.experiment.heal import adamw
+    from qkinspect.twin.train import train_step
+
+    D = heads * d_head
+    shape = Shape(arch, layers, D, heads, 8)
+    std = state_tensors(standard_model(config_for(shape, 20), seed))
+    built = build("share_kv", shape, 20, seed, init=init)
+    assert build("standard", shape, 20, seed).params - built.params == layers * (D * D + (D if arch == "gpt2" else 0))
+    held = ("k_proj",) + (("v_proj",) if init == "nearest" else ()) if arch == "llama" else ("c_attn",)
+    twin = state_tensors(built.model)
+    assert all(torch.equal(std[k], twin[k]) for k in std if not any(h in k for h in held))
+    opt = adamw(built.trained, 1e-2)
+    x = torch.from_numpy(np.random.default_rng(seed).integers(0, 20, size=(2, 9)))
+    for _ in range(2):
+        for _, k, v, _, bk, bv in _blocks(state_tensors(built.model), arch, D, layers):
+            assert torch.equal(k, v) and (bk is None or torch.equal(bk, bv))
+        assert built.violation() == 0.0
+        train_step(built, opt, x)

@@ -174,7 +174,10 @@ def test_save_writes_what_the_extension_names(cli_ladder, tmp_path):
     lad = read_ladder(cli_ladder)
     assert lad.save(tmp_path / "s.csv").read_text().splitlines()[0].startswith("shape,layers,d_model,heads")
     assert lad.save(tmp_path / "f.csv", rows="scaling").read_text().startswith("variant,rungs,alpha")
-    assert json.loads(lad.save(tmp_path / "l.json").read_text())["kind"] == "twin-ladder"
+    from tests.cli.schema import validate
+
+    doc = json.loads(lad.save(tmp_path / "l.json").read_text())
+    assert doc["kind"] == "twin-ladder" and validate(doc)
 
 
 @pytest.mark.parametrize("damage, says", [

@@ -127,3 +127,14 @@ def test_steps_to_standard():
     assert steps_to({0: 5.0, 10: 3.0, 20: 2.0}, 3.0) == 10
     assert steps_to({0: 5.0, 10: 4.0}, 3.0) is None
     assert steps_to({0: 5.0}, None) is None
+
+
+def test_edge_notes_name_each_edge_its_rate_and_variants():
+    from qkinspect.twin.summary import edge_notes
+
+    assert edge_notes({"standard": 1e-3}, [1e-3]) == []  # one rate: no grid
+    assert edge_notes({"standard": 1e-3, "share_qk": 3e-3}, [3e-4, 1e-3, 3e-3]) == [
+        "learning rate 0.003, the largest tried, chosen for share_qk: the best may lie above the grid (widen it)"]
+    lines = edge_notes({"a": 3e-4, "b": 3e-3, "c": 3e-3, "d": 3e-3}, [3e-4, 1e-3, 3e-3])
+    assert lines[0].startswith("learning rate 0.0003, the smallest tried, chosen for a: the best may lie below")
+    assert "chosen for b, c and d:" in lines[1]

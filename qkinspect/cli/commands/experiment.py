@@ -71,7 +71,8 @@ ProbesOpt = Annotated[int | None, typer.Option(
                                   "(default 16).")]
 VerifyOpt = Annotated[int | None, typer.Option(
     "--verify", metavar="N", help="--estimate: run N heads per edit exactly (the predicted cheapest and "
-                                  "costliest, flagged ones, a random sample) and report Spearman ρ (default 12).")]
+                                  "costliest, flagged ones, a random sample) and report Spearman ρ (default 12; "
+                                  "ρ needs 3 or more).")]
 TokenizerOpt = Annotated[Path | None, typer.Option(
     "--tokenizer", metavar="PATH", help="A tokenizer folder or a vocab.txt, for a model folder without one.")]
 

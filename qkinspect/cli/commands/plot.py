@@ -58,6 +58,9 @@ TitleOpt = Annotated[str | None, typer.Option(
     "fit the figure, like every title).")]
 CompareOpt = Annotated[str | None, typer.Option(
     "--compare", metavar="MODEL_B", help="--kind compare: the second model; the figure shows B − A per head.")]
+ScoreOpt = Annotated[str | None, typer.Option(
+    "--score", metavar="NAME", help="A heads document (qkinspect heads -o FILE.json): the behaviour score to draw "
+    "against --metric (previous_token, induction, duplicate_token, self, first_token, entropy).")]
 
 
 def register(app: typer.Typer) -> None:
@@ -67,7 +70,7 @@ def register(app: typer.Typer) -> None:
         compare: CompareOpt = None, metric: MetricOpt = None, layers: LayersOpt = None, block: BlockOpt = None,
         fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False, precision: PrecisionOpt = Precision.float32,
         device: DeviceOpt = Device.cpu, revision: RevisionOpt = None, experiment: ExperimentOpt = None,
-        title: TitleOpt = None,
+        title: TitleOpt = None, score: ScoreOpt = None,
     ) -> None:
         """Draw one figure of the attention geometry (heatmaps of symmetry or Q/K/V overlap, singular-value spectra,
         ranks by layer, the symmetry histogram against chance, head-by-head overlap, a two-model comparison, or a
@@ -100,11 +103,18 @@ def register(app: typer.Typer) -> None:
 
         Example (the estimated cost of every head): qkinspect plot --kind costmap --experiment map.json -o map.png
 
+        Example (a heads document: a weight metric against a behaviour score, one dot per head): qkinspect plot
+        heads.json --kind heads --metric symmetry --score self -o self.png
+
         Example (heads composing, from the model or a saved `qkinspect composition -o c.json`): qkinspect plot
         ./my-llama --kind composition -o composition.png
         """
         output = check_figure_path(output)
         cap, kind = figure_source(model, kind and kind.value)
+        given = {"--layers": layers, "--block": block, "--layer": layer, "--compare": compare,
+                 "--experiment": experiment, "--revision": revision, "--fold-ln": fold_ln, "--fold-qk-norm": fold_qk_norm, "--score": score,
+                 "--precision": precision is not Precision.float32, "--device": device is not Device.cpu}
+        refuse_options(cap, model, given)
         if cap.name in FROM_MODEL:
             fig, drawn = draw_from_model(cap, model, kind, output, layer=layer, compare=compare, metric=metric,
                                          layers=layers, block=block, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
@@ -114,14 +124,9 @@ def register(app: typer.Typer) -> None:
             if experiment is None:
                 raise InputError(f"--kind {kind} needs --experiment FILE.json (from qkinspect experiment -o)")
             fig, drawn = cap.get("draw")(cap.get("read")(experiment), kind, title=title)
-        else:  # a folder a capability saved: drawn from its records alone
-            refuse_options(cap, model, {"--layers": layers, "--block": block, "--layer": layer, "--compare": compare,
-                                        "--experiment": experiment, "--revision": revision, "--fold-ln": fold_ln,
-                                        "--fold-qk-norm": fold_qk_norm,
-                                        "--precision": precision is not Precision.float32,
-                                        "--device": device is not Device.cpu})
+        else:  # a folder or document a capability saved: drawn from its records alone
             result = cap.get("read")(Path(model))
-            fig, drawn = cap.get("draw")(result, kind, metric=metric, title=title,
+            fig, drawn = cap.get("draw")(result, kind, metric=metric, score=score, title=title,
                                          layers=parse_indices(layers, "--layers"), blocks=parse_blocks(block))
         save_figure(fig, output)
         note(f"wrote the {drawn} to {output}")

@@ -78,6 +78,9 @@ def register(app: typer.Typer) -> None:
         Example (a ladder folder, qkinspect twin --shapes: the shapes, the scaling fits, the scaling and gap
         figures): qkinspect report ladder/ -o ladder.pdf
 
+        Example (a heads document: the strongest heads, the relations, the scatter figures): qkinspect heads
+        ./my-llama -o heads.json; qkinspect report heads.json -o heads.pdf
+
         Example (with an experiment's runs.json): qkinspect report ./my-bert --experiment runs.json -o report.pdf
 
         Example (with heads composing): qkinspect composition ./my-llama -o c.json; qkinspect report ./my-llama
@@ -156,12 +159,7 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
                  title: str | None = None, composition=None) -> int:
     """Analyse `model` (or read a saved analysis) and write the PDF report atomically to `output`; returns the
     number of pages. `experiment` (read_runs) adds the experiment section; InputError when it was run on another
-    model.
-
-    Example:
-        >>> write_report(None, Path("report.pdf"), Selection.parse(metrics=["default", "head_overlap"]))
-        12
-    """
+    model (the demo model's report: `write_report(None, Path("r.pdf"), Selection.parse())`)."""
     from qkinspect.layer import shape_differences
 
     result = result_of(model, selection, revision=revision, layer_form=layer_form)

@@ -102,11 +102,27 @@ WorkersOpt = Annotated[int | None, typer.Option(
     "--workers", metavar="N", help="Local cluster: worker processes (default: one per core, at most one per run; "
                                    "0: in this process).")]
 ThreadsOpt = Annotated[int | None, typer.Option("--threads", metavar="N", help="torch threads per run (default 1).")]
+StackOpt = Annotated[int | None, typer.Option(
+    "--stack", metavar="N", show_default=False,
+    help="Train up to N runs of one shape together as one batched model (default: the runs shared evenly among "
+         "the workers, as many a stack as fit in memory; 1: one run a task). Records equal the single runs'.")]
+
+
+class Precision(str, Enum):
+    float32 = "float32"
+    bf16 = "bf16"
+
+
+PrecisionOpt = Annotated[Precision, typer.Option(
+    "--precision", help="float32, or bf16: bfloat16 autocast with float32 weights (a CPU or GPU with bfloat16).")]
+CompileOpt = Annotated[bool, typer.Option("--compile", help="torch.compile the stacked model (where torch can).")]
 FormatOpt = Annotated[RecordFormat | None, typer.Option(
     "--format", "-f", show_default=False, metavar="FORMAT",
     help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
 RowsOpt = Annotated[Rows, typer.Option(
-    "--rows", help="Which records csv, ndjson and parquet hold (scaling: a ladder's fits; summary: per shape).")]
+    "--rows", metavar="runs|trajectories|summary|lr|scaling",
+    help="Which records csv, ndjson and parquet hold (JSON holds them all; scaling: a ladder's fits; summary: per "
+         "shape).")]
 
 
 def register(app: typer.Typer) -> None:
@@ -121,6 +137,7 @@ def register(app: typer.Typer) -> None:
         margin: MarginOpt = 0.02, device: DeviceOpt = Device.cpu, save_checkpoints: CheckpointsOpt = False,
         scheduler: SchedulerOpt = None, workers: WorkersOpt = None, threads: ThreadsOpt = None,
         shapes: ShapesOpt = None, head_size: HeadSizeOpt = None, tokens_per_param: TokensPerParamOpt = None,
+        stack: StackOpt = None, precision: PrecisionOpt = Precision.float32, compile: CompileOpt = False,
         fmt: FormatOpt = None, output: OutputOpt = None, rows: RowsOpt = Rows.runs,
     ) -> None:
         """Train the same small transformer from scratch, from the same seeds on the same text, as standard and
@@ -158,18 +175,54 @@ def register(app: typer.Typer) -> None:
                               margin=margin, device=device.value, save_checkpoints=save_checkpoints,
                               scheduler=scheduler, workers=workers, threads=threads, init=init.value,
                               schedule=schedule.value, shapes=shapes, head_size=head_size,
-                              tokens_per_param=tokens_per_param, progress=lambda line: note(f"twin: {line}"),
-                              names=CLI_NAMES)
+                              tokens_per_param=tokens_per_param, stack=stack, precision=precision.value,
+                              compile=compile, notice=lambda line: note(f"twin: {line}"), names=CLI_NAMES)
         except KeyboardInterrupt:
             note(f"stopped; the runs done are kept in {out}: run the same command to resume")
             raise
         doc = Document(json=result.to_dict(), rows=result.rows(rows.value), render=result.render_table)
+        if not doc.rows and rows is Rows.trajectories and (parquet or output is not None or fmt is not None):
+            note("twin: no trajectories to write: the runs were not tracked (--track-every N)")
         if parquet:
             write_parquet(doc.rows, output)
+            shown = False
         else:
-            emit(doc, fmt_name, output)
+            shown = emit(doc, fmt_name, output) == "table" and (output is None or str(output) == "-")
+        _on_stderr(result, shown)
         if result.failures:
             from qkinspect.errors import SweepFailed
+            from qkinspect.terminal.twin import plural
+            from qkinspect.twin.folder import MANIFEST
 
-            raise SweepFailed(f"{len(result.failures)} runs failed (listed above, and in {out / 'twin.json'}); run "
-                              "the same command to retry them")
+            raise SweepFailed(f"{plural(len(result.failures), 'run')} failed (listed above, and in "
+                              f"{out / MANIFEST}); run the same command to retry them")
+
+
+def _on_stderr(result, shown: bool) -> None:
+    """The verdicts and notes on stderr where the table is not on stdout (-o FILE, JSON or CSV), so they reach the
+    terminal whatever -o is; a learning rate chosen at the edge of its grid is a warning there in any case. A
+    ladder: each shape's twin under its name, then the ladder's notes."""
+    twins = getattr(result, "twins", None)
+    if twins is None:
+        _twin_on_stderr(result, shown, "")
+        return
+    for rung, twin in zip(result.rungs, twins, strict=True):
+        _twin_on_stderr(twin, shown, f"{rung.name}: ")
+    for n in result.notes if not shown else ():
+        note(n)
+
+
+def _twin_on_stderr(result, shown: bool, prefix: str) -> None:
+    from qkinspect.cli.output import warn
+    from qkinspect.terminal.twin import verdict_line
+    from qkinspect.twin.summary import edge_notes
+
+    edges = set(edge_notes({t.variant: t.lr for t in result.lr_sweep if t.chosen},
+                           result.setup.get("plan", {}).get("lrs", [])))
+    if not shown and (line := verdict_line(result.rows("summary"))) is not None:
+        note(f"twin: {prefix}{line}")
+    for n in result.notes:
+        if n in edges:
+            warn(prefix + n)
+        elif not shown:
+            note(prefix + n)

@@ -54,14 +54,15 @@ def quiet_transformers() -> Iterator[None]:
     """transformers' load reports, warnings and progress bars say nothing the user asked for."""
     from transformers.utils import logging as hf_logging
 
-    level = hf_logging.get_verbosity()
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
         yield
-    finally:
+    finally:  # as it was: a block inside another leaves the outer one's bars off
         hf_logging.set_verbosity(level)
-        hf_logging.enable_progress_bar()
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 @contextlib.contextmanager

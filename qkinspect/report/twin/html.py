@@ -7,7 +7,6 @@ import datetime as dt
 from html import escape
 
 from qkinspect.report.pages import CSS, html_table, svg
-from qkinspect.report.style import NUMBER_NOTE
 from qkinspect.report.tables import Table
 from qkinspect.version import __version__
 
@@ -19,6 +18,7 @@ def render_twin_html(twin, *, date: dt.datetime | None = None, name: str | None 
     from qkinspect.report.style import new_figure
     from qkinspect.report.twin.figures import twin_name
     from qkinspect.report.twin.pdf import (
+        TWIN_NUMBERS,
         failures_table,
         figure_plan,
         lr_table,
@@ -38,7 +38,7 @@ def render_twin_html(twin, *, date: dt.datetime | None = None, name: str | None 
              html_table(Table("Setup", ["", ""], [list(p) for p in pairs])),
              f"<p><b>{escape(scale_caveat(twin))}</b></p>", "<h2>Summary</h2>",
              *(f"<p>{escape(line)}</p>" for line in verdict_words(twin)), html_table(summary_table(twin)),
-             f"<p class='meta'>{escape(NUMBER_NOTE)}</p>"]
+             f"<p class='meta'>{escape(TWIN_NUMBERS)}</p>"]
     parts += [html_table(t) for t in (lr_table(twin), failures_table(twin)) if t is not None]
     parts += [f"<p class='meta'>note: {escape(n)}</p>" for n in twin.notes]
     parts += [html_table(runs_table(twin)), "<h2>Figures</h2>"]

@@ -10,13 +10,15 @@ import datetime as dt
 from pathlib import Path
 from typing import IO, Any
 
-from qkinspect.report.style import NUMBER_NOTE, fmt, style
+from qkinspect.numbers import DECIMALS, plain, signed_alike
+from qkinspect.report.style import fmt, style
 from qkinspect.report.tables import Table
 from qkinspect.report.twin.figures import (
     gap_caption,
     gap_figure,
     learning_caption,
     learning_figure,
+    model_dims,
     trajectory_caption,
     trajectory_figure,
     twin_name,
@@ -25,9 +27,11 @@ from qkinspect.twin.curves import chosen, margin, seed_sd, tracked_metrics
 from qkinspect.twin.results import Twin
 
 # transformers' names for the sizes, llama's then gpt2's
-SIZES = {"layers": ("num_hidden_layers", "n_layer"), "width": ("hidden_size", "n_embd"),
-         "heads": ("num_attention_heads", "n_head"), "kv_heads": ("num_key_value_heads",),
+SIZES = {"layers": ("num_hidden_layers", "n_layer"), "kv_heads": ("num_key_value_heads",),
          "mlp": ("intermediate_size", "n_inner")}
+NEVER = "never"  # a variant whose mean curve never reaches the standard twin's final loss (`qkinspect twin` too)
+TWIN_NUMBERS = (f"Losses are rounded to {DECIMALS} decimals and differences signed, as qkinspect twin prints them (a "
+                f"difference too small for {DECIMALS} decimals keeps two significant digits); times to 3 decimals.")
 
 
 def _size(config: dict[str, Any], what: str) -> Any:
@@ -43,10 +47,8 @@ def scale_words(twin: Twin) -> str:
     """"llama, 2 layers × width 64, 4 heads (d_head 16), context 64; 12,345 parameters (standard twin)"."""
     model = twin.setup.get("model", {})
     cfg = model.get("config", {}) or {}
-    layers, width, heads = _size(cfg, "layers"), _size(cfg, "width"), _size(cfg, "heads")
-    kv = _size(cfg, "kv_heads")
-    d_head = cfg.get("head_dim") or (width // heads if isinstance(width, int) and isinstance(heads, int) and heads
-                                     else None)
+    layers, kv = _size(cfg, "layers"), _size(cfg, "kv_heads")
+    width, heads, d_head = model_dims(twin)
     context = twin.setup.get("training", {}).get("context")
     params = _standard_params(twin)
     kv_words = f", {kv} key/value heads" if kv not in (None, heads) else ""
@@ -79,6 +81,10 @@ def setup_pairs(twin: Twin) -> list[tuple[str, str]]:
         ("training", f"{steps} steps (warm-up {train.get('warmup')}), batch {train.get('batch')} × context "
                      f"{train.get('context')}" + (f" = {tokens:,} tokens seen per run" if tokens else "")
                      + f"; {train.get('optimizer', 'n/a')}; {train.get('device', 'cpu')}"),
+        ("start", {"draw": "draw: each constrained twin starts from the standard draw put in its form (share_qk: "
+                           "W_K := W_Q)", "nearest": "nearest: each constrained twin starts from the nearest "
+                           "constrained form to the standard draw"}.get(train.get("init"), "n/a")
+                  + " (rank:K from its truncation, bilinear from W_Q W_Kᵀ either way)"),
         ("evaluation", f"{ev.get('windows', 'n/a')} windows ({ev.get('tokens', 0):,} tokens), "
                        + (f"every {ev['every']} steps" if ev.get("every") else "at the end only")
                        + f": {ev.get('what', '')}"),
@@ -115,9 +121,11 @@ def summary_table(twin: Twin) -> Table:
     rows = []
     for s in twin.summaries:
         ref = s.variant == "standard"
-        steps = "—" if ref else str(s.steps_to_standard) if s.steps_to_standard is not None else "never"
-        rows.append([s.variant, f"{s.params:,}", fmt(s.val_loss), fmt(seed_sd(s.val_losses)),
-                     *(["—"] * 3 if ref else [fmt(s.diff), fmt(s.ci_low), fmt(s.ci_high)]), s.verdict, steps])
+        steps = "—" if ref else str(s.steps_to_standard) if s.steps_to_standard is not None else NEVER
+        rows.append([s.variant, f"{s.params:,}", plain(s.val_loss, missing="n/a"),
+                     plain(seed_sd(s.val_losses), missing="n/a"),
+                     *(["—"] * 3 if ref else signed_alike(s.diff, s.ci_low, s.ci_high, missing="n/a")),
+                     s.verdict, steps])
     return Table("Summary: final held-out loss (nats per token), mean over seeds ± s.d.; diff with its 90 % "
                  "t-interval (the two one-sided tests at 5 %; verdicts Holm-corrected where several variants were "
                  "tested)", ["variant", "params", "val_loss", "± s.d.", "diff", "ci_low", "ci_high", "verdict",
@@ -131,13 +139,15 @@ def verdict_words(twin: Twin) -> list[str]:
     for s in twin.summaries:
         if s.variant == "standard":
             continue
-        interval = f"; 90 % t-interval of variant − standard [{fmt(s.ci_low)}, {fmt(s.ci_high)}]" \
+        diff, low, high = signed_alike(s.diff, s.ci_low, s.ci_high, missing="n/a")
+        interval = f"; 90 % t-interval of variant − standard [{low}, {high}]" \
             if s.ci_low is not None else "; no interval: fewer than two paired seeds"
         reach = (f"; its mean curve reaches the standard twin's final loss at step {s.steps_to_standard}"
                  if s.steps_to_standard is not None else "; its mean curve never reaches the standard twin's final "
                  "loss")
         side = "above" if s.diff is not None and s.diff > 0 else "below"
-        out.append(f"{s.variant}: final held-out loss {fmt(abs(s.diff) if s.diff is not None else None)} nats "
+        size = diff.removeprefix("+").removeprefix("-")
+        out.append(f"{s.variant}: final held-out loss {size} nats "
                    f"{side} the standard twin's (mean over {s.seeds} paired seeds{interval}): {s.verdict}"
                    + (f" at a margin of {m:g} nats" if m is not None else "") + f"{reach}.")
     return out
@@ -151,7 +161,8 @@ def lr_table(twin: Twin) -> Table | None:
     by = {(t.variant, t.lr): t for t in twin.lr_sweep}
     rows = []
     for v in dict.fromkeys(t.variant for t in twin.lr_sweep):
-        cells = [(fmt(by[v, x].val_loss) + (" *" if by[v, x].chosen else "  ")) if (v, x) in by else "n/a"
+        cells = [(plain(by[v, x].val_loss, missing="n/a") + (" *" if by[v, x].chosen else "  ")) if (v, x) in by
+                 else "n/a"
                  for x in lrs]
         rows.append([v, *cells])
     return Table("Learning-rate sweep: seed 0's final held-out loss (* chosen)", ["variant",
@@ -159,7 +170,8 @@ def lr_table(twin: Twin) -> Table | None:
 
 
 def runs_table(twin: Twin) -> Table:
-    rows = [[r.variant, str(r.seed), f"{r.lr:g}", fmt(r.val_loss), fmt(r.train_loss), f"{r.seconds:.0f}",
+    rows = [[r.variant, str(r.seed), f"{r.lr:g}", plain(r.val_loss, missing="n/a"),
+             plain(r.train_loss, missing="n/a"), f"{r.seconds:.0f}",
              fmt(r.step_seconds), f"{r.violation:.1e}"]
             for r in sorted(twin.runs, key=lambda r: (list(chosen(twin)).index(r.variant)
                                                       if r.variant in chosen(twin) else 99, r.lr, r.seed))]
@@ -227,18 +239,18 @@ def _first_page(pages, twin: Twin, name: str, version: str, date: dt.datetime) -
     pages.heading("Summary", size=13)
     for line in verdict_words(twin):
         pages.paragraph(line)
-    pages.table(summary_table(twin), min_column=0.6)
+    pages.table(summary_table(twin), min_column=0.6, keep=True)
     pages.paragraph(f"diff: variant − standard, mean over seeds; positive is worse. steps_to_standard: the first "
                     "evaluated step at which the variant's mean held-out loss is at or below the standard twin's "
-                    f"final one. {NUMBER_NOTE}", size=8)
+                    f"final one; {NEVER}: it does not. {TWIN_NUMBERS}", size=8)
     if (lr := lr_table(twin)) is not None:
-        pages.table(lr)
+        pages.table(lr, keep=True)
     if twin.failures:  # as lines, not a table: an error's text is longer than a column
         pages.heading("Failed runs", size=10)
         for f in twin.failures:
             pages.paragraph(f"{f.variant} seed {f.seed} lr {f.lr:g}: {f.error}", size=8, color="#a00000")
     for note in twin.notes:
         pages.paragraph(f"note: {note}", size=8, color="#a00000")
-    pages.table(runs_table(twin))
+    pages.table(runs_table(twin), keep=True)
     pages.paragraph("violation: the largest departure from the constraint at the evaluated steps (0 for standard); "
                     "s per step: the median seconds per optimizer step.", size=8)
