@@ -13,8 +13,8 @@ character-sized vocabulary of 85), one torch thread:
   (c) with --stacking STEPS: 3 variants (standard, share_qk, symmetric) x 3 seeds of a 2 x 64 twin (context 64,
       batch 12, characters of the demo text), trained through `qkinspect.twin` three ways, one after another in
       this run: stacked (the default: the runs shared among the local workers, one stack each), `--stack 1
-      --workers 2` (one run a task on a local cluster of 2) and `--stack 1 --workers 0` (one run after another
-      here); the wall times, their ratios, and the median step of a run on the cluster against one here (what the
+      --workers 2` (one run a task on a local cluster of 2), and in this process one stack of 9 (`--workers 0`)
+      against one run after another (`--stack 1 --workers 0`); the wall times, their ratios, and the median step of a run on the cluster against one here (what the
       workers' malloc setting cost: qkinspect.sweep.engine.PRE_SPAWN).
 
 Usage:
@@ -58,8 +58,8 @@ def stacking(steps: int) -> dict:
 
     kw = dict(variants="share_qk,symmetric", seeds=3, layers=2, d_model=64, heads=2, context=64, batch=12,
               steps=steps, eval_windows=64, threads=1)
-    arms = {"stacked": {}, "stack 1, workers 2": {"stack": 1, "workers": 2}, "stack 1, workers 0": {"stack": 1,
-                                                                                                   "workers": 0}}
+    arms = {"stacked": {}, "stack 1, workers 2": {"stack": 1, "workers": 2},
+            "stacked, workers 0": {"workers": 0}, "stack 1, workers 0": {"stack": 1, "workers": 0}}
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n, (name, extra) in enumerate(arms.items()):
@@ -72,6 +72,8 @@ def stacking(steps: int) -> dict:
     base = out["stack 1, workers 2"]
     print(f"  stacked: {base['wall'] / out['stacked']['wall']:.2f}x faster in wall time than --stack 1 --workers 2; "
           f"{out['stack 1, workers 0']['wall'] / out['stacked']['wall']:.2f}x than --stack 1 --workers 0")
+    here = out["stack 1, workers 0"]["wall"] / out["stacked, workers 0"]["wall"]
+    print(f"  in this process (one stack of 9 against 9 runs one after another): stacked {here:.2f}x faster")
     print(f"  a run's step on the local cluster / here: {base['step'] / out['stack 1, workers 0']['step']:.2f}")
     return out
 

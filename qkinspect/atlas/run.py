@@ -58,7 +58,6 @@ def build(request: AtlasRequest, items: list[Checkpoint | SavedEntry], *, progre
             not an atlas's (a sweep folder among them): before any work.
         KeyboardInterrupt after cancelling the pending tasks (what is written is kept: run again to resume).
     """
-    from qkinspect.analysis.saved import read_saved
     from qkinspect.atlas import folder as store
     from qkinspect.sweep import run_sweep
     from qkinspect.sweep.store import check_folder, write_json
@@ -73,7 +72,7 @@ def build(request: AtlasRequest, items: list[Checkpoint | SavedEntry], *, progre
     check_folder(folder)
     store.check_out(folder, names.out)
     # a saved analysis is checked now (bad input: before any work) and kept as `analyze -o` wrote it
-    saved = [(e, {"kind": "analyze", **read_saved(e.path).to_dict()}) for e in items if isinstance(e, SavedEntry)]
+    saved = [(e, _saved_document(e.path)) for e in items if isinstance(e, SavedEntry)]
     try:
         (folder / store.SAVED).mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -98,6 +97,24 @@ def build(request: AtlasRequest, items: list[Checkpoint | SavedEntry], *, progre
         outcome.failures, outcome.refused = done.failures, done.refused
     store.write_manifest(folder, options, manifest, outcome.failures)
     return outcome
+
+
+def _saved_document(path: Path) -> dict[str, Any]:
+    """A saved analysis as `analyze -o` wrote it; a heads document (`qkinspect heads -o`) as the analysis of its
+    heads with the behaviour scores beside the weight metrics (`HeadsResult.analysis_document`; the atlas reads it
+    back from its folder through the analysis reader, as every saved analysis)."""
+    from qkinspect.analysis.saved import read_saved
+    from qkinspect.heads.saved import is_heads
+
+    if not is_heads(path):
+        return {"kind": "analyze", **read_saved(path).to_dict()}
+    from qkinspect.errors import InputError
+    from qkinspect.heads.saved import read
+
+    try:
+        return read(path).analysis_document()
+    except ValueError as e:
+        raise InputError(f"{path}: {e}") from None
 
 
 def run_atlas(items: list[Checkpoint | SavedEntry], options: dict[str, Any], folder: str | Path, *,

@@ -114,6 +114,7 @@ class HeadsResult(Tabular):
     relations: list[RelationRecord] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    processing: dict[str, Any] = field(default_factory=dict)  # how analyze measured the weight metrics
 
     @property
     def scores(self) -> tuple[str, ...]:
@@ -151,9 +152,21 @@ class HeadsResult(Tabular):
         return json_safe(envelope(
             HEADS_KIND, model=model_dict(self.model), settings=asdict(self.settings), definitions=DEFINITIONS,
             heads=self.rows(), relations=self.relation_rows(), warnings=list(self.warnings),
-            seconds=dict(self.seconds)))
+            seconds=dict(self.seconds), processing=dict(self.processing)))
 
     to_dict = document
+
+    def analysis_document(self) -> dict[str, Any]:
+        """An `analyze` document of the same heads whose per-head values are the weight metrics and the behaviour
+        scores side by side (no standard errors, no layer records): what the atlas takes from a heads document, so
+        that its depth records and figures hold the scores across models (docs/heads.md, "Across models")."""
+        if not self.processing:
+            raise ValueError("a heads document written before it kept analyze's processing; run heads again")
+        rows = [{"block": r.block, "layer": r.layer, "head": r.head, "kv_head": r.kv_head, **r.weights,
+                 **{s: v for s, v in r.scores.items() if s in self.scores}} for r in self.records]
+        return json_safe(envelope("analyze", model=model_dict(self.model), processing=dict(self.processing),
+                                  definitions={**DEFINITIONS}, baselines=[], heads=rows, layers=[],
+                                  warnings=list(self.warnings)))
 
     def headvis(self) -> list[dict[str, Any]]:
         """The joined per-head table as tidy long rows for viewers (one row per head and quantity: layer, head,

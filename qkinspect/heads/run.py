@@ -145,7 +145,9 @@ def heads(
     relations = relations_of(records, request.relate, seed=request.seed, resamples=request.resamples,
                              permutations=request.permutations)
     seconds["relate"] = time.perf_counter() - t3
-    return HeadsResult(info, settings, records, relations, warnings, seconds)
+    from dataclasses import asdict
+
+    return HeadsResult(info, settings, records, relations, warnings, seconds, asdict(weights.processing))
 
 
 def _head_metrics() -> tuple[str, ...]:
@@ -318,7 +320,7 @@ def measure(hf, family: str, ids: torch.Tensor, batch: int, causal: bool, repeat
         with torch.no_grad():
             for start in range(0, len(ids), batch):
                 chunk = ids[start:start + batch].to(device)
-                base(input_ids=chunk, attention_mask=torch.ones_like(chunk))
+                base(input_ids=chunk)  # every row is whole (no padding): the model's own default mask
                 tick()
     finally:
         for h in handles:

@@ -88,4 +88,8 @@ def _from_dict(doc: Any) -> HeadsResult:
                                         *(_num(r.get(k), f"relations[{i}].{k}") for k in ("rho", "low", "high", "p")),
                                         _int(r["n"], f"relations[{i}].n")))
     seconds = {str(k): float(v) for k, v in doc.get("seconds", {}).items()}
-    return HeadsResult(info, settings, records, relations, [str(w) for w in doc.get("warnings", [])], seconds)
+    processing = doc.get("processing", {})
+    if not isinstance(processing, dict):
+        raise ValueError("processing is not an object")
+    return HeadsResult(info, settings, records, relations, [str(w) for w in doc.get("warnings", [])], seconds,
+                       processing)

@@ -34,6 +34,12 @@ def experiment(spec, *extra):
     return CliRunner().invoke(app, ["experiment", str(spec), *SMALL, *map(str, extra)])
 
 
+def quiet(stderr: str) -> bool:
+    """Nothing on stderr but the experiment's own note that SMALL scores too few tokens (notes go to stderr
+    whatever -o is): no line of transformers', no progress bar, no warning."""
+    return all(line.startswith("note: only ") and "tokens were scored" in line for line in stderr.splitlines())
+
+
 def copy(models, name: str, tmp_path: Path) -> Path:
     shutil.copytree(models[name], tmp_path / name)
     return tmp_path / name
@@ -84,7 +90,7 @@ def test_auto_map_is_never_seen_by_transformers(models, tmp_path, file, value):
     m = copy(models, "bert", tmp_path)
     edit_json(m / file, auto_map=value)
     r = experiment(m)
-    assert r.exit_code == 0 and r.stderr == "", r.stderr
+    assert r.exit_code == 0 and quiet(r.stderr), r.stderr
 
 
 CONFIG_CASES = {
@@ -113,7 +119,7 @@ def test_how_to_run_switches_in_the_config_are_not_used(models, tmp_path, values
     m = copy(models, "llama", tmp_path)
     edit_json(m / "config.json", **values)
     r = experiment(m)
-    assert r.exit_code == 0 and r.stderr == "", r.stderr
+    assert r.exit_code == 0 and quiet(r.stderr), r.stderr
     base = json.loads(experiment(models["llama"]).stdout)["baseline"]
     assert json.loads(r.stdout)["baseline"] == base
 
@@ -232,7 +238,7 @@ def test_real_executable_prints_no_progress_bar_and_no_transformers_line(models,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             for name, spec in (("gguf", models["gguf"]), ("rope", rope))}
     out, err = runs["gguf"].communicate(timeout=300)
-    assert runs["gguf"].returncode == 0 and err == "", err
+    assert runs["gguf"].returncode == 0 and quiet(err), err
     assert json.loads(out)["measure"]["kind"] == "causal"
     out, err = runs["rope"].communicate(timeout=300)
     assert runs["rope"].returncode == 2 and out == ""
@@ -293,7 +299,7 @@ def test_other_files_of_the_folder_are_never_opened(models, tmp_path, name, text
     if name in ("special_tokens_map.json", "added_tokens.json"):
         one_error_line(r, f"tokenizer file '{name}' is a link to")
     else:
-        assert r.exit_code == 0 and r.stderr == "", r.stderr
+        assert r.exit_code == 0 and quiet(r.stderr), r.stderr
 
 
 def test_a_tokenizer_file_that_is_a_fifo_is_refused(models, tmp_path):

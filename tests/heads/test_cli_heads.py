@@ -7,6 +7,7 @@ import csv
 import io
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -130,3 +131,25 @@ def test_fold_qk_norm_reaches_the_weight_metrics(tmp_path):
     assert any(abs(a.weights["symmetry"] - b.weights["symmetry"]) > 1e-4
                for a, b in zip(raw.records, folded.records, strict=True))
     assert [a.scores for a in raw.records] == [b.scores for b in folded.records]  # behaviour: the same model
+
+
+def test_an_atlas_of_heads_documents_holds_the_scores_across_models(cli, saved, tmp_path):
+    import qkinspect
+    from qkinspect.atlas.saved import read_atlas
+
+    gpt2 = tiny_models.gpt2(tmp_path / "gpt2")
+    other = qkinspect.heads(str(gpt2), sequences=4, length=8, windows=2, window=24, resamples=50,
+                            permutations=50).save(tmp_path / "gpt2.json")
+    r = cli("atlas", saved, other, "--out", tmp_path / "atlas", "-f", "json")
+    assert r.exit_code == 0, r.stderr
+    atlas = read_atlas(tmp_path / "atlas")
+    assert {"induction", "previous_token", "symmetry"} <= set(atlas.metrics)
+    ind = [x for x in atlas.records if x.metric == "induction" and x.scope == "layer"]
+    assert len({x.model for x in ind}) == 2
+    doc = json.loads(saved.read_text())
+    mine = [h["induction"] for h in doc["heads"] if h["layer"] == 1]
+    want = float(np.median(mine))
+    assert any(x.layer == 1 and x.median == pytest.approx(want) for x in ind)  # the atlas's median of the scores
+    assert cli("plot", tmp_path / "atlas", "--kind", "depth", "--metric", "induction",
+               "-o", tmp_path / "d.png").exit_code == 0
+    assert doc["processing"]["metrics"]

@@ -113,8 +113,8 @@ def register(app: typer.Typer) -> None:
 
 def write_export(result, path: Path) -> None:
     """The tidy long rows (`HeadsResult.headvis`) as CSV or JSON, atomically."""
-    from qkinspect.cli.output import write_csv
     from qkinspect.files import atomic_write, save_json
+    from qkinspect.formats import write_csv
 
     rows = result.headvis()
     if path.suffix.lower() == ".json":
