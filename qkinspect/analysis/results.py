@@ -1,4 +1,4 @@
-"""Frozen result records (DESIGN.md §5): one row per (block, layer, head) and per (block, layer).
+"""Frozen result records (ARCHITECTURE.md §5): one row per (block, layer, head) and per (block, layer).
 
 `metrics/` produces them, `report/` and `cli/` only read them.
 """

@@ -112,7 +112,8 @@ def register(app: typer.Typer) -> None:
         output = check_figure_path(output)
         cap, kind = figure_source(model, kind and kind.value)
         given = {"--layers": layers, "--block": block, "--layer": layer, "--compare": compare,
-                 "--experiment": experiment, "--revision": revision, "--fold-ln": fold_ln, "--fold-qk-norm": fold_qk_norm, "--score": score,
+                 "--experiment": experiment, "--revision": revision, "--fold-ln": fold_ln,
+                 "--fold-qk-norm": fold_qk_norm, "--score": score,
                  "--precision": precision is not Precision.float32, "--device": device is not Device.cpu}
         refuse_options(cap, model, given)
         if cap.name in FROM_MODEL:
