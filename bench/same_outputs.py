@@ -252,7 +252,8 @@ def mask(path: Path, root: Path | None = None) -> bytes:
         return _same_svg(data.decode()).encode()
     if name.endswith(".pdf"):
         return b"<pdf: compared as text>"
-    text = data.decode("utf-8", errors="replace").replace(str(root or path.parent), "<folder>")
+    text = data.decode("utf-8", errors="replace")
+    text = text.replace(str(root or path.parent), "<folder>").replace(str(WORK), "<folder>")
     if name.endswith(".html"):
         text = _same_svg(text)  # its figures are inline SVG
     masked = _mask_json(text)

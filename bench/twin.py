@@ -11,11 +11,11 @@ character-sized vocabulary of 85), one torch thread:
       over 100 of the standard twin's steps: the share of training that `--track-every 100` adds (target <= 5 %).
 
   (c) with --stacking STEPS: 3 variants (standard, share_qk, symmetric) x 3 seeds of a 2 x 64 twin (context 64,
-      batch 12, characters of the demo text), trained through `qkinspect.twin` three ways, one after another in
+      batch 12, characters of the demo text), trained through `qkinspect.twin` four ways, one after another in
       this run: stacked (the default: the runs shared among the local workers, one stack each), `--stack 1
       --workers 2` (one run a task on a local cluster of 2), and in this process one stack of 9 (`--workers 0`)
-      against one run after another (`--stack 1 --workers 0`); the wall times, their ratios, and the median step of a run on the cluster against one here (what the
-      workers' malloc setting cost: qkinspect.sweep.engine.PRE_SPAWN).
+      against one run after another (`--stack 1 --workers 0`); the wall times, their ratios, and the median step
+      of a run on the cluster against one here (docs/twin.md, "Stacked training").
 
 Usage:
   python bench/twin.py [--arch llama|gpt2] [--layers 4] [--d-model 128] [--heads 4] [--context 64] [--batch 12]

@@ -1,4 +1,4 @@
-"""Canonical records that loading produces and metrics consume (DESIGN.md §2).
+"""Canonical records that loading produces and metrics consume (ARCHITECTURE.md §2).
 
 Row-vector convention throughout: ``q = x @ W_Q[h] + b_Q[h]``.
 """
@@ -145,7 +145,7 @@ class AttentionLayer:
         return self.spec.key
 
     def kv_index(self) -> Tensor:
-        """For each query head h, its key/value head h // (H // G) (never h % G: DESIGN.md §2)."""
+        """For each query head h, its key/value head h // (H // G) (never h % G: ARCHITECTURE.md §2)."""
         import torch
 
         return torch.arange(self.spec.n_heads) // self.spec.group_size

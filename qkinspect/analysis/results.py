@@ -1,4 +1,4 @@
-"""Frozen result records (DESIGN.md §5): one row per (block, layer, head) and per (block, layer).
+"""Frozen result records (ARCHITECTURE.md §5): one row per (block, layer, head) and per (block, layer).
 
 `metrics/` produces them, `report/` and `cli/` only read them.
 """
@@ -99,6 +99,10 @@ class AnalysisResult:
         head's (or layer's) record."""
         rows = self.head_rows() if by == "head" else self.layer_rows()
         return [{"model": self.model.name, **r} for r in rows]
+
+    def document(self) -> dict[str, Any]:
+        """The document `analyze -o FILE.json` and `save("x.json")` write (`to_dict`), as every result names it."""
+        return self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         """The saved analysis as a JSON-ready dict: the document `qkinspect analyze -o FILE.json` writes (schema

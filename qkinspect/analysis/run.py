@@ -1,4 +1,4 @@
-"""`qkinspect.analyze`: a model in, per-head and per-layer records out (DESIGN.md §1).
+"""`qkinspect.analyze`: a model in, per-head and per-layer records out (ARCHITECTURE.md §1).
 
 Layers are read one at a time (the next one prefetched while the current ones are measured), processed (folds),
 measured batched over their heads (on a CPU, two layers side by side when they fit, `_layers_at_once`), and turned

@@ -1,7 +1,8 @@
 """A saved analysis read back: the JSON `qkinspect analyze -o run.json` writes (schema qkinspect/1, "kind":
 "analyze") as the AnalysisResult it was made from, so that `plot` and `report` draw from it without the model.
 
-The file is untrusted input like any other: read with a size bound, every field checked for its type and range
+The file is untrusted input like any other: read through the house's reader (qkinspect.reading: a regular file,
+bounded in size and depth), every field checked for its type and range
 (heads and layers within the shapes the file itself declares) before a record is built, and anything else refused
 with one line naming the file and the field (InputError). What the JSON does not keep is said where it is needed:
 it has no singular-value spectra (the `spectra` figure needs the model), and it has head-by-head overlaps and the
@@ -14,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +25,7 @@ from qkinspect.documents import SCHEMA, model_info
 from qkinspect.errors import InputError
 from qkinspect.limits import MAX_METRIC
 from qkinspect.processing import Processing
-from qkinspect.reading import depth
+from qkinspect.reading import read_json
 
 MAX_BYTES = 256 << 20  # a 70B model's every head and head-by-head overlap is a few MB; more is not a saved analysis
 MAX_DEPTH = 16  # nesting the document has (head_overlap: 5 levels)
@@ -68,26 +68,12 @@ class _Bad(Exception):
 
 
 def _load(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError as e:
-        raise SavedError(f"{path}: cannot read it ({e.strerror or e})") from None
-    if len(raw) > MAX_BYTES:
-        raise SavedError(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a saved analysis")
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise SavedError(f"{path}: not valid JSON (not UTF-8 text at byte {e.start})") from None
-    except RecursionError:
-        raise SavedError(f"{path}: not valid JSON (nested too deeply)") from None
-    except ValueError as e:
-        raise SavedError(f"{path}: not valid JSON ({e})") from None
+    """The document, read as every saved document is (qkinspect.reading: a regular file, at most MAX_BYTES,
+    nested at most MAX_DEPTH levels), then its head checked."""
+    doc = read_json(path, what="a saved analysis", limit=MAX_BYTES, max_depth=MAX_DEPTH, error=SavedError)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("kind") != KIND:
         raise SavedError(f"{path}: not a saved analysis (the JSON of `qkinspect analyze -o FILE.json` has "
                          f"\"schema\": \"{SCHEMA}\" and \"kind\": \"{KIND}\")")
-    if depth(doc, MAX_DEPTH) > MAX_DEPTH:
-        raise SavedError(f"{path}: nested more than {MAX_DEPTH} levels deep; not a saved analysis")
     return doc
 
 
@@ -252,3 +238,7 @@ def needs_model(kind: str, path: object) -> None:
     if kind in NEEDS_MODEL:
         raise InputError(f"{path}: the {kind} figure needs {NEEDS_MODEL[kind]}; draw it from the model "
                          f"(qkinspect plot MODEL --kind {kind})")
+
+# The two verbs every capability's saved module offers (qkinspect.capabilities): read one back, and whether a
+# model argument is one of its own. The names above stay, as they were published.
+read = read_saved

@@ -1,6 +1,6 @@
 """What `plot` and `report` share about their model argument, not a command: a saved analysis or composition is
-drawn as it was saved (options that would shape it refused), else computed on the model; a twin folder takes only
-its own options. Commands import it, never each other."""
+drawn as it was saved (options that would shape it refused), else computed on the model (a folder's options are
+qkinspect.capabilities'). Commands import it, never each other."""
 
 from __future__ import annotations
 
@@ -8,16 +8,6 @@ from qkinspect.cli.options import Device, Precision, Selection, check_device, pa
 from qkinspect.cli.output import progress, warn
 from qkinspect.errors import InputError
 from qkinspect.selection import parse_indices
-
-
-def refuse_twin_options(model: str | None, given: dict[str, object]) -> None:
-    """InputError naming the options in `given` (option -> its value, or whether it differs from its default) that
-    were set: a twin folder's figures and report read the folder's records only."""
-    named = [k for k, v in given.items() if v not in (None, False, [], ())]
-    if named:
-        raise InputError(f"{', '.join(named)}: not for a twin folder ({model}); its figures and report are drawn "
-                         "from its records alone (plot takes --kind learning, gap or trajectory --metric NAME; both "
-                         "take --title)")
 
 
 def refuse_analysis_options(model: str | None, **given: object) -> None:
@@ -48,6 +38,24 @@ def result_of(model: str | None, selection: Selection, *, kind: str | None = Non
     from qkinspect.cli.run import run_analysis
 
     return run_analysis(model, selection, revision=revision, **options)
+
+
+def analysis_of(model: str | None, selection: Selection, *, kind: str, layer: int | None = None,
+                revision: str | None = None):
+    """The analysis figure `kind` draws: read from a saved analysis, or run on the model, whose shapes answer
+    --layer (with the option the user typed) before any work."""
+    from qkinspect.analysis.saved import is_saved
+
+    if is_saved(model):
+        return result_of(model, selection, kind=kind)
+    from qkinspect.cli.options import check_selection
+    from qkinspect.cli.run import run_analysis
+    from qkinspect.loading import open_model
+
+    with open_model(model, revision=revision) as m:
+        if layer is not None:
+            check_selection(m.info, selection.blocks, (layer,), options=("--layer", "--heads"))
+        return run_analysis(m, selection)
 
 
 def composition_of(model, *, layers=None, block=None, precision=Precision.float32, device=Device.cpu,

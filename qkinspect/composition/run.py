@@ -1,5 +1,5 @@
 """`qkinspect.composition`: Q-, K- and V-composition scores between every earlier and later head, from the weights
-(DESIGN.md §3, "Heads together"; the math in `qkinspect.metrics.composition`, the derivations in
+(ARCHITECTURE.md §3, "Heads together"; the math in `qkinspect.metrics.composition`, the derivations in
 docs/composition.md).
 
 Which heads compose into which: `qkinspect.composition.streams`.

@@ -1,5 +1,7 @@
 """The checked reader of a composition document (`qkinspect composition -o FILE.json`): read back as untrusted
-input, returning the same `CompositionResult` the library computes.
+input, returning the same `CompositionResult` the library computes. Read as every saved document is
+(qkinspect.reading: a regular file, bounded in size and depth, one line naming the file); numpy and the records are
+imported on reading, so that `plot` and `report` ask `is_composition_document` of any model argument for free.
 
 Example:
     >>> result = read_composition("composition.json")  # doctest: +SKIP
@@ -7,17 +9,15 @@ Example:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from qkinspect.composition.results import BY, KIND_TEXT, BlockPair, CompositionResult, Key
-from qkinspect.documents import SCHEMA, model_info
 from qkinspect.errors import InputError
-from qkinspect.processing import CompositionProcessing
+from qkinspect.reading import read_json
+
+if TYPE_CHECKING:
+    from qkinspect.composition.results import CompositionResult
 
 
 def is_composition_document(spec: str | Path) -> bool:
@@ -40,10 +40,7 @@ def read_composition(path: str | Path) -> CompositionResult:
         InputError: naming the file, for anything that is not such a document.
     """
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise InputError(f"{path}: cannot read a composition document ({type(e).__name__})") from None
+    doc = read_json(path, what="a composition document")
     try:
         return _from_dict(doc)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
@@ -51,6 +48,12 @@ def read_composition(path: str | Path) -> CompositionResult:
 
 
 def _from_dict(doc: Mapping[str, Any]) -> CompositionResult:
+    import numpy as np
+
+    from qkinspect.composition.results import BY, KIND_TEXT, BlockPair, CompositionResult
+    from qkinspect.documents import SCHEMA, model_info
+    from qkinspect.processing import CompositionProcessing
+
     if doc.get("schema") != SCHEMA or doc.get("kind") != "composition":
         raise ValueError(f"schema {doc.get('schema')!r}, kind {doc.get('kind')!r}: expected {SCHEMA}, composition")
     info = model_info(doc["model"])
@@ -64,7 +67,7 @@ def _from_dict(doc: Mapping[str, Any]) -> CompositionResult:
     by_kv = processing.by == "kv-head"
     shapes = {b.key: b.n_heads for b in info.blocks}
     later = {b.key: b.n_kv_heads if by_kv else b.n_heads for b in info.blocks}
-    scores: dict[Key, np.ndarray] = {}
+    scores: dict[tuple, np.ndarray] = {}
     one_block = info.blocks[0].key if len(info.blocks) == 1 else None
     for r in doc["records"]:
         fb, tb = str(r.get("from_block", one_block)), str(r.get("to_block", one_block))
@@ -83,3 +86,8 @@ def _from_dict(doc: Mapping[str, Any]) -> CompositionResult:
             raise ValueError(f"read_norms of {b} layer {n['layer']} ({n['kind']}): not {shapes[b]} head norms")
         norms[(b, int(n["layer"]), str(n["kind"]))] = v
     return CompositionResult(info, processing, pairs, scores, list(doc.get("warnings", [])), norms)
+
+# The two verbs every capability's saved module offers (qkinspect.capabilities): read one back, and whether a
+# model argument is one of its own. The names above stay, as they were published.
+read = read_composition
+is_saved = is_composition_document

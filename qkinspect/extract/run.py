@@ -1,4 +1,4 @@
-"""Extract: write the canonical per-head tensors (DESIGN.md §2) to one safetensors file for other tools
+"""Extract: write the canonical per-head tensors (ARCHITECTURE.md §2) to one safetensors file for other tools
 (`qkinspect extract` is this, with the CLI's option names and a progress bar).
 
 Tensors are named "{block}.{layer}.{W_Q|W_K|W_V|W_O|b_Q|b_K|b_V|b_O|q_norm|k_norm}" and keep the checkpoint's dtype;

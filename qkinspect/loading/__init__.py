@@ -1,4 +1,4 @@
-"""Open checkpoints and yield canonical AttentionLayers (DESIGN.md §2). See docs/loading.md."""
+"""Open checkpoints and yield canonical AttentionLayers (ARCHITECTURE.md §2). See docs/loading.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Composition scores between heads (Elhage et al. 2021), from the factors (DESIGN.md §3, "Heads together").
+"""Composition scores between heads (Elhage et al. 2021), from the factors (ARCHITECTURE.md §3, "Heads together").
 
 Row vectors: a head reads x and writes x W_V W_O; its scores are q W_Q W_Kᵀ kᵀ. For an earlier head a and a later
 head b, with W_OV = W_V W_O and W_QK = W_Q W_Kᵀ (each d_model x d_model, never formed here):

@@ -1,6 +1,6 @@
 """Singular directions of a head's W_OV = W_V W_O and W_QK = W_Q W_Kᵀ from their factors, and tokens that read them.
 
-Row-vector convention (DESIGN.md §2): a head's output for input x is x W_OV, its score between a query x and a key
+Row-vector convention (ARCHITECTURE.md §2): a head's output for input x is x W_OV, its score between a query x and a key
 y is x W_QK yᵀ. For a form M = A Bᵀ with factors A (D, d) and B (D', d): QR of each, A = Q_A R_A, B = Q_B R_B, so
 M = Q_A (R_A R_Bᵀ) Q_Bᵀ, and the SVD of the d × d core, R_A R_Bᵀ = U_c S V_cᵀ, gives M = (Q_A U_c) S (Q_B V_c)ᵀ.
 No D × D matrix is ever formed; the cost per head is O(D d²).

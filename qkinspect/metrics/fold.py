@@ -1,4 +1,4 @@
-"""Processing as pure transforms of an AttentionLayer (inputs never mutated; DESIGN.md §2).
+"""Processing as pure transforms of an AttentionLayer (inputs never mutated; ARCHITECTURE.md §2).
 
 fold_ln: the norm before attention computes x = gain * normalise(y) + bias, so q = x W_Q + b_Q
 = normalise(y) diag(gain) W_Q + (b_Q + bias W_Q): W -> diag(gain) W, b -> b + bias W (for Q with the query-side

@@ -29,7 +29,7 @@ from qkinspect.twin.summary import best_lr, compare, edge_notes, steps_to
 MAX_ITEMS = 1 << 24  # points, trajectory rows or failures in one document
 MAX_TEXT = 10_000  # characters of a name, metric, error or note
 
-__all__ = ["is_twin_folder", "read_twin"]
+__all__ = ["is_saved", "is_twin_folder", "read", "read_twin"]
 
 
 def read_twin(folder: str | Path) -> Twin:
@@ -252,3 +252,8 @@ def _choice(c: Checker, x: Any, key: str, allowed: tuple[str, ...]) -> str:
     if x not in allowed:
         raise c.fail(key, f"is {show(x)}, not {' or '.join(allowed)}")
     return x
+
+# The two verbs every capability's saved module offers (qkinspect.capabilities): read one back, and whether a
+# model argument is one of its own. The names above stay, as they were published.
+read = read_twin
+is_saved = is_twin_folder

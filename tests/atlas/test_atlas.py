@@ -173,6 +173,9 @@ def test_plot_and_report_read_the_atlas_folder(built, cli, tmp_path):
     one_error_line(cli("plot", out, "--kind", "depth", "--metric", "nope", "-o", tmp_path / "x.png"),
                    "--metric nope: the atlas does not hold it")
     one_error_line(cli("plot", out, "--kind", "rank", "-o", tmp_path / "x.png"), "--kind depth or --kind size")
+    # --kind symmetry (plot's default for a model) once drew the depth figure: refused now, as every kind that
+    # an atlas folder does not draw
+    one_error_line(cli("plot", out, "--kind", "symmetry", "-o", tmp_path / "x.png"), "--kind depth or --kind size")
 
 
 @pytest.mark.parametrize(("damage", "says"), [

@@ -608,3 +608,38 @@ def test_the_definition_check_sees_a_second_names_type(tmp_path):
     (tmp_path / "vocab.py").write_text("class VocabNames:\n    pass\nPRECISIONS = {}\n")
     assert names_types(tmp_path, "pkg") == {"pkg.names.Names", "pkg.engine.EngineNames"}
     assert definitions(lambda n: n == "PRECISIONS", tmp_path, "pkg") == {"pkg.vocab.PRECISIONS"}
+
+
+# The capability packages (qkinspect.capabilities' entries, heads and extract included): every document or manifest
+# they read back goes through the house's reader (qkinspect.reading: bounded in size and depth, a regular file, one
+# line naming the file). Checkpoint descriptions are loading/'s, read through the same reader.
+CAPABILITY_PACKAGES = ("analysis", "atlas", "composition", "directions", "experiment", "extract", "heads", "sweep",
+                       "twin")
+JSON_PARSERS = {"load", "loads"}
+
+
+def json_parsed(folder: Path = PACKAGE, packages: tuple[str, ...] = CAPABILITY_PACKAGES) -> list[str]:
+    """`module:line` for each json.load / json.loads call (or `from json import load[s]`) in the packages."""
+    found = []
+    for name in packages:
+        for path in sorted((folder / name).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                called = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    isinstance(node.func.value, ast.Name) and node.func.value.id == "json" and \
+                    node.func.attr in JSON_PARSERS
+                imported = isinstance(node, ast.ImportFrom) and node.module == "json" and \
+                    any(a.name in JSON_PARSERS for a in node.names)
+                if called or imported:
+                    found.append(f"{path.relative_to(folder)}:{node.lineno}")
+    return found
+
+
+def test_no_capability_parses_json_outside_the_house_reader():
+    exactly(json_parsed(), set(), "JSON parsed outside qkinspect.reading")
+
+
+def test_the_json_check_sees_a_load_and_an_imported_loads(tmp_path):
+    (tmp_path / "twin").mkdir()
+    (tmp_path / "twin" / "saved.py").write_text("import json\n\ndef f(p):\n    return json.load(open(p))\n")
+    (tmp_path / "twin" / "other.py").write_text("from json import loads\n")
+    assert json_parsed(tmp_path, ("twin",)) == ["twin/other.py:1", "twin/saved.py:4"]

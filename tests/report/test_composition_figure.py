@@ -87,7 +87,8 @@ def test_report_with_a_composition_section(llama, saved, tmp_path):
 
 
 @pytest.mark.parametrize("make,says", [
-    (lambda p: p.write_text("{not json"), "cannot read a composition document"),
+    (lambda p: p.write_text("{not json"), "a composition document is not valid JSON"),
+    (lambda p: p.write_text("[" * 100 + "]" * 100), "nested more than 64 levels"),  # read as every document is
     (lambda p: p.write_text(json.dumps({"schema": "qkinspect/1", "kind": "analyze"})), "not a valid composition"),
 ])
 def test_report_refuses_a_bad_composition_document(llama, tmp_path, make, says):

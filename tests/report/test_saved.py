@@ -134,12 +134,14 @@ def test_unreadable_oversized_and_broken_files(cli, tmp_path, monkeypatch):
     broken = tmp_path / "broken.json"
     broken.write_text('{"schema": "qkinspect/1", "kind": ')
     r = cli("plot", broken, "-o", tmp_path / "x.png")
-    assert r.exit_code == 2 and f"{broken}: not valid JSON" in r.stderr
+    assert r.exit_code == 2 and f"{broken}: a saved analysis is not valid JSON" in r.stderr  # the house's reader
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"schema": "qkinspect/1", "kind": "analyze", "pad": "x" * 5000}))
     monkeypatch.setattr(saved_mod, "MAX_BYTES", 1000)
     r = cli("report", big, "-o", tmp_path / "x.pdf")
-    assert r.exit_code == 2 and f"{big}: larger than" in r.stderr
+    size = big.stat().st_size
+    assert r.exit_code == 2 and f"{big}: {size} bytes, more than the" in r.stderr
+    assert "a saved analysis may have; refused" in r.stderr
     deep = tmp_path / "deep.json"
     deep.write_text('{"schema": "qkinspect/1", "kind": "analyze", "x": ' + "[" * 50000 + "]" * 50000 + "}")
     r = cli("plot", deep, "-o", tmp_path / "x.png")

@@ -256,12 +256,12 @@ def test_the_html_report_stands_alone(cli, folder, twin, tmp_path):
 
 
 @pytest.mark.parametrize("kind,extra", [("learning", ()), ("gap", ()), ("trajectory", ("--metric", "overlap_qk")),
-                                        ("symmetry", ())])
+                                        (None, ())])
 def test_plot_draws_a_twin_folders_figures(cli, folder, tmp_path, kind, extra):
     out = tmp_path / f"{kind}.png"
-    r = cli("plot", folder, "--kind", kind, *extra, "-o", out)
+    r = cli("plot", folder, *(("--kind", kind) if kind else ()), *extra, "-o", out)
     assert r.exit_code == 0, r.stderr
-    drawn = {"symmetry": "learning", "trajectory": "overlap_qk trajectory"}.get(kind, kind)
+    drawn = {None: "learning", "trajectory": "overlap_qk trajectory"}.get(kind, kind)  # learning: the default
     assert out.stat().st_size > 10_000 and f"wrote the {drawn} figure" in r.stderr
 
 
@@ -271,6 +271,7 @@ def test_plot_draws_a_twin_folders_figures(cli, folder, tmp_path, kind, extra):
     (("--kind", "learning", "--fold-ln"), "--fold-ln: not for a twin folder"),
     (("--kind", "learning", "--metric", "symmetry"), "--metric applies to --kind trajectory only"),
     (("--kind", "spectra",), "a twin folder draws --kind learning, gap or trajectory"),
+    (("--kind", "symmetry",), "a twin folder draws --kind learning, gap or trajectory"),  # once drew learning
     (("--kind", "trajectory", "--metric", "qk_k90"), "qk_k90"),
 ])
 def test_options_a_twin_folder_cannot_take_are_refused(cli, folder, tmp_path, args, says):

@@ -1,5 +1,5 @@
-"""`qkinspect extract`: write the canonical per-head tensors (DESIGN.md §2) to one safetensors file for other tools;
-the library's `qkinspect.extract.extract_heads` with the CLI's option names and a progress bar."""
+"""`qkinspect extract`: write the canonical per-head tensors (ARCHITECTURE.md §2) to one safetensors file for other
+tools; the library's `qkinspect.extract.extract_heads` with the CLI's option names and a progress bar."""
 
 from __future__ import annotations
 

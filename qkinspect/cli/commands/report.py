@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from qkinspect.capabilities import folder_report, refuse_options
+from qkinspect.cli.model_argument import refuse_analysis_options, result_of
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -24,6 +25,7 @@ from qkinspect.cli.options import (
 from qkinspect.cli.output import note
 from qkinspect.errors import InputError
 from qkinspect.files import atomic_write, check_writable, write_rendered
+from qkinspect.report.kinds import write_folder_report
 
 if TYPE_CHECKING:
     from qkinspect.experiment.results import ExperimentResult
@@ -88,54 +90,19 @@ def register(app: typer.Typer) -> None:
         default,shared_qk_distance,head_overlap -o run.json; qkinspect report run.json -o report.pdf
         """
         output = check_report_path(output, html=html)
-        from qkinspect.sweep import is_sweep_folder
-        from qkinspect.twin.ladder import is_ladder_folder
-        from qkinspect.twin.saved import is_twin_folder
-
-        if is_twin_folder(model) or is_ladder_folder(model):  # a twin folder (qkinspect twin --out)
-            from qkinspect.cli.model_argument import refuse_twin_options
-
-            refuse_twin_options(model, {"--experiment": experiment, "--composition": composition, "--layers": layers,
+        cap = folder_report(model)
+        if cap is not None:  # a folder a capability saved: reported from its records alone
+            refuse_options(cap, model, {"--experiment": experiment, "--composition": composition, "--layers": layers,
                                         "--block": block, "--fold-ln": fold_ln, "--fold-qk-norm": fold_qk_norm,
                                         "--layer-form": layer_form, "--revision": revision,
                                         "--precision": precision is not Precision.float32,
                                         "--device": device is not Device.cpu})
-            what = "twin ladder" if is_ladder_folder(model) else "twin"
-            write = write_ladder_report if is_ladder_folder(model) else write_twin_report
-            n = write(Path(model), output, html=html, title=title)
+            n = write_folder_report(cap, Path(model), output, html=html, title=title)
+            what = cap.report_noun
             note(f"wrote an HTML {what} report to {output}" if html else f"wrote {pages(n)} {what} report to {output}")
             return
-        from qkinspect.heads.saved import is_heads
-
-        if is_heads(model):  # a heads document (qkinspect heads -o FILE.json)
-            from qkinspect.cli.model_argument import refuse_twin_options
-
-            refuse_twin_options(model, {"--experiment": experiment, "--composition": composition, "--layers": layers,
-                                        "--block": block, "--fold-ln": fold_ln, "--fold-qk-norm": fold_qk_norm,
-                                        "--layer-form": layer_form, "--revision": revision,
-                                        "--precision": precision is not Precision.float32,
-                                        "--device": device is not Device.cpu})
-            n = write_heads_report(Path(model), output, html=html, title=title)
-            note(f"wrote an HTML heads report to {output}" if html else f"wrote {pages(n)} heads report to {output}")
-            return
-        from qkinspect.atlas.folder import is_atlas
-
-        if is_atlas(model):  # an atlas folder (qkinspect atlas --out)
-            if experiment is not None:
-                raise InputError(f"--experiment {experiment}: the experiment section is in a model's PDF report "
-                                 "only, not an atlas's")
-            n = write_atlas_report(Path(model), output, html=html, title=title)
-            note(f"wrote an HTML atlas report to {output}" if html else f"wrote {pages(n)} atlas report to {output}")
-            return
-        is_sweep = is_sweep_folder(model)
-        runs = read_runs(experiment, html=html, sweep=is_sweep)
-        composed = read_composition_option(composition, html=html, sweep=is_sweep)
-        if is_sweep:  # a sweep's folder (qkinspect sweep --out)
-            n = write_sweep_report(Path(model), output, html=html, title=title)
-            note(f"wrote an HTML sweep report to {output}" if html else f"wrote {pages(n)} sweep report to {output}")
-            return
-        from qkinspect.cli.model_argument import refuse_analysis_options
-
+        runs = read_runs(experiment, html=html)
+        composed = read_composition_option(composition, html=html)
         refuse_analysis_options(model, layers=layers, block=block, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
                                 layer_form=layer_form, precision=precision is not Precision.float32,
                                 device=device is not Device.cpu, revision=revision)
@@ -162,27 +129,26 @@ def check_report_path(output: Path | None, html: bool = False) -> Path:
     return output
 
 
-def read_runs(path: Path | None, *, html: bool = False,
-              sweep: bool = False) -> tuple[ExperimentResult, Path] | None:
+def read_runs(path: Path | None, *, html: bool = False) -> tuple[ExperimentResult, Path] | None:
     """The --experiment document's records (qkinspect.experiment.saved) and its path (None without --experiment);
     InputError where it cannot go."""
     if path is None:
         return None
-    if html or sweep:
-        raise InputError(f"--experiment {path}: the experiment section is in a model's PDF report only"
-                         + ("; leave out --html" if html else ", not a sweep's"))
+    if html:
+        raise InputError(f"--experiment {path}: the experiment section is in a model's PDF report only; leave out "
+                         "--html")
     from qkinspect.experiment.saved import read_experiment
 
     return read_experiment(path), path
 
 
-def read_composition_option(path: Path | None, *, html: bool = False, sweep: bool = False):
+def read_composition_option(path: Path | None, *, html: bool = False):
     """The --composition document (None without it); InputError where it cannot go."""
     if path is None:
         return None
-    if html or sweep:
-        raise InputError(f"--composition {path}: the composition section is in a model's PDF report only"
-                         + ("; leave out --html" if html else ", not a sweep's"))
+    if html:
+        raise InputError(f"--composition {path}: the composition section is in a model's PDF report only; leave "
+                         "out --html")
     from qkinspect.composition.saved import read_composition
 
     return read_composition(path)
@@ -193,13 +159,7 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
                  title: str | None = None, composition=None) -> int:
     """Analyse `model` (or read a saved analysis) and write the PDF report atomically to `output`; returns the
     number of pages. `experiment` (read_runs) adds the experiment section; InputError when it was run on another
-    model.
-
-    Example:
-        >>> write_report(None, Path("report.pdf"), Selection.parse(metrics=["default", "head_overlap"]))
-        12
-    """
-    from qkinspect.cli.model_argument import result_of
+    model (the demo model's report: `write_report(None, Path("r.pdf"), Selection.parse())`)."""
     from qkinspect.layer import shape_differences
 
     result = result_of(model, selection, revision=revision, layer_form=layer_form)
@@ -216,89 +176,9 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
                                                            composition=composition))
 
 
-def write_folder_report(output: Path, html: bool, page: Callable[[], str], pdf: Callable[[IO[bytes]], int]) -> int:
-    """A folder's report written atomically: `page()`'s HTML with `html` (returns 1), else the PDF `pdf(buffer)`
-    renders in memory (returns its number of pages)."""
-    if html:
-        text = page()
-        atomic_write(output, lambda f: f.write(text))
-        return 1
-    return write_rendered(output, pdf)
-
-
-def write_ladder_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
-    """The report of a ladder folder (qkinspect twin --shapes), written atomically as a PDF (returns the number of
-    pages) or, with `html`, as one HTML page (returns 1)."""
-    from qkinspect.twin.ladder import read_ladder
-
-    ladder = read_ladder(folder)
-    if not ladder.summaries:
-        raise InputError(f"{folder}: the ladder folder has no finished runs yet")
-    from qkinspect.report.twin.ladder import render_ladder_html, write_ladder_pdf  # matplotlib: after the checks
-
-    return write_folder_report(output, html, lambda: render_ladder_html(ladder, name=title),
-                               lambda buffer: write_ladder_pdf(ladder, buffer, title=title))
-
-
-def write_sweep_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
-    """The report of a sweep folder, written atomically as a PDF (returns the number of pages) or, with `html`,
-    as one HTML page (returns 1)."""
-    from qkinspect.report.sweep.html import render_sweep_html
-    from qkinspect.report.sweep.pdf import write_sweep_pdf
-    from qkinspect.sweep import read_sweep
-
-    sweep = read_sweep(folder)
-    if not sweep.results:
-        raise InputError(f"{folder}: the sweep has no results yet")
-    return write_folder_report(output, html, lambda: render_sweep_html(sweep, name=title),
-                               lambda buffer: write_sweep_pdf(sweep, buffer, title=title))
-
-
-def write_atlas_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
-    """The report of an atlas folder, written atomically as a PDF (returns the number of pages) or, with `html`,
-    as one HTML page (returns 1)."""
-    from qkinspect.atlas.saved import read_atlas
-
-    atlas = read_atlas(folder)
-    if not atlas.records:
-        raise InputError(f"{folder}: the atlas has no results yet")
-    from qkinspect.report.atlas.html import render_atlas_html  # matplotlib: after the checks
-    from qkinspect.report.atlas.pdf import write_atlas_pdf
-    return write_folder_report(output, html, lambda: render_atlas_html(atlas, name=title),
-                               lambda buffer: write_atlas_pdf(atlas, buffer, title=title))
-
-
-def write_heads_report(path: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
-    """The report of a heads document (qkinspect heads -o FILE.json), written atomically as a PDF (returns the
-    number of pages) or, with `html`, as one HTML page (returns 1)."""
-    from qkinspect.heads.saved import read
-
-    result = read(path)
-    from qkinspect.report.heads.page import render_heads_html, write_heads_pdf  # matplotlib: after the checks
-
-    return write_folder_report(output, html, lambda: render_heads_html(result, name=title),
-                               lambda buffer: write_heads_pdf(result, buffer, title=title))
-
-
-def write_twin_report(folder: Path, output: Path, *, html: bool = False, title: str | None = None) -> int:
-    """The report of a twin folder (qkinspect twin --out), written atomically as a PDF (returns the number of
-    pages) or, with `html`, as one HTML page (returns 1)."""
-    from qkinspect.twin.saved import read_twin
-
-    twin = read_twin(folder)
-    if not twin.summaries:
-        raise InputError(f"{folder}: the twin folder has no finished runs yet")
-    from qkinspect.report.twin.html import render_twin_html  # matplotlib: after the checks
-    from qkinspect.report.twin.pdf import write_twin_pdf
-
-    return write_folder_report(output, html, lambda: render_twin_html(twin, name=title),
-                               lambda buffer: write_twin_pdf(twin, buffer, title=title))
-
-
 def write_html_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
                       revision: str | None = None, title: str | None = None) -> None:
     """Analyse `model` (or read a saved analysis) and write the HTML report atomically to `output`."""
-    from qkinspect.cli.model_argument import result_of
     from qkinspect.report.analysis.html import render_html
 
     result = result_of(model, selection, revision=revision, layer_form=layer_form)

@@ -1,6 +1,6 @@
 """An edit kept as a parametrisation while the edited model trains (docs/training.md, "Healing").
 
-`EditForm` holds one edited layer's canonical tensors (DESIGN.md §2) as parameters and computes them with the
+`EditForm` holds one edited layer's canonical tensors (ARCHITECTURE.md §2) as parameters and computes them with the
 edit's constraint applied, so that every optimizer step stays inside the edit's set:
 
 - share_qk, tie_q, tie_k, share_qkv: an edited query head has no W_Q of its own: W_Q[h] := W_K[g(h)] (share_qk and

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 class Adapter:
-    """Maps one family's checkpoint tensors to the canonical layout of DESIGN.md §2.
+    """Maps one family's checkpoint tensors to the canonical layout of ARCHITECTURE.md §2.
 
     Subclasses set `model_types` and implement `blocks`, `tensor_names` and `build`. Names are the
     Hugging Face state-dict names *without* the base-model prefix (``bert.``, ``model.`` ...): the tensor source
