@@ -86,8 +86,8 @@ CAPABILITIES: tuple[Capability, ...] = (
         # its selection is the analysis's, checked against each checkpoint's shapes as it is read (no request
         # type of its own yet)
         "sweep", call="qkinspect.sweep:run_sweep",
-        result="qkinspect.sweep.store:SweepFolder", read="qkinspect.sweep.store:read_sweep",
-        is_saved="qkinspect.sweep.store:is_sweep_folder", figures=("trajectory",),
+        result="qkinspect.sweep.store:SweepFolder", read="qkinspect.sweep.store:read",
+        is_saved="qkinspect.sweep.store:is_saved", figures=("trajectory",),
         draw="qkinspect.report.kinds:sweep_figure", pdf="qkinspect.report.sweep.pdf:write_sweep_pdf",
         html="qkinspect.report.sweep.html:render_sweep_html", noun="a sweep folder", report_noun="sweep",
         filled="results", empty="{folder}: the sweep has no results yet",
@@ -98,8 +98,8 @@ CAPABILITIES: tuple[Capability, ...] = (
               "one (it has no sweep.json)"),
     Capability(
         "twin", request="qkinspect.twin.request:check_request", call="qkinspect.twin.run:twin",
-        result="qkinspect.twin.results:Twin", read="qkinspect.twin.saved:read_twin",
-        is_saved="qkinspect.twin.saved:is_twin_folder", figures=("learning", "gap", "trajectory"),
+        result="qkinspect.twin.results:Twin", read="qkinspect.twin.saved:read",
+        is_saved="qkinspect.twin.saved:is_saved", figures=("learning", "gap", "trajectory"),
         draw="qkinspect.report.kinds:twin_figure", pdf="qkinspect.report.twin.pdf:write_twin_pdf",
         html="qkinspect.report.twin.html:render_twin_html", noun="a twin folder",
         takes=("--kind", "--metric", "--title"),
@@ -112,18 +112,18 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(
         "experiment", request="qkinspect.experiment.requests:check_request",
         call="qkinspect.experiment.run:run_experiment", result="qkinspect.experiment.results:ExperimentResult",
-        read="qkinspect.experiment.saved:read_experiment", figures=("experiment", "costmap", "healing"),
+        read="qkinspect.experiment.saved:read", figures=("experiment", "costmap", "healing"),
         draw="qkinspect.report.kinds:experiment_figure", from_option="--experiment", noun="an experiment document"),
     Capability(
         "composition", request="qkinspect.composition.request:check_request",
         call="qkinspect.composition.run:composition", result="qkinspect.composition.results:CompositionResult",
-        read="qkinspect.composition.saved:read_composition",
-        is_saved="qkinspect.composition.saved:is_composition_document", figures=("composition",),
+        read="qkinspect.composition.saved:read",
+        is_saved="qkinspect.composition.saved:is_saved", figures=("composition",),
         draw="qkinspect.report.kinds:composition_figure", noun="a saved composition"),
     Capability(
         "heads", request="qkinspect.heads.request:check_request", call="qkinspect.heads.run:heads",
         result="qkinspect.heads.results:HeadsResult", read="qkinspect.heads.saved:read",
-        is_saved="qkinspect.heads.saved:is_heads", figures=("heads",), draw="qkinspect.report.kinds:heads_figure",
+        is_saved="qkinspect.heads.saved:is_saved", figures=("heads",), draw="qkinspect.report.kinds:heads_figure",
         pdf="qkinspect.report.heads.page:write_heads_pdf", html="qkinspect.report.heads.page:render_heads_html",
         noun="a heads document", report_noun="heads", takes=("--kind", "--metric", "--score", "--title"),
         refusal="{named}: not for a heads document ({model}); its figures and report are drawn from its records "
@@ -132,8 +132,8 @@ CAPABILITIES: tuple[Capability, ...] = (
         other_kind="--kind {kind}: a heads document draws --kind heads (--metric NAME --score NAME)"),
     Capability(
         "atlas", request="qkinspect.atlas.request:check_request", call="qkinspect.atlas.run:atlas",
-        result="qkinspect.atlas.results:AtlasResult", read="qkinspect.atlas.saved:read_atlas",
-        is_saved="qkinspect.atlas.folder:is_atlas", figures=("depth", "size"),
+        result="qkinspect.atlas.results:AtlasResult", read="qkinspect.atlas.saved:read",
+        is_saved="qkinspect.atlas.saved:is_saved", figures=("depth", "size"),
         draw="qkinspect.report.kinds:atlas_figure", pdf="qkinspect.report.atlas.pdf:write_atlas_pdf",
         html="qkinspect.report.atlas.html:render_atlas_html", noun="an atlas folder", report_noun="atlas",
         filled="records", empty="{folder}: the atlas has no results yet",
@@ -145,8 +145,8 @@ CAPABILITIES: tuple[Capability, ...] = (
               "atlas.json)"),
     Capability(
         "ladder", request="qkinspect.twin.request:check_request", call="qkinspect.twin.run:twin",
-        result="qkinspect.twin.ladder:Ladder", read="qkinspect.twin.ladder:read_ladder",
-        is_saved="qkinspect.twin.ladder:is_ladder_folder", figures=("scaling",),
+        result="qkinspect.twin.ladder:Ladder", read="qkinspect.twin.ladder:read",
+        is_saved="qkinspect.twin.ladder:is_saved", figures=("scaling",),
         draw="qkinspect.report.kinds:ladder_figure", pdf="qkinspect.report.twin.ladder:write_ladder_pdf",
         html="qkinspect.report.twin.ladder:render_ladder_html", noun="a ladder folder", takes=("--kind", "--title"),
         report_noun="twin ladder", filled="summaries", empty="{folder}: the ladder folder has no finished runs yet",
@@ -165,7 +165,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     # last: its predicate holds of any .json file
     Capability(
         "analysis", request="qkinspect.analysis.request:check_request", call="qkinspect.analysis.run:analyze",
-        result="qkinspect.analysis.results:AnalysisResult", read="qkinspect.analysis.saved:read_saved",
+        result="qkinspect.analysis.results:AnalysisResult", read="qkinspect.analysis.saved:read",
         is_saved="qkinspect.analysis.saved:is_saved", figures=ANALYSIS_FIGURES,
         draw="qkinspect.report.kinds:analysis_figure", pdf="qkinspect.report.analysis.pdf:write_pdf",
         html="qkinspect.report.analysis.html:render_html", noun="a saved analysis"),

@@ -106,6 +106,8 @@ def test_every_piece_the_contract_names_exists(cap):
         assert cap.noun and cap.report_noun and bool(cap.filled) == bool(cap.empty)
     if cap.figures:
         assert set(cap.figures) <= set(all_figures())
+    for piece, verb in (("read", "read"), ("is_saved", "is_saved")):  # the same two verbs in every saved module
+        assert getattr(cap, piece) is None or getattr(cap, piece).endswith(f":{verb}"), (cap.name, piece)
 
 
 @pytest.mark.slow

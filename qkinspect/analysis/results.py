@@ -100,6 +100,10 @@ class AnalysisResult:
         rows = self.head_rows() if by == "head" else self.layer_rows()
         return [{"model": self.model.name, **r} for r in rows]
 
+    def document(self) -> dict[str, Any]:
+        """The document `analyze -o FILE.json` and `save("x.json")` write (`to_dict`), as every result names it."""
+        return self.to_dict()
+
     def to_dict(self) -> dict[str, Any]:
         """The saved analysis as a JSON-ready dict: the document `qkinspect analyze -o FILE.json` writes (schema
         qkinspect/1, "kind": "analyze"; docs/output.md), which `plot` and `report` read. NaN becomes null."""

@@ -238,3 +238,7 @@ def needs_model(kind: str, path: object) -> None:
     if kind in NEEDS_MODEL:
         raise InputError(f"{path}: the {kind} figure needs {NEEDS_MODEL[kind]}; draw it from the model "
                          f"(qkinspect plot MODEL --kind {kind})")
+
+# The two verbs every capability's saved module offers (qkinspect.capabilities): read one back, and whether a
+# model argument is one of its own. The names above stay, as they were published.
+read = read_saved

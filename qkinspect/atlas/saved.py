@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from qkinspect.atlas.folder import is_atlas
 from qkinspect.atlas.results import AtlasResult
 
 
@@ -74,3 +75,8 @@ def display_names(entries: list[tuple[str, dict[str, Any] | None]]) -> list[str]
         seen[n] = seen.get(n, 0) + 1
         out.append(n if seen[n] == 1 else f"{n} ({seen[n]})")
     return out
+
+# The two verbs every capability's saved module offers (qkinspect.capabilities): read one back, and whether a
+# model argument is one of its own. The names above stay, as they were published.
+read = read_atlas
+is_saved = is_atlas

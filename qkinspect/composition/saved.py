@@ -86,3 +86,8 @@ def _from_dict(doc: Mapping[str, Any]) -> CompositionResult:
             raise ValueError(f"read_norms of {b} layer {n['layer']} ({n['kind']}): not {shapes[b]} head norms")
         norms[(b, int(n["layer"]), str(n["kind"]))] = v
     return CompositionResult(info, processing, pairs, scores, list(doc.get("warnings", [])), norms)
+
+# The two verbs every capability's saved module offers (qkinspect.capabilities): read one back, and whether a
+# model argument is one of its own. The names above stay, as they were published.
+read = read_composition
+is_saved = is_composition_document

@@ -114,7 +114,7 @@ def heal_options(steps: int | None, names: Names = LIBRARY_NAMES, **options: Any
 
 
 @dataclass(frozen=True)
-class Request:
+class ExperimentRequest:
     """A checked request: the edits (each once, in order), the number of heads to verify (0 without an
     estimate), the healing options (None: no healing) and the device's name (None: where the model is)."""
 
@@ -127,7 +127,7 @@ class Request:
 def check_request(edits: str | Sequence[str], *, scope: str, rotary: str, tokens: int, window: int,
                   estimate: bool, probes: int | None, verify: int | None, heal: int | HealOptions | None,
                   device: str | None, seed: int = 0, default_verify: int = 12,
-                  names: Names = LIBRARY_NAMES) -> Request:
+                  names: Names = LIBRARY_NAMES) -> ExperimentRequest:
     """Every option that can be checked without the model, in one place; InputError naming the first bad one as
     the caller spells it (`names`)."""
     chosen = parse_edits(edits, names)
@@ -149,8 +149,8 @@ def check_request(edits: str | Sequence[str], *, scope: str, rotary: str, tokens
         from qkinspect.device import check_device
 
         where = check_device(device, names.device)
-    return Request(tuple(chosen), (default_verify if estimate else 0) if verify is None else verify, opts or None,
-                   where)
+    verified = (default_verify if estimate else 0) if verify is None else verify
+    return ExperimentRequest(tuple(chosen), verified, opts or None, where)
 
 
 def check_amounts(tokens: int, window: int, names: Names = LIBRARY_NAMES) -> None:
@@ -236,3 +236,6 @@ def qk_norm_form(model_type: str) -> tuple[str, str] | None:
     adapter = adapter_for(model_type)
     kind, scope = getattr(adapter, "qk_norm_kind", None), getattr(adapter, "qk_norm_scope", None)
     return (kind, scope) if isinstance(kind, str) and isinstance(scope, str) else None
+
+
+Request = ExperimentRequest  # its name before requests were named <Capability>Request (kept: users import it)

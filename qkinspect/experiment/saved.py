@@ -318,3 +318,7 @@ def _healing(c: Checker, h: Any, layers: int, heads: int) -> Healing | None:
         precision=_precision(c, h.get("precision")), device=c.text(h.get("device", "cpu"), "healing.device"),
         step_seconds=c.number(h.get("step_seconds"), "healing.step_seconds", low=0),
         control_late=_late(c, h.get("control_late"), "healing.control_late", counts["steps"]))
+
+# The two verbs every capability's saved module offers (qkinspect.capabilities): read one back, and whether a
+# model argument is one of its own. The names above stay, as they were published.
+read = read_experiment

@@ -93,3 +93,7 @@ def _from_dict(doc: Any) -> HeadsResult:
         raise ValueError("processing is not an object")
     return HeadsResult(info, settings, records, relations, [str(w) for w in doc.get("warnings", [])], seconds,
                        processing)
+
+# The two verbs every capability's saved module offers (qkinspect.capabilities): read one back, and whether a
+# model argument is one of its own. The names above stay, as they were published.
+is_saved = is_heads

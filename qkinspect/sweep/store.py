@@ -184,3 +184,8 @@ def read_sweep(folder: Path) -> SweepFolder:
         if stored is not None:
             results[ck.identity] = stored
     return SweepFolder(folder, options, [ck for ck, _ in cks], results, failures)
+
+# The two verbs every capability's saved module offers (qkinspect.capabilities): read one back, and whether a
+# model argument is one of its own. The names above stay, as they were published.
+read = read_sweep
+is_saved = is_sweep_folder

@@ -228,6 +228,10 @@ class Ladder(Tabular):
                     for row in t.rows(kind)]
         raise InputError(f"kind={kind!r}: expected one of {', '.join(LADDER_ROW_KINDS)}")
 
+    def document(self) -> dict[str, Any]:
+        """The document `-o FILE.json` and `save("x.json")` write (`to_dict`)."""
+        return self.to_dict()
+
     def to_dict(self) -> dict[str, Any]:
         return json_safe(envelope("twin-ladder", folder=str(self.folder), tokens_per_param=self.tokens_per_param,
                                   shapes=[asdict(r) | {"name": r.name} for r in self.rungs],
@@ -403,3 +407,8 @@ def run_ladder(out: Path, rungs: Sequence[Rung], tokens_per_param: float | None,
 _REQUEST = ("variants", "match_params", "arch", "context", "config", "text", "tokenizer", "seeds", "lr", "warmup",
             "batch", "eval_every", "eval_windows", "track_every", "margin", "save_checkpoints", "scheduler",
             "workers", "threads", "device", "init", "schedule", "stack", "precision", "compile")
+
+# The two verbs every capability's saved module offers (qkinspect.capabilities): read one back, and whether a
+# model argument is one of its own. The names above stay, as they were published.
+read = read_ladder
+is_saved = is_ladder_folder

@@ -52,7 +52,7 @@ class Shape:
 
 
 @dataclass(frozen=True)
-class Request:
+class TwinRequest:
     """A checked twin request. `variants`: each once, standard first, each as its edit text (`rank:8`), then the
     matched arms (`share_qk+params`) where asked. `lrs`: one value, or the values to choose from on seed 0."""
 
@@ -239,7 +239,7 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
                   device: str = "cpu", save_checkpoints: bool = False, scheduler: str | None = None,
                   workers: int | None = None, threads: int | None = None, init: str = "draw",
                   schedule: str = "cosine", stack: int | None = None, precision: str = "float32",
-                  compile: bool = False, names: Names = LIBRARY_NAMES) -> Request:
+                  compile: bool = False, names: Names = LIBRARY_NAMES) -> TwinRequest:
     """Every option that can be checked without torch, in one place; InputError naming the first bad one."""
     _types(names, out=(out, (str, os.PathLike), False), config=(config, (str, os.PathLike), True),
            text=(text, (str, os.PathLike), True), arch=(arch, str, False), tokenizer=(tokenizer, str, False),
@@ -301,6 +301,9 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
     if precision not in TRAINING_PRECISIONS:
         raise InputError(f"{names.said('precision', precision)}: expected one of {', '.join(TRAINING_PRECISIONS)}")
     shape = Shape(arch, layers, d_model, heads, context, cfg)
-    return Request(Path(out), chosen, shape, src, tokenizer, seeds, lrs, steps, warm, batch, every, eval_windows,
+    return TwinRequest(Path(out), chosen, shape, src, tokenizer, seeds, lrs, steps, warm, batch, every, eval_windows,
                    track_every, float(margin), device, bool(save_checkpoints), scheduler, workers, threads or 1,
                    init, schedule, stack, precision, bool(compile))
+
+
+Request = TwinRequest  # its name before requests were named <Capability>Request (kept: users import it)

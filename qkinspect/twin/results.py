@@ -120,7 +120,7 @@ class Failure:
 
 
 @dataclass(frozen=True)
-class Twin(Tabular):
+class TwinResult(Tabular):
     """Everything a twin folder holds. `setup`: the text (name, sha256, characters, how it is split, demo or not),
     the tokenizer (kind, vocabulary, sha256), the model (arch and its transformers config), the training (steps,
     warm-up, batch), the evaluation windows and the plan (variants, seeds, learning rates, margin); `notes`: what
@@ -145,6 +145,10 @@ class Twin(Tabular):
         if chosen is None:
             raise InputError(f"kind={kind!r}: expected one of {', '.join(ROW_KINDS)}")
         return [asdict(r) for r in chosen]
+
+    def document(self) -> dict[str, Any]:
+        """The document `-o FILE.json` and `save("x.json")` write (`to_dict`)."""
+        return self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         """The document `-o FILE.json` writes (schema qkinspect/1, kind twin)."""
@@ -210,3 +214,6 @@ def save_rows(result: Any, path: str | Path, rows: str) -> Path:
     result.rows(rows)
     return save_result(path, document=result.to_dict, rows=lambda: result.rows(rows), render=result.render_table,
                        parquet=lambda: result.rows(rows))
+
+
+Twin = TwinResult  # its name before results were named <Capability>Result (kept: users import it)

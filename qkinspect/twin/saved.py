@@ -31,7 +31,7 @@ from qkinspect.twin.summary import best_lr, compare, edge_notes, steps_to
 MAX_ITEMS = 1 << 24  # points, trajectory rows or failures in one document
 MAX_TEXT = 10_000  # characters of a name, metric, error or note
 
-__all__ = ["is_twin_folder", "read_twin"]
+__all__ = ["is_saved", "is_twin_folder", "read", "read_twin"]
 
 
 def read_twin(folder: str | Path) -> Twin:
@@ -269,3 +269,9 @@ def done(folder: Path, variant: str, seed: int, lr: float, key: str) -> dict[str
     except InputError:
         return None
     return doc if run is not None and (run.variant, run.seed, run.lr) == (variant, seed, lr) else None
+
+
+# The two verbs every capability's saved module offers (qkinspect.capabilities): read one back, and whether a
+# model argument is one of its own. The names above stay, as they were published.
+read = read_twin
+is_saved = is_twin_folder
