@@ -100,6 +100,7 @@ def heads(
         request.text, request.windows * request.window, what=names.text)
     from qkinspect.analysis.run import analyze, torch_threads
     from qkinspect.loading import open_model
+    from qkinspect.selection import check_fold_qk_norm
 
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -108,6 +109,8 @@ def heads(
         if len(info.blocks) != 1:
             raise UnsupportedModelError(f"{info.source}: heads runs models with one attention block; this one has "
                                         f"{', '.join(b.key for b in info.blocks)}")
+        flag = names.fold_qk_norm if names.fold_qk_norm.startswith("--") else f"{names.fold_qk_norm}=True"
+        check_fold_qk_norm(info.blocks, request.fold_qk_norm, flag)  # before the tokenizer, as the other commands
         family = _family(m.resolved.config.model_type, info.source)
         causal = family != "bert"
         hf, staged, config, tok = _prepared(m, stack, tokenizer, names)

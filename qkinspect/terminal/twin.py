@@ -82,7 +82,6 @@ def render_ladder(console, ladder) -> None:
     from rich.text import Text
 
     from qkinspect.terminal.tables import Column, fit_tables, fmt_spec
-    from qkinspect.twin.summary import LEVEL
 
     rows = [s for s in ladder.summaries if s.summary.variant != "standard"]
     if not rows:
@@ -97,7 +96,7 @@ def render_ladder(console, ladder) -> None:
             "variant": [s.summary.variant for s in rows],
             "seeds": [fmt_spec(s.summary.seeds, "d") for s in rows],
             "diff": [fmt_spec(s.summary.diff, "+.4f") for s in rows],
-            f"{LEVEL:.0%} CI": ["-" if s.summary.ci_low is None else
+            f"{ladder.level:.0%} CI": ["-" if s.summary.ci_low is None else
                                 f"{s.summary.ci_low:+.3f} … {s.summary.ci_high:+.3f}"
                    for s in rows],
             "verdict": [s.summary.verdict for s in rows],

@@ -141,24 +141,6 @@ def read_run(path: Path) -> Any:
     return read_json(path, what="a twin run", limit=MAX_RUN_BYTES)
 
 
-def done(folder: Path, variant: str, seed: int, lr: float, key: str) -> dict[str, Any] | None:
-    """A finished run's document, where its file is in the folder for this setup; None where there is none, or
-    what is there is not that run (it is trained again and its file replaced)."""
-    path = run_path(folder, variant, seed, lr)
-    if not os.path.lexists(path):
-        return None
-    from qkinspect.checking import Checker
-    from qkinspect.twin.saved import check_run
-
-    try:
-        doc = read_run(path)
-        ok = isinstance(doc, dict) and doc.get("kind") == RUN_KIND and doc.get("key") == key
-        run = check_run(Checker(path), doc.get("run"))[0] if ok else None
-    except InputError:
-        return None
-    return doc if run is not None and (run.variant, run.seed, run.lr) == (variant, seed, lr) else None
-
-
 def existing(folder: Path, key: str, training: dict[str, Any], text_sha: str, tokenizer_sha: str,
              names: Names) -> dict[str, Any]:
     """The folder's manifest where it was written for this setup (resumed), {} where there is none; InputError

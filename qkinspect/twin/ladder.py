@@ -206,6 +206,13 @@ class Ladder(Tabular):
         return tuple(f for t in self.twins for f in t.failures)
 
     @property
+    def level(self) -> float:
+        """The level of each shape's interval: the verdicts' (qkinspect.twin.summary.LEVEL)."""
+        from qkinspect.twin.summary import LEVEL
+
+        return LEVEL
+
+    @property
     def margin(self) -> float:
         return float(self.twins[0].setup["plan"]["margin"]) if self.twins else 0.0
 
@@ -378,12 +385,12 @@ def _rung(s: Any, where: Path) -> Rung:
 
 
 def run_ladder(out: Path, rungs: Sequence[Rung], tokens_per_param: float | None, options: dict[str, Any],
-               progress, names: Names, notice=None) -> Ladder:
-    """Every rung's request checked, then the manifest written and each rung's twin trained into its folder, in
-    turn (`options`: the twin's other arguments); the ladder read back. `progress` (qkinspect.progress) is each
+               progress, names: Names, train, notice=None) -> Ladder:
+    """Every rung's request checked, then the manifest written and each rung's twin trained into its folder by
+    `train` (qkinspect.twin.run.twin, passed in so that the two modules read one way), in turn (`options`: the twin's
+    other arguments); the ladder read back. `progress` (qkinspect.progress) is each
     rung's twin's; `notice` gets the lines the CLI prints, each under its rung's name."""
     from qkinspect.twin.request import check_request
-    from qkinspect.twin.run import twin
 
     for r in rungs:
         check_request(out / r.name, layers=r.layers, d_model=r.d_model, heads=r.heads, steps=r.steps, names=names,
@@ -392,7 +399,7 @@ def run_ladder(out: Path, rungs: Sequence[Rung], tokens_per_param: float | None,
     say = notice or (lambda line: None)
     for r in rungs:
         say(f"{r.name}: {r.heads} heads, {r.non_embedding_params:,} non-embedding parameters, {r.steps} steps")
-        twin(out / r.name, layers=r.layers, d_model=r.d_model, heads=r.heads, steps=r.steps, names=names,
+        train(out / r.name, layers=r.layers, d_model=r.d_model, heads=r.heads, steps=r.steps, names=names,
              progress=progress, notice=lambda line, name=r.name: say(f"{name}: {line}"), **options)
     return read_ladder(out)
 

@@ -27,7 +27,7 @@ MATCHED = "+params"  # suffix of a constrained variant's arm whose saved paramet
 _RANK = re.compile(r"rank:([0-9]{1,6})")
 _BPE = re.compile(r"bpe:([0-9]{1,7})")
 MAX_STEPS = 10_000_000
-PRECISIONS = ("float32", "bf16")  # the training's arithmetic: float32, or bfloat16 autocast (float32 weights)
+TRAINING_PRECISIONS = ("float32", "bf16")  # the training's arithmetic: float32, or bfloat16 autocast (float32 weights)
 INITS = ("draw", "nearest")  # a constrained twin's start: the standard draw put in the form, or the nearest form
 SCHEDULES = ("cosine", "constant")  # after the warm-up: cosine to lr/10, or the rate held
 # what the twin did before --init and --schedule existed: a folder's resume key names them only where they differ,
@@ -298,8 +298,8 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
         scheduler = check_address(scheduler, names.scheduler)
     if stack is not None:
         _whole(stack, "stack", names, 1, 4096)
-    if precision not in PRECISIONS:
-        raise InputError(f"{names.said('precision', precision)}: expected one of {', '.join(PRECISIONS)}")
+    if precision not in TRAINING_PRECISIONS:
+        raise InputError(f"{names.said('precision', precision)}: expected one of {', '.join(TRAINING_PRECISIONS)}")
     shape = Shape(arch, layers, d_model, heads, context, cfg)
     return TwinRequest(Path(out), chosen, shape, src, tokenizer, seeds, lrs, steps, warm, batch, every, eval_windows,
                    track_every, float(margin), device, bool(save_checkpoints), scheduler, workers, threads or 1,

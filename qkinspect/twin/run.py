@@ -29,7 +29,6 @@ from qkinspect.twin.folder import (
     RUN_KIND,
     RUNS,
     check_out,
-    done,
     existing,
     own_dir,
     run_name,
@@ -39,6 +38,7 @@ from qkinspect.twin.folder import (
 )
 from qkinspect.twin.request import LIBRARY_NAMES, Request, check_request
 from qkinspect.twin.results import Twin
+from qkinspect.twin.saved import done
 
 if TYPE_CHECKING:
     from qkinspect.twin.ladder import Ladder
@@ -127,7 +127,7 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
             tokenizer=tokenizer, seeds=seeds, lr=lr, warmup=warmup, batch=batch, eval_every=eval_every,
             eval_windows=eval_windows, track_every=track_every, margin=margin, device=device,
             save_checkpoints=save_checkpoints, scheduler=scheduler, workers=workers, threads=threads, init=init,
-            schedule=schedule, stack=stack, precision=precision, compile=compile), progress, names, notice)
+            schedule=schedule, stack=stack, precision=precision, compile=compile), progress, names, twin, notice)
     layers, d_model, heads, steps = rungs[0].layers, rungs[0].d_model, rungs[0].heads, rungs[0].steps
     req = check_request(out, variants=variants, match_params=match_params, arch=arch, layers=layers,
                         d_model=d_model, heads=heads, context=context, config=config, text=text, tokenizer=tokenizer,
@@ -322,7 +322,6 @@ def _stacked(req: Request, spec, stacks, folder: str, finished, say, names: Name
     """Each stack one task (in this process with 0 workers, else on the sweep engine); its runs' files written
     as it returns (a stack that fails records each of its runs as failed)."""
     from qkinspect.twin.stacked import run_stack
-    from qkinspect.twin.train import run_name
 
     n = 0
     options = {"precision": req.precision, "compile": req.compile}

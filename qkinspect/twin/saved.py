@@ -8,12 +8,14 @@ folder's setup (another resume key) is left out and said in the notes.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from qkinspect.checking import Checker, show
-from qkinspect.twin.folder import MANIFEST, RUN_KIND, is_twin_folder, read_manifest, read_run, run_files
+from qkinspect.errors import InputError
+from qkinspect.twin.folder import MANIFEST, RUN_KIND, is_twin_folder, read_manifest, read_run, run_files, run_path
 from qkinspect.twin.request import INITS, LEGACY
 from qkinspect.twin.results import (
     Failure,
@@ -252,6 +254,22 @@ def _choice(c: Checker, x: Any, key: str, allowed: tuple[str, ...]) -> str:
     if x not in allowed:
         raise c.fail(key, f"is {show(x)}, not {' or '.join(allowed)}")
     return x
+
+
+def done(folder: Path, variant: str, seed: int, lr: float, key: str) -> dict[str, Any] | None:
+    """A finished run's document, where its file is in the folder for this setup; None where there is none, or
+    what is there is not that run (it is trained again and its file replaced)."""
+    path = run_path(folder, variant, seed, lr)
+    if not os.path.lexists(path):
+        return None
+    try:
+        doc = read_run(path)
+        ok = isinstance(doc, dict) and doc.get("kind") == RUN_KIND and doc.get("key") == key
+        run = check_run(Checker(path), doc.get("run"))[0] if ok else None
+    except InputError:
+        return None
+    return doc if run is not None and (run.variant, run.seed, run.lr) == (variant, seed, lr) else None
+
 
 # The two verbs every capability's saved module offers (qkinspect.capabilities): read one back, and whether a
 # model argument is one of its own. The names above stay, as they were published.

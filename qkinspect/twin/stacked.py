@@ -136,7 +136,7 @@ def run_stack(folder: str, items: Sequence[Item], spec: dict[str, Any], *, threa
     from qkinspect.twin.folder import HELD_OUT, TRAIN, read_tokens
     from qkinspect.twin.model import build
     from qkinspect.twin.request import LEGACY, Shape
-    from qkinspect.twin.train import _tracker, eval_steps, lr_at, save_tensors, trajectory
+    from qkinspect.twin.train import eval_steps, lr_at, run_tracker, save_tensors, trajectory
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
@@ -172,7 +172,7 @@ def run_stack(folder: str, items: Sequence[Item], spec: dict[str, Any], *, threa
     ev = np.asarray(spec["eval_starts"], dtype=np.int64)
     eval_x = torch.from_numpy(held[ev[:, None] + np.arange(ctx + 1)[None, :]]).to(device)  # (N, ctx + 1)
     at = set(eval_steps(steps, spec["eval_every"]))
-    trackers = [_tracker(root, v, seed, lr, spec) for v, seed, lr in runs]
+    trackers = [run_tracker(root, v, seed, lr, spec) for v, seed, lr in runs]
     plains = [None] * R
     opt = _StackedAdamW(model, [lr for _, _, lr in runs])
     autocast = _autocast(precision, device)

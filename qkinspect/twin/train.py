@@ -63,7 +63,7 @@ def run_twin(folder: str, variant: str, seed: int, lr: float, spec: dict[str, An
     eval_x = torch.from_numpy(gather(np.asarray(held), np.asarray(spec["eval_starts"], dtype=np.int64),
                                      ctx).astype(np.int64)).to(device)
     at = set(eval_steps(steps, spec["eval_every"]))
-    tracker = _tracker(root, variant, seed, lr, spec)
+    tracker = run_tracker(root, variant, seed, lr, spec)
     from qkinspect.experiment.heal import adamw
 
     opt = adamw(built.trained, lr)
@@ -142,7 +142,7 @@ def held_out_loss(built, eval_x, batch: int) -> float:
     return total / eval_x.shape[0]
 
 
-def _tracker(root: Path, variant: str, seed: int, lr: float, spec: dict[str, Any]):
+def run_tracker(root: Path, variant: str, seed: int, lr: float, spec: dict[str, Any]):
     if spec["track_every"] is None:
         return None
     from qkinspect.callback import Tracker

@@ -15,7 +15,7 @@ import typer
 import qkinspect
 from qkinspect.cli.app import app
 
-FOLD_COMMANDS = ("analyze", "spectrum", "compare", "plot", "report", "sweep", "composition", "directions")
+FOLD_COMMANDS = ("analyze", "spectrum", "compare", "plot", "report", "sweep", "composition", "directions", "heads")
 
 
 def save_qwen3(path, seed: int):
@@ -149,7 +149,7 @@ def test_model_without_qk_norm_is_refused(cli, tiny_bert, tmp_path, command):
     args = {"analyze": [tiny_bert], "spectrum": [tiny_bert], "compare": [tiny_bert, tiny_bert],
             "plot": [tiny_bert, "-o", tmp_path / "f.png"], "report": [tiny_bert, "-o", tmp_path / "r.pdf"],
             "sweep": [tiny_bert, "--out", tmp_path / "sweep", "--workers", "1"], "composition": [tiny_bert],
-            "directions": [tiny_bert]}[command]
+            "directions": [tiny_bert], "heads": [tiny_bert]}[command]
     if command == "sweep":
         pytest.importorskip("distributed", reason="the sweep needs the sweep extra")
     r = cli(command, *args, "--fold-qk-norm")
