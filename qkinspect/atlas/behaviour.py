@@ -10,7 +10,7 @@ model's atlas task, its scores joined to the analysis's head records and its rel
   result gains `relations` (Spearman's ρ over all heads and within layers, with interval and p: heads' own
   records) and `behaviour` (the settings, and `error`: why a model whose weights were analysed could not be run,
   e.g. a family transformers' eager kernel is not wired for; its weight records stay);
-- `check_settings`, `check_result`: where a stored result enters (qkinspect.sweep.verify), as untrusted input.
+- the checks of a stored result (qkinspect.behaviour, where qkinspect.sweep.verify reads them).
 
 Example:
     >>> settings(sequences=8, length=16)["sequences"]
@@ -21,18 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from qkinspect.checking import Checker, show
-from qkinspect.limits import MAX_METRIC
+from qkinspect.behaviour import KEPT_SCOPES, check_relations
+from qkinspect.checking import Checker
 from qkinspect.names import Names
 from qkinspect.sweep.names import LIBRARY_NAMES
 
 # The heads' amounts in an atlas: small, as each model's task runs them (heads' own defaults: 64 x 2 x 64, 16 x 128).
 SEQUENCES, LENGTH, SEED, WINDOWS, WINDOW, BATCH = 16, 32, 0, 8, 64, 8
 RESAMPLES = PERMUTATIONS = 1000
-SCOPES = ("all", "within")  # the relations an atlas keeps per model (per layer: in a heads document)
-AMOUNTS = ("sequences", "length", "seed", "windows", "window", "resamples", "permutations")
-SETTING_NAMES = (*AMOUNTS, "relate")
-MAX_RELATIONS = 1 << 16
 
 
 def settings(*, sequences: int = SEQUENCES, length: int = LENGTH, seed: int = SEED,
@@ -77,67 +73,10 @@ def join(spec: str, revision: str | None, result: dict[str, Any], behaviour: dic
     present = got.scores
     heads_rows = [{**row, **{s: v for s, v in scores.get((row["block"], row["layer"], row["head"]), {}).items()
                              if s in present}} for row in result["heads"]]
-    relations = [{"block": got.records[0].block, **r.row()} for r in got.relations if r.scope in SCOPES]
+    relations = [{"block": got.records[0].block, **r.row()} for r in got.relations if r.scope in KEPT_SCOPES]
     return {**result, "heads": heads_rows, "relations": relations,
             "behaviour": {**behaviour, "error": None, "text": got.settings.text,
                           "text_windows": got.settings.windows, "causal": got.settings.causal}}
-
-
-def check_settings(c: Checker, value: Any, key: str) -> dict[str, Any]:
-    """The behaviour settings stored in a result's or a manifest's options."""
-    got = c.obj(value, key)
-    if set(got) != set(SETTING_NAMES):
-        raise c.fail(key, f"holds {', '.join(sorted(map(str, got)))}, not {', '.join(SETTING_NAMES)}")
-    for name in AMOUNTS:
-        c.index(got[name], f"{key}.{name}", null=False, below=1 << 63)
-    relate = got["relate"]
-    if not isinstance(relate, list) or len(relate) > 1000:
-        raise c.fail(f"{key}.relate", f"is {show(relate)}, not a list of metric names")
-    for i, m in enumerate(relate):
-        c.text(m, f"{key}.relate[{i}]")
-    return got
-
-
-def check_result(c: Checker, result: dict[str, Any], blocks: dict[str, tuple[int, int]]) -> None:
-    """A stored result of an atlas run with behaviour: its `behaviour` (settings, error) and its relations (known
-    scores and scopes, a block of the model, ρ, interval and p in range, n a count of heads); the scores in the
-    head records are checked as every per-head value is (finite numbers or null)."""
-    from qkinspect.heads.results import SCORES
-
-    state = c.obj(result.get("behaviour"), "result.behaviour")
-    c.text(state.get("error"), "result.behaviour.error", null=True)
-    check_relations(c, result.get("relations", []), blocks, "result.relations")
-    for i, row in enumerate(result.get("heads") or []):
-        for s in SCORES:
-            c.number(row.get(s), f"result.heads[{i}].{s}", low=-MAX_METRIC, high=MAX_METRIC)
-
-
-def check_relations(c: Checker, relations: Any, blocks: dict[str, tuple[int, int]], key: str) -> list[dict]:
-    """A list of relations (RelationRecord rows with their block; all heads and within layers) as stored."""
-    from qkinspect.heads.results import SCORES
-
-    if not isinstance(relations, list) or len(relations) > MAX_RELATIONS:
-        raise c.fail(key, f"is {show(relations)}, not a list of relations")
-    most = sum(n * h for n, h in blocks.values())
-    out = []
-    for i, r in enumerate(relations):
-        where = f"{key}[{i}]"
-        r = c.obj(r, where)
-        if r.get("block") not in blocks:
-            raise c.fail(f"{where}.block", f"is {show(r.get('block'))}, not a block of the model")
-        c.text(r.get("metric"), f"{where}.metric")
-        if r.get("score") not in SCORES:
-            raise c.fail(f"{where}.score", f"is {show(r.get('score'))}, not one of {', '.join(SCORES)}")
-        if r.get("scope") not in SCOPES:
-            raise c.fail(f"{where}.scope", f"is {show(r.get('scope'))}, not one of {', '.join(SCOPES)}")
-        if r.get("layer") is not None:
-            raise c.fail(f"{where}.layer", f"is {show(r.get('layer'))}, not null (all heads, within layers)")
-        for name in ("rho", "low", "high"):
-            c.number(r.get(name), f"{where}.{name}", low=-1 - 1e-9, high=1 + 1e-9)
-        c.number(r.get("p"), f"{where}.p", low=0, high=1)
-        c.index(r.get("n"), f"{where}.n", null=False, below=most + 1)
-        out.append(r)
-    return out
 
 
 def saved_relations(path: Any, doc: dict[str, Any]) -> list[dict]:

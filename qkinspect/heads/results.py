@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from qkinspect.behaviour import SCORES
 from qkinspect.documents import envelope, json_safe, model_dict
 from qkinspect.layer import ModelInfo
 from qkinspect.notebook import Tabular
 
 HEADS_KIND = "heads"  # the document's "kind"
-SCORES = ("previous_token", "induction", "duplicate_token", "self", "first_token", "entropy")
 SCORE_TEXT = {
     "previous_token": "attention from p to p-1 (text windows)",
     "induction": "attention from p to the token after the previous occurrence of p's token (repeated random "

@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from qkinspect.behaviour import SCORES
 from qkinspect.errors import InputError, UnsupportedModelError
 from qkinspect.heads.relate import relate as relate_pair
 from qkinspect.heads.request import LIBRARY_NAMES, HeadsRequest, check_positions, check_request
-from qkinspect.heads.results import SCORES, HeadsRecord, HeadsResult, HeadsSettings, RelationRecord
+from qkinspect.heads.results import HeadsRecord, HeadsResult, HeadsSettings, RelationRecord
 from qkinspect.heads.scores import positional, repeated, summary
 from qkinspect.names import Names
 

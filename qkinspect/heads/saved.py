@@ -11,9 +11,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from qkinspect.behaviour import SCORES
 from qkinspect.documents import SCHEMA, model_info
 from qkinspect.errors import InputError
-from qkinspect.heads.results import HEADS_KIND, SCOPES, SCORES, HeadsRecord, HeadsResult, HeadsSettings, RelationRecord
+from qkinspect.heads.results import HEADS_KIND, SCOPES, HeadsRecord, HeadsResult, HeadsSettings, RelationRecord
 from qkinspect.reading import read_bytes, read_json
 
 WHAT = "a heads document"

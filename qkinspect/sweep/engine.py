@@ -85,7 +85,7 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
               device: str = "cpu", progress: Callable[[Status], None] | None = None,
               check: Callable[[ModelInfo], None] | None = None,
               notice: Callable[[str], None] | None = None, same_shapes: bool = True,
-              names: Names = LIBRARY_NAMES) -> Outcome:
+              names: Names = LIBRARY_NAMES, extend: Callable[..., dict[str, Any]] | None = None) -> Outcome:
     """Analyse every checkpoint with `options` (as `qkinspect.analyze` takes them), one result file each in `folder`.
 
     Args:
@@ -103,6 +103,8 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
             (the atlas, qkinspect.atlas).
         names: how errors name the options (`qkinspect.sweep.names`): these arguments' names by default; the CLI
             passes its own.
+        extend: what adds to each checkpoint's analysis in its task, where the options ask for it (the atlas's
+            behaviour scores: qkinspect.atlas.behaviour.join); the engine itself runs `analyze` only.
 
     Raises:
         InputError: the checkpoints' attention shapes differ (with `same_shapes`, before any analysis), the
@@ -135,7 +137,7 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
             store.prepare(folder)
             store.write_manifest(folder, checkpoints, options)  # what an interrupted sweep leaves to read
             runnable = [p for p in todo if p[0].identity in models]
-            _analyze(client, runnable, options, device, task_threads, outcome, progress)
+            _analyze(client, runnable, options, device, task_threads, outcome, progress, extend)
     store.write_manifest(folder, checkpoints, options, outcome.failures)
     return outcome
 
@@ -249,10 +251,11 @@ def _describe(client, todo, failures: list[Failure]) -> dict[str, ModelInfo]:
     return models
 
 
-def _analyze(client, todo, options, device, threads, outcome: Outcome, progress) -> None:
+def _analyze(client, todo, options, device, threads, outcome: Outcome, progress, extend=None) -> None:
     from distributed import as_completed
 
     futures = {client.submit(task.analyze_checkpoint, ck.spec, ck.revision, options, device=device, threads=threads,
+                             extend=extend,
                              key=_task_key("analyze", key), retries=1, pure=False): (ck, key, path)
                for ck, key, path in todo}
     total, skipped, t0 = len(outcome.checkpoints), len(outcome.skipped), time.monotonic()

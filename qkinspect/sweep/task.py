@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from qkinspect.limits import cores
@@ -24,15 +25,17 @@ def describe(spec: str, revision: str | None) -> dict[str, Any]:
 
 
 def analyze_checkpoint(spec: str, revision: str | None, options: dict[str, Any], *, device: str = "cpu",
-                       threads: int | None = None) -> dict[str, Any]:
+                       threads: int | None = None, extend: Callable[..., dict[str, Any]] | None = None
+                       ) -> dict[str, Any]:
     """`qkinspect.analyze` on one checkpoint with `options` (layers, heads, blocks, metrics, precision, fold_ln,
     fold_qk_norm, layer_form): its schema-qkinspect/1 dict, plus where, with how many torch threads, and how long
     it ran. `fold_qk_norm` folds where the model has q/k norms; a model without them is measured as stored (the
     atlas's models differ; the sweep command refuses the option for checkpoints without q/k norms before any work).
 
     `threads` (torch intra-op threads) defaults to this machine's cores shared among the worker's task slots.
-    With the atlas's `behaviour` option, `qkinspect.heads` runs on the same model in the same task and its scores
-    and relations join the analysis (qkinspect.atlas.behaviour).
+    With the atlas's `behaviour` option, `extend` (the atlas passes qkinspect.atlas.behaviour.join: `qkinspect.heads`
+    on the same model, in the same task) adds its scores and relations to the analysis; the engine knows nothing
+    of it, so the sweep imports neither the atlas nor heads.
     """
     from qkinspect import analysis  # the analysis package's face, not qkinspect's
 
@@ -49,9 +52,9 @@ def analyze_checkpoint(spec: str, revision: str | None, options: dict[str, Any],
         raise InputError(f"{spec}: the selection matched no heads")
     doc = result.to_dict()
     if behaviour:
-        from qkinspect.atlas.behaviour import join
-
-        doc = join(spec, revision, doc, behaviour, options, device=device, threads=threads)
+        if extend is None:
+            raise ValueError("the behaviour option needs the atlas's extend (qkinspect.atlas.behaviour.join)")
+        doc = extend(spec, revision, doc, behaviour, options, device=device, threads=threads)
     return {"result": doc, "worker": _worker_name(), "threads": threads,
             "seconds": time.perf_counter() - t0}
 

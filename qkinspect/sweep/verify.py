@@ -76,7 +76,7 @@ def check_options(c: Checker, options: Any, key: str = "options") -> dict[str, A
         if not isinstance(opts[name], bool):
             raise c.fail(f"{key}.{name}", f"is {show(opts[name])}, not true or false")
     if "behaviour" in opts:
-        from qkinspect.atlas.behaviour import check_settings
+        from qkinspect.behaviour import check_settings
 
         check_settings(c, opts["behaviour"], f"{key}.behaviour")
     return opts
@@ -166,7 +166,7 @@ def check_result(doc: Any, path: object, ck: Checkpoint, key: str, options: dict
         for name in ("mean", "std"):
             c.number(b.get(name), f"{where}.{name}", low=-MAX_METRIC, high=MAX_METRIC)
     if options.get("behaviour"):
-        from qkinspect.atlas.behaviour import check_result as check_behaviour
+        from qkinspect.behaviour import check_result as check_behaviour
 
         check_behaviour(c, result, blocks)
     for name in ("device", "worker"):

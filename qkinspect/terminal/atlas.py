@@ -86,7 +86,7 @@ def relation_tables(relations: list, *, width: int = 80) -> tuple[list, list[str
     """A row per model, block, weight metric and score: ρ (interval) and p over all heads and within layers; the
     models numbered (spelt out below) and the metrics and scores by their short names, so that it fits `width`
     (80 columns in one table)."""
-    from qkinspect.terminal.heads import SHORT, _p, rho_cell
+    from qkinspect.terminal.heads import SHORT, p_cell, rho_cell
 
     if not relations:
         return [], ["no relations: the atlas has no behaviour scores (atlas --behaviour, or heads documents "
@@ -102,7 +102,8 @@ def relation_tables(relations: list, *, width: int = 80) -> tuple[list, list[str
     values = []
     for scope, name in (("all", "all heads"), ("within", "within layers")):
         got = [by.get((*k, scope)) for k in keys]
-        values += [Column(f"ρ {name}", [rho_cell(g) for g in got]), Column("p", [_p(g.p) if g else "-" for g in got])]
+        values += [Column(f"ρ {name}", [rho_cell(g) for g in got]),
+                   Column("p", [p_cell(g.p) if g else "-" for g in got])]
     sections = [i for i in range(1, len(keys)) if keys[i][:3] != keys[i - 1][:3]]
     metrics = list(dict.fromkeys(k[2] for k in keys))
     lines = ["ρ (95 % CI): Spearman's rank correlation of a weight metric and a behaviour score over a model's "

@@ -29,7 +29,8 @@ def rho_cell(r) -> str:
     return f"{_r(r.rho)} ({_r(r.low)}..{_r(r.high)})"
 
 
-def _p(p) -> str:
+def p_cell(p) -> str:
+    """A p-value as the tables print it (3 decimals; "-" where there is none)."""
     return "-" if p is None else f"{p:.3f}"
 
 
@@ -71,7 +72,7 @@ def render_heads(console, result, top: int = 5) -> None:
         for scope, name in (("all", "all heads"), ("within", "within layers")):
             got = [by.get((m, sc, scope)) for m, sc in pairs]
             vals += [Column(f"ρ {name}", [rho_cell(g) for g in got]),
-                     Column("p", [_p(g.p) if g else "-" for g in got])]
+                     Column("p", [p_cell(g.p) if g else "-" for g in got])]
         starts = [i for i, (m, _) in enumerate(pairs) if i == 0 or pairs[i - 1][0] != m]
         for t in fit_tables(labels, vals, width=console.width, sections=starts,
                             title="Spearman's ρ of weight metric and behaviour score"):

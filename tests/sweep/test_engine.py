@@ -171,7 +171,7 @@ def test_trajectory_figure_of_the_sweep(swept, cli, tmp_path):
                                 "rank_v, symmetry, directionality, qk_effective_rank, overlap_qk, "
                                 "overlap_qv, overlap_kv")
     r = cli("plot", tmp_path, "--kind", "trajectory", "-o", tmp_path / "v.png")
-    assert r.exit_code == 2 and "not a sweep folder" in r.stderr
+    assert r.exit_code == 2 and "draws a sweep folder" in r.stderr and "has no sweep.json" in r.stderr
 
 
 def test_the_trajectory_medians_are_the_rows_medians(swept):
