@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qkinspect.atlas.behaviour import join  # light: heads is imported inside, in the task
 from qkinspect.atlas.inputs import SavedEntry, entries
 from qkinspect.atlas.request import OPTION_NAMES, AtlasRequest, check_request
 from qkinspect.atlas.results import AtlasResult
@@ -93,7 +94,7 @@ def build(request: AtlasRequest, items: list[Checkpoint | SavedEntry], *, progre
         done = run_sweep(models, options, folder / store.MODELS, scheduler=request.scheduler,
                          workers=request.workers, threads=request.threads, device=request.device,
                          progress=progress, notice=notice, same_shapes=False, names=names,
-                         extend=_behaviour_join() if options.get("behaviour") else None)
+                         extend=join if options.get("behaviour") else None)
         outcome.computed, outcome.skipped = done.computed, done.skipped
         outcome.failures, outcome.refused = done.failures, done.refused
     store.write_manifest(folder, options, manifest, outcome.failures)
@@ -198,10 +199,3 @@ def atlas(models: list[str] | tuple[str, ...] | str = (), *, out: str | Path, fr
                        fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, device=device, scheduler=scheduler,
                        workers=workers, threads=threads, progress=progress, behaviour=behaviour,
                        sequences=sequences, length=length, seed=seed).read()
-
-
-def _behaviour_join():
-    """The task's extension for `behaviour` (heads on each model, in its task; imported only when asked for)."""
-    from qkinspect.atlas.behaviour import join
-
-    return join
