@@ -127,7 +127,7 @@ def test_plot_and_report_take_a_title(cli, llama_path, tmp_path):
 def _sweep(long: str):
     """A sweep folder's contents, built in memory: three checkpoints with long names of a synthetic model."""
     from qkinspect.sweep.checkpoints import Checkpoint
-    from qkinspect.sweep.store import SweepFolder
+    from qkinspect.sweep.store import SweepResult
 
     cks = [Checkpoint(f"{long}/checkpoint-{s}", None, f"{long}/checkpoint-{s}", f"id{s}", s, "name")
            for s in (100, 200, 300)]
@@ -137,7 +137,7 @@ def _sweep(long: str):
         results[ck.identity] = {"result": {"heads": r.head_rows(), "layers": r.layer_rows(),
                                            "baselines": [{"block": b.block, "metric": b.metric, "mean": b.mean,
                                                           "std": b.std} for b in r.baselines]}}
-    return SweepFolder(__import__("pathlib").Path(long), {"metrics": "default"}, cks, results)
+    return SweepResult(__import__("pathlib").Path(long), {"metrics": "default"}, cks, results)
 
 
 def test_every_sweep_report_page_keeps_its_text_inside(monkeypatch):
