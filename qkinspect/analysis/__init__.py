@@ -3,7 +3,7 @@
 - `request.py`: what an analysis is asked to do, checked once, torch-free, in the caller's option names
   (`qkinspect.names`): metrics, spectra, precision, device, threads;
 - `run.py`: `analyze`, layers read one at a time and measured batched over their heads;
-- `results.py`: the typed records (`AnalysisResult`, `HeadRecord`, `LayerRecord`, `Baseline`), `to_dict`, `save`,
+- `results.py`: the typed records (`AnalysisResult`, `HeadRecord`, `LayerRecord`, `Baseline`), `document`, `save`,
   a table in a notebook, `to_pandas`;
 - `saved.py`: the checked reader of `analyze -o run.json` (`read_saved`), returning the same records;
 - beside them, what the commands that read an analysis need of it: `spectrum.py` (one head's spectrum as rows)
