@@ -119,15 +119,13 @@ def main() -> None:
                     help="(c): also a stack of 9 in this process with each of compile, bf16, threads2")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from qkinspect.twin.stacked import COMPILE_FROM
 
     if args.stacking is not None:
         options = [o for o in args.stacking_options.split(",") if o]
         bad = sorted(set(options) - {"compile", "bf16", "threads2"})
         if bad:
             ap.error(f"--stacking-options: {','.join(bad)} is not one of compile, bf16, threads2")
-        print(f"3 variants x 3 seeds of a 2 x 64 llama twin, {args.stacking} steps, one torch thread a task "
-              f"(a stack compiles by default from {COMPILE_FROM} steps):")
+        print(f"3 variants x 3 seeds of a 2 x 64 llama twin, {args.stacking} steps, one torch thread a task:")
         out = {"stacking": stacking(args.stacking, options, args.target)}
         if args.json:
             with open(args.json, "w") as f:

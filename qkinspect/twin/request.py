@@ -79,7 +79,7 @@ class TwinRequest:
     schedule: str = "cosine"
     stack: int | None = None  # runs of one shape trained together (qkinspect.twin.stacked); None: what fits
     precision: str = "float32"  # or bf16: autocast, float32 master weights (stacked runs)
-    compile: bool | None = None  # torch.compile the stacked model's step; None: on the CPU for long runs
+    compile: bool = False  # torch.compile the stacked model's step
 
     def training(self) -> dict[str, Any]:
         """What a run's numbers depend on besides its variant, seed and learning rate (the resume key)."""
@@ -239,12 +239,12 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
                   device: str = "cpu", save_checkpoints: bool = False, scheduler: str | None = None,
                   workers: int | None = None, threads: int | None = None, init: str = "draw",
                   schedule: str = "cosine", stack: int | None = None, precision: str = "float32",
-                  compile: bool | None = None, names: Names = LIBRARY_NAMES) -> TwinRequest:
+                  compile: bool = False, names: Names = LIBRARY_NAMES) -> TwinRequest:
     """Every option that can be checked without torch, in one place; InputError naming the first bad one."""
     _types(names, out=(out, (str, os.PathLike), False), config=(config, (str, os.PathLike), True),
            text=(text, (str, os.PathLike), True), arch=(arch, str, False), tokenizer=(tokenizer, str, False),
            device=(device, str, False), scheduler=(scheduler, str, True), match_params=(match_params, bool, False),
-           save_checkpoints=(save_checkpoints, bool, False), compile=(compile, bool, True))
+           save_checkpoints=(save_checkpoints, bool, False))
     if not str(out):
         raise InputError(f"{names.said('out', out, quoted=True)}: give the twin folder")
     chosen = parse_variants(variants, match_params, names)
@@ -303,7 +303,7 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
     shape = Shape(arch, layers, d_model, heads, context, cfg)
     return TwinRequest(Path(out), chosen, shape, src, tokenizer, seeds, lrs, steps, warm, batch, every, eval_windows,
                    track_every, float(margin), device, bool(save_checkpoints), scheduler, workers, threads or 1,
-                   init, schedule, stack, precision, compile)
+                   init, schedule, stack, precision, bool(compile))
 
 
 Request = TwinRequest  # its name before requests were named <Capability>Request (kept: users import it)

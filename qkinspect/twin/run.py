@@ -53,7 +53,7 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
          workers: int | None = None, threads: int | None = None, init: str = "draw", schedule: str = "cosine",
          shapes: str | Sequence[str] | None = None, head_size: int | None = None,
          tokens_per_param: float | None = None, stack: int | None = None, precision: str = "float32",
-         compile: bool | None = None, progress: Any = None, notice: Callable[[str], None] | None = None,
+         compile: bool = False, progress: Any = None, notice: Callable[[str], None] | None = None,
          names: Names = LIBRARY_NAMES) -> TwinResult | LadderResult:
     """Train the twins into the folder `out` (resumable) and return every run's records there.
 
@@ -89,8 +89,7 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
         stack: the runs of one shape trained together as one batched model (docs/twin.md, "Stacked
             training"): at most this many a task (None: as many as fit in memory; 1: one run a task).
         precision: float32, or bf16 (bfloat16 autocast, float32 weights; a CPU or GPU with bfloat16).
-        compile: torch.compile the stacked model (where torch can); None: on the CPU for runs of
-            `qkinspect.twin.stacked.COMPILE_FROM` steps or more where torch can compile, else not.
+        compile: torch.compile the stacked model (where torch can).
         progress: a receiver of qkinspect.progress (`progress(done, total)`, or an object with `phase` too, such
             as `qkinspect.progress.Lines()`, which prints a line on stderr per run): told each phase of runs
             and ticked as each run finishes or fails, its line (what the CLI prints) as the status.

@@ -147,28 +147,10 @@ def steady_allocations() -> bool:
         return False
 
 
-COMPILE_FROM = 1000  # steps: on the CPU a stack compiles by default from here (docs/twin.md, "Stacked training")
-
-
-def auto_compile(spec: dict[str, Any]) -> bool:
-    """Whether a stack compiles when the request leaves it open (`compile` None): on the CPU, for runs of at
-    least COMPILE_FROM steps (a first compile took 40-90 s here; the compiled step saves it within about 500-1,200
-    steps), where torch can compile."""
-    if spec["device"] != "cpu" or spec["steps"] < COMPILE_FROM:
-        return False
-    try:
-        check_compile("cpu", "compile")
-    except InputError:
-        return False
-    return True
-
-
 def run_stack(folder: str, items: Sequence[Item], spec: dict[str, Any], *, threads: int = 1,
-              precision: str = "float32", compile: bool | None = False) -> list[dict[str, Any]]:
+              precision: str = "float32", compile: bool = False) -> list[dict[str, Any]]:
     """Train the runs `items` of one kind (`stack_kind`) as one stack; each run's result as `run_twin` returns
-    it, in the order of `items` ({"error": why} for a run whose twin could not be built: the others train).
-    `compile` None: `auto_compile`, and where that compile fails the stack trains uncompiled (an explicit
-    True fails the stack)."""
+    it, in the order of `items` ({"error": why} for a run whose twin could not be built: the others train)."""
     import torch
 
     from qkinspect.twin.batched import Stacked, supported
@@ -217,8 +199,6 @@ def run_stack(folder: str, items: Sequence[Item], spec: dict[str, Any], *, threa
     plains = [None] * R
     opt = _StackedAdamW(model, [lr for _, _, lr in runs])
     autocast = _autocast(precision, device)
-    chosen = compile is None
-    compile = auto_compile(spec) if chosen else compile
     loss_fn = torch.compile(model) if compile else model
     losses = torch.zeros(steps, R, device=device)  # read at evaluations only
     points: list[list[dict[str, Any]]] = [[] for _ in range(R)]
@@ -254,18 +234,9 @@ def run_stack(folder: str, items: Sequence[Item], spec: dict[str, Any], *, threa
     for k in range(steps):
         t1 = time.perf_counter()
         x = train[starts[k].unsqueeze(-1) + window]  # (R, batch, ctx + 1), gathered on the device
-        try:
-            with autocast:
-                per_run = loss_fn(x)
-            per_run.sum().backward()  # the runs' parameters are disjoint: each run's gradient is its own loss's
-        except Exception:  # a compile this stack chose for itself failed (no headers, a compiler error): uncompiled
-            if k or loss_fn is model or not chosen:
-                raise
-            loss_fn, compile = model, False
-            opt.zero_grad()
-            with autocast:
-                per_run = model(x)
-            per_run.sum().backward()
+        with autocast:
+            per_run = loss_fn(x)
+        per_run.sum().backward()  # the runs' parameters are disjoint: each run's gradient is its own loss's
         opt.step(lambda lr, k=k: lr_at(k, lr, spec["warmup"], steps, schedule))
         losses[k] = per_run.detach()
         if device.type == "cpu":
@@ -420,9 +391,6 @@ class _StackedAdamW:
                 except (RuntimeError, NotImplementedError):  # no fused kernel for this device in this torch
                     self.fused = False
             _adamw_reference(ps, gs, ms, vs, float(self.step_count), lr)
-        self.zero_grad()
-
-    def zero_grad(self) -> None:
         for p, _ in self.params:
             p.grad.zero_()
 

@@ -312,8 +312,8 @@ def test_bf16_trains_with_float32_weights(tmp_path):
 
 
 def test_a_compiled_stack_keeps_the_single_runs_records(tmp_path):
-    """torch.compile of the stacked step (the CPU's default for long runs): each held-out evaluation within 1e-3
-    nats of the single-run twin's, and the record says it was compiled."""
+    """torch.compile of the stacked step (`--compile`): each held-out evaluation within 1e-3 nats of the
+    single-run twin's, and the record says it was compiled."""
     from qkinspect.twin.stacked import check_compile
 
     try:
@@ -330,38 +330,3 @@ def test_a_compiled_stack_keeps_the_single_runs_records(tmp_path):
     assert a.keys() == b.keys() and max(abs(a[k] - b[k]) for k in a) < 1e-3
     for path in (tmp_path / "many" / "runs").iterdir():
         assert json.loads(path.read_text())["run"]["stack"] == {"runs": 3, "precision": "float32", "compile": True}
-
-
-def test_compile_is_chosen_for_long_cpu_runs_and_a_failed_choice_trains_uncompiled(tmp_path, monkeypatch):
-    import qkinspect.twin.stacked as stacked
-
-    spec = {"device": "cpu", "steps": stacked.COMPILE_FROM}
-    monkeypatch.setattr(stacked, "check_compile", lambda device, option: None)
-    assert stacked.auto_compile(spec)
-    assert not stacked.auto_compile({**spec, "steps": stacked.COMPILE_FROM - 1})
-    assert not stacked.auto_compile({**spec, "device": "cuda"})
-
-    def cannot(device, option):
-        raise InputError(f"{option}: no C++ compiler")
-
-    monkeypatch.setattr(stacked, "check_compile", cannot)
-    assert not stacked.auto_compile(spec)
-    monkeypatch.setattr(stacked, "check_compile", lambda device, option: None)
-    monkeypatch.setattr(stacked, "COMPILE_FROM", 1)
-
-    def broken(model):
-        def step(x):
-            raise RuntimeError("inductor: the C++ compiler failed")
-        return step
-
-    monkeypatch.setattr(torch, "compile", broken)
-    text = text_file(tmp_path / "t.txt", 3000)
-    kw = dict(text=text, variants="share_qk", layers=1, d_model=16, heads=2, context=8, batch=4, eval_windows=6,
-              seeds=1, steps=4, workers=0)
-    chose = qkinspect.twin(tmp_path / "auto", **kw)
-    docs = [json.loads(p.read_text())["run"] for p in (tmp_path / "auto" / "runs").iterdir()]
-    assert len(docs) == 2 and all(d["stack"]["compile"] is False for d in docs)
-    plain = qkinspect.twin(tmp_path / "plain", compile=False, **kw)
-    assert [p.val_loss for p in chose.points] == pytest.approx([p.val_loss for p in plain.points], abs=1e-6)
-    asked = qkinspect.twin(tmp_path / "asked", compile=True, **kw)  # asked for: a failure is the stack's
-    assert len(asked.failures) == 2 and all("C++ compiler failed" in f.error for f in asked.failures)

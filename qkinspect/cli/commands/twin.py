@@ -115,9 +115,7 @@ class Precision(str, Enum):
 
 PrecisionOpt = Annotated[Precision, typer.Option(
     "--precision", help="float32, or bf16: bfloat16 autocast with float32 weights (a CPU or GPU with bfloat16).")]
-CompileOpt = Annotated[bool | None, typer.Option(
-    "--compile/--no-compile", show_default=False,
-    help="torch.compile the stacked model (where torch can); default: on the CPU for runs of 1000 steps or more.")]
+CompileOpt = Annotated[bool, typer.Option("--compile", help="torch.compile the stacked model (where torch can).")]
 FormatOpt = Annotated[RecordFormat | None, typer.Option(
     "--format", "-f", show_default=False, metavar="FORMAT",
     help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
@@ -139,7 +137,7 @@ def register(app: typer.Typer) -> None:
         margin: MarginOpt = 0.02, device: DeviceOpt = Device.cpu, save_checkpoints: CheckpointsOpt = False,
         scheduler: SchedulerOpt = None, workers: WorkersOpt = None, threads: ThreadsOpt = None,
         shapes: ShapesOpt = None, head_size: HeadSizeOpt = None, tokens_per_param: TokensPerParamOpt = None,
-        stack: StackOpt = None, precision: PrecisionOpt = Precision.float32, compile: CompileOpt = None,
+        stack: StackOpt = None, precision: PrecisionOpt = Precision.float32, compile: CompileOpt = False,
         fmt: FormatOpt = None, output: OutputOpt = None, rows: RowsOpt = Rows.runs,
     ) -> None:
         """Train the same small transformer from scratch, from the same seeds on the same text, as standard and
