@@ -83,8 +83,9 @@ LIBRARY_OPTIONS = ("blocks", "layers", "heads")  # how the library's callers nam
 
 def indexes_as_given(value, option: str) -> tuple[int, ...] | None:
     """A selection as the caller gave it, refused in its words: `option` is its spelling, a CLI option ("--layers":
-    text, `parse_indices`) or a library argument ("layers": text or indexes, `as_indexes`)."""
-    if option.startswith("--"):
+    text, `parse_indices`; a whole number, as `spectrum --layer` takes it, is an index) or a library argument
+    ("layers": text or indexes, `as_indexes`)."""
+    if option.startswith("--") and (value is None or isinstance(value, str)):
         return parse_indices(value, option)
     return as_indexes(value, option)
 

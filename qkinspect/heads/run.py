@@ -99,7 +99,8 @@ def heads(
 
     source = default_text() if request.text is None else read_text(
         request.text, request.windows * request.window, what=names.text)
-    from qkinspect.analysis.run import analyze, torch_threads
+    from qkinspect.analysis.engine import torch_threads
+    from qkinspect.analysis.run import analyze
     from qkinspect.loading import open_model
     from qkinspect.selection import check_fold_qk_norm
 
