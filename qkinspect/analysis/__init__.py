@@ -3,9 +3,9 @@
 - `request.py`: what an analysis is asked to do, checked once, torch-free, in the caller's option names
   (`qkinspect.names`): metrics, the selection (blocks, layers, heads), spectra, precision, device, folds, the
   layer form (`check_request`); then against the model's description, before any weight is read (`check_model`);
-- `run.py`: `analyze`, layers read one at a time and measured batched over their heads (`measure`: an opened
-  model for a checked request);
-- `results.py`: the typed records (`AnalysisResult`, `HeadRecord`, `LayerRecord`, `Baseline`), `to_dict`, `save`,
+- `run.py`: `analyze`, torch-free until the request and the model are checked; `engine.py`: `measure`, layers read
+  one at a time and measured batched over their heads;
+- `results.py`: the typed records (`AnalysisResult`, `HeadRecord`, `LayerRecord`, `Baseline`), `document`, `save`,
   a table in a notebook, `to_pandas`;
 - `saved.py`: the checked reader of `analyze -o run.json` (`read_saved`), returning the same records;
 - beside them, the library calls of the commands built on an analysis: `spectrum.py` (one head analysed, its

@@ -111,12 +111,9 @@ class AnalysisResult:
         return out + ([qk_norm_line(p.qk_norm_not_folded)] if p.qk_norm_not_folded else [])
 
     def document(self) -> dict[str, Any]:
-        """The document `analyze -o FILE.json` and `save("x.json")` write (`to_dict`), as every result names it."""
-        return self.to_dict()
-
-    def to_dict(self) -> dict[str, Any]:
-        """The saved analysis as a JSON-ready dict: the document `qkinspect analyze -o FILE.json` writes (schema
-        qkinspect/1, "kind": "analyze"; docs/output.md), which `plot` and `report` read. NaN becomes null."""
+        """The saved analysis as a JSON-ready dict: the document `qkinspect analyze -o FILE.json` and
+        `save("x.json")` write (schema qkinspect/1, "kind": "analyze"; docs/output.md), which `plot` and `report`
+        read. NaN becomes null."""
         from qkinspect.metrics.registry import definitions
 
         return json_safe(envelope(
@@ -132,6 +129,8 @@ class AnalysisResult:
             ],
             warnings=list(self.warnings),
         ))
+
+    to_dict = document  # deprecated: its name before every result's document was `document()` (docs/notebook.md)
 
     def save(self, path: str | Path) -> Path:
         """Write the analysis to `path` (atomically) as `qkinspect analyze -o path` writes it, byte for byte, in
@@ -150,7 +149,7 @@ class AnalysisResult:
         from qkinspect.formats import save_result
         from qkinspect.terminal.analysis import default_columns, render_analysis
 
-        return save_result(path, document=self.to_dict,
+        return save_result(path, document=self.document,
                            rows=self.table_rows,
                            render=lambda console: render_analysis(console, self, columns=default_columns(self)))
 

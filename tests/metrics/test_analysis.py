@@ -81,7 +81,7 @@ def test_default_run_records_everything(minilm):
     sv = r.spectra[("encoder", 0, 3)]["qk"]
     assert sv.shape == (32,) and np.all(np.diff(sv) <= 0)
     assert set(r.spectra[("encoder", 0, 3)]) == {"qk"}  # no eigenvalue metric ran, so no eigenvalues came along
-    doc = json.loads(json.dumps(r.to_dict()))
+    doc = json.loads(json.dumps(r.document()))
     assert doc["definitions"]["symmetry"]["gauge_invariant"] == "yes" and len(doc["heads"]) == 24
     assert r.to_pandas().shape[0] == 24
     assert list(r.to_pandas("layer")["layer"]) == [0, 5]

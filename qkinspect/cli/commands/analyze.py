@@ -69,6 +69,6 @@ def analysis_document(result, *, by: str = "head", requested=None, sort: str | N
     from qkinspect.terminal.analysis import default_columns, render_analysis
 
     cols = default_columns(result, requested, sort)
-    return Document(json=result.to_dict(), rows=result.table_rows(by),  # what AnalysisResult.save writes
+    return Document(json=result.document(), rows=result.table_rows(by),  # what AnalysisResult.save writes
                     render=lambda console: render_analysis(console, result, columns=cols, by=by,
                                                            grouped=sort is None))
