@@ -54,6 +54,22 @@ def _parse_range(part: str, option: str) -> range:
     return range(a, b + 1)
 
 
+def spans(indexes: Iterable[int]) -> str:
+    """Sorted indexes as `parse_indices` reads them, in ranges: (12, 13, 14, 17) -> "12-14,17".
+
+    Example:
+        >>> spans((0, 1, 2, 5))
+        '0-2,5'
+    """
+    out: list[list[int]] = []
+    for i in indexes:
+        if out and i == out[-1][-1] + 1:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in out)
+
+
 def as_indexes(value: str | int | Iterable[int] | None, name: str) -> tuple[int, ...] | None:
     """A library selection argument (`layers=`, `heads=`) as sorted unique indexes; None means all.
 
