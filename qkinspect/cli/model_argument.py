@@ -4,10 +4,9 @@ qkinspect.capabilities'). Commands import it, never each other."""
 
 from __future__ import annotations
 
-from qkinspect.cli.options import Device, Precision, check_device, parse_blocks
+from qkinspect.cli.options import Device, Precision
 from qkinspect.cli.output import progress, warn
 from qkinspect.errors import InputError
-from qkinspect.selection import parse_indices
 
 
 def refuse_analysis_options(model: str | None, **given: object) -> None:
@@ -52,11 +51,12 @@ def composition_of(model, *, layers=None, block=None, precision=Precision.float3
             raise InputError(f"{model} is a saved composition, drawn as it was saved: --layers, --block, "
                              "--precision, --device and --revision apply when computing it from a model")
         return read_composition(model)
+    from qkinspect.composition.request import CLI_NAMES
     from qkinspect.composition.run import composition as compose
 
-    with progress("composing heads") as p:
-        result = compose(model, layers=parse_indices(layers, "--layers"), blocks=parse_blocks(block),
-                         precision=precision.value, device=check_device(device), revision=revision, progress=p)
+    with progress("composing heads") as p:  # checked in the library, in plot's option names (--layers, --block)
+        result = compose(model, layers=layers, blocks=block, precision=precision, device=device, revision=revision,
+                         progress=p, names=CLI_NAMES)
     for w in result.warnings:
         warn(w)
     return result

@@ -113,17 +113,6 @@ def parse_blocks(values: list[str] | None) -> tuple[str, ...] | None:
     return parse_names(values, "--block")
 
 
-def check_device(device: Device | str) -> str:
-    """Refuse cuda when no GPU is visible (before any work), with a clear message (qkinspect.device, in --device's
-    name); torch is imported only when cuda is asked for, so that --help and cpu runs stay light."""
-    name = device.value if isinstance(device, Device) else device
-    if name == "cpu":
-        return name
-    from qkinspect.device import check_device as check
-
-    return check(name, "--device")
-
-
 class By(str, Enum):
     head = "head"
     layer = "layer"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from qkinspect.analysis.request import CLI_NAMES, check_request, check_selection_of
-from qkinspect.cli.options import check_device, parse_names
+from qkinspect.cli.options import parse_names
+from qkinspect.device import requested_device
 from qkinspect.errors import InputError
 from qkinspect.layer import BlockSpec, ModelInfo
 from qkinspect.selection import parse_indices
@@ -39,9 +40,11 @@ def test_cuda_refused_when_unavailable(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(InputError, match="no CUDA device"):
-        check_device("cuda")
-    assert check_device("cpu") == "cpu"
+    with pytest.raises(InputError, match="^--device cuda: no CUDA device"):
+        requested_device("cuda", "--device")
+    assert requested_device("cpu", "--device") == "cpu"
+    with pytest.raises(InputError, match="^--device cuda: no CUDA device"):  # as every analysis command says it
+        check_request(device="cuda", names=CLI_NAMES)
 
 
 def _info():
