@@ -89,7 +89,7 @@ def as_indexes(value: str | int | Iterable[int] | None, name: str) -> tuple[int,
         items = list(value)
     except TypeError:
         raise InputError(f"{name}={value!r}: give indexes such as [0, 1] or '0-3,7'") from None
-    if not all(isinstance(i, int) and not isinstance(i, bool) or hasattr(i, "__index__") for i in items):
+    if not all(not isinstance(i, bool) and (isinstance(i, int) or hasattr(i, "__index__")) for i in items):
         raise InputError(f"{name}={value!r}: every index must be an integer")
     return tuple(sorted({int(i) for i in items}))
 
