@@ -103,7 +103,7 @@ class Tracker:
                         identity=_identity(result.model.source, self.run, step), step=step, step_source=STEP_SOURCE)
         key = keys.result_key(ck, self.options)
         store.prepare(self.folder)
-        payload = {"result": result.to_dict(), "worker": "training", "threads": None, "seconds": seconds}
+        payload = {"result": result.document(), "worker": "training", "threads": None, "seconds": seconds}
         store.write_json(store.result_path(self.folder, ck, key), store.result_document(ck, key, self.options,
                                                                                          payload, device))
         self.checkpoints[step] = ck

@@ -86,7 +86,7 @@ CAPABILITIES: tuple[Capability, ...] = (
         # its selection is the analysis's, checked against each checkpoint's shapes as it is read (no request
         # type of its own yet)
         "sweep", call="qkinspect.sweep:run_sweep",
-        result="qkinspect.sweep.store:SweepFolder", read="qkinspect.sweep.store:read",
+        result="qkinspect.sweep.store:SweepResult", read="qkinspect.sweep.store:read",
         is_saved="qkinspect.sweep.store:is_saved", figures=("trajectory",),
         draw="qkinspect.report.kinds:sweep_figure", pdf="qkinspect.report.sweep.pdf:write_sweep_pdf",
         html="qkinspect.report.sweep.html:render_sweep_html", noun="a sweep folder", report_noun="sweep",
@@ -98,7 +98,7 @@ CAPABILITIES: tuple[Capability, ...] = (
               "one (it has no sweep.json)"),
     Capability(
         "twin", request="qkinspect.twin.request:check_request", call="qkinspect.twin.run:twin",
-        result="qkinspect.twin.results:Twin", read="qkinspect.twin.saved:read",
+        result="qkinspect.twin.results:TwinResult", read="qkinspect.twin.saved:read",
         is_saved="qkinspect.twin.saved:is_saved", figures=("learning", "gap", "trajectory"),
         draw="qkinspect.report.kinds:twin_figure", pdf="qkinspect.report.twin.pdf:write_twin_pdf",
         html="qkinspect.report.twin.html:render_twin_html", noun="a twin folder",
@@ -145,7 +145,7 @@ CAPABILITIES: tuple[Capability, ...] = (
               "atlas.json)"),
     Capability(
         "ladder", request="qkinspect.twin.request:check_request", call="qkinspect.twin.run:twin",
-        result="qkinspect.twin.ladder:Ladder", read="qkinspect.twin.ladder:read",
+        result="qkinspect.twin.ladder:LadderResult", read="qkinspect.twin.ladder:read",
         is_saved="qkinspect.twin.ladder:is_saved", figures=("scaling",),
         draw="qkinspect.report.kinds:ladder_figure", pdf="qkinspect.report.twin.ladder:write_ladder_pdf",
         html="qkinspect.report.twin.ladder:render_ladder_html", noun="a ladder folder", takes=("--kind", "--title"),
@@ -161,7 +161,7 @@ CAPABILITIES: tuple[Capability, ...] = (
         result="qkinspect.directions.results:DirectionsResult",
         pdf="qkinspect.report.directions.pdf:write_directions_pdf"),
     # a training run's tracked checkpoints are a sweep folder: read, drawn and reported as the sweep's
-    Capability("tracking", call="qkinspect.callback:track", result="qkinspect.sweep.store:SweepFolder"),
+    Capability("tracking", call="qkinspect.callback:track", result="qkinspect.sweep.store:SweepResult"),
     # last: its predicate holds of any .json file
     Capability(
         "analysis", request="qkinspect.analysis.request:check_request", call="qkinspect.analysis.run:analyze",

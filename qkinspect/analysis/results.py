@@ -100,13 +100,20 @@ class AnalysisResult:
         rows = self.head_rows() if by == "head" else self.layer_rows()
         return [{"model": self.model.name, **r} for r in rows]
 
-    def document(self) -> dict[str, Any]:
-        """The document `analyze -o FILE.json` and `save("x.json")` write (`to_dict`), as every result names it."""
-        return self.to_dict()
+    def notes(self) -> list[str]:
+        """What the run tells beside its warnings, asking nothing of the user (the CLI writes them on stderr as
+        notes): the heads recomputed in float64, the blocks whose q/k norms were measured unfolded."""
+        from qkinspect.metrics.heads import recompute_note
+        from qkinspect.terminal.tables import qk_norm_line
 
-    def to_dict(self) -> dict[str, Any]:
-        """The saved analysis as a JSON-ready dict: the document `qkinspect analyze -o FILE.json` writes (schema
-        qkinspect/1, "kind": "analyze"; docs/output.md), which `plot` and `report` read. NaN becomes null."""
+        p = self.processing
+        out = [recompute_note(p.recomputed_float64, len(self.heads), p.precision)] if p.recomputed_float64 else []
+        return out + ([qk_norm_line(p.qk_norm_not_folded)] if p.qk_norm_not_folded else [])
+
+    def document(self) -> dict[str, Any]:
+        """The saved analysis as a JSON-ready dict: the document `qkinspect analyze -o FILE.json` and
+        `save("x.json")` write (schema qkinspect/1, "kind": "analyze"; docs/output.md), which `plot` and `report`
+        read. NaN becomes null."""
         from qkinspect.metrics.registry import definitions
 
         return json_safe(envelope(
@@ -122,6 +129,8 @@ class AnalysisResult:
             ],
             warnings=list(self.warnings),
         ))
+
+    to_dict = document  # deprecated: its name before every result's document was `document()` (docs/notebook.md)
 
     def save(self, path: str | Path) -> Path:
         """Write the analysis to `path` (atomically) as `qkinspect analyze -o path` writes it, byte for byte, in
@@ -140,7 +149,7 @@ class AnalysisResult:
         from qkinspect.formats import save_result
         from qkinspect.terminal.analysis import default_columns, render_analysis
 
-        return save_result(path, document=self.to_dict,
+        return save_result(path, document=self.document,
                            rows=self.table_rows,
                            render=lambda console: render_analysis(console, self, columns=default_columns(self)))
 

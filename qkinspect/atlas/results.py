@@ -25,8 +25,8 @@ class AtlasRecord:
     in the whole block (`scope = "model"`: `layer` and `depth` None) or in one layer (`scope = "layer"`, at the
     layer's normalised depth); `n` the heads with a finite value; `chance` the metric's random baseline in the block
     (None where the analysis has none), `vs_chance` the median over it (the overlaps only; None for the others);
-    `path` the model as given. `to_dict()` is the record as the JSON, CSV and `to_pandas()` write it
-    (RECORD_FIELDS, in that order)."""
+    `path` the model as given. `row()` is the record as the JSON, CSV and `to_pandas()` write it
+    (RECORD_FIELDS, in that order), as every capability's records name it."""
 
     model: str
     block: str
@@ -42,8 +42,10 @@ class AtlasRecord:
     vs_chance: float | None
     path: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def row(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in RECORD_FIELDS}
+
+    to_dict = row  # deprecated: its name before the records' rows were `row()` everywhere (docs/notebook.md)
 
 
 # The records' fields, in the order the JSON, the CSV and `to_pandas()` write them.
@@ -55,7 +57,7 @@ class AtlasRelation:
     """How one weight metric relates to one behaviour score in one model and block (an atlas with behaviour, or a
     heads document among its models): Spearman's ρ over the block's heads (`scope` "all") or of ranks within
     layers ("within"), its 95 % bootstrap interval (`low`, `high`), permutation p-value and heads `n`, as
-    `qkinspect.heads` computes them (docs/heads.md, "Relations"). `to_dict()`: RELATION_FIELDS, in order."""
+    `qkinspect.heads` computes them (docs/heads.md, "Relations"). `row()`: RELATION_FIELDS, in order."""
 
     model: str
     block: str
@@ -69,8 +71,10 @@ class AtlasRelation:
     n: int
     path: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def row(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in RELATION_FIELDS}
+
+    to_dict = row  # deprecated: its name before the records' rows were `row()` everywhere (docs/notebook.md)
 
 
 RELATION_FIELDS = tuple(f.name for f in fields(AtlasRelation))
@@ -162,19 +166,25 @@ class AtlasResult(Tabular):
 
     def table_rows(self) -> list[dict[str, Any]]:
         """The CSV's rows: the tidy records, as dicts (RECORD_FIELDS)."""
-        return [r.to_dict() for r in self.records]
+        return [r.row() for r in self.records]
 
     def relation_rows(self) -> list[dict[str, Any]]:
         """The relations across models, as dicts (RELATION_FIELDS): `atlas --relations -o FILE.csv`."""
-        return [r.to_dict() for r in self.relations]
+        return [r.row() for r in self.relations]
 
     def document(self) -> dict[str, Any]:
-        """The JSON document `qkinspect atlas -o FILE.json` writes; `save(path)` writes it."""
+        """The JSON document `qkinspect atlas -o FILE.json` and `save("x.json")` write: the envelope (schema, kind
+        "atlas", tool), then the folder, options, models, facts, records, baselines, notes and failures."""
         from qkinspect.documents import envelope
 
-        return envelope("atlas", **self.to_dict())
+        return envelope("atlas", **self._body())
 
     def to_dict(self) -> dict[str, Any]:
+        """Deprecated (its name before every result's document was `document()`, docs/notebook.md): `document()`
+        without the envelope's schema, kind and tool."""
+        return self._body()
+
+    def _body(self) -> dict[str, Any]:
         out = {"folder": str(self.folder), "options": self.options, "models": list(self.models),
                "paths": [self.paths.get(m, m) for m in self.models],
                "facts": self.facts, "records": self.table_rows(), "baselines": self.baselines,

@@ -109,7 +109,7 @@ def _saved_document(path: Path) -> dict[str, Any]:
     from qkinspect.heads.saved import is_heads
 
     if not is_heads(path):
-        return {"kind": "analyze", **read_saved(path).to_dict()}
+        return {"kind": "analyze", **read_saved(path).document()}
     from qkinspect.errors import InputError
     from qkinspect.heads.saved import read
 

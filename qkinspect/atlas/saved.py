@@ -37,7 +37,7 @@ def read_atlas(folder: str | Path) -> AtlasResult:
     docs: list[tuple[dict[str, str], dict[str, Any] | None]] = []
     for e in entries:
         if e["entry"] == "saved":
-            doc = read_saved(folder / e["file"]).to_dict()
+            doc = read_saved(folder / e["file"]).document()
             if doc["heads"] and "previous_token" in doc["heads"][0]:  # a heads document's copy keeps its relations
                 from qkinspect.atlas.behaviour import saved_relations
 

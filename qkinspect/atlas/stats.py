@@ -22,7 +22,7 @@ symmetry of a cross-attention head whose query and key widths differ) are left o
 value in a block gives no records for that block.
 
 Example:
-    >>> records, facts = entry_stats("bert", qkinspect.analyze("bert", layer_form=True).to_dict())  # doctest: +SKIP
+    >>> records, facts = entry_stats("bert", qkinspect.analyze("bert", layer_form=True).document())  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def head_metrics(heads: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def entry_stats(name: str, doc: Mapping[str, Any], entry: str = "model",
                 path: str | None = None) -> tuple[list[AtlasRecord], list[dict]]:
-    """(records, facts) of one model's analysis document (`AnalysisResult.to_dict()`, a sweep result's
+    """(records, facts) of one model's analysis document (`AnalysisResult.document()`, a sweep result's
     `result`, a saved analysis): records (`AtlasRecord`s), block by block in the model's order, then metric
     by metric (per-head metrics in the analysis's order, then the layer form), the model-scope record first.
     `name` names the model in the records, `path` (default: `name`) is the model as it was given; `chance` is the

@@ -259,11 +259,8 @@ class CompositionResult(Tabular):
         render_composition(console, self)
 
     def document(self) -> dict[str, Any]:
-        """The JSON document `qkinspect composition -o FILE.json` writes (`to_dict`)."""
-        return self.to_dict()
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: schema, tool, model, processing, definitions, block pairs, records, warnings."""
+        """The JSON document `qkinspect composition -o FILE.json` and `save("x.json")` write: schema, tool, model,
+        processing, definitions, block pairs, records, read norms, warnings."""
         from qkinspect.version import __version__
 
         return {"schema": SCHEMA, "kind": "composition", "tool": {"name": "qkinspect", "version": __version__},
@@ -272,6 +269,8 @@ class CompositionResult(Tabular):
                 "read_norms": [{"block": b, "layer": layer, "kind": k, "norms": v.tolist()}
                                for (b, layer, k), v in self.read_norms.items()],
                 "warnings": list(self.warnings)}
+
+    to_dict = document  # deprecated: its name before every result's document was `document()` (docs/notebook.md)
 
 
 def _chosen(sel: tuple[int, ...] | None, n: int) -> np.ndarray:

@@ -3,7 +3,7 @@ one shape), run by Dask distributed on this machine or a cluster, written one re
 
     discover(specs, revisions)  -> [Checkpoint]      which checkpoints, and their steps   (checkpoints.py)
     run_sweep(checkpoints, options, folder, ...)     analyse, write, resume               (engine.py)
-    read_sweep(folder).rows(by="head")               the tidy table                       (store.py)
+    read_sweep(folder).rows(by="head")               the tidy table (a SweepResult)       (store.py)
 
 Needs the `sweep` extra (dask[distributed]; pyarrow for Parquet).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from qkinspect.sweep.checkpoints import Checkpoint, discover
 from qkinspect.sweep.keys import Failure
-from qkinspect.sweep.store import SweepFolder, is_sweep_folder, read_sweep
+from qkinspect.sweep.store import SweepFolder, SweepResult, is_sweep_folder, read_sweep
 
 
 def run_sweep(*args, **kwargs):
@@ -22,4 +22,5 @@ def run_sweep(*args, **kwargs):
     return run(*args, **kwargs)
 
 
-__all__ = ["Checkpoint", "Failure", "SweepFolder", "discover", "is_sweep_folder", "read_sweep", "run_sweep"]
+__all__ = ["Checkpoint", "Failure", "SweepFolder", "SweepResult", "discover", "is_sweep_folder", "read_sweep",
+           "run_sweep"]

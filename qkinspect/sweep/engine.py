@@ -76,7 +76,7 @@ class Outcome:
     failures: list[Failure] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # result files found but not trusted (computed again): why
 
-    def read(self) -> store.SweepFolder:
+    def read(self) -> store.SweepResult:
         return store.read_sweep(self.folder)
 
 

@@ -35,10 +35,11 @@ RESULTS = "results"
 
 
 @dataclass
-class SweepFolder(Tabular):
+class SweepResult(Tabular):
     """What a sweep folder holds for its last sweep: options, checkpoints in step order, the results found (by
     checkpoint identity) and the failures recorded. In a notebook it shows `qkinspect sweep`'s table, and
-    `to_pandas()` is its tidy rows per head (qkinspect.notebook)."""
+    `to_pandas()` is its tidy rows per head (qkinspect.notebook). `document()` is what `qkinspect sweep -o
+    FILE.json` and `save("x.json")` write."""
 
     PARQUET = True
 
@@ -166,7 +167,7 @@ def is_sweep_folder(spec: object) -> bool:
     return isinstance(spec, (str, Path)) and (Path(spec) / MANIFEST).is_file()
 
 
-def read_sweep(folder: Path) -> SweepFolder:
+def read_sweep(folder: Path) -> SweepResult:
     """The last sweep recorded in `folder` with the results found there.
 
     Raises:
@@ -183,9 +184,12 @@ def read_sweep(folder: Path) -> SweepFolder:
         stored = load_result(folder, ck, key, options)
         if stored is not None:
             results[ck.identity] = stored
-    return SweepFolder(folder, options, [ck for ck, _ in cks], results, failures)
+    return SweepResult(folder, options, [ck for ck, _ in cks], results, failures)
 
 # The two verbs every capability's saved module offers (qkinspect.capabilities): read one back, and whether a
 # model argument is one of its own. The names above stay, as they were published.
 read = read_sweep
 is_saved = is_sweep_folder
+
+# Deprecated: its name before results were named <Capability>Result (kept: users import it; docs/notebook.md).
+SweepFolder = SweepResult

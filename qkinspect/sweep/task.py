@@ -50,7 +50,7 @@ def analyze_checkpoint(spec: str, revision: str | None, options: dict[str, Any],
         from qkinspect.errors import InputError
 
         raise InputError(f"{spec}: the selection matched no heads")
-    doc = result.to_dict()
+    doc = result.document()
     if behaviour:
         if extend is None:
             raise ValueError("the behaviour option needs the atlas's extend (qkinspect.atlas.behaviour.join)")

@@ -120,15 +120,19 @@ class Column:
 def fit_tables(labels: Sequence[Column], values: Sequence[Column], *, width: int, sections: Sequence[int] = (),
                title: str | None = None) -> list:
     """Tables holding every column whole: the label columns, then as many value columns as fit `width`; the rest
-    go to further tables that repeat the labels. `sections`: row indices that start a new group (a rule above)."""
+    go to further tables that repeat the labels. `sections`: row indices that start a new group (a rule above).
+
+    A table of n columns prints sum(widths) + COLUMN_GAP·(n − 1) characters: a gap between columns, none after the
+    last. Counting a gap after every column, the room is `width + COLUMN_GAP`, so a table exactly `width` wide is
+    one table."""
     used = sum(c.width() for c in labels) + COLUMN_GAP * len(labels)  # each label column and the gap after it
     groups: list[list[Column]] = [[]]
-    room = width - used
+    room = width + COLUMN_GAP - used
     for col in values:
         need = col.width() + COLUMN_GAP
         if groups[-1] and need > room:
             groups.append([])
-            room = width - used
+            room = width + COLUMN_GAP - used
         groups[-1].append(col)
         room -= need
     if not labels and not values:

@@ -30,7 +30,7 @@ def render_twin(console, summary: list[dict[str, Any]], sweep: list[dict[str, An
     from rich.text import Text
 
     from qkinspect.numbers import signed_alike
-    from qkinspect.terminal.tables import COLUMN_GAP, Column, fit_tables, fmt_spec
+    from qkinspect.terminal.tables import Column, fit_tables, fmt_spec
 
     if not summary:
         console.print(Text("no run finished", style="bold"))
@@ -60,10 +60,8 @@ def render_twin(console, summary: list[dict[str, Any]], sweep: list[dict[str, An
     if summary:
         console.print(Text(said, style="dim"))
     labels = [Column("variant", cells.pop("variant"), left=True)]
-    # fit_tables counts a gap after the last column, which a table does not print: a table exactly as wide as the
-    # terminal (or one column narrower) fits whole
     for t in fit_tables(labels, [Column(k, v, left=k == "verdict") for k, v in cells.items()],
-                        width=console.width + COLUMN_GAP):
+                        width=console.width):
         console.print(t)
     _render_moving_and_bits(console, summary)
     if sweep:  # wrapped at the console's width
@@ -131,7 +129,7 @@ def _render_moving_and_bits(console, summary: list[dict[str, Any]]) -> None:
     from rich.text import Text
 
     from qkinspect.numbers import signed_alike
-    from qkinspect.terminal.tables import COLUMN_GAP, Column, fit_tables, fmt_spec
+    from qkinspect.terminal.tables import Column, fit_tables, fmt_spec
 
     moving = any(r.get("slope") is not None for r in summary)
     bits = any(r.get("val_bpb") is not None for r in summary)
@@ -154,5 +152,5 @@ def _render_moving_and_bits(console, summary: list[dict[str, Any]]) -> None:
                     "over seeds)")
     console.print(Text("; ".join(said), style="dim"))
     labels = [Column("variant", [r["variant"] for r in summary], left=True)]
-    for t in fit_tables(labels, [Column(k, v) for k, v in cells.items()], width=console.width + COLUMN_GAP):
+    for t in fit_tables(labels, [Column(k, v) for k, v in cells.items()], width=console.width):
         console.print(t)

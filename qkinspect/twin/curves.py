@@ -20,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from qkinspect.errors import InputError
-from qkinspect.twin.results import Twin
+from qkinspect.twin.results import TwinResult
 from qkinspect.twin.summary import compare
 
 
@@ -48,18 +48,18 @@ class GapPoint:
     ci_high: float | None
 
 
-def chosen(twin: Twin) -> dict[str, tuple[float, int]]:
+def chosen(twin: TwinResult) -> dict[str, tuple[float, int]]:
     """variant -> (its chosen learning rate, how many seeds its summary counts), in the summary's order."""
     return {s.variant: (s.lr, twin.setup.get("plan", {}).get("seeds", s.seeds)) for s in twin.summaries}
 
 
-def margin(twin: Twin) -> float | None:
+def margin(twin: TwinResult) -> float | None:
     """The two one-sided tests' margin in nats (the plan's), None where the folder does not say."""
     m = twin.setup.get("plan", {}).get("margin")
     return float(m) if isinstance(m, (int, float)) else None
 
 
-def _losses(twin: Twin) -> dict[str, dict[int, dict[int, float]]]:
+def _losses(twin: TwinResult) -> dict[str, dict[int, dict[int, float]]]:
     """variant -> step -> seed -> held-out loss, at the chosen rate and counted seeds."""
     keep = chosen(twin)
     out: dict = defaultdict(lambda: defaultdict(dict))
@@ -73,7 +73,7 @@ def _mean_sd(values: list[float]) -> tuple[float, float | None]:
     return statistics.fmean(values), seed_sd(values)
 
 
-def learning_curves(twin: Twin) -> list[CurvePoint]:
+def learning_curves(twin: TwinResult) -> list[CurvePoint]:
     """Held-out loss per (variant, step): mean and s.d. over the seeds, where every seed was evaluated."""
     out = []
     for variant, steps in _losses(twin).items():
@@ -85,7 +85,7 @@ def learning_curves(twin: Twin) -> list[CurvePoint]:
     return out
 
 
-def gap_curves(twin: Twin) -> list[GapPoint]:
+def gap_curves(twin: TwinResult) -> list[GapPoint]:
     """variant − standard per (variant, step), paired by seed over the seeds both evaluated at that step."""
     losses = _losses(twin)
     std = losses.get("standard", {})
@@ -102,12 +102,12 @@ def gap_curves(twin: Twin) -> list[GapPoint]:
     return out
 
 
-def tracked_metrics(twin: Twin) -> list[str]:
+def tracked_metrics(twin: TwinResult) -> list[str]:
     """The metrics the runs tracked (`--track-every`), in the order first met."""
     return list(dict.fromkeys(t.metric for t in twin.trajectories))
 
 
-def trajectory_curves(twin: Twin, metric: str) -> list[CurvePoint]:
+def trajectory_curves(twin: TwinResult, metric: str) -> list[CurvePoint]:
     """`metric` per (variant, layer, step): each seed's median over the layer's heads, then mean and s.d. over
     the seeds that have it. InputError where the runs did not track it."""
     have = tracked_metrics(twin)

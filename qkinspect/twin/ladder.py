@@ -189,13 +189,13 @@ LADDER_ROW_KINDS = ("summary", "scaling", "runs", "trajectories", "lr")
 
 
 @dataclass(frozen=True)
-class Ladder(Tabular):
+class LadderResult(Tabular):
     """A ladder folder read back: each rung's twin (`twins`, in the ladder's order, with `rungs`), the per-rung
     records (`summaries`) and a scaling fit per constrained variant (`fits`, qkinspect.twin.scaling.ScalingFit)."""
 
     folder: Path
     rungs: tuple[Rung, ...]
-    twins: tuple[Any, ...]  # Twin, one per rung
+    twins: tuple[Any, ...]  # TwinResult, one per rung
     summaries: tuple[ShapeSummary, ...]
     fits: tuple[Any, ...]  # ScalingFit
     tokens_per_param: float | None
@@ -229,19 +229,18 @@ class Ladder(Tabular):
         raise InputError(f"kind={kind!r}: expected one of {', '.join(LADDER_ROW_KINDS)}")
 
     def document(self) -> dict[str, Any]:
-        """The document `-o FILE.json` and `save("x.json")` write (`to_dict`)."""
-        return self.to_dict()
-
-    def to_dict(self) -> dict[str, Any]:
+        """The document `-o FILE.json` and `save("x.json")` write (schema qkinspect/1, kind twin-ladder)."""
         return json_safe(envelope("twin-ladder", folder=str(self.folder), tokens_per_param=self.tokens_per_param,
                                   shapes=[asdict(r) | {"name": r.name} for r in self.rungs],
                                   summary=self.rows("summary"), scaling=self.rows("scaling"),
-                                  twins={r.name: t.to_dict() for r, t in zip(self.rungs, self.twins, strict=True)},
+                                  twins={r.name: t.document() for r, t in zip(self.rungs, self.twins, strict=True)},
                                   notes=list(self.notes)))
+
+    to_dict = document  # deprecated: its name before every result's document was `document()` (docs/notebook.md)
 
     def save(self, path: str | Path, rows: str = "summary") -> Path:
         """Write the ladder to `path` as `qkinspect twin --shapes ... -o path --rows ROWS` writes it, in the format the
-        extension names (qkinspect.formats): `.json` `to_dict()`, `.csv`, `.ndjson` and `.parquet` the rows of kind
+        extension names (qkinspect.formats): `.json` `document()`, `.csv`, `.ndjson` and `.parquet` the rows of kind
         `rows`, `.txt` the table. Returns the path."""
         from qkinspect.twin.results import save_rows
 
@@ -286,7 +285,7 @@ def write_manifest(folder: Path, rungs: Sequence[Rung], tokens_per_param: float 
                                            "shapes": [known[k] for k in order]}))
 
 
-def read_ladder(folder: str | Path) -> Ladder:
+def read_ladder(folder: str | Path) -> LadderResult:
     """A ladder folder's rungs read back, checked (each rung's twin folder by `read_twin`), with the per-rung
     records and the scaling fits."""
     from qkinspect.twin.saved import read_twin
@@ -319,7 +318,7 @@ def read_ladder(folder: str | Path) -> Ladder:
     tpp = doc.get("tokens_per_param")
     if tpp is not None and (isinstance(tpp, bool) or not isinstance(tpp, (int, float)) or not math.isfinite(tpp)):
         raise InputError(f"{where}: tokens_per_param: expected a number or null")
-    return Ladder(folder, tuple(rungs), tuple(twins), tuple(summaries), fits, tpp, tuple(dict.fromkeys(notes)))
+    return LadderResult(folder, tuple(rungs), tuple(twins), tuple(summaries), fits, tpp, tuple(dict.fromkeys(notes)))
 
 
 def shape_summaries(rung: Rung, twin) -> list[ShapeSummary]:
@@ -385,7 +384,7 @@ def _rung(s: Any, where: Path) -> Rung:
 
 
 def run_ladder(out: Path, rungs: Sequence[Rung], tokens_per_param: float | None, options: dict[str, Any],
-               progress, names: Names, train, notice=None) -> Ladder:
+               progress, names: Names, train, notice=None) -> LadderResult:
     """Every rung's request checked, then the manifest written and each rung's twin trained into its folder by
     `train` (qkinspect.twin.run.twin, passed in so that the two modules read one way), in turn (`options`: the twin's
     other arguments); the ladder read back. `progress` (qkinspect.progress) is each
@@ -412,3 +411,5 @@ _REQUEST = ("variants", "match_params", "arch", "context", "config", "text", "to
 # model argument is one of its own. The names above stay, as they were published.
 read = read_ladder
 is_saved = is_ladder_folder
+
+Ladder = LadderResult  # its name before results were named <Capability>Result (kept: users import it)

@@ -7,8 +7,8 @@
 - `VariantSummary` (kind "summary"): a variant at its chosen learning rate over the seeds (qkinspect.twin.summary).
 - `LrTrial` (kind "lr"): seed 0's final held-out loss at each learning rate tried, and which was chosen.
 - `TwinRun`: one finished run (its constraint check, timing, checkpoint); `Failure`: a run that raised.
-`Twin` holds them all with the setup (text, tokenizer, model config, evaluation windows) and is what `qkinspect.twin`
-returns and `qkinspect.twin.saved.read_twin` reads back from the folder.
+`TwinResult` holds them all with the setup (text, tokenizer, model config, evaluation windows) and is what
+`qkinspect.twin` returns and `qkinspect.twin.saved.read` reads back from the folder.
 """
 
 from __future__ import annotations
@@ -147,22 +147,20 @@ class TwinResult(Tabular):
         return [asdict(r) for r in chosen]
 
     def document(self) -> dict[str, Any]:
-        """The document `-o FILE.json` and `save("x.json")` write (`to_dict`)."""
-        return self.to_dict()
-
-    def to_dict(self) -> dict[str, Any]:
-        """The document `-o FILE.json` writes (schema qkinspect/1, kind twin)."""
+        """The document `-o FILE.json` and `save("x.json")` write (schema qkinspect/1, kind twin)."""
         return json_safe(envelope(KIND, folder=str(self.folder), setup=self.setup,
                                   runs=[asdict(r) for r in self.runs], points=self.rows("runs"),
                                   trajectories=self.rows("trajectories"), summary=self.rows("summary"),
                                   lr_sweep=self.rows("lr"), failures=[asdict(f) for f in self.failures],
                                   notes=list(self.notes)))
 
+    to_dict = document  # deprecated: its name before every result's document was `document()` (docs/notebook.md)
+
     PARQUET = True
 
     def save(self, path: str | Path, rows: str = "runs") -> Path:
         """Write the twin to `path` (atomically) as `qkinspect twin -o path --rows ROWS` writes it, in the format the
-        extension names: `.json` `to_dict()`, `.csv`, `.ndjson`/`.jsonl` and `.parquet` (needs pyarrow) the rows of
+        extension names: `.json` `document()`, `.csv`, `.ndjson`/`.jsonl` and `.parquet` (needs pyarrow) the rows of
         kind `rows` (runs, trajectories, summary or lr), `.txt` the table. Returns the path.
 
         Raises:
@@ -207,12 +205,12 @@ class TwinResult(Tabular):
 
 
 def save_rows(result: Any, path: str | Path, rows: str) -> Path:
-    """`result.save(path, rows)` for the twin's results (Twin, and the ladder's Ladder): the format the extension
-    names, the rows of kind `rows` (refused before anything is written where unknown)."""
+    """`result.save(path, rows)` for the twin's results (TwinResult, and the ladder's LadderResult): the format the
+    extension names, the rows of kind `rows` (refused before anything is written where unknown)."""
     from qkinspect.formats import save_result
 
     result.rows(rows)
-    return save_result(path, document=result.to_dict, rows=lambda: result.rows(rows), render=result.render_table,
+    return save_result(path, document=result.document, rows=lambda: result.rows(rows), render=result.render_table,
                        parquet=lambda: result.rows(rows))
 
 

@@ -36,12 +36,12 @@ from qkinspect.twin.folder import (
     write_json,
     write_tokens,
 )
-from qkinspect.twin.request import LIBRARY_NAMES, Request, check_request
-from qkinspect.twin.results import Twin
+from qkinspect.twin.request import LIBRARY_NAMES, TwinRequest, check_request
+from qkinspect.twin.results import TwinResult
 from qkinspect.twin.saved import done
 
 if TYPE_CHECKING:
-    from qkinspect.twin.ladder import Ladder
+    from qkinspect.twin.ladder import LadderResult
 
 
 def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk", match_params: bool = False,
@@ -54,7 +54,7 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
          shapes: str | Sequence[str] | None = None, head_size: int | None = None,
          tokens_per_param: float | None = None, stack: int | None = None, precision: str = "float32",
          compile: bool = False, progress: Any = None, notice: Callable[[str], None] | None = None,
-         names: Names = LIBRARY_NAMES) -> Twin | Ladder:
+         names: Names = LIBRARY_NAMES) -> TwinResult | LadderResult:
     """Train the twins into the folder `out` (resumable) and return every run's records there.
 
     Args:
@@ -69,7 +69,7 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
             defaults to 4, or to d_model / `head_size` where a head size or `shapes` is given.
         shapes: a ladder, "2x64,4x128,6x192" (layers x d_model; the head size kept, `head_size` default 32, or
             `heads` for every shape): one folder for every shape's twin (qkinspect.twin.ladder), and a
-            `Ladder` returned. One shape is today's twin (its folder and records).
+            `LadderResult` returned. One shape is today's twin (its folder and records).
         tokens_per_param: set each shape's steps so that its training tokens are about this many times its
             non-embedding parameters (instead of `steps`, default 2000, which applies to every shape).
         text: a UTF-8 file or a folder of .txt files (None: Python's pydoc_data.topics, a demo);
@@ -97,7 +97,7 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
         names: how errors name the options (the CLI passes `request.CLI_NAMES`).
 
     Returns:
-        Twin: the records of every run in the folder for this request (a `Ladder` for several shapes).
+        TwinResult: the records of every run in the folder for this request (a `LadderResult` for several shapes).
 
     Raises:
         InputError: a bad option, unreadable text, a folder holding anything but twins of this setup.
@@ -171,7 +171,7 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
     return read_twin(req.out)
 
 
-def prepare(req: Request, names: Names) -> tuple[dict[str, Any], dict[str, Any]]:
+def prepare(req: TwinRequest, names: Names) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read and tokenize the text, write the token streams and the manifest (refusing a folder of another setup);
     returns the runs' spec and the manifest."""
     from qkinspect.twin.data import Tokenizer, check_lengths, eval_starts, read_corpus, tokenize
@@ -220,7 +220,7 @@ def prepare(req: Request, names: Names) -> tuple[dict[str, Any], dict[str, Any]]
     return spec, manifest
 
 
-def execute(req: Request, spec: dict[str, Any], key: str, plan: list[tuple[str, int, float]],
+def execute(req: TwinRequest, spec: dict[str, Any], key: str, plan: list[tuple[str, int, float]],
             failures: list[dict[str, Any]], say: Callable[[str], None], progress: Any = None, phase: str = "twins",
             names: Names = LIBRARY_NAMES) -> None:
     """Run the plan's runs not in the folder yet, writing each as it arrives; failures recorded. `progress` (a
@@ -267,7 +267,7 @@ def execute(req: Request, spec: dict[str, Any], key: str, plan: list[tuple[str, 
     _on_dask(req, spec, todo, folder, finished, say, names)
 
 
-def _on_dask(req: Request, spec, todo, folder: str, finished, say, names: Names) -> None:
+def _on_dask(req: TwinRequest, spec, todo, folder: str, finished, say, names: Names) -> None:
     import uuid
 
     from distributed import as_completed
@@ -293,7 +293,7 @@ def _on_dask(req: Request, spec, todo, folder: str, finished, say, names: Names)
                 fut.release()
 
 
-def _stacks(req: Request, spec: dict[str, Any], todo, say) -> list[list[tuple[str, int, float]]] | None:
+def _stacks(req: TwinRequest, spec: dict[str, Any], todo, say) -> list[list[tuple[str, int, float]]] | None:
     """The runs to do as stacks (qkinspect.twin.stacked), or None where each runs alone (`stack` 1 in float32, or
     a config the batched model does not reproduce)."""
     if req.stack == 1 and req.precision == "float32" and not req.compile:
@@ -318,7 +318,7 @@ def _stacks(req: Request, spec: dict[str, Any], todo, say) -> list[list[tuple[st
     return plan_stacks(todo, req.stack, largest)
 
 
-def _stacked(req: Request, spec, stacks, folder: str, finished, say, names: Names) -> None:
+def _stacked(req: TwinRequest, spec, stacks, folder: str, finished, say, names: Names) -> None:
     """Each stack one task (in this process with 0 workers, else on the sweep engine); its runs' files written
     as it returns (a stack that fails records each of its runs as failed)."""
     from qkinspect.twin.stacked import run_stack

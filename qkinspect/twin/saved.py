@@ -22,7 +22,7 @@ from qkinspect.twin.results import (
     LrTrial,
     RunPoint,
     TrajectoryPoint,
-    Twin,
+    TwinResult,
     TwinRun,
     VariantSummary,
 )
@@ -34,7 +34,7 @@ MAX_TEXT = 10_000  # characters of a name, metric, error or note
 __all__ = ["is_saved", "is_twin_folder", "read", "read_twin"]
 
 
-def read_twin(folder: str | Path) -> Twin:
+def read_twin(folder: str | Path) -> TwinResult:
     """The records of every run in the twin folder `folder`, with the per-variant summary of its plan."""
     folder = Path(folder)
     manifest = read_manifest(folder)
@@ -93,8 +93,8 @@ def read_twin(folder: str | Path) -> Twin:
         runs = [replace(r, val_bpb=r.val_loss * bpb) for r in runs]
     summaries = _summaries(runs, points, variants, seeds, chosen, setup["plan"]["margin"], bpb)
     setup = {**setup, "statistics": statistics_said(summaries)}
-    return Twin(folder, setup, tuple(runs), tuple(points), tuple(trajectories), summaries, sweep, tuple(failures),
-                tuple(notes))
+    return TwinResult(folder, setup, tuple(runs), tuple(points), tuple(trajectories), summaries, sweep,
+                      tuple(failures), tuple(notes))
 
 
 def check_run(c: Checker, doc: Any) -> tuple[TwinRun, list[RunPoint], list[TrajectoryPoint]]:

@@ -202,7 +202,7 @@ def test_the_library_reads_what_the_cli_wrote(built, zoo):
 
     out, r = built
     atlas = qkinspect.read_atlas(out)
-    assert [x.to_dict() for x in atlas.records] == json.loads(r.stdout)["records"]
+    assert [x.row() for x in atlas.records] == json.loads(r.stdout)["records"]
     df = atlas.to_pandas()
     assert list(df.columns) == ["model", "block", "metric", "scope", "layer", "depth", "median", "q1", "q3", "n",
                                 "chance", "vs_chance", "path"]
@@ -232,7 +232,7 @@ def test_relative_paths_read_from_another_folder(cluster, zoo, cli, tmp_path, mo
     assert r.exit_code == 0, r.stderr
     import qkinspect
 
-    assert [x.to_dict() for x in qkinspect.read_atlas("work/out").records] == doc["records"]
+    assert [x.row() for x in qkinspect.read_atlas("work/out").records] == doc["records"]
 
 
 def test_records_as_parquet_csv_and_ndjson(built, zoo, cli, tmp_path):
@@ -272,7 +272,7 @@ def test_a_saved_analysis_is_an_entry_with_nothing_recomputed(cluster, zoo, cli,
     from qkinspect.atlas.stats import entry_stats
 
     expected, _ = entry_stats(doc["models"][0], json.loads(saved.read_text()), "saved", path=str(saved))
-    assert [x for x in doc["records"] if x["path"] == str(saved)] == [x.to_dict() for x in expected]
+    assert [x for x in doc["records"] if x["path"] == str(saved)] == [x.row() for x in expected]
     assert {f["entry"] for f in doc["facts"] if f["path"] == str(saved)} == {"saved"}
     assert not [x for x in doc["records"] if x["path"] == str(bare) and x["metric"] == "symmetry_layer"]
     saved.unlink()  # the atlas keeps its own copy: the folder alone draws it

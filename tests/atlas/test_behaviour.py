@@ -152,7 +152,7 @@ def test_without_the_option_the_atlas_is_as_it_was(models, tmp_path):
 
     build_atlas([str(models["llama"])], out=tmp_path / "out", workers=1)
     atlas = qkinspect.read_atlas(tmp_path / "out")
-    assert "relations" not in atlas.to_dict() and "behaviour" not in atlas.options
+    assert "relations" not in atlas.document() and "behaviour" not in atlas.options
     assert not {"previous_token", "induction", "self"} & set(atlas.metrics)
     manifest = json.loads((tmp_path / "out" / "models" / "sweep.json").read_text())
     assert set(manifest["options"]) == set(OPTION_NAMES)

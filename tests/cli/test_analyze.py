@@ -19,7 +19,7 @@ def _json(r):
 
 def test_json_matches_the_library_and_schema(cli, tiny_bert):
     d = validate(_json(cli("analyze", tiny_bert, "--format", "json")))
-    lib = qkinspect.analyze(str(tiny_bert)).to_dict()
+    lib = qkinspect.analyze(str(tiny_bert)).document()
     assert (d["schema"], d["kind"]) == ("qkinspect/1", "analyze")
     assert d["heads"] == lib["heads"] and d["layers"] == lib["layers"] and d["baselines"] == lib["baselines"]
     assert [(h["layer"], h["head"]) for h in d["heads"]] == [(i, h) for i in range(2) for h in range(4)]

@@ -81,7 +81,7 @@ def test_default_run_records_everything(minilm):
     sv = r.spectra[("encoder", 0, 3)]["qk"]
     assert sv.shape == (32,) and np.all(np.diff(sv) <= 0)
     assert set(r.spectra[("encoder", 0, 3)]) == {"qk"}  # no eigenvalue metric ran, so no eigenvalues came along
-    doc = json.loads(json.dumps(r.to_dict()))
+    doc = json.loads(json.dumps(r.document()))
     assert doc["definitions"]["symmetry"]["gauge_invariant"] == "yes" and len(doc["heads"]) == 24
     assert r.to_pandas().shape[0] == 24
     assert list(r.to_pandas("layer")["layer"]) == [0, 5]
@@ -229,6 +229,8 @@ def test_library_selections_take_what_the_cli_takes(minilm):
     ({"layers": "0-x"}, "layers='0-x': '0-x' is not an index"),
     ({"heads": "3-1"}, "heads='3-1': '3-1' is not a valid range"),
     ({"layers": ["a"]}, "layers=['a']: every index must be an integer"),
+    ({"layers": [True]}, "layers=[True]: every index must be an integer"),
+    ({"heads": [0, False]}, "heads=[0, False]: every index must be an integer"),
     ({"layers": 9}, "layers=9 is out of range"),
 ])
 def test_library_errors_name_the_argument(minilm, kwargs, message):

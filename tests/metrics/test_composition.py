@@ -222,12 +222,12 @@ def test_saved_document_reads_back(tmp_path):
     m = llama_model()
     r = qkinspect.composition(m)
     path = tmp_path / "c.json"
-    path.write_text(json.dumps(r.to_dict()))
+    path.write_text(json.dumps(r.document()))
     back = read_composition(path)
     assert back.scores.keys() == r.scores.keys()
     for k in r.scores:
         np.testing.assert_array_equal(back.scores[k], r.scores[k])
-    doc = r.to_dict()
+    doc = r.document()
     doc["records"][0]["from_head"] = -1
     path.write_text(json.dumps(doc))
     with pytest.raises(qkinspect.QkinspectError, match="not a valid composition document"):

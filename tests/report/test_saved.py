@@ -149,7 +149,7 @@ def test_unreadable_oversized_and_broken_files(cli, tmp_path, monkeypatch):
 
 
 def test_the_library_saves_what_analyze_writes_and_plot_reads(saved, cli, tmp_path):
-    """AnalysisResult.save writes the CLI's `analyze -o run.json` byte for byte; to_dict() is that document
+    """AnalysisResult.save writes the CLI's `analyze -o run.json` byte for byte; document() is that document
     (json.dump of it is a saved analysis too: it was refused, lacking "kind"); plot and report draw both."""
     from pypdf import PdfReader
 
@@ -157,8 +157,8 @@ def test_the_library_saves_what_analyze_writes_and_plot_reads(saved, cli, tmp_pa
     mine = live.save(tmp_path / "lib.json")
     assert mine == tmp_path / "lib.json" and mine.read_bytes() == cli_file.read_bytes()
     dumped = tmp_path / "dumped.json"
-    dumped.write_text(json.dumps(live.to_dict()))
-    assert live.to_dict()["kind"] == "analyze" and json.loads(cli_file.read_text()) == live.to_dict()
+    dumped.write_text(json.dumps(live.document()))
+    assert live.document()["kind"] == "analyze" and json.loads(cli_file.read_text()) == live.document()
     for path in (mine, dumped):
         png = tmp_path / f"{path.stem}.png"
         r = cli("plot", path, "--kind", "overlap", "-o", png)

@@ -90,17 +90,18 @@ def test_experiment_and_trajectory_figures(tmp_path):
 @pytest.mark.parametrize("which", [1, 2])
 def test_every_pdf_page_keeps_its_text_inside(long_results, monkeypatch, which):
     """Each page the report writes (text pages and figure pages) is checked as the PDF backend receives it."""
+    from matplotlib.backends import backend_pdf
+
     import qkinspect.report.analysis.pdf as pdf_mod
 
-    real = pdf_mod.PdfPages
     bad: list[tuple[int, list[str]]] = []
 
-    class Checked(real):
+    class Checked(backend_pdf.PdfPages):
         def savefig(self, figure=None, **kw):
             bad.append((self.get_pagecount() + 1, texts_outside(figure)))
             return super().savefig(figure, **kw)
 
-    monkeypatch.setattr(pdf_mod, "PdfPages", Checked)
+    monkeypatch.setattr(backend_pdf, "PdfPages", Checked)  # report_pdf (report/pages.py) imports it as it writes
     n = pdf_mod.write_pdf(long_results[which], io.BytesIO())
     assert len(bad) == n > 5
     assert [b for b in bad if b[1]] == []
@@ -126,7 +127,7 @@ def test_plot_and_report_take_a_title(cli, llama_path, tmp_path):
 def _sweep(long: str):
     """A sweep folder's contents, built in memory: three checkpoints with long names of a synthetic model."""
     from qkinspect.sweep.checkpoints import Checkpoint
-    from qkinspect.sweep.store import SweepFolder
+    from qkinspect.sweep.store import SweepResult
 
     cks = [Checkpoint(f"{long}/checkpoint-{s}", None, f"{long}/checkpoint-{s}", f"id{s}", s, "name")
            for s in (100, 200, 300)]
@@ -136,7 +137,7 @@ def _sweep(long: str):
         results[ck.identity] = {"result": {"heads": r.head_rows(), "layers": r.layer_rows(),
                                            "baselines": [{"block": b.block, "metric": b.metric, "mean": b.mean,
                                                           "std": b.std} for b in r.baselines]}}
-    return SweepFolder(__import__("pathlib").Path(long), {"metrics": "default"}, cks, results)
+    return SweepResult(__import__("pathlib").Path(long), {"metrics": "default"}, cks, results)
 
 
 def test_every_sweep_report_page_keeps_its_text_inside(monkeypatch):

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from qkinspect.cli.commands.sweep import sweep_document
-from qkinspect.sweep.store import SweepFolder
+from qkinspect.sweep.store import SweepResult
 
 METRICS = ("symmetry", "directionality", "qk_effective_rank", "qk_stable_rank", "overlap_qk", "overlap_qv",
            "overlap_kv", "ov_copying")
@@ -26,7 +26,7 @@ class FakeFolder:
     def rows(self, by="head"):
         return self._rows
 
-    document = SweepFolder.document  # the folder's own document, over these rows
+    document = SweepResult.document  # the folder's own document, over these rows
 
 
 def head_rows(names, layers=2, heads=3):

@@ -41,7 +41,7 @@ def test_bits_per_byte_is_nats_per_token_times_tokens_per_byte(tmp_path, tokeniz
         assert r.val_bpb == pytest.approx(r.val_loss * factor, rel=1e-12)
     std, tied = result.summaries
     assert std.val_bpb == pytest.approx(std.val_loss * factor) and tied.diff_bpb == pytest.approx(tied.diff * factor)
-    doc = result.to_dict()
+    doc = result.document()
     assert doc["summary"][1]["diff_bpb"] == pytest.approx(tied.diff * factor)
     assert "val_bpb" in doc["points"][0] and "bits_per_byte" in doc["setup"]["statistics"]
 

@@ -108,7 +108,7 @@ def test_the_records_state_the_start_and_the_schedule(tmp_path, small_text):
                                                              "rank:2": "nearest"}
     doc = json.loads(next((tmp_path / "runs").glob("share_qk-*.json")).read_text())
     assert doc["run"]["init"] == "draw"
-    assert result.to_dict()["setup"]["training"]["schedule"] == "constant"
+    assert result.document()["setup"]["training"]["schedule"] == "constant"
     # another start is another setup: the folder is refused, not mixed
     with pytest.raises(Exception, match="another setup"):
         twin_run.twin(tmp_path, text=small_text, variants="share_qk", steps=4, seeds=1, lr=1e-2, init="nearest",

@@ -123,7 +123,7 @@ def test_a_ladder_folder_holds_every_shape_and_reads_back(tmp_path, small_text):
     again = read_ladder(tmp_path / "lad")
     assert again.rows("summary") == rows and again.rows("scaling") == lad.rows("scaling")
     assert {r["shape"] for r in lad.rows("runs")} == {"1x16", "2x16"}
-    assert lad.to_dict()["kind"] == "twin-ladder"
+    assert lad.document()["kind"] == "twin-ladder"
 
 
 @pytest.fixture(scope="module")

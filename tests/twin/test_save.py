@@ -20,7 +20,7 @@ def twin(tmp_path_factory, small_text):
 
 @pytest.mark.parametrize("rows", ["runs", "summary"])
 def test_twin_saves_what_o_writes_in_every_format(twin, tmp_path, rows):
-    doc = Document(json=twin.to_dict(), rows=twin.rows(rows), render=twin.render_table)  # as `twin -o` builds it
+    doc = Document(json=twin.document(), rows=twin.rows(rows), render=twin.render_table)  # as `twin -o` builds it
     assert_saves_what_o_writes(twin, doc, tmp_path, parquet=True, save=lambda p: twin.save(p, rows=rows))
 
 

@@ -151,7 +151,7 @@ def composition_document(result, top: int = 10, *, json: bool = True) -> Documen
     later head, kind), made as they are written; table: the `top` strongest pairs per kind."""
     from qkinspect.terminal.composition import render_composition
 
-    return Document(json=result.to_dict() if json else {}, rows=_Rows(result),  # type: ignore[arg-type]
+    return Document(json=result.document() if json else {}, rows=_Rows(result),  # type: ignore[arg-type]
                     render=lambda console: render_composition(console, result, top))
 
 

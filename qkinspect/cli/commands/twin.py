@@ -180,7 +180,7 @@ def register(app: typer.Typer) -> None:
         except KeyboardInterrupt:
             note(f"stopped; the runs done are kept in {out}: run the same command to resume")
             raise
-        doc = Document(json=result.to_dict(), rows=result.rows(rows.value), render=result.render_table)
+        doc = Document(json=result.document(), rows=result.rows(rows.value), render=result.render_table)
         if not doc.rows and rows is Rows.trajectories and (parquet or output is not None or fmt is not None):
             note("twin: no trajectories to write: the runs were not tracked (--track-every N)")
         if parquet:
