@@ -12,13 +12,12 @@ character-sized vocabulary of 85), one torch thread:
 
   (c) with --stacking STEPS: 3 variants (standard, share_qk, symmetric) x 3 seeds of a 2 x 64 llama twin (2 heads,
       context 64, batch 12, characters of the demo text, float32), trained through `qkinspect.twin` one way after
-      another in this run: stacked (the default: the runs shared among a local cluster of 2, one stack each)
-      against `--stack 1 --workers 2` (one run a task on a local cluster of 2): the issue's target, wall time;
-      then in this process one stack of 9 (`--workers 0`) against one run after another (`--stack 1 --workers
-      0`); with --stacking-options compile,bf16,threads2 also one stack of 9 in this process compiled, under
-      bfloat16 autocast, or on 2 torch threads. Each way's wall time, a run's median step, and how far its
-      held-out losses lie from the runs' one at a time in this process (the largest difference, nats)
-      (docs/twin.md, "Stacked training").
+      another in this run: stacked (the default on the CPU: one stack of 9 in this process) against `--stack 1
+      --workers 2` (one run a task on a local cluster of 2): the issue's target, wall time; then two stacks on a
+      local cluster of 2 (`--workers 2`) and the 9 runs one after another here (`--stack 1 --workers 0`); with
+      --stacking-options compile,bf16,threads2 also the default stack compiled, under bfloat16 autocast, or on 2
+      torch threads. Each way's wall time, a run's median step, and how far its held-out losses lie from the
+      runs' one at a time in this process (the largest difference, nats) (docs/twin.md, "Stacked training").
 
 Usage:
   python bench/twin.py [--arch llama|gpt2] [--layers 4] [--d-model 128] [--heads 4] [--context 64] [--batch 12]
@@ -66,9 +65,9 @@ def stacking(steps: int, options: list[str], target: bool = False) -> dict:
     kw = dict(variants="share_qk,symmetric", seeds=3, layers=2, d_model=64, heads=2, context=64, batch=12,
               steps=steps, eval_windows=64, threads=1)
     arms = {"stacked": {}, "stack 1, workers 2": {"stack": 1, "workers": 2},
-            "stacked, workers 0": {"workers": 0}, "stack 1, workers 0": {"stack": 1, "workers": 0}}
+            "stacked, workers 2": {"workers": 2}, "stack 1, workers 0": {"stack": 1, "workers": 0}}
     extra = {"compile": {"compile": True}, "bf16": {"precision": "bf16"}, "threads2": {"threads": 2}}
-    arms.update({f"stacked, workers 0, {o}": {"workers": 0, **extra[o]} for o in options})
+    arms.update({f"stacked, {o}": extra[o] for o in options})
     if target:
         arms = {k: v for k, v in arms.items() if k in ("stacked", "stack 1, workers 2", "stack 1, workers 0")}
     out, losses, compiled = {}, {}, {}
@@ -94,8 +93,8 @@ def stacking(steps: int, options: list[str], target: bool = False) -> dict:
     here = out["stack 1, workers 0"]["wall"]
     print(f"  compiled: {', '.join(f'{k}: {v}' for k, v in compiled.items())}")
     for name in out:
-        if name.startswith("stacked, workers 0"):
-            print(f"  in this process, {name}: {here / out[name]['wall']:.2f}x faster than 9 runs one after another")
+        if name.startswith("stacked"):
+            print(f"  {name}: {here / out[name]['wall']:.2f}x faster than --stack 1 --workers 0")
     return out
 
 

@@ -330,3 +330,24 @@ def test_a_compiled_stack_keeps_the_single_runs_records(tmp_path):
     assert a.keys() == b.keys() and max(abs(a[k] - b[k]) for k in a) < 1e-3
     for path in (tmp_path / "many" / "runs").iterdir():
         assert json.loads(path.read_text())["run"]["stack"] == {"runs": 3, "precision": "float32", "compile": True}
+
+
+def test_by_default_on_the_cpu_the_stacks_train_in_this_process(tmp_path, monkeypatch):
+    """No --workers, --stack or --scheduler on the CPU: each kind's runs one stack, trained here (two kinds, two
+    stacks, no local cluster); --workers 2 still shares them among a local cluster."""
+    import qkinspect.twin.cluster as cluster
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a local cluster was started")
+
+    monkeypatch.setattr(cluster, "twin_cluster", no_cluster)
+    text = text_file(tmp_path / "t.txt", 3000)
+    kw = dict(text=text, variants="share_qk,bilinear", layers=1, d_model=16, heads=2, context=8, batch=4,
+              eval_windows=6, seeds=2, steps=2)
+    lines: list[str] = []
+    result = qkinspect.twin(tmp_path / "here", notice=lines.append, **kw)
+    assert len(result.runs) == 6 and not result.failures
+    assert [line.split(" runs started")[0] for line in lines if " runs started" in line] == \
+        ["stack 1/2 of 4", "stack 2/2 of 2"]
+    with pytest.raises(AssertionError, match="local cluster"):
+        qkinspect.twin(tmp_path / "cluster", workers=2, **kw)
