@@ -13,7 +13,7 @@ from qkinspect.cli.engine_options import (
     SchedulerOpt,
     ThreadsOpt,
     WorkersOpt,
-    check_engine_options,
+    engine_format,
     write_table,
 )
 from qkinspect.cli.options import (
@@ -69,20 +69,23 @@ def register(app: typer.Typer) -> None:
         Example (Pythia's published steps): qkinspect sweep EleutherAI/pythia-160m --revisions step1000,step2000
         --out pythia/ --scheduler tcp://head-node:8786 -o pythia.csv
         """
-        from qkinspect.sweep import discover, run_sweep
+        from qkinspect.sweep import discover
+        from qkinspect.sweep.engine import run
         from qkinspect.sweep.names import CLI_NAMES
+        from qkinspect.sweep.request import check_request
 
-        name = check_engine_options("sweep", fmt, output, threads, workers, scheduler)
+        name = engine_format("sweep", fmt, output)
         sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
                               device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
+        options = {k: v for k, v in sel.kwargs().items() if k != "device"} | {"layer_form": layer_form}
+        request = check_request(out, options, scheduler=scheduler, workers=workers, threads=threads,
+                                device=sel.device, names=CLI_NAMES)  # once, before any work
         checkpoints = discover(specs, [r.strip() for r in revisions.split(",")] if revisions else None,
                                CLI_NAMES.revisions)
-        options = {k: v for k, v in sel.kwargs().items() if k != "device"} | {"layer_form": layer_form}
         try:
-            outcome = run_sweep(checkpoints, options, out, scheduler=scheduler, workers=workers, threads=threads,
-                                device=sel.device, progress=None if QUIET["on"] else ProgressLine(),
-                                check=lambda info: check_checkpoint(info, sel),
-                                notice=lambda why: note(f"{why}; computing it again"), names=CLI_NAMES)
+            outcome = run(request, checkpoints, progress=None if QUIET["on"] else ProgressLine(),
+                          check=lambda info: check_checkpoint(info, sel),
+                          notice=lambda why: note(f"{why}; computing it again"))
         except KeyboardInterrupt:
             note(f"stopped; the checkpoints done are kept in {out}: run the same command to resume")
             raise
