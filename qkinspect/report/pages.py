@@ -1,12 +1,17 @@
 """Text pages for the PDF report: headings, wrapped paragraphs and tables laid out on A4 Figures, flowing onto
-new pages as they fill. Text is real text (TrueType), so the PDF stays searchable. The HTML reports' shared pieces
-too: the style sheet (`CSS`), a figure as inline SVG (`svg`), a table (`html_table`)."""
+new pages as they fill. Text is real text (TrueType), so the PDF stays searchable. A PDF report's set-up (style,
+metadata, footer, the cover's title) in one place (`report_pdf`). The HTML reports' shared pieces too: the style
+sheet (`CSS`), a figure as inline SVG (`svg`), a table (`html_table`)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from html import escape
+from pathlib import Path
+from typing import IO
 
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
@@ -234,6 +239,34 @@ class TextPages:
                     self._put(MARGIN + x, lines[i], size, ha="left" if j == 0 else "right", fontweight="bold")
         self.y -= lh * 0.35
         self.fig.add_artist(_rule(self.fig, self.y, self.width))
+
+
+@contextmanager
+def report_pdf(target: str | Path | IO[bytes], *, report: str, name: str, subject: str, version: str,
+               date: dt.datetime, intro: str | None = None) -> Iterator[TextPages]:
+    """The set-up every PDF report shares, yielding its text pages: the report style; the PDF's metadata (title
+    "qkinspect {report}: {name}", "qkinspect {version}" as its author, `subject`, `date`); the footer "qkinspect
+    {version} {report}: {name}" on every page; with `intro`, the cover begun: "qkinspect {report}" as its title,
+    `name` under it, `intro` below. The pages are closed on leaving (`pages.count` is then the number of pages).
+
+    Example:
+        >>> with report_pdf("twin.pdf", report="twin report", name="run-1", subject="…", version=__version__,
+        ...                 date=now, intro="…") as pages:
+        ...     pages.pairs([("folder", "run-1")])  # doctest: +SKIP
+    """
+    from matplotlib.backends.backend_pdf import PdfPages
+
+    meta = {"Title": f"qkinspect {report}: {name}", "Author": f"qkinspect {version}", "Subject": subject,
+            "CreationDate": date}
+    with style(), PdfPages(target, metadata=meta) as pdf:
+        pages = TextPages(pdf.savefig, footer=f"qkinspect {version} {report}: {name}")
+        if intro is not None:
+            pages.new_page()
+            pages.heading(f"qkinspect {report}", size=20)
+            pages.heading(name, size=14)
+            pages.paragraph(intro)
+        yield pages
+        pages.close()
 
 
 def _rule(fig: Figure, y: float, width: float):

@@ -273,7 +273,8 @@ class Stacked(nn.Module):
                         buf = torch.stack([tensors[r][f"{i}.{a}"] for r in g.runs])
                         self.register_buffer(_key(f"g{n}.{i}.{a}"), buf)
                         g.buffers[f"{i}.{a}"] = buf
-        self.register_buffer("causal", torch.ones(1, 1, dtype=torch.bool), persistent=False)
+        self._once: dict[tuple[str, int, str], Tensor] = {}
+        self.fused: bool | None = None
 
     @classmethod
     def from_built(cls, runs: list[tuple[str, object]]) -> Stacked:
@@ -344,21 +345,18 @@ class Stacked(nn.Module):
         h = s["emb"].reshape(R * V, -1).index_select(0, (x + offsets).reshape(-1)).view(R, B, T, self.D)
         if self.arch == "gpt2":
             h = h + s["pos"][:, :T].unsqueeze(1)
-            rope = None
-        else:
-            rope = self._rope(T, x.device)
         for i in range(self.L):
             a = self.attention_tensors(i)
             if self.arch == "llama":
                 n = _rms(h, s[_key(f"{i}.ln1")], self.cfg.rms_norm_eps)
-                h = h + self._attend(n, a, i, rope)
+                h = h + self._attend(n, a, i)
                 n = _rms(h, s[_key(f"{i}.ln2")], self.cfg.rms_norm_eps)
-                gate, up = _mm(n, torch.cat([s[_key(f"{i}.gate")], s[_key(f"{i}.up")]], -1)).chunk(2, -1)
+                gate, up = _mm(n, s[_key(f"{i}.gate")]), _mm(n, s[_key(f"{i}.up")])  # no slices of one product
                 h = h + _mm(nn.functional.silu(gate) * up, s[_key(f"{i}.down")])
             else:
                 eps = self.cfg.layer_norm_epsilon
                 n = _ln(h, s[_key(f"{i}.ln_1w")], s[_key(f"{i}.ln_1b")], eps)
-                h = h + self._attend(n, a, i, None)
+                h = h + self._attend(n, a, i)
                 n = _ln(h, s[_key(f"{i}.ln_2w")], s[_key(f"{i}.ln_2b")], eps)
                 f = nn.functional.gelu(_mm(n, s[_key(f"{i}.fc")], s[_key(f"{i}.bfc")]), approximate="tanh")
                 h = h + _mm(f, s[_key(f"{i}.proj")], s[_key(f"{i}.bproj")])
@@ -369,42 +367,54 @@ class Stacked(nn.Module):
         head = s["head"] if "head" in s else s["emb"].transpose(1, 2)
         return _mm(h, head)
 
-    def _rope(self, T: int, device) -> tuple[Tensor, Tensor]:
-        theta = (getattr(self.cfg, "rope_parameters", None) or {}).get("rope_theta") or \
-            getattr(self.cfg, "rope_theta", None) or 10000.0
-        inv = 1.0 / (theta ** (torch.arange(0, self.d, 2, dtype=torch.int64, device=device).float() / self.d))
-        freqs = torch.arange(T, device=device).float()[:, None] * inv[None, :]
-        emb = torch.cat([freqs, freqs], -1)
-        return emb.cos(), emb.sin()  # (T, d)
+    def fused_attention(self, device) -> bool:
+        """Whether standard attention goes through torch's fused kernel (scaled_dot_product_attention): on a GPU;
+        on the CPU two batched products a head are faster at the twins' sizes (docs/twin.md, "Stacked
+        training"). `fused` set to True or False overrides it (tests)."""
+        return self.fused if self.fused is not None else torch.device(device).type != "cpu"
 
-    def _attend(self, n: Tensor, a: Tensors, i: int, rope) -> Tensor:
+    def _built(self, what: str, T: int, device) -> Tensor:
+        """What the forward reads that depends only on the context T and the device, built once: the rotary
+        factors, the interleaving of each head's rotary pairs, the attention masks."""
+        key = (what, T, str(device))
+        if key not in self._once:
+            self._once[key] = _once(what, T, device, self.H, self.d, self.cfg)
+        return self._once[key]
+
+    def _attend(self, n: Tensor, a: Tensors, i: int) -> Tensor:
         R, B, T, D = n.shape
         H, d = self.H, self.d
         s = self.shared
         if self.attention == "bilinear":
             v = _mm(n, a["v"], a.get("bv")).view(R, B, T, H, d).transpose(2, 3)
             scores = (n.unsqueeze(2) @ a["qk"].unsqueeze(1)) @ n.transpose(-1, -2).unsqueeze(2)  # (R, B, H, T, T)
-            out = _softmax_attend(scores / math.sqrt(d), v, _causal(T, n.device))
+            out = _softmax_attend(scores / math.sqrt(d), v, self._built("causal", T, n.device))
+            out = out.transpose(2, 3).reshape(R, B, T, H * d)
         else:
             tied = a["q"] is a["k"] and a.get("bq") is a.get("bk")  # share_qk: one projection serves both
-            names = ("k", "v") if tied else ("q", "k", "v")
-            w = torch.cat([a[x] for x in names], -1)
-            b = torch.cat([a["b" + x] for x in names], -1) if "bv" in a else None
-            y = _mm(n, w, b).view(R, B, T, len(names), H, d)  # one product for the projections
-            qk = y[:, :, :, :len(names) - 1]
-            if rope is not None:  # on the (R, B, T, ., H, d) layout: positions along T
-                cos, sin = (c.view(T, 1, 1, d) for c in rope)
-                qk = qk * cos + _rotate(qk) * sin
-            q, k = (qk[:, :, :, 0], qk[:, :, :, 0]) if tied else (qk[:, :, :, 0], qk[:, :, :, 1])
-            q, k, v = q.transpose(2, 3), k.transpose(2, 3), y[:, :, :, -1].transpose(2, 3)  # (R, B, H, T, d)
+            wq, wk = a["q"], a["k"]
+            if self.arch == "llama":  # each head's rotary pairs (j, j + d/2) side by side: one complex product
+                pairs = self._built("pairs", T, n.device)
+                wk = wk.index_select(-1, pairs)
+                wq = wk if tied else wq.index_select(-1, pairs)
+            k = _mm(n, wk, a.get("bk")).view(R, B, T, H, d)
+            q = k if tied else _mm(n, wq, a.get("bq")).view(R, B, T, H, d)
+            v = _mm(n, a["v"], a.get("bv")).view(R, B, T, H, d)
+            if self.arch == "llama":
+                turn = self._built("rotary", T, n.device)  # (T, 1, d/2) complex
+                k = _rotary(k, turn)
+                q = k if tied else _rotary(q, turn)
             if self.attention == "reformer":
                 k = k / k.norm(dim=-1, keepdim=True).clamp_min(1e-6)
-                out = _softmax_attend((q @ k.transpose(-1, -2)) / math.sqrt(d), v, _without_self(T, n.device))
+                mask = self._built("without_self bias", T, n.device)
             else:
-                out = nn.functional.scaled_dot_product_attention(
-                    q.reshape(R * B, H, T, d), k.reshape(R * B, H, T, d), v.reshape(R * B, H, T, d),
-                    is_causal=True).view(R, B, H, T, d)
-        out = out.transpose(2, 3).reshape(R, B, T, H * d)
+                mask = self._built("causal bias", T, n.device)
+            if self.attention == "standard" and self.fused_attention(n.device):
+                q, k, v = (t.transpose(2, 3).reshape(R * B, H, T, d) for t in (q, k, v))
+                out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                out = out.view(R, B, H, T, d).transpose(2, 3).reshape(R, B, T, H * d)
+            else:
+                out = _attention(q, k, v, mask, 1 / math.sqrt(d))  # (R, B, T, H * d)
         return _mm(out, s[_key(f"{i}.o")], s[_key(f"{i}.bo")] if _key(f"{i}.bo") in s else None)
 
 
@@ -425,34 +435,89 @@ def _mm(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
 
 
 def _rms(h: Tensor, w: Tensor, eps: float) -> Tensor:
-    """llama's RMSNorm (in float32, then the input's dtype, times the weight)."""
-    f = h.float()
-    f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)
-    return w.view(w.shape[0], *([1] * (h.dim() - 2)), -1) * f.to(h.dtype)
+    """llama's RMSNorm (in float32, then the input's dtype, times each run's weight w (R, D))."""
+    if h.dtype != torch.float32:
+        f = h.float()
+        f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)
+        return _per_run(w, h) * f.to(h.dtype)
+    return _RMSNorm.apply(h, w, eps)
+
+
+class _RMSNorm(torch.autograd.Function):
+    """RMSNorm of float32 h with its backward written out: x·r·w with r = (mean x² + eps)^-1/2; the input's
+    gradient r·(g_n − n·mean(g_n·n)) with n = x·r and g_n = g·w (fewer passes over the activations than
+    autograd's chain of pow, mean, rsqrt and products)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor, eps: float) -> Tensor:
+        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        n = x * r
+        wv = _per_run(w, x)
+        ctx.save_for_backward(n, r, wv)
+        return n * wv
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        n, r, wv = ctx.saved_tensors
+        gw = (g * n).reshape(g.shape[0], -1, g.shape[-1]).sum(1)
+        gn = g * wv
+        gx = torch.addcmul(gn, n, (gn * n).mean(-1, keepdim=True), value=-1).mul_(r)
+        return gx, gw, None
+
+
+def _per_run(w: Tensor, like: Tensor) -> Tensor:
+    """Each run's vector w (R, D) broadcast over `like` (R, ..., D)."""
+    return w.view(w.shape[0], *([1] * (like.dim() - 2)), -1)
 
 
 def _ln(h: Tensor, w: Tensor, b: Tensor, eps: float) -> Tensor:
-    f = h.float()
-    mu = f.mean(-1, keepdim=True)
-    var = (f - mu).pow(2).mean(-1, keepdim=True)
-    shape = (w.shape[0], *([1] * (h.dim() - 2)), -1)
-    return ((f - mu) * torch.rsqrt(var + eps)).to(h.dtype) * w.view(shape) + b.view(shape)
+    """GPT-2's LayerNorm: torch's own (normalised in float32), then each run's weight and bias."""
+    f = nn.functional.layer_norm(h.float(), h.shape[-1:], eps=eps).to(h.dtype)
+    return torch.addcmul(_per_run(b, h), f, _per_run(w, h))
 
 
-def _rotate(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], -1)
-
-
-def _causal(T: int, device) -> Tensor:
-    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
-
-
-def _without_self(T: int, device) -> Tensor:
-    """The Reformer's mask: causal, without a position's own key unless it sees no other (the first)."""
-    allowed = _causal(T, device)
-    allowed[1:] &= ~torch.eye(T, dtype=torch.bool, device=device)[1:]
+def _once(what: str, T: int, device, H: int, d: int, cfg) -> Tensor:
+    if what == "pairs":  # column order of q and k: head h's pair j at (2j, 2j + 1), from (j, j + d/2)
+        j = torch.arange(d // 2, device=device)
+        one = torch.stack([j, j + d // 2], -1).reshape(-1)
+        return (one + d * torch.arange(H, device=device).unsqueeze(1)).reshape(-1)
+    if what == "rotary":  # llama's default rope: position t turns pair j by t * theta^(-2j/d)
+        theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta") or \
+            getattr(cfg, "rope_theta", None) or 10000.0
+        inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+        freqs = torch.arange(T, device=device).float()[:, None] * inv[None, :]
+        return torch.complex(freqs.cos(), freqs.sin()).view(T, 1, d // 2)
+    mask, _, additive = what.partition(" ")  # "causal", "without_self", or either with " bias"
+    allowed = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    if mask == "without_self":  # the Reformer's: causal, without a position's own key unless it sees no other
+        allowed[1:] &= ~torch.eye(T, dtype=torch.bool, device=device)[1:]
+    if additive:  # 0 where allowed, -inf elsewhere: added to the scores
+        return torch.zeros(T, T, device=device).masked_fill_(~allowed, float("-inf"))
     return allowed
+
+
+def _rotary(x: Tensor, turn: Tensor) -> Tensor:
+    """Rotary positions on x (R, B, T, H, d) whose rotary pairs are side by side: each pair a complex number
+    times its position's turn (x_j cos - x_j' sin, x_j' cos + x_j sin, transformers' rotate_half)."""
+    shape = x.shape
+    z = torch.view_as_complex(x.reshape(*shape[:-1], -1, 2))
+    return torch.view_as_real(z * turn).view(shape)
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
+    """Softmax attention of q, k, v (R, B, T, H, d) with the additive mask `bias` (T, T: 0 or -inf), each head as
+    two batched products over the runs and windows, on views of the projections (no copy into a head-major
+    layout; the heads split by `unbind`, whose backward is one `stack`); the heads' outputs side by side
+    (R, B, T, H * d)."""
+    R, B, T, H, d = q.shape
+    qs = q.unbind(3)
+    ks = qs if k is q else k.unbind(3)
+    outs = []
+    for qh, kh, vh in zip(qs, ks, v.unbind(3), strict=True):
+        qh, kh, vh = (t.reshape(R * B, T, d) for t in (qh, kh, vh))
+        scores = torch.baddbmm(bias, qh, kh.transpose(1, 2), alpha=scale)
+        outs.append(torch.softmax(scores, dim=-1, dtype=torch.float32).to(vh.dtype) @ vh)
+    return torch.stack(outs, 2).view(R, B, T, H * d)
 
 
 def _softmax_attend(scores: Tensor, v: Tensor, allowed: Tensor) -> Tensor:

@@ -49,6 +49,9 @@ def run_twin(folder: str, variant: str, seed: int, lr: float, spec: dict[str, An
     from qkinspect.twin.request import LEGACY, Shape
 
     torch.set_num_threads(threads)
+    from qkinspect.twin.stacked import steady_allocations
+
+    steady_allocations()  # as a stack's (the comparison stays fair; a single run's step faults little anyway)
     t0 = time.perf_counter()
     root = Path(folder)
     train, held = read_tokens(root, TRAIN), read_tokens(root, HELD_OUT)

@@ -90,17 +90,18 @@ def test_experiment_and_trajectory_figures(tmp_path):
 @pytest.mark.parametrize("which", [1, 2])
 def test_every_pdf_page_keeps_its_text_inside(long_results, monkeypatch, which):
     """Each page the report writes (text pages and figure pages) is checked as the PDF backend receives it."""
+    from matplotlib.backends import backend_pdf
+
     import qkinspect.report.analysis.pdf as pdf_mod
 
-    real = pdf_mod.PdfPages
     bad: list[tuple[int, list[str]]] = []
 
-    class Checked(real):
+    class Checked(backend_pdf.PdfPages):
         def savefig(self, figure=None, **kw):
             bad.append((self.get_pagecount() + 1, texts_outside(figure)))
             return super().savefig(figure, **kw)
 
-    monkeypatch.setattr(pdf_mod, "PdfPages", Checked)
+    monkeypatch.setattr(backend_pdf, "PdfPages", Checked)  # report_pdf (report/pages.py) imports it as it writes
     n = pdf_mod.write_pdf(long_results[which], io.BytesIO())
     assert len(bad) == n > 5
     assert [b for b in bad if b[1]] == []

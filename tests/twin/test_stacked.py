@@ -51,6 +51,85 @@ def test_the_batched_model_is_each_runs_transformers_model(arch, variants):
         assert all(torch.equal(state[k], back[k]) for k in state)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_the_batched_gradients_are_each_runs_transformers_gradients(arch):
+    """Dense reference for the backward (the norms' written-out backward, the rotary product, the attention on
+    views): each run's gradient of every tensor outside the attention's q, k, v equals the gradient of its own
+    transformers model; the fused attention kernel (a GPU's) and the CPU's products give the same losses."""
+    from qkinspect.experiment.edits.parametrised import cached
+    from qkinspect.twin.batched import ATTENTION, to_internal
+    from qkinspect.twin.train import next_token_loss
+
+    runs = _runs(arch, ["standard", "share_qk", "symmetric"])
+    model = Stacked.from_built(runs)
+    x = torch.randint(0, 11, (3, 9), generator=torch.Generator().manual_seed(2))
+    model(x.unsqueeze(0).expand(len(runs), -1, -1)).sum().backward()
+    for r, (_, b) in enumerate(runs):
+        b.model.zero_grad()
+        with cached(b.forms):
+            next_token_loss(b.model, x).backward()
+        grads = {k: torch.full_like(v, float("nan")) for k, v in state_tensors(b.model).items()}
+        grads.update({k: p.grad for k, p in b.model.named_parameters() if k in grads and p.grad is not None})
+        want = to_internal(model.cfg, grads)  # NaN: a tensor read through a form (its gradient is the form's)
+        checked = 0
+        for key, p in model.shared.items():
+            name = key.replace("__", ".")
+            if name.partition(".")[2] in ATTENTION or name in ATTENTION or want[name].isnan().any():
+                continue
+            assert torch.allclose(p.grad[r], want[name], atol=2e-5, rtol=1e-4), (arch, r, name)
+            checked += 1
+        assert checked >= 9  # embeddings, norms, MLP and output (and W_O outside a form)
+    x3 = x.unsqueeze(0).expand(len(runs), -1, -1)
+    with torch.no_grad():
+        model.fused = False
+        mine = model(x3)
+        model.fused = True
+        fused = model(x3)
+    assert torch.allclose(mine, fused, atol=1e-6)
+
+
+@settings(max_examples=20, deadline=None)
+@given(R=st.integers(1, 3), rows=st.integers(1, 5), D=st.integers(1, 9), seed=st.integers(0, 1000))
+def test_the_written_out_rmsnorm_backward_is_autograds(R, rows, D, seed):
+    """Identity: `_RMSNorm`'s output and gradients are autograd's through llama's formula (float64)."""
+    from qkinspect.twin.batched import _RMSNorm
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(R, rows, D, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(R, D, dtype=torch.float64, generator=g, requires_grad=True)
+    up = torch.randn(R, rows, D, dtype=torch.float64, generator=g)
+    mine = _RMSNorm.apply(x, w, 1e-6)
+    gx, gw = torch.autograd.grad(mine, (x, w), up)
+    want = w.unsqueeze(1) * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    wx, ww = torch.autograd.grad(want, (x, w), up)
+    assert torch.allclose(mine, want) and torch.allclose(gx, wx) and torch.allclose(gw, ww)
+
+
+@settings(max_examples=20, deadline=None)
+@given(T=st.integers(1, 7), H=st.integers(1, 3), half=st.integers(1, 4), seed=st.integers(0, 1000))
+def test_the_rotary_product_on_interleaved_pairs_is_transformers_rotary(T, H, half, seed):
+    """Identity: rotating the interleaved pairs as complex numbers, then undoing the interleaving, is
+    transformers' rotate_half form on the head's own column order."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from qkinspect.twin.batched import _once, _rotary
+    from qkinspect.twin.model import config_for
+
+    d = 2 * half
+    cfg = config_for(Shape("llama", 1, H * d, H, T), 5)
+    x = torch.randn(2, 1, T, H, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    pairs = _once("pairs", T, "cpu", H, d, cfg)
+    turn = _once("rotary", T, "cpu", H, d, cfg).to(torch.complex128)
+    mine = _rotary(x.reshape(2, 1, T, H * d)[..., pairs].view(2, 1, T, H, d), turn).reshape(2, 1, T, H * d)
+    back = torch.empty_like(mine)
+    back[..., pairs] = mine
+    inv = 1.0 / (cfg.rope_parameters["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    emb = torch.cat([torch.arange(T, dtype=torch.float64)[:, None] * inv] * 2, -1)
+    q = x.transpose(2, 3)  # (2, 1, H, T, d): transformers' layout
+    want, _ = apply_rotary_pos_emb(q, q, emb.cos()[None], emb.sin()[None])
+    assert torch.allclose(back.view(2, 1, T, H, d), want.transpose(2, 3), atol=1e-6)
+
+
 def test_every_variant_has_a_form():
     from qkinspect.twin.request import VARIANTS as ALL
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from matplotlib.backends.backend_pdf import PdfPages
 from matplotlib.figure import Figure
 
 from qkinspect.analysis.results import AnalysisResult
@@ -25,8 +24,8 @@ from qkinspect.report.analysis.arrays import blocks_of, renamed
 from qkinspect.report.analysis.figures import figure, shows_raw_qk
 from qkinspect.report.analysis.summary import qk_norm_caveat, summary
 from qkinspect.report.analysis.tables import layer_tables
-from qkinspect.report.pages import TextPages, figure_page, page_canvas, put_caption
-from qkinspect.report.style import PAGE, style
+from qkinspect.report.pages import TextPages, figure_page, page_canvas, put_caption, report_pdf
+from qkinspect.report.style import PAGE
 from qkinspect.version import __version__
 
 
@@ -68,11 +67,9 @@ def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: d
         raise InputError("the report needs at least one analysed head")
     date = date or dt.datetime.now(dt.timezone.utc)
     shown = renamed(result, title)
-    meta = {"Title": f"qkinspect report: {shown.model.name}", "Author": f"qkinspect {__version__}",
-            "Subject": "query-key geometry of attention heads", "CreationDate": date}
-    with style(), PdfPages(target, metadata=meta) as pdf:
-        pages = TextPages(pdf.savefig, footer=f"qkinspect {__version__} report: {shown.model.name}")
-        text.cover(pages, result, date, title=title)
+    with report_pdf(target, report="report", name=shown.model.name, version=__version__, date=date,
+                    intro=text.COVER_INTRO, subject="query-key geometry of attention heads") as pages:
+        text.cover(pages, result, date)
         pages.new_page()
         text.summary_page(pages, shown, summary(result))
         if experiment is not None:
@@ -88,8 +85,7 @@ def write_pdf(result: AnalysisResult, target: str | Path | IO[bytes], *, date: d
         text.tables_intro(pages, skipped)
         for t in layer_tables(result):
             pages.table(t)
-        pages.close()
-        return pages.count
+    return pages.count
 
 
 def _figures(pages: TextPages, result: AnalysisResult) -> list[str]:

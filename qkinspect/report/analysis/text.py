@@ -41,14 +41,13 @@ CAPTIONS = {
 }
 
 
-def cover(pages: TextPages, result: AnalysisResult, date: dt.datetime, title: str | None = None) -> None:
-    """Model identity, shapes of each block, processing flags, tool version and date; `title` (a report's --title)
-    heads the page in place of the model's name."""
+COVER_INTRO = "The query-key geometry of the model's attention heads, measured from its weights alone."
+
+
+def cover(pages: TextPages, result: AnalysisResult, date: dt.datetime) -> None:
+    """Model identity, shapes of each block, processing flags, tool version and date, under the title report_pdf
+    sets (the model's name, or a report's --title)."""
     m = result.model
-    pages.new_page()
-    pages.heading("qkinspect report", size=20)
-    pages.heading(title or m.name, size=14)
-    pages.paragraph("The query-key geometry of the model's attention heads, measured from its weights alone.")
     pages.pairs([("model", m.name), ("source", m.source), ("model type", m.model_type),
                  ("architecture", m.architecture or "n/a"), ("format", m.format), ("revision", m.revision or "n/a"),
                  ("storage dtype", m.dtype or "n/a"),

@@ -12,12 +12,9 @@ import warnings
 from pathlib import Path
 from typing import IO
 
-from matplotlib.backends.backend_pdf import PdfPages
-
 from qkinspect.directions.results import DirectionsResult
 from qkinspect.errors import InputError
-from qkinspect.report.pages import TextPages
-from qkinspect.report.style import style
+from qkinspect.report.pages import report_pdf
 from qkinspect.version import __version__
 
 SIDE_LABEL = {"read": "OV read", "write": "OV write", "query": "QK query", "key": "QK key"}
@@ -47,11 +44,10 @@ def write_directions_pdf(result: DirectionsResult, target: str | Path | IO[bytes
         raise InputError("the directions report needs at least one head")
     date = date or dt.datetime.now(dt.timezone.utc)
     name = result.model.name
-    meta = {"Title": f"qkinspect directions: {name}", "Author": f"qkinspect {__version__}",
-            "Subject": "singular directions of attention heads read as tokens", "CreationDate": date}
-    with style(), PdfPages(target, metadata=meta) as pdf, warnings.catch_warnings():
+    with report_pdf(target, version=__version__, report="directions", name=name, date=date,
+                    subject="singular directions of attention heads read as tokens") as pages, \
+            warnings.catch_warnings():
         warnings.simplefilter("ignore")  # glyphs the page font lacks (CJK, emoji tokens) are drawn as boxes
-        pages = TextPages(pdf.savefig, footer=f"qkinspect {__version__} directions: {name}")
         pages.new_page()
         pages.heading(f"Singular directions read as tokens: {name}")
         pages.paragraph(INTRO)
@@ -75,8 +71,7 @@ def write_directions_pdf(result: DirectionsResult, target: str | Path | IO[bytes
             words = " ".join(printable(t) if t is not None else f"#{i}" for t, i in zip(r.tokens, r.token_ids,
                                                                                         strict=True))
             pages.paragraph(f"{SIDE_LABEL[r.side]} {where} σ={r.sigma:.3g} {r.sign}   {words}", size=8)
-        pages.close()
-        return pages.count
+    return pages.count
 
 
 __all__ = ["write_directions_pdf"]

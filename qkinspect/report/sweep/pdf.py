@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import IO, Any
 
-from qkinspect.report.style import human_name, style
+from qkinspect.report.style import human_name
 from qkinspect.report.sweep.trajectory import raw_qk_norm_blocks_of, sweep_trajectory
 
 # Drawn when the sweep computed them, in this order; otherwise its first per-head metrics.
@@ -120,28 +120,26 @@ def write_sweep_pdf(sweep, target: str | Path | IO[bytes], *, date: dt.datetime 
                     title: str | None = None) -> int:
     """Write the report of a sweep folder (qkinspect.sweep.read_sweep) as a PDF; returns the number of pages.
     `title` names what was swept in the cover, footer and figure titles (default: the model, sweep_name)."""
-    from matplotlib.backends.backend_pdf import PdfPages
-
-    from qkinspect.report.pages import TextPages, figure_page
+    from qkinspect.report.pages import figure_page, report_pdf
     from qkinspect.version import __version__
 
     metrics = sweep_metrics(sweep)
     name = title or sweep_name(sweep)
     date = date or dt.datetime.now(dt.timezone.utc)
-    meta = {"Title": f"qkinspect sweep report: {name}", "Author": f"qkinspect {__version__}",
-            "Subject": "query-key geometry of attention heads across checkpoints", "CreationDate": date}
-    with style(), PdfPages(target, metadata=meta) as pdf:
-        pages = TextPages(pdf.savefig, footer=f"qkinspect {__version__} sweep report: {name}")
-        _cover(pages, sweep, metrics, __version__, date, name)
+    intro = (f"How the query-key geometry of the attention heads changes across {len(sweep.checkpoints)} "
+             "checkpoints, measured from their weights alone: each metric against the training step.")
+    with report_pdf(target, version=__version__, report="sweep report", name=name, date=date, intro=intro,
+                    subject="query-key geometry of attention heads across checkpoints") as pages:
+        _cover(pages, sweep, metrics, __version__, date)
         figured = f"{name} ({len(sweep.results)} checkpoints)"
         for metric in metrics:
             figure_page(pages, lambda canvas, m=metric: sweep_trajectory(sweep, m, name=figured, canvas=canvas),
                         caption(sweep, metric))
-        pages.close()
-        return pages.count
+    return pages.count
 
 
-def _cover(pages, sweep, metrics: list[str], version: str, date: dt.datetime, name: str) -> None:
+def _cover(pages, sweep, metrics: list[str], version: str, date: dt.datetime) -> None:
+    """The cover's facts, under the title report_pdf sets: the model, the checkpoints, the options, the report."""
     from qkinspect.analysis.results import AnalysisResult
     from qkinspect.documents import model_info
     from qkinspect.layer import ModelInfo
@@ -151,11 +149,6 @@ def _cover(pages, sweep, metrics: list[str], version: str, date: dt.datetime, na
     from qkinspect.report.tables import Table
 
     model = _last_result(sweep).get("model") or {}
-    pages.new_page()
-    pages.heading("qkinspect sweep report", size=20)
-    pages.heading(name, size=14)
-    pages.paragraph(f"How the query-key geometry of the attention heads changes across {len(sweep.checkpoints)} "
-                    "checkpoints, measured from their weights alone: each metric against the training step.")
     pages.pairs([("model", sweep_name(sweep)), ("model type", str(model.get("model_type", "n/a"))),
                  ("architecture", str(model.get("architecture") or "n/a")),
                  ("format", str(model.get("format", "n/a"))), ("sweep folder", str(sweep.folder)),

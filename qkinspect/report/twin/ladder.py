@@ -10,7 +10,7 @@ from html import escape
 from pathlib import Path
 from typing import IO, Any
 
-from qkinspect.report.style import NUMBER_NOTE, fmt, style
+from qkinspect.report.style import NUMBER_NOTE, fmt
 from qkinspect.report.tables import Table
 from qkinspect.twin.ladder import Ladder
 
@@ -100,23 +100,16 @@ def figure_plan(ladder: Ladder, name: str) -> list[tuple[Any, str]]:
 def write_ladder_pdf(ladder: Ladder, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
                      title: str | None = None) -> int:
     """Write the report of a ladder folder (qkinspect.twin.ladder.read_ladder) as a PDF; returns its pages."""
-    from matplotlib.backends.backend_pdf import PdfPages
-
-    from qkinspect.report.pages import TextPages, figure_page
+    from qkinspect.report.pages import figure_page, report_pdf
     from qkinspect.version import __version__
 
     name = title or ladder_name(ladder)
     date = date or dt.datetime.now(dt.timezone.utc)
-    meta = {"Title": f"qkinspect twin ladder report: {name}", "Author": f"qkinspect {__version__}",
-            "Subject": "the constraints' cost against model size", "CreationDate": date}
-    with style(), PdfPages(target, metadata=meta) as pdf:
-        pages = TextPages(pdf.savefig, footer=f"qkinspect {__version__} twin ladder report: {name}")
-        pages.new_page()
-        pages.heading("qkinspect twin ladder report", size=20)
-        pages.heading(name, size=14)
-        pages.paragraph("The twin at several model sizes: at each shape the same small transformer trained from "
-                        "scratch from the same seeds, as standard and under each constraint; each constraint's "
-                        "paired gap to the standard twin, and how it moves with the model's size.")
+    intro = ("The twin at several model sizes: at each shape the same small transformer trained from scratch from the "
+             "same seeds, as standard and under each constraint; each constraint's paired gap to the standard twin, "
+             "and how it moves with the model's size.")
+    with report_pdf(target, version=__version__, report="twin ladder report", name=name, date=date, intro=intro,
+                    subject="the constraints' cost against model size") as pages:
         pages.pairs(shared_pairs(ladder) + [("folder", str(ladder.folder)), ("tool", f"qkinspect {__version__}"),
                                             ("date", date.strftime("%Y-%m-%d %H:%M %Z").strip())],
                     size=9, key_width=1.3)
@@ -131,8 +124,7 @@ def write_ladder_pdf(ladder: Ladder, target: str | Path | IO[bytes], *, date: dt
             pages.paragraph(f"note: {note}", size=8, color="#a00000")
         for draw, caption in figure_plan(ladder, name):
             figure_page(pages, draw, caption)
-        pages.close()
-        return pages.count
+    return pages.count
 
 
 def render_ladder_html(ladder: Ladder, *, date: dt.datetime | None = None, name: str | None = None) -> str:

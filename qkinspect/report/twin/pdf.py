@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from qkinspect.numbers import DECIMALS, plain, signed_alike
-from qkinspect.report.style import fmt, style
+from qkinspect.report.style import fmt
 from qkinspect.report.tables import Table
 from qkinspect.report.twin.figures import (
     gap_caption,
@@ -207,32 +207,26 @@ def write_twin_pdf(twin: Twin, target: str | Path | IO[bytes], *, date: dt.datet
         >>> write_twin_pdf(read_twin("twin-out"), "twin.pdf")  # doctest: +SKIP
         6
     """
-    from matplotlib.backends.backend_pdf import PdfPages
-
-    from qkinspect.report.pages import TextPages, figure_page
+    from qkinspect.report.pages import figure_page, report_pdf
     from qkinspect.version import __version__
 
     name = title or twin_name(twin)
     date = date or dt.datetime.now(dt.timezone.utc)
-    meta = {"Title": f"qkinspect twin report: {name}", "Author": f"qkinspect {__version__}",
-            "Subject": "transformers trained from scratch as standard and under query/key constraints",
-            "CreationDate": date}
-    with style(), PdfPages(target, metadata=meta) as pdf:
-        pages = TextPages(pdf.savefig, footer=f"qkinspect {__version__} twin report: {name}")
-        _first_page(pages, twin, name, __version__, date)
+    with report_pdf(target, version=__version__, report="twin report", name=name, date=date, intro=TWIN_INTRO,
+                    subject="transformers trained from scratch as standard and under query/key constraints") as pages:
+        _first_page(pages, twin, __version__, date)
         for draw, caption in figure_plan(twin, name):
             figure_page(pages, draw, caption)
-        pages.close()
-        return pages.count
+    return pages.count
 
 
-def _first_page(pages, twin: Twin, name: str, version: str, date: dt.datetime) -> None:
-    pages.new_page()
-    pages.heading("qkinspect twin report", size=20)
-    pages.heading(name, size=14)
-    pages.paragraph("The same small transformer trained from scratch from the same seeds on the same text, with "
-                    "W_Q and W_K as usual (standard) and under each constraint; each variant's held-out loss "
-                    "compared with the standard twin's, paired by seed.")
+TWIN_INTRO = ("The same small transformer trained from scratch from the same seeds on the same text, with W_Q and "
+              "W_K as usual (standard) and under each constraint; each variant's held-out loss compared with the "
+              "standard twin's, paired by seed.")
+
+
+def _first_page(pages, twin: Twin, version: str, date: dt.datetime) -> None:
+    """The first page's setup, verdicts and tables, under the title report_pdf sets."""
     pages.pairs(setup_pairs(twin) + [("folder", str(twin.folder)), ("tool", f"qkinspect {version}"),
                                      ("date", date.strftime("%Y-%m-%d %H:%M %Z").strip())], size=9, key_width=1.3)
     pages.paragraph(scale_caveat(twin), color="#a00000")
