@@ -22,7 +22,7 @@ from qkinspect.errors import InputError
 from qkinspect.names import Names
 from qkinspect.sweep.names import LIBRARY_NAMES
 
-__all__ = ["SweepRequest", "check_request"]
+__all__ = ["SweepRequest", "check_engine", "check_request"]
 
 
 @dataclass(frozen=True)
@@ -52,16 +52,10 @@ def check_request(out: str | Path, options: dict[str, Any] | None = None, *, sch
             does not take, a selection that is not indexes ("0-3,7", 3, [0, 1]), an unknown metric or precision, a
             device that is not there.
     """
-    from qkinspect.limits import check_threads, check_workers
     from qkinspect.selection import indexes_as_given
     from qkinspect.sweep.keys import normalized_options
 
-    check_threads(threads, names.threads)
-    check_workers(workers, names.workers)
-    if scheduler is not None:
-        from qkinspect.sweep.scheduler import check_address
-
-        check_address(scheduler, names.scheduler)  # the engine connects to the address as given
+    check_engine(scheduler, workers, threads, names)
     options = dict(options or {})
     for name in ("layers", "heads"):  # text ("0-3,7") refused in the caller's words; the rest as analyze takes it
         if isinstance(options.get(name), str):
@@ -75,6 +69,19 @@ def check_request(out: str | Path, options: dict[str, Any] | None = None, *, sch
 
     return SweepRequest(Path(out), options, requested_device(device, names.device), scheduler, workers, threads,
                         names)
+
+
+def check_engine(scheduler: str | None, workers: int | None, threads: int | None, names: Names) -> None:
+    """The engine's options (the sweep's and the atlas's): thread and worker counts in range, a scheduler address
+    that is one (the engine connects to it as given); InputError in the caller's names otherwise."""
+    from qkinspect.limits import check_threads, check_workers
+
+    check_threads(threads, names.threads)
+    check_workers(workers, names.workers)
+    if scheduler is not None:
+        from qkinspect.sweep.scheduler import check_address
+
+        check_address(scheduler, names.scheduler)
 
 
 def _check_metrics(metrics: Any, layer_form: bool, names: Names) -> None:
