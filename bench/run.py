@@ -228,7 +228,7 @@ def gemm_floor(folder: Path, route: str = "float32", dtype: torch.dtype = torch.
 def layers_at_once(cfg: dict) -> int:
     """How many of this checkpoint's layers `analyze` measures side by side here (qkinspect.analysis's rule for
     the default metrics in float32)."""
-    from qkinspect.analysis import run as analysis
+    from qkinspect.analysis import engine as analysis
 
     d = cfg["hidden_size"] // cfg["num_attention_heads"]
     spec = BlockSpec("decoder", cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"],

@@ -54,6 +54,22 @@ def _parse_range(part: str, option: str) -> range:
     return range(a, b + 1)
 
 
+def spans(indexes: Iterable[int]) -> str:
+    """Sorted indexes as `parse_indices` reads them, in ranges: (12, 13, 14, 17) -> "12-14,17".
+
+    Example:
+        >>> spans((0, 1, 2, 5))
+        '0-2,5'
+    """
+    out: list[list[int]] = []
+    for i in indexes:
+        if out and i == out[-1][-1] + 1:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in out)
+
+
 def as_indexes(value: str | int | Iterable[int] | None, name: str) -> tuple[int, ...] | None:
     """A library selection argument (`layers=`, `heads=`) as sorted unique indexes; None means all.
 
@@ -73,7 +89,7 @@ def as_indexes(value: str | int | Iterable[int] | None, name: str) -> tuple[int,
         items = list(value)
     except TypeError:
         raise InputError(f"{name}={value!r}: give indexes such as [0, 1] or '0-3,7'") from None
-    if not all(isinstance(i, int) and not isinstance(i, bool) or hasattr(i, "__index__") for i in items):
+    if not all(not isinstance(i, bool) and (isinstance(i, int) or hasattr(i, "__index__")) for i in items):
         raise InputError(f"{name}={value!r}: every index must be an integer")
     return tuple(sorted({int(i) for i in items}))
 
@@ -83,8 +99,9 @@ LIBRARY_OPTIONS = ("blocks", "layers", "heads")  # how the library's callers nam
 
 def indexes_as_given(value, option: str) -> tuple[int, ...] | None:
     """A selection as the caller gave it, refused in its words: `option` is its spelling, a CLI option ("--layers":
-    text, `parse_indices`) or a library argument ("layers": text or indexes, `as_indexes`)."""
-    if option.startswith("--"):
+    text, `parse_indices`; a whole number, as `spectrum --layer` takes it, is an index) or a library argument
+    ("layers": text or indexes, `as_indexes`)."""
+    if option.startswith("--") and (value is None or isinstance(value, str)):
         return parse_indices(value, option)
     return as_indexes(value, option)
 

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 import qkinspect
-from qkinspect.analysis import run as analysis
+from qkinspect.analysis import engine as analysis
 from qkinspect.layer import AttentionLayer, BlockSpec
 from qkinspect.loading import open_model
 from qkinspect.loading.cast import Caster

@@ -1,14 +1,48 @@
 """Two analyses of one architecture compared head for head (a base model and its fine-tune, two training steps):
-the shapes checked to line up, the metrics both computed, and per head each metric's values and their difference,
-B − A (`qkinspect compare` writes them; its table: `qkinspect.terminal.compare`)."""
+`compare` runs them (one request, checked once; the shapes checked to line up before any work), then the metrics
+both computed, and per head each metric's values and their difference, B − A (`qkinspect compare` writes them; its
+table: `qkinspect.terminal.compare`)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from qkinspect.analysis.request import LIBRARY_NAMES, check_model, check_request
 from qkinspect.errors import InputError
 from qkinspect.layer import shape_differences
+from qkinspect.names import Names
+
+if TYPE_CHECKING:
+    from qkinspect.analysis.request import AnalysisRequest
+    from qkinspect.analysis.results import AnalysisResult
+
+
+def compare(model_a, model_b, *, layers: Any = None, heads: Any = None, blocks: Any = None, metrics: Any = None,
+            fold_ln: bool = False, fold_qk_norm: bool = False, precision: str = "float32", device: str = "cpu",
+            progress=None, names: Names = LIBRARY_NAMES,
+            request: AnalysisRequest | None = None) -> tuple[AnalysisResult, AnalysisResult]:
+    """The analyses of `model_a` and `model_b` (anything `analyze` takes), with one selection: the request checked
+    before either model opens, both models opened and their shapes checked to line up head for head (InputError
+    naming every difference) before any weight is read, the selection checked once against them. `names` and
+    `request` as `analyze` takes them; `progress` is called for each analysis in turn.
+
+    Example:
+        >>> a, b = compare(None, None, layers="0", metrics="symmetry")  # doctest: +SKIP
+        >>> head_deltas(a, b)[0]["delta_symmetry"]  # doctest: +SKIP
+        0.0
+    """
+    if request is None:
+        request = check_request(metrics, ("qk",), precision, device, fold_ln, fold_qk_norm, names=names,
+                                layers=layers, heads=heads, blocks=blocks)
+    from qkinspect.loading import opened
+
+    with opened(model_a) as ma, opened(model_b) as mb:
+        check_same_shapes(ma.info, mb.info)  # before any work
+        specs = check_model(request, ma.info)
+        from qkinspect.analysis.engine import measure  # torch: once the request and the models are checked
+
+        return (measure(ma, request, specs, progress=progress), measure(mb, request, specs, progress=progress))
 
 
 def check_same_shapes(a, b) -> None:

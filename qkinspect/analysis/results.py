@@ -100,6 +100,16 @@ class AnalysisResult:
         rows = self.head_rows() if by == "head" else self.layer_rows()
         return [{"model": self.model.name, **r} for r in rows]
 
+    def notes(self) -> list[str]:
+        """What the run tells beside its warnings, asking nothing of the user (the CLI writes them on stderr as
+        notes): the heads recomputed in float64, the blocks whose q/k norms were measured unfolded."""
+        from qkinspect.metrics.heads import recompute_note
+        from qkinspect.terminal.tables import qk_norm_line
+
+        p = self.processing
+        out = [recompute_note(p.recomputed_float64, len(self.heads), p.precision)] if p.recomputed_float64 else []
+        return out + ([qk_norm_line(p.qk_norm_not_folded)] if p.qk_norm_not_folded else [])
+
     def document(self) -> dict[str, Any]:
         """The saved analysis as a JSON-ready dict: the document `qkinspect analyze -o FILE.json` and
         `save("x.json")` write (schema qkinspect/1, "kind": "analyze"; docs/output.md), which `plot` and `report`

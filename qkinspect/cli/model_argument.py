@@ -4,10 +4,9 @@ qkinspect.capabilities'). Commands import it, never each other."""
 
 from __future__ import annotations
 
-from qkinspect.cli.options import Device, Precision, Selection, check_device, parse_blocks
+from qkinspect.cli.options import Device, Precision
 from qkinspect.cli.output import progress, warn
 from qkinspect.errors import InputError
-from qkinspect.selection import parse_indices
 
 
 def refuse_analysis_options(model: str | None, **given: object) -> None:
@@ -25,10 +24,11 @@ def refuse_analysis_options(model: str | None, **given: object) -> None:
                          "model (give them to qkinspect analyze)")
 
 
-def result_of(model: str | None, selection: Selection, *, kind: str | None = None, revision: str | None = None,
-              **options):
-    """The analysis to draw: read from a saved analysis (`qkinspect analyze -o FILE.json`), or run on the model.
-    `kind`: the figure (InputError when a saved analysis cannot give it)."""
+def result_of(model: str | None, request, *, kind: str | None = None, revision: str | None = None):
+    """The analysis to draw: read from a saved analysis (`qkinspect analyze -o FILE.json`), or run on the model for
+    the checked `request` (qkinspect.analysis.request, in the CLI's names: a figure's --layer is checked against the
+    model with the selection, before any work). `kind`: the figure (InputError when a saved analysis cannot give
+    it)."""
     from qkinspect.analysis.saved import is_saved, needs_model, read_saved
 
     if is_saved(model):
@@ -37,25 +37,7 @@ def result_of(model: str | None, selection: Selection, *, kind: str | None = Non
         return read_saved(model)
     from qkinspect.cli.run import run_analysis
 
-    return run_analysis(model, selection, revision=revision, **options)
-
-
-def analysis_of(model: str | None, selection: Selection, *, kind: str, layer: int | None = None,
-                revision: str | None = None):
-    """The analysis figure `kind` draws: read from a saved analysis, or run on the model, whose shapes answer
-    --layer (with the option the user typed) before any work."""
-    from qkinspect.analysis.saved import is_saved
-
-    if is_saved(model):
-        return result_of(model, selection, kind=kind)
-    from qkinspect.cli.options import check_selection
-    from qkinspect.cli.run import run_analysis
-    from qkinspect.loading import open_model
-
-    with open_model(model, revision=revision) as m:
-        if layer is not None:
-            check_selection(m.info, selection.blocks, (layer,), options=("--layer", "--heads"))
-        return run_analysis(m, selection)
+    return run_analysis(model, request, revision=revision)
 
 
 def composition_of(model, *, layers=None, block=None, precision=Precision.float32, device=Device.cpu,
@@ -69,11 +51,12 @@ def composition_of(model, *, layers=None, block=None, precision=Precision.float3
             raise InputError(f"{model} is a saved composition, drawn as it was saved: --layers, --block, "
                              "--precision, --device and --revision apply when computing it from a model")
         return read_composition(model)
+    from qkinspect.composition.request import CLI_NAMES
     from qkinspect.composition.run import composition as compose
 
-    with progress("composing heads") as p:
-        result = compose(model, layers=parse_indices(layers, "--layers"), blocks=parse_blocks(block),
-                         precision=precision.value, device=check_device(device), revision=revision, progress=p)
+    with progress("composing heads") as p:  # checked in the library, in plot's option names (--layers, --block)
+        result = compose(model, layers=layers, blocks=block, precision=precision, device=device, revision=revision,
+                         progress=p, names=CLI_NAMES)
     for w in result.warnings:
         warn(w)
     return result

@@ -1,5 +1,6 @@
 """Options shared by every command, declared once: import the `Annotated` aliases into a command's signature
-and turn the raw strings into library arguments with the `parse_*` helpers.
+and pass the raw values to the library call, which checks them once in the CLI's names (an analysis's selection:
+`qkinspect.analysis.request`); the `parse_*` helpers serve the commands that take names or indexes as text.
 
 Example:
     >>> from qkinspect.cli.options import ModelArg, LayersOpt, FormatOpt, OutputOpt
@@ -13,15 +14,13 @@ Parsing errors raise InputError, which the CLI turns into one line on stderr and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from qkinspect.errors import InputError
-from qkinspect.selection import parse_indices
 
 
 class Format(str, Enum):
@@ -112,80 +111,6 @@ def parse_names(values: list[str] | None, option: str | None = None) -> tuple[st
 def parse_blocks(values: list[str] | None) -> tuple[str, ...] | None:
     """Block names as given (kinds or labels); `check_selection` maps them to the model's block keys."""
     return parse_names(values, "--block")
-
-
-def check_device(device: Device | str) -> str:
-    """Refuse cuda when no GPU is visible (before any work), with a clear message (qkinspect.device, in --device's
-    name); torch is imported only when cuda is asked for, so that --help and cpu runs stay light."""
-    name = device.value if isinstance(device, Device) else device
-    if name == "cpu":
-        return name
-    from qkinspect.device import check_device as check
-
-    return check(name, "--device")
-
-
-@dataclass(frozen=True)
-class Selection:
-    """What to measure, parsed from the shared options; `kwargs()` feeds `qkinspect.analyze`."""
-
-    layers: tuple[int, ...] | None = None
-    heads: tuple[int, ...] | None = None
-    blocks: tuple[str, ...] | None = None
-    metrics: tuple[str, ...] | None = None
-    precision: str = "float32"
-    device: str = "cpu"
-    fold_ln: bool = False
-    fold_qk_norm: bool = False
-
-    @classmethod
-    def parse(cls, *, layers: str | None = None, heads: str | None = None,
-              blocks: list[str] | None = None, metrics: list[str] | None = None,
-              precision: Precision | str = Precision.float32, device: Device | str = Device.cpu,
-              fold_ln: bool = False, fold_qk_norm: bool = False) -> Selection:
-        names = parse_names(metrics, "--metrics")
-        if names is not None:
-            from qkinspect.metrics.registry import resolve_metrics
-
-            resolve_metrics(names)  # refuse unknown names (listing the known ones) before opening the model
-        return cls(
-            layers=parse_indices(layers, "--layers"),
-            heads=parse_indices(heads, "--heads"),
-            blocks=parse_blocks(blocks),
-            metrics=names,
-            precision=precision.value if isinstance(precision, Precision) else str(precision),
-            device=check_device(device),
-            fold_ln=fold_ln,
-            fold_qk_norm=fold_qk_norm,
-        )
-
-    def describe(self) -> str:
-        """The chosen blocks, layers and heads as options ("--layers 0,1 --heads 3"), or "everything"."""
-        parts = [f"{opt} {','.join(map(str, v))}" for opt, v in
-                 (("--block", self.blocks), ("--layers", self.layers), ("--heads", self.heads)) if v]
-        return " ".join(parts) or "everything"
-
-    def kwargs(self) -> dict[str, Any]:
-        return {"layers": self.layers, "heads": self.heads, "blocks": self.blocks, "metrics": self.metrics,
-                "precision": self.precision, "device": self.device, "fold_ln": self.fold_ln,
-                "fold_qk_norm": self.fold_qk_norm}
-
-
-def check_selection(info, blocks: tuple[str, ...] | None, layers: tuple[int, ...] | None,
-                    heads: tuple[int, ...] | None = None, *,
-                    options: tuple[str, str] = ("--layers", "--heads")) -> tuple[str, ...] | None:
-    """The library's selection check (qkinspect.selection.check_selection) in the CLI's option names; returns the
-    selected blocks' keys, or None when no --block was given. `options` name the layer and head options in errors
-    (spectrum's are --layer and --head).
-
-    Example:
-        >>> check_selection(model.info, ("encoder",), (0, 1), None)  # doctest: +SKIP
-        ('encoder',)
-    """
-    from qkinspect.selection import check_selection as check
-
-    chosen = check(info, blocks, layers, heads, options=("--block", *options))
-    return tuple(b.key for b in chosen) if blocks else None
 
 
 class By(str, Enum):

@@ -1,74 +1,51 @@
-"""Running the analysis for a command: selection checked against the model, a progress bar on stderr,
-the library's warnings on stderr, and head-level sorting/trimming shared by `analyze`, `compare`, `plot`, `report`.
+"""What the commands that run an analysis (analyze, compare, spectrum, plot, report) share around their one library
+call: a progress bar on stderr, the library's warnings and notes on stderr, the refusal of a selection that matched
+no heads, and head-level sorting/trimming. The options are checked in the library, once, in the CLI's names
+(`qkinspect.analysis.request.CLI_NAMES`).
 
 Example:
-    >>> from qkinspect.cli.options import Selection
-    >>> result = run_analysis("path/to/bert", Selection.parse(layers="0-1"))
+    >>> from qkinspect.analysis.request import CLI_NAMES, check_request
+    >>> result = run_analysis("path/to/bert", check_request(layers="0-1", names=CLI_NAMES))  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
-from qkinspect.cli.options import Selection, check_selection
 from qkinspect.cli.output import note, progress, warn
 from qkinspect.errors import InputError
-from qkinspect.selection import check_fold_qk_norm
 
 
-def run_analysis(model, selection: Selection, *, revision: str | None = None, **options: Any):
-    """`qkinspect.analyze` with the CLI's selection; `options` pass through (layer_form, spectra, ...).
+def run_analysis(model, request, *, revision: str | None = None):
+    """`qkinspect.analyze` of `model` for the checked `request`, with a progress bar; its warnings and notes on
+    stderr; InputError when the selection matched no heads."""
+    from qkinspect.analysis.run import analyze  # torch: only once the request is checked
 
-    `model` is a spec (opened here, once) or an already opened LoadedModel. A selection the model does not have is
-    refused before any work; a progress bar shows on stderr for long runs; the library's warnings go to stderr.
-    """
-    from qkinspect.loading import LoadedModel, open_model
-
-    if isinstance(model, LoadedModel):
-        return _analyze_opened(model, selection, options)
-    with open_model(model, revision=revision) as m:
-        return _analyze_opened(m, selection, options)
+    return shown(lambda p: analyze(model, request=request, revision=revision, progress=p), request)
 
 
-def _analyze_opened(m, selection: Selection, options: dict[str, Any]):
-    kwargs = selection.kwargs()
-    kwargs["blocks"] = check_selection(m.info, selection.blocks, selection.layers, selection.heads)
-    chosen = [b for b in m.info.blocks if kwargs["blocks"] is None or b.key in kwargs["blocks"]]
-    check_fold_qk_norm(chosen, selection.fold_qk_norm, "--fold-qk-norm")
-    from qkinspect import analysis  # torch: only once the selection is checked (the package analysis, not the face)
-
-    with progress("analysing heads") as p:
-        result = analysis.analyze(m, progress=p, **kwargs, **options)
-    for w in result.warnings:
-        warn(w)
-    if result.processing.recomputed_float64:  # information, asking nothing: one note (JSON: processing)
-        from qkinspect.metrics.heads import recompute_note
-
-        p = result.processing
-        note(recompute_note(p.recomputed_float64, len(result.heads), p.precision))
-    if result.processing.qk_norm_not_folded:
-        from qkinspect.terminal.tables import qk_norm_line
-
-        note(qk_norm_line(result.processing.qk_norm_not_folded))
-    if not result.heads:
-        raise InputError(f"{m.info.name}: the selection ({selection.describe()}) matched no heads of this model")
+def shown(analysis: Callable[[Any], Any], request=None, label: str = "analysing heads"):
+    """The result of `analysis(progress)` (an AnalysisResult) run under a progress bar, its warnings and notes
+    written on stderr; InputError naming the selection (`request.describe()`) when it matched no heads."""
+    with progress(label) as p:
+        result = analysis(p)
+    tell(result, request)
     return result
 
 
-def check_sort(sort: str | None, top: int | None, *, metrics: tuple[str, ...] | None, by: str = "head",
-               layer_form: bool = False) -> None:
-    """Refuse --sort/--top values that cannot apply, before the (possibly long) analysis runs."""
-    from qkinspect.metrics.registry import METRICS, resolve_metrics
-
-    if top is not None and top < 1:
-        raise InputError(f"--top: {top} must be at least 1")
-    if sort is None:
-        return
-    names = [n for n in resolve_metrics(metrics, layer_form=layer_form) if METRICS[n].per == by]
-    if sort not in names:
-        raise InputError(f"--sort: {sort!r} is not among the {by} metrics computed: {', '.join(names)}")
+def tell(result, request=None) -> None:
+    """An analysis's warnings and notes on stderr; InputError when the selection (`request.describe()`, where
+    given) matched no heads."""
+    for w in result.warnings:
+        warn(w)
+    for line in result.notes():  # information, asking nothing: one note each (JSON: processing)
+        note(line)
+    if not result.heads:
+        asked = "" if request is None else f" ({request.describe()})"
+        raise InputError(f"{result.model.name}: the selection{asked} matched no heads of this model")
 
 
 def sort_key(metric: str, ascending: bool):

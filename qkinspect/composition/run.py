@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from qkinspect.analysis.run import torch_threads
+from qkinspect.analysis.engine import torch_threads
 from qkinspect.composition.request import LIBRARY_NAMES, check_model, check_request
 from qkinspect.composition.results import BlockPair, CompositionResult
 from qkinspect.composition.streams import Unit, block_pairs, units

@@ -20,6 +20,7 @@ from typing import Any
 from qkinspect.device import requested_device
 from qkinspect.errors import InputError
 from qkinspect.names import Names
+from qkinspect.selection import indexes_as_given
 
 LIBRARY_NAMES = Names()
 CLI_NAMES = Names.cli()
@@ -50,6 +51,8 @@ class HeadsRequest:
     permutations: int
     device: str
     names: Names = LIBRARY_NAMES
+    layers: tuple[int, ...] | None = None  # the selection, as analyze's (None: all); checked against the model later
+    heads: tuple[int, ...] | None = None
 
 
 def _count(value: Any, option: str, names: Names, low: int, high: int) -> int:
@@ -69,14 +72,20 @@ def check_request(*, text: str | Path | None = None, windows: int = 16, window: 
                   length: int = 64, seed: int = 0, batch: int = 16, metrics: str | Iterable[str] | None = None,
                   relate: str | Iterable[str] | None = RELATE, fold_ln: bool = False, fold_qk_norm: bool = False,
                   resamples: int = 1000,
-                  permutations: int = 1000, device: str = "cpu", names: Names = LIBRARY_NAMES) -> HeadsRequest:
-    """The request, checked whole before the model is opened, in the caller's option names (`names`).
+                  permutations: int = 1000, device: str = "cpu", names: Names = LIBRARY_NAMES,
+                  layers: str | int | Iterable[int] | None = None,
+                  heads: str | int | Iterable[int] | None = None) -> HeadsRequest:
+    """The request, checked whole before the model is opened, in the caller's option names (`names`). `layers`,
+    `heads`: a selection as analyze takes it ("0-3,7", 3, [0, 1]; None: all), parsed by analyze's parser
+    (`qkinspect.selection`); whether the model has them is `check_selection`'s, once it is open.
 
     Raises:
         InputError: an amount out of range (`sequences=0`, `length=1` ...), an unknown metric, a metric to relate
-            that is not measured, an unknown device.
+            that is not measured, an unknown device, a selection that is not a list of indexes and ranges.
     """
     from qkinspect.metrics.registry import HEAD_METRIC_NAMES, resolve_metrics
+
+    layers, heads = indexes_as_given(layers, names.layers), indexes_as_given(heads, names.heads)
 
     windows = _count(windows, "windows", names, 1, MAX_SEQUENCES)
     window = _count(window, "window", names, 2, MAX_TOKENS)
@@ -103,7 +112,7 @@ def check_request(*, text: str | Path | None = None, windows: int = 16, window: 
                          f"({', '.join(m for m in measured if m in HEAD_METRIC_NAMES)})")
     return HeadsRequest(None if text is None else Path(text), windows, window, sequences, length, seed, batch,
                         chosen, related, bool(fold_ln), bool(fold_qk_norm), resamples, permutations,
-                        requested_device(device, names.device), names)
+                        requested_device(device, names.device), names, layers, heads)
 
 
 def check_positions(request: HeadsRequest, config: Any, prefix: int, suffix: int) -> None:

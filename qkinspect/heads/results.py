@@ -42,8 +42,8 @@ SCOPES = ("all", "within", "layer")
 @dataclass(frozen=True)
 class HeadsSettings:
     """How the scores were measured: the text and its windows, the repeated random sequences, the weights'
-    processing, the resampling, and the model's kind (causal or encoder) with the special tokens around each
-    sequence (`prefix`: BOS or [CLS]; `suffix`: [SEP])."""
+    processing, the resampling, the model's kind (causal or encoder) with the special tokens around each
+    sequence (`prefix`: BOS or [CLS]; `suffix`: [SEP]), and the heads selected (`layers`, `heads`; None: all)."""
 
     text: str
     windows: int
@@ -61,6 +61,8 @@ class HeadsSettings:
     resamples: int
     permutations: int
     device: str = "cpu"
+    layers: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

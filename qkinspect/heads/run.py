@@ -26,6 +26,7 @@ from qkinspect.heads.request import LIBRARY_NAMES, HeadsRequest, check_positions
 from qkinspect.heads.results import HeadsRecord, HeadsResult, HeadsSettings, RelationRecord
 from qkinspect.heads.scores import positional, repeated, summary
 from qkinspect.names import Names
+from qkinspect.selection import check_selection
 
 Progress = Callable[[int, int], None]
 # The module of each layer whose forward returns (output, attention probabilities) under the eager kernel.
@@ -55,6 +56,8 @@ def heads(
     names: Names = LIBRARY_NAMES,
     threads: int | None = None,
     layer_relations: bool = True,
+    layers: str | int | Iterable[int] | None = None,
+    heads: str | int | Iterable[int] | None = None,
 ) -> HeadsResult:
     """Behaviour scores of every head, joined with its weight metrics, and their rank correlations.
 
@@ -79,13 +82,17 @@ def heads(
         names: how errors name the options (the CLI passes its own).
         threads: torch threads (None: the cores this process may use); the atlas passes its task's share.
         layer_relations: also relate within each layer (the atlas keeps only all heads and within layers).
+        layers, heads: the heads to score, as analyze selects them ("0-3,7", 3, [0, 1]; None: all): hooks only on
+            the selected layers (the forward pass stops after the last), each score and weight metric only for the
+            selected heads, the relations over them.
 
     Returns:
         HeadsResult: one record per head (scores, their standard errors, weight metrics), the relations.
 
     Raises:
-        InputError: bad amounts, a model transformers cannot run here or whose attention cannot be returned, a
-            `length` or `window` beyond its positions, a text too short for one window.
+        InputError: bad amounts, a selection the model does not have, a model transformers cannot run here or
+            whose attention cannot be returned, a `length` or `window` beyond its positions, a text too short for
+            one window.
 
     Example:
         >>> r = qkinspect.heads("path/to/llama", sequences=16, length=32)  # doctest: +SKIP
@@ -94,12 +101,14 @@ def heads(
     request = check_request(text=text, windows=windows, window=window, sequences=sequences, length=length,
                             seed=seed, batch=batch, metrics=metrics, relate=relate, fold_ln=fold_ln,
                             fold_qk_norm=fold_qk_norm,
-                            resamples=resamples, permutations=permutations, device=device, names=names)
+                            resamples=resamples, permutations=permutations, device=device, names=names,
+                            layers=layers, heads=heads)
     from qkinspect.experiment.model.scoring import default_text, read_text
 
     source = default_text() if request.text is None else read_text(
         request.text, request.windows * request.window, what=names.text)
-    from qkinspect.analysis.run import analyze, torch_threads
+    from qkinspect.analysis.engine import torch_threads
+    from qkinspect.analysis.run import analyze
     from qkinspect.loading import open_model
     from qkinspect.selection import check_fold_qk_norm
 
@@ -112,6 +121,7 @@ def heads(
                                         f"{', '.join(b.key for b in info.blocks)}")
         flag = names.fold_qk_norm if names.fold_qk_norm.startswith("--") else f"{names.fold_qk_norm}=True"
         check_fold_qk_norm(info.blocks, request.fold_qk_norm, flag)  # before the tokenizer, as the other commands
+        check_selection(info, None, request.layers, request.heads, options=(names.blocks, names.layers, names.heads))
         family = _family(m.resolved.config.model_type, info.source)
         causal = family != "bert"
         hf, staged, config, tok = _prepared(m, stack, tokenizer, names)
@@ -122,7 +132,8 @@ def heads(
         with torch_threads(threads):
             t1 = time.perf_counter()
             weights = analyze(m, metrics=request.metrics, fold_ln=request.fold_ln,
-                              fold_qk_norm=request.fold_qk_norm, spectra=None)
+                              fold_qk_norm=request.fold_qk_norm, spectra=None, layers=request.layers,
+                              heads=request.heads)
             seconds["weights"] = time.perf_counter() - t1
         if hf is None:
             from qkinspect.experiment.model.runtime import load_hf
@@ -138,25 +149,44 @@ def heads(
     total = _passes(len(text_ids), request.batch) + _passes(len(random_ids), request.batch)
     tick = _Ticks(progress, total)
     with torch_threads(threads), _eager(hf.model, info.source):
-        per_text = measure(hf, family, text_ids, request.batch, causal, None, tick)
-        per_random = measure(hf, family, random_ids, request.batch, causal, (prefix, request.length), tick)
+        chosen = dict(layers=request.layers, heads=request.heads)
+        per_text = measure(hf, family, text_ids, request.batch, causal, None, tick, **chosen)
+        per_random = measure(hf, family, random_ids, request.batch, causal, (prefix, request.length), tick, **chosen)
     seconds["behaviour"] = time.perf_counter() - t2
     settings = HeadsSettings(source.name, int(text_ids.shape[0]), int(text_ids.shape[1]), request.sequences,
                              request.length, request.seed, causal, prefix, suffix, request.fold_ln,
                              request.fold_qk_norm, tuple(m for m in weights.metric_names if m in _head_metrics()),
-                             request.relate, request.resamples, request.permutations, request.device)
-    records = _records(weights, {**per_text, **per_random}, spec, settings.metrics)
+                             request.relate, request.resamples, request.permutations, request.device,
+                             request.layers, request.heads)
+    records = _records(weights, {**per_text, **per_random}, spec, settings.metrics, request.layers, request.heads)
     warnings = list(weights.warnings)
     if text_ids.shape[0] < request.windows:
         warnings.append(f"{source.name}: {text_ids.shape[0]} windows of {text_ids.shape[1]} tokens, fewer than the "
                         f"{request.windows} asked for ({names.windows})")
     t3 = time.perf_counter()
-    relations = relations_of(records, request.relate, seed=request.seed, resamples=request.resamples,
+    relate = request.relate
+    if relate and (few := too_few_for_rho(records)):
+        warnings.append(f"{few} ({names.layers}, {names.heads}): no relations")
+        relate = ()
+    elif relate and request.heads is not None and len(request.heads) == 1:
+        warnings.append(f"one head selected in each layer ({names.heads}): ρ over all heads only, none within layers")
+    relations = relations_of(records, relate, seed=request.seed, resamples=request.resamples,
                              permutations=request.permutations, layers=layer_relations)
     seconds["relate"] = time.perf_counter() - t3
     from dataclasses import asdict
 
     return HeadsResult(info, settings, records, relations, warnings, seconds, asdict(weights.processing))
+
+
+MIN_HEADS = 3  # the fewest heads a rank correlation is defined over (relate's own floor)
+
+
+def too_few_for_rho(records: list[HeadsRecord]) -> str | None:
+    """Why the selected heads are too few for any ρ, or None: fewer than MIN_HEADS heads over all."""
+    if len(records) < MIN_HEADS:
+        return f"{len(records)} head{'s' if len(records) != 1 else ''} selected, fewer than the {MIN_HEADS} a rank " \
+               "correlation needs"
+    return None
 
 
 def _head_metrics() -> tuple[str, ...]:
@@ -297,39 +327,54 @@ def attention_modules(hf, family: str) -> list[torch.nn.Module]:
     return [getattr(layer, ATTENTION[family]) for layer in hf.layers]
 
 
+class _Enough(Exception):
+    """Raised by the last selected layer's hook: the layers after it are not run."""
+
+
 def measure(hf, family: str, ids: torch.Tensor, batch: int, causal: bool, repeat: tuple[int, int] | None,
-            tick: Callable[[], None] = lambda: None) -> dict[str, np.ndarray]:
+            tick: Callable[[], None] = lambda: None, *, layers: Iterable[int] | None = None,
+            heads: Iterable[int] | None = None) -> dict[str, np.ndarray]:
     """The scores of every (sequence, layer, head) of `ids`: positional scores, or with `repeat` = (prefix, n)
     the repeated-sequence scores; {score: (N, L, H) float64} (induction absent for an encoder).
 
     A forward hook on each layer's attention module reduces its probabilities as they are made; the model's base
-    runs without its language-model head."""
+    runs without its language-model head. `layers`, `heads` (sorted indexes; None: all): hooks only on those
+    layers, their probabilities cut to those query heads before they are reduced, and the forward pass stopped
+    after the last of them; L and H are then the selection's (in its order)."""
     mods = attention_modules(hf, family)
+    chosen = list(range(len(mods))) if layers is None else list(layers)
+    pick = None if heads is None else torch.tensor(list(heads), dtype=torch.long)
+    stop = chosen[-1] if chosen[-1] < len(mods) - 1 else None  # the last layer run, when layers after it are not
     found: dict[str, list[list[torch.Tensor]]] = {}
-    seen = [0] * len(mods)
+    seen = [0] * len(chosen)
 
-    def hook(i: int):
+    def hook(i: int, at: int):  # layer i, the selection's at-th
         def keep(module, args, output):
             A = output[1] if isinstance(output, tuple) and len(output) > 1 else None
             if A is None or A.dim() != 4:
                 raise UnsupportedModelError(f"layer {i}: the attention module returned no probabilities under "
                                             "the eager kernel")
+            if pick is not None:
+                A = A[:, pick.to(A.device)]  # (B, selected heads, T, T)
             got = positional(A, causal=causal) if repeat is None else repeated(
                 A, prefix=repeat[0], n=repeat[1], causal=causal)
             for name, v in got.items():
                 if v is not None:
-                    found.setdefault(name, [[] for _ in mods])[i].append(v.cpu())
-            seen[i] += 1
+                    found.setdefault(name, [[] for _ in chosen])[at].append(v.cpu())
+            seen[at] += 1
+            if i == stop:
+                raise _Enough
         return keep
 
-    handles = [mod.register_forward_hook(hook(i)) for i, mod in enumerate(mods)]
+    handles = [mods[i].register_forward_hook(hook(i, at)) for at, i in enumerate(chosen)]
     device = next(hf.model.parameters()).device
     base = hf.model.base_model
     try:
         with torch.no_grad():
             for start in range(0, len(ids), batch):
                 chunk = ids[start:start + batch].to(device)
-                base(input_ids=chunk)  # every row is whole (no padding): the model's own default mask
+                with contextlib.suppress(_Enough):
+                    base(input_ids=chunk)  # every row is whole (no padding): the model's own default mask
                 tick()
     finally:
         for h in handles:
@@ -341,18 +386,20 @@ def measure(hf, family: str, ids: torch.Tensor, batch: int, causal: bool, repeat
             for name, layers in found.items()}
 
 
-def _records(weights, per: dict[str, np.ndarray], spec, metrics: tuple[str, ...]) -> list[HeadsRecord]:
+def _records(weights, per: dict[str, np.ndarray], spec, metrics: tuple[str, ...],
+             layers: Iterable[int] | None = None, heads: Iterable[int] | None = None) -> list[HeadsRecord]:
+    """A record per selected head (`layers`, `heads`; None: all), from `measure`'s scores over that selection."""
     by_head = {(r.layer, r.head): r for r in weights.heads if r.block == spec.key}
     stats = {name: summary(torch.from_numpy(v)) for name, v in per.items()}
     rep = spec.n_heads // spec.n_kv_heads
     out = []
-    for layer in range(spec.n_layers):
-        for head in range(spec.n_heads):
+    for li, layer in enumerate(range(spec.n_layers) if layers is None else layers):
+        for hi, head in enumerate(range(spec.n_heads) if heads is None else heads):
             scores, errors = {}, {}
             for s in SCORES:
                 mean, se = stats.get(s, (None, None))
-                scores[s] = None if mean is None else _num(mean[layer, head])
-                errors[s] = None if se is None else _num(se[layer, head])
+                scores[s] = None if mean is None else _num(mean[li, hi])
+                errors[s] = None if se is None else _num(se[li, hi])
             rec = by_head.get((layer, head))
             values = {} if rec is None else rec.values
             out.append(HeadsRecord(spec.key, layer, head, head // rep if rec is None else rec.kv_head, scores,

@@ -62,6 +62,11 @@ def _from_dict(doc: Any) -> HeadsResult:
     known = HeadsSettings.__dataclass_fields__
     settings = HeadsSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known})
     spec = info.blocks[0]
+    for what, size in (("layers", spec.n_layers), ("heads", spec.n_heads)):  # the selection (None: every head)
+        chosen = getattr(settings, what)
+        if chosen is not None and not all(not isinstance(i, bool) and isinstance(i, int) and 0 <= i < size
+                                          for i in chosen):
+            raise ValueError(f"settings.{what}: {list(chosen)!r} is not a selection of this model's {what}")
     records = []
     for i, r in enumerate(doc["heads"]):
         layer, head, kv = (_int(r[k], f"heads[{i}].{k}") for k in ("layer", "head", "kv_head"))

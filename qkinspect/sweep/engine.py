@@ -167,8 +167,8 @@ def _stored(folder: Path, plan, options) -> tuple[dict[str, dict], list[str]]:
 def connect(scheduler: str | None, workers: int | None, threads: int | None,
             n_tasks: int, names: Names = LIBRARY_NAMES) -> Iterator[tuple[Any, int | None]]:
     """A Dask client (to `scheduler`, or to a new LocalCluster) and the torch threads each task should use.
-    `workers` and `threads` come checked (`check_threads`, `check_workers`: `run_sweep` and the twin's request
-    check them once, in the caller's names, before any work)."""
+    `workers` and `threads` come checked (`check_threads`, `check_workers`: the sweep's request, `check_engine`, and
+    the twin's check them once, in the caller's names, before any work)."""
     import dask
     from distributed import Client, LocalCluster
 

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qkinspect.errors import InputError
 from qkinspect.names import Names
 from qkinspect.sweep.names import LIBRARY_NAMES
+
+if TYPE_CHECKING:
+    from qkinspect.analysis.request import AnalysisRequest
 
 __all__ = ["SweepRequest", "check_engine", "check_request"]
 
@@ -29,7 +32,9 @@ __all__ = ["SweepRequest", "check_engine", "check_request"]
 class SweepRequest:
     """A checked sweep request: the folder, the analysis options as the engine keys its results by them
     (`qkinspect.sweep.keys.normalized_options`: every name present, the selection as indexes), the device, the
-    engine's options, and how later errors (the folder, the scheduler's answer) name them (`names`)."""
+    engine's options, how later errors (the folder, the scheduler's answer) name them (`names`), and the analysis's
+    own request (`analysis`: what each checkpoint's description is checked against, `check_model`; None for the
+    atlas's, whose models differ in shape)."""
 
     out: Path
     options: dict[str, Any]
@@ -38,37 +43,39 @@ class SweepRequest:
     workers: int | None = None
     threads: int | None = None
     names: Names = LIBRARY_NAMES
+    analysis: AnalysisRequest | None = None
 
 
 def check_request(out: str | Path, options: dict[str, Any] | None = None, *, scheduler: str | None = None,
                   workers: int | None = None, threads: int | None = None, device: str = "cpu",
                   names: Names = LIBRARY_NAMES) -> SweepRequest:
-    """The sweep request, checked whole before any work, in the caller's option names (`names`). `options`: the
-    analysis's (layers, heads, blocks, metrics, precision, fold_ln, fold_qk_norm, layer_form; the atlas adds its
-    behaviour settings), as `qkinspect.analyze` takes them.
+    """The sweep request, checked whole before any work, in the caller's option names (`names`): the engine's
+    options first, then the analysis's (`qkinspect.analysis.request.check_request`). `options`: the analysis's
+    (layers, heads, blocks, metrics, precision, fold_ln, fold_qk_norm, layer_form), as `qkinspect.analyze` takes
+    them, or as the CLI's options give them with the CLI's names.
 
     Raises:
         InputError: threads or workers out of range, a scheduler address that is not one, an option the analysis
-            does not take, a selection that is not indexes ("0-3,7", 3, [0, 1]), an unknown metric or precision, a
-            device that is not there.
+            does not take, an unknown metric, a selection that is not indexes ("0-3,7", 3, [0, 1]), an unknown
+            precision, a device that is not there.
     """
-    from qkinspect.selection import indexes_as_given
-    from qkinspect.sweep.keys import normalized_options
+    from qkinspect.analysis.request import check_request as check_analysis
+    from qkinspect.sweep.keys import OPTION_NAMES, OPTIONAL_NAMES, normalized_options
 
     check_engine(scheduler, workers, threads, names)
-    options = dict(options or {})
-    for name in ("layers", "heads"):  # text ("0-3,7") refused in the caller's words; the rest as analyze takes it
-        if isinstance(options.get(name), str):
-            indexes_as_given(options[name], getattr(names, name))
-    options = normalized_options(options)
-    _check_metrics(options["metrics"], options["layer_form"], names)
-    from qkinspect.processing import checked_precision
-
-    checked_precision(options["precision"], names)
-    from qkinspect.device import requested_device
-
-    return SweepRequest(Path(out), options, requested_device(device, names.device), scheduler, workers, threads,
-                        names)
+    given = dict(options or {})
+    unknown = set(given) - set(OPTION_NAMES) - set(OPTIONAL_NAMES)
+    if unknown:
+        raise InputError(f"sweep: unknown analysis options {', '.join(sorted(unknown))}")
+    analysis = check_analysis(given.get("metrics"), spectra=None, precision=given.get("precision", "float32"),
+                              device=device, fold_ln=given.get("fold_ln", False),
+                              fold_qk_norm=given.get("fold_qk_norm", False),
+                              layer_form=given.get("layer_form", False), names=names, layers=given.get("layers"),
+                              heads=given.get("heads"), blocks=given.get("blocks"))
+    metrics = given.get("metrics")  # a library's "a,b" is keyed as given (as sweeps before the request were)
+    options = normalized_options({**given, **analysis.options(),
+                                  **({"metrics": metrics} if isinstance(metrics, str) else {})})
+    return SweepRequest(Path(out), options, analysis.device, scheduler, workers, threads, names, analysis)
 
 
 def check_engine(scheduler: str | None, workers: int | None, threads: int | None, names: Names) -> None:
@@ -82,16 +89,3 @@ def check_engine(scheduler: str | None, workers: int | None, threads: int | None
         from qkinspect.sweep.scheduler import check_address
 
         check_address(scheduler, names.scheduler)
-
-
-def _check_metrics(metrics: Any, layer_form: bool, names: Names) -> None:
-    """Every metric or group name known (each checkpoint's analysis would refuse it, once per checkpoint)."""
-    if metrics is None:
-        return
-    from qkinspect.metrics.registry import resolve_metrics
-
-    given = [n for m in ([metrics] if isinstance(metrics, str) else metrics) for n in str(m).split(",") if n.strip()]
-    try:
-        resolve_metrics([n.strip() for n in given], layer_form=layer_form)
-    except InputError as e:
-        raise InputError(f"{names.metrics}: {e}") from None

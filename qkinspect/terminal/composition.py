@@ -3,6 +3,7 @@ words that say how to read them."""
 
 from __future__ import annotations
 
+from qkinspect.selection import spans
 from qkinspect.terminal.tables import Column, fit_tables, fmt_value, print_lines
 
 
@@ -11,19 +12,6 @@ def _head(block: str, layer: int, head: int, multi: bool, heads: tuple[int, ...]
     short = {"encoder": "enc", "decoder": "dec", "cross": "cross"}.get(block, block)
     unit = f"H{head}" if heads is None else f"KV{head} (H{spans(heads)})"
     return f"{short + ' ' if multi else ''}L{layer} {unit}"
-
-
-def spans(heads) -> str:
-    """Head indexes as ranges: (12, 13, 14, 17) -> "12-14,17"."""
-    out, run = [], []
-    for h in heads:
-        if run and h != run[-1] + 1:
-            out.append(run)
-            run = []
-        run.append(h)
-    if run:
-        out.append(run)
-    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in out)
 
 
 KIND_TITLE = {"q": "Q-composition: a writes what b's queries read",

@@ -4,6 +4,7 @@ bootstrap interval and permutation p-value)."""
 
 from __future__ import annotations
 
+from qkinspect.selection import spans
 from qkinspect.terminal.tables import Column, fit_tables, fmt_value, print_lines
 
 SHORT = {"previous_token": "prev", "induction": "induct", "duplicate_token": "dup", "self": "self",
@@ -32,6 +33,13 @@ def rho_cell(r) -> str:
 def p_cell(p) -> str:
     """A p-value as the tables print it (3 decimals; "-" where there is none)."""
     return "-" if p is None else f"{p:.3f}"
+
+
+def selection_words(settings) -> str:
+    """The heads selected, "layers 0-1, heads 2,5" ("" when every head was scored)."""
+    parts = [f"{what}{'s' if len(v) > 1 else ''} {spans(v)}"
+             for what, v in (("layer", settings.layers), ("head", settings.heads)) if v]
+    return ", ".join(parts)
 
 
 def render_heads(console, result, top: int = 5) -> None:
@@ -78,11 +86,16 @@ def render_heads(console, result, top: int = 5) -> None:
                             title="Spearman's ρ of weight metric and behaviour score"):
             console.print(t)
     n = len(result.records)
-    lines = ["ρ (95 % CI): Spearman's rank correlation and its bootstrap interval",
-             f"text: {s.text}, {s.windows} windows of {s.window} tokens; repeated: {s.sequences} sequences of "
-             f"2 x {s.length} random tokens (seed {s.seed}); ± se over sequences",
-             f"ρ over {n} heads; within layers: ranks within each layer, pooled; CI: 95 % bootstrap over heads "
-             f"({s.resamples} resamples); p: permutation ({s.permutations}); per-layer ρ in the JSON"]
+    chosen = selection_words(s)
+    over = f"the {n} selected heads ({chosen})" if chosen else f"{n} heads"
+    lines = [f"text: {s.text}, {s.windows} windows of {s.window} tokens; repeated: {s.sequences} sequences of "
+             f"2 x {s.length} random tokens (seed {s.seed}); ± se over sequences"]
+    if rel:
+        lines = ["ρ (95 % CI): Spearman's rank correlation and its bootstrap interval", *lines,
+                 f"ρ over {over}; within layers: ranks within each layer, pooled; CI: 95 % bootstrap over heads "
+                 f"({s.resamples} resamples); p: permutation ({s.permutations}); per-layer ρ in the JSON"]
+    elif chosen:
+        lines.append(f"scored: the {n} selected head{'s' if n != 1 else ''} ({chosen})")
     if not s.causal:
         lines.append("an encoder: no induction score (each position sees the repeated token itself)")
     print_lines(console, lines + list(result.warnings))

@@ -125,28 +125,6 @@ def check_compile(device: str, option: str) -> None:
         raise InputError(f"{option}: {why}")
 
 
-MMAP_THRESHOLD, TRIM_THRESHOLD = 32 << 20, 256 << 20  # bytes (glibc's mallopt: M_MMAP_THRESHOLD, M_TRIM_THRESHOLD)
-
-
-def steady_allocations() -> bool:
-    """Have glibc's malloc keep the memory a training step frees for the next step (docs/twin.md, "Stacked
-    training"): blocks up to 32 MiB from the heap, and the heap trimmed only past 256 MiB free. With glibc's
-    defaults a stacked step's activations (MBs each) were returned to the system at each step and faulted in again
-    (4,000-10,000 page faults a step for a stack of 9 runs of 2 x 64). Process-wide and kept: called by every
-    training task, single or stacked. False where the C library is not glibc (nothing changed)."""
-    import ctypes
-    import ctypes.util
-    import platform
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(-3, MMAP_THRESHOLD)) and bool(libc.mallopt(-1, TRIM_THRESHOLD))  # -3, -1: M_*
-    except (OSError, AttributeError):
-        return False
-
-
 def run_stack(folder: str, items: Sequence[Item], spec: dict[str, Any], *, threads: int = 1,
               precision: str = "float32", compile: bool = False) -> list[dict[str, Any]]:
     """Train the runs `items` of one kind (`stack_kind`) as one stack; each run's result as `run_twin` returns
@@ -156,6 +134,7 @@ def run_stack(folder: str, items: Sequence[Item], spec: dict[str, Any], *, threa
     from qkinspect.twin.batched import Stacked, supported
     from qkinspect.twin.data import batch_starts
     from qkinspect.twin.folder import HELD_OUT, TRAIN, read_tokens
+    from qkinspect.twin.heap import steady_allocations
     from qkinspect.twin.model import build
     from qkinspect.twin.request import LEGACY, Shape
     from qkinspect.twin.train import eval_steps, lr_at, run_tracker, save_tensors, trajectory

@@ -49,7 +49,7 @@ def run_twin(folder: str, variant: str, seed: int, lr: float, spec: dict[str, An
     from qkinspect.twin.request import LEGACY, Shape
 
     torch.set_num_threads(threads)
-    from qkinspect.twin.stacked import steady_allocations
+    from qkinspect.twin.heap import steady_allocations
 
     steady_allocations()  # as a stack's (the comparison stays fair; a single run's step faults little anyway)
     t0 = time.perf_counter()

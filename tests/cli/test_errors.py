@@ -95,12 +95,12 @@ def test_closed_pipe_exits_0_quietly(cli, tiny_bert, monkeypatch):
 @pytest.mark.parametrize("args", [["-o", "out.xlsx"], ["-o", "missing/out.json"], ["--sort", "nope"],
                                   ["--metrics", "nope"], ["--top", "0"]])
 def test_analyze_refuses_before_any_work(cli, tiny_bert, tmp_path, monkeypatch, args):
-    import qkinspect.analysis
+    from qkinspect.analysis import run
 
     def never(*a, **k):
         raise AssertionError("analyze ran")
 
-    monkeypatch.setattr(qkinspect.analysis, "analyze", never)
+    monkeypatch.setattr(run, "analyze", never)
     monkeypatch.chdir(tmp_path)
     _one_line_exit_2(cli("analyze", tiny_bert, *args))
     assert list(tmp_path.iterdir()) == []

@@ -127,18 +127,20 @@ def test_compare_equals_the_library(cli, qwen3, qwen3_b):
 
 @pytest.mark.parametrize("command, out", [("plot", "f.svg"), ("report", "r.html")])
 def test_figures_and_reports_fold(cli, monkeypatch, qwen3, tmp_path, command, out):
-    seen = []
-    analyze = qkinspect.analyze
+    from qkinspect.analysis import run
 
-    def recording(*args, **kwargs):
-        seen.append(kwargs)
+    seen = []
+    analyze = run.analyze
+
+    def recording(*args, **kwargs):  # the CLI passes the request it checked, in its own names
+        seen.append(kwargs["request"])
         return analyze(*args, **kwargs)
 
-    monkeypatch.setattr(qkinspect.analysis, "analyze", recording)
+    monkeypatch.setattr(run, "analyze", recording)
     extra = ["--html"] if command == "report" else []
     r = cli(command, qwen3, "--fold-qk-norm", "--layers", "0", *extra, "-o", tmp_path / out)
     assert r.exit_code == 0, r.stderr
-    assert seen and all(k["fold_qk_norm"] is True for k in seen)
+    assert seen and all(k.fold_qk_norm is True for k in seen)
     if command == "report":
         assert "q/k-norm gains folded" in (tmp_path / out).read_text()
 

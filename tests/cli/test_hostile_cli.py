@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from qkinspect.cli.options import Selection
+from qkinspect.analysis.request import CLI_NAMES, check_request
 from qkinspect.errors import InputError, OutputError
 from qkinspect.files import atomic_write, atomic_write_file, check_writable
 from qkinspect.selection import MAX_INDEX, parse_indices
@@ -56,7 +56,7 @@ def test_cli_huge_layer_and_head_ranges_exit_2(cli, tiny_bert):
 def test_empty_metrics_are_refused(cli, tiny_bert, value):
     assert "--metrics: no names given" in one_error_line(cli("analyze", tiny_bert, "--metrics", value))
     with pytest.raises(InputError, match="--metrics: no names given"):
-        Selection.parse(metrics=[value])
+        check_request([value], names=CLI_NAMES)
 
 
 # -- class 6: an empty selection names the model ------------------------------------------------------------
@@ -65,14 +65,14 @@ def test_empty_metrics_are_refused(cli, tiny_bert, value):
 def test_empty_selection_names_the_model(cli, tiny_bert, monkeypatch):
     import dataclasses
 
-    import qkinspect
+    from qkinspect.analysis import run
 
-    real = qkinspect.analyze
+    real = run.analyze
 
     def nothing(*a, **kw):  # a selection that passes the range checks yet matches nothing (mixed blocks)
         return dataclasses.replace(real(*a, **kw), heads=[])
 
-    monkeypatch.setattr(qkinspect.analysis, "analyze", nothing)
+    monkeypatch.setattr(run, "analyze", nothing)
     line = one_error_line(cli("analyze", tiny_bert, "--layers", "1", "--heads", "2"))
     assert line == f"error: {tiny_bert.name}: the selection (--layers 1 --heads 2) matched no heads of this model"
 

@@ -120,13 +120,15 @@ def test_check_same_shapes():
 
 
 def test_check_sort_before_the_analysis():
-    from qkinspect.cli.run import check_sort
+    from qkinspect.analysis.request import CLI_NAMES, check_request
 
-    check_sort("symmetry", 3, metrics=None)
-    check_sort("symmetry_layer", None, metrics=("symmetry",), by="layer", layer_form=True)
-    with pytest.raises(InputError, match="not among the head metrics computed: symmetry$"):
-        check_sort("overlap_qk", None, metrics=("symmetry",))
+    check_request(names=CLI_NAMES).check_sort("symmetry", 3)
+    check_request(["symmetry"], layer_form=True, names=CLI_NAMES).check_sort("symmetry_layer", None, by="layer")
+    with pytest.raises(InputError, match="^--sort: 'overlap_qk' is not among the head metrics computed: symmetry$"):
+        check_request(["symmetry"], names=CLI_NAMES).check_sort("overlap_qk", None)
     with pytest.raises(InputError, match="layer metrics"):
-        check_sort("symmetry", None, metrics=None, by="layer")
-    with pytest.raises(InputError, match="--top"):
-        check_sort(None, 0, metrics=None)
+        check_request(names=CLI_NAMES).check_sort("symmetry", None, by="layer")
+    with pytest.raises(InputError, match="^--top: 0 must be at least 1$"):
+        check_request(names=CLI_NAMES).check_sort(None, 0)
+    with pytest.raises(InputError, match="^sort='x' is not among the head metrics"):  # the library's names
+        check_request().check_sort("x", None)

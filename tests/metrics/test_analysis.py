@@ -229,6 +229,8 @@ def test_library_selections_take_what_the_cli_takes(minilm):
     ({"layers": "0-x"}, "layers='0-x': '0-x' is not an index"),
     ({"heads": "3-1"}, "heads='3-1': '3-1' is not a valid range"),
     ({"layers": ["a"]}, "layers=['a']: every index must be an integer"),
+    ({"layers": [True]}, "layers=[True]: every index must be an integer"),
+    ({"heads": [0, False]}, "heads=[0, False]: every index must be an integer"),
     ({"layers": 9}, "layers=9 is out of range"),
 ])
 def test_library_errors_name_the_argument(minilm, kwargs, message):

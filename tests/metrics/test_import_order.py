@@ -643,3 +643,62 @@ def test_the_json_check_sees_a_load_and_an_imported_loads(tmp_path):
     (tmp_path / "twin" / "saved.py").write_text("import json\n\ndef f(p):\n    return json.load(open(p))\n")
     (tmp_path / "twin" / "other.py").write_text("from json import loads\n")
     assert json_parsed(tmp_path, ("twin",)) == ["twin/other.py:1", "twin/saved.py:4"]
+
+
+# -- analysis on the floor plan (issue 43) -----------------------------------------------------------------------
+
+FLOORS = ("loading", "metrics")  # opening models and resolving metrics: the library's, behind its calls
+
+
+def floors_under_cli(folder: Path = PACKAGE, package: str = "qkinspect") -> set[str]:
+    """'module imports x' for each module under cli/ that imports `package`.loading or `package`.metrics (or below
+    them) in any form: `import`, `from ... import` (`from pkg import loading` too), at module level or inside a
+    function, or `importlib.import_module("...")` / `__import__("...")` with the name written out."""
+    floors = tuple(f"{package}.{f}" for f in FLOORS)
+
+    def is_floor(name: str) -> bool:
+        return any(name == f or name.startswith(f + ".") for f in floors)
+
+    bad = set()
+    for name, p in modules(folder, package).items():
+        if not (name == f"{package}.cli" or name.startswith(f"{package}.cli.")):
+            continue
+        for names in imported_names(p.read_text(encoding="utf-8")):
+            hit = next((n for n in names if is_floor(n)), None)  # `from x.y import f`: x.y, once
+            if hit is not None:
+                bad.add(f"{name} imports {hit}")
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and \
+                    isinstance(node.args[0].value, str) and is_floor(node.args[0].value):
+                f = node.func
+                called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+                if called in ("import_module", "__import__"):
+                    bad.add(f"{name} imports {node.args[0].value}")
+    return bad
+
+
+# none: every command is options, one library call (qkinspect.analysis' analyze, compare, spectrum, model_info ...)
+# and emit; before issue 43, cli/run.py, cli/options.py, cli/model_argument.py and the compare, spectrum, plot and
+# info commands opened models or resolved metrics themselves
+FLOORS_UNDER_CLI: set[str] = set()
+
+
+def test_nothing_under_cli_imports_loading_or_metrics():
+    """The CLI declares options and chooses the output; opening a model (loading/) and resolving a metric (metrics/)
+    are the library's, behind its calls, so that the library checks a request once, in the caller's names (one
+    `--layers` value was once checked three times on one call: in cli/options, cli/run and the library)."""
+    exactly(floors_under_cli(), FLOORS_UNDER_CLI, "cli/ imports loading or metrics")
+
+
+def test_the_floor_check_sees_every_import_form(tmp_path):
+    (tmp_path / "cli" / "commands").mkdir(parents=True)
+    for p in ("cli/__init__.py", "cli/commands/__init__.py", "cli/output.py"):
+        (tmp_path / p).write_text("")
+    (tmp_path / "cli" / "run.py").write_text("def f():\n    from pkg.loading import LoadedModel, open_model\n")
+    (tmp_path / "cli" / "options.py").write_text("from pkg import metrics\nimport pkg.metrics.registry as r\n")
+    (tmp_path / "cli" / "commands" / "plot.py").write_text(
+        "import importlib\ndef f():\n    return importlib.import_module('pkg.metrics.registry')\n")
+    (tmp_path / "cli" / "commands" / "info.py").write_text("from pkg.analysis.info import model_info\n")
+    assert floors_under_cli(tmp_path, "pkg") == {
+        "pkg.cli.run imports pkg.loading", "pkg.cli.options imports pkg.metrics",
+        "pkg.cli.options imports pkg.metrics.registry", "pkg.cli.commands.plot imports pkg.metrics.registry"}

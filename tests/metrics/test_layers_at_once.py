@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import qkinspect
-from qkinspect.analysis import run as analysis
+from qkinspect.analysis import engine as analysis
 from qkinspect.layer import BlockSpec
 from qkinspect.metrics.factored import cached
 

@@ -62,3 +62,13 @@ def test_plot_refuses(cli, llama_path, tmp_path, monkeypatch, args, message):
     assert r.exit_code == 2
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())  # nothing written, not even a temporary file
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--layers", "9"], "error: --layers: 9 is out of range; decoder has layers 0-1"),
+    (["--block", "vision"], "error: --block vision: this model's blocks are decoder"),
+])
+def test_plot_composition_names_the_options_as_typed(cli, llama_path, tmp_path, args, line):
+    """The composition a figure draws is checked in plot's option names (it once said `layers=9`)."""
+    r = cli("plot", llama_path, "--kind", "composition", *args, "-o", tmp_path / "c.png")
+    assert r.exit_code == 2 and r.stderr.strip().splitlines()[-1] == line, r.stderr

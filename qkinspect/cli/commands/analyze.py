@@ -24,7 +24,6 @@ from qkinspect.cli.options import (
     Precision,
     PrecisionOpt,
     RevisionOpt,
-    Selection,
 )
 from qkinspect.cli.output import Document, check_output, emit
 
@@ -52,15 +51,17 @@ def register(app: typer.Typer) -> None:
         Example (how far is each head from sharing one query/key matrix?): qkinspect analyze ./my-bert --metrics
         symmetry,shared_qk_distance --sort shared_qk_distance --ascending
         """
-        from qkinspect.cli.run import check_sort, run_analysis, sort_and_trim
+        from qkinspect.analysis.request import CLI_NAMES, check_request
+        from qkinspect.cli.run import run_analysis, sort_and_trim
 
         check_output(fmt, output)
-        sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
-                              device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
-        check_sort(sort, top, metrics=sel.metrics, by=by.value, layer_form=layer_form)
-        result = run_analysis(model, sel, revision=revision, layer_form=layer_form)
+        request = check_request(metrics, precision=precision, device=device, fold_ln=fold_ln,
+                                fold_qk_norm=fold_qk_norm, layer_form=layer_form, names=CLI_NAMES, layers=layers,
+                                heads=heads, blocks=block)
+        request.check_sort(sort, top, by.value)
+        result = run_analysis(model, request, revision=revision)
         result = sort_and_trim(result, sort=sort, top=top, by=by.value, ascending=ascending)
-        emit(analysis_document(result, by=by.value, requested=sel.metrics, sort=sort), fmt, output)
+        emit(analysis_document(result, by=by.value, requested=request.requested, sort=sort), fmt, output)
 
 
 def analysis_document(result, *, by: str = "head", requested=None, sort: str | None = None) -> Document:

@@ -20,9 +20,8 @@ from qkinspect.cli.options import (
     OutputOpt,
     Precision,
     PrecisionOpt,
-    Selection,
 )
-from qkinspect.cli.output import Document, check_output, emit
+from qkinspect.cli.output import Document, check_output, emit, progress
 from qkinspect.documents import envelope
 
 ModelA = Annotated[str, typer.Argument(help="The reference checkpoint (A).", show_default=False, metavar="MODEL_A")]
@@ -42,18 +41,18 @@ def register(app: typer.Typer) -> None:
 
         Example: qkinspect compare ./bert-base ./bert-finetuned --metrics symmetry,overlap_qk -o diff.csv
         """
-        from qkinspect.analysis.compare import check_same_shapes
-        from qkinspect.cli.run import run_analysis
-        from qkinspect.loading import open_model
+        from qkinspect.analysis.compare import compare as analyses
+        from qkinspect.analysis.request import CLI_NAMES, check_request
+        from qkinspect.cli.run import tell
 
         check_output(fmt, output)
-        sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
-                              device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
-        with open_model(model_a) as ma, open_model(model_b) as mb:
-            check_same_shapes(ma.info, mb.info)  # before any work
-            a = run_analysis(ma, sel)
-            b = run_analysis(mb, sel)
-        emit(compare_document(a, b, requested=sel.metrics), fmt, output)
+        request = check_request(metrics, precision=precision, device=device, fold_ln=fold_ln,
+                                fold_qk_norm=fold_qk_norm, names=CLI_NAMES, layers=layers, heads=heads, blocks=block)
+        with progress("analysing heads") as p:
+            a, b = analyses(model_a, model_b, request=request, progress=p)
+        tell(a, request)
+        tell(b, request)
+        emit(compare_document(a, b, requested=request.requested), fmt, output)
 
 
 def compare_document(a, b, *, requested=None) -> Document:

@@ -10,6 +10,8 @@ import typer
 from qkinspect.cli.options import (
     Device,
     DeviceOpt,
+    HeadsOpt,
+    LayersOpt,
     ModelArg,
     OutputOpt,
     RevisionOpt,
@@ -59,7 +61,8 @@ ExportOpt = Annotated[Path | None, typer.Option(
 def register(app: typer.Typer) -> None:
     @app.command()
     def heads(
-        model: ModelArg = None, text: TextOpt = None, windows: WindowsOpt = 16, window: WindowOpt = 128,
+        model: ModelArg = None, layers: LayersOpt = None, heads: HeadsOpt = None, text: TextOpt = None,
+        windows: WindowsOpt = 16, window: WindowOpt = 128,
         sequences: SequencesOpt = 64, length: LengthOpt = 64, seed: SeedOpt = 0, batch: BatchOpt = 16,
         metrics: MetricsOpt = None, relate: RelateOpt = "symmetry,overlap_qk,qk_effective_rank",
         fold_ln: FoldLnOpt = False, fold_qk_norm: FoldQkNormOpt = False, resamples: ResamplesOpt = 1000,
@@ -69,11 +72,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """What each head does (previous-token, induction, duplicate-token, self, first-token and entropy scores
         from the model's own attention, each with its standard error) beside its weight metrics, and Spearman's ρ
-        of each weight metric with each score, over all heads and within layers.
+        of each weight metric with each score, over all heads and within layers. --layers and --heads score only
+        the heads selected, and ρ is over them.
 
         Example: qkinspect heads SmolLM2-135M-Instruct.Q4_1.gguf --sequences 32 --length 64
 
         Example (a row per head, for a spreadsheet): qkinspect heads ./my-llama -o heads.csv
+
+        Example (the heads of layers 15-19 only): qkinspect heads SmolLM2-135M-Instruct.Q4_1.gguf --layers 15-19
 
         Example (saved, then drawn): qkinspect heads ./my-llama -o heads.json; qkinspect plot heads.json --kind
         heads --metric symmetry --score self -o self.png
@@ -99,7 +105,7 @@ def register(app: typer.Typer) -> None:
                                length=length, seed=seed, batch=batch, metrics=metrics, relate=relate or None,
                                fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, tokenizer=tokenizer, resamples=resamples,
                                permutations=permutations, device=device.value, progress=p, revision=revision,
-                               names=CLI_NAMES)
+                               names=CLI_NAMES, layers=layers, heads=heads)
         for w in result.warnings:
             warn(w)
         s = result.settings

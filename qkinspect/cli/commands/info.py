@@ -25,12 +25,11 @@ def register(app: typer.Typer) -> None:
 
 def info_document(model: str | None, revision: str | None = None) -> Document:
     """The model's identity and block shapes; dtype and bytes come from the checkpoint's headers (no weights read)."""
+    from qkinspect.analysis.info import model_info
     from qkinspect.documents import model_dict
-    from qkinspect.loading import open_model
     from qkinspect.terminal.info import render_info
 
-    with open_model(model, revision=revision) as m:
-        info = m.info
+    info = model_info(model, revision=revision)
     d = model_dict(info)
     rows = [_block_row(info, b) for b in d["blocks"]]
     return Document(json=envelope("info", model=d), rows=rows, render=lambda console: render_info(console, info, rows))

@@ -3,6 +3,7 @@ or PDF."""
 
 from __future__ import annotations
 
+import dataclasses
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -10,7 +11,7 @@ from typing import Annotated
 import typer
 
 from qkinspect.capabilities import FROM_MODEL, all_figures, figure_source, refuse_options
-from qkinspect.cli.model_argument import analysis_of, composition_of, refuse_analysis_options, result_of
+from qkinspect.cli.model_argument import composition_of, refuse_analysis_options, result_of
 from qkinspect.cli.options import (
     BlockOpt,
     Device,
@@ -22,13 +23,11 @@ from qkinspect.cli.options import (
     Precision,
     PrecisionOpt,
     RevisionOpt,
-    Selection,
     parse_blocks,
 )
 from qkinspect.cli.output import note
 from qkinspect.errors import InputError
 from qkinspect.files import check_writable, write_rendered
-from qkinspect.metrics.registry import head_metric
 from qkinspect.selection import parse_indices
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -154,13 +153,15 @@ def draw_from_model(cap, model: str | None, kind: str, output: Path, *, layer, c
     if (kind == "metric") != (metric is not None):
         raise InputError("--kind metric needs --metric NAME" if metric is None
                          else f"--metric applies to --kind metric only, not --kind {kind}")
-    metrics = list(HEADS_METRICS) if kind == "heads" else [head_metric(metric).name] if metric else None
-    sel = Selection.parse(layers=layers, blocks=block, metrics=metrics, precision=precision, device=device,
-                          fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
-    if layer is not None and sel.layers is not None and layer not in sel.layers:
+    from qkinspect.analysis.request import CLI_NAMES, check_head_metric, check_request
+
+    metrics = list(HEADS_METRICS) if kind == "heads" else [check_head_metric(metric, CLI_NAMES)] if metric else None
+    request = check_request(metrics, precision=precision, device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
+                            names=CLI_NAMES, layers=layers, blocks=block, layer=layer)
+    if layer is not None and request.layers is not None and layer not in request.layers:
         raise InputError(f"--layer {layer} is not among --layers {layers}")
-    result = analysis_of(model, sel, kind=kind, layer=layer, revision=revision)
-    other = result_of(compare, sel, kind=kind) if compare is not None else None
+    result = result_of(model, request, kind=kind, revision=revision)
+    other = result_of(compare, dataclasses.replace(request, layer=None), kind=kind) if compare is not None else None
     return cap.get("draw")(result, kind, metric=metric, title=title, layer=layer, other=other)
 
 

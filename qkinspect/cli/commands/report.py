@@ -20,7 +20,6 @@ from qkinspect.cli.options import (
     Precision,
     PrecisionOpt,
     RevisionOpt,
-    Selection,
 )
 from qkinspect.cli.output import note
 from qkinspect.errors import InputError
@@ -28,6 +27,7 @@ from qkinspect.files import atomic_write, check_writable, write_rendered
 from qkinspect.report.kinds import write_folder_report
 
 if TYPE_CHECKING:
+    from qkinspect.analysis.request import AnalysisRequest
     from qkinspect.experiment.results import ExperimentResult
 
 # The report shows every default metric and the head-by-head overlap figure.
@@ -106,13 +106,16 @@ def register(app: typer.Typer) -> None:
         refuse_analysis_options(model, layers=layers, block=block, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
                                 layer_form=layer_form, precision=precision is not Precision.float32,
                                 device=device is not Device.cpu, revision=revision)
-        sel = Selection.parse(layers=layers, blocks=block, metrics=list(REPORT_METRICS), precision=precision,
-                              device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
+        from qkinspect.analysis.request import CLI_NAMES, check_request
+
+        request = check_request(list(REPORT_METRICS), precision=precision, device=device, fold_ln=fold_ln,
+                                fold_qk_norm=fold_qk_norm, layer_form=layer_form, names=CLI_NAMES, layers=layers,
+                                blocks=block)
         if html:
-            write_html_report(model, output, sel, layer_form=layer_form, revision=revision, title=title)
+            write_html_report(model, output, request, revision=revision, title=title)
             note(f"wrote an HTML report to {output}")
             return
-        n = write_report(model, output, sel, layer_form=layer_form, revision=revision, experiment=runs, title=title,
+        n = write_report(model, output, request, revision=revision, experiment=runs, title=title,
                          composition=composed)
         note(f"wrote {pages(n)} report to {output}")
 
@@ -154,15 +157,15 @@ def read_composition_option(path: Path | None, *, html: bool = False):
     return read_composition(path)
 
 
-def write_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
-                 revision: str | None = None, experiment: tuple[ExperimentResult, Path] | None = None,
-                 title: str | None = None, composition=None) -> int:
-    """Analyse `model` (or read a saved analysis) and write the PDF report atomically to `output`; returns the
-    number of pages. `experiment` (read_runs) adds the experiment section; InputError when it was run on another
-    model (the demo model's report: `write_report(None, Path("r.pdf"), Selection.parse())`)."""
+def write_report(model: str | None, output: Path, request: AnalysisRequest, *, revision: str | None = None,
+                 experiment: tuple[ExperimentResult, Path] | None = None, title: str | None = None,
+                 composition=None) -> int:
+    """Analyse `model` for the checked `request` (or read a saved analysis) and write the PDF report atomically to
+    `output`; returns the number of pages. `experiment` (read_runs) adds the experiment section; InputError when it
+    was run on another model (the demo model's report: `write_report(None, Path("r.pdf"), check_request())`)."""
     from qkinspect.layer import shape_differences
 
-    result = result_of(model, selection, revision=revision, layer_form=layer_form)
+    result = result_of(model, request, revision=revision)
     from qkinspect.report.analysis.pdf import write_pdf  # matplotlib: after the checks, so that errors come fast
 
     if experiment is not None:
@@ -176,12 +179,13 @@ def write_report(model: str | None, output: Path, selection: Selection, *, layer
                                                            composition=composition))
 
 
-def write_html_report(model: str | None, output: Path, selection: Selection, *, layer_form: bool = False,
-                      revision: str | None = None, title: str | None = None) -> None:
-    """Analyse `model` (or read a saved analysis) and write the HTML report atomically to `output`."""
+def write_html_report(model: str | None, output: Path, request: AnalysisRequest, *, revision: str | None = None,
+                      title: str | None = None) -> None:
+    """Analyse `model` for the checked `request` (or read a saved analysis) and write the HTML report atomically
+    to `output`."""
     from qkinspect.report.analysis.html import render_html
 
-    result = result_of(model, selection, revision=revision, layer_form=layer_form)
+    result = result_of(model, request, revision=revision)
     page = render_html(result, title=title)
     atomic_write(output, lambda f: f.write(page))
 

@@ -19,13 +19,9 @@ from qkinspect.cli.options import (
     Precision,
     PrecisionOpt,
     RevisionOpt,
-    Selection,
-    check_selection,
-    parse_blocks,
 )
 from qkinspect.cli.output import Document, check_output, emit
 from qkinspect.documents import envelope
-from qkinspect.errors import InputError
 
 
 class Matrix(str, Enum):
@@ -35,8 +31,6 @@ class Matrix(str, Enum):
     v = "v"
     ov = "ov"
 
-
-WITH_EIGENVALUES = {"qk", "ov"}  # square forms d_model x d_model; q, k, v are d_model x d_head
 
 LayerOpt = Annotated[int, typer.Option("--layer", "-L", help="Layer index.")]
 HeadOpt = Annotated[int, typer.Option("--head", "-H", help="Query head index (K/V read from its KV group).")]
@@ -55,26 +49,15 @@ def register(app: typer.Typer) -> None:
 
         Example: qkinspect spectrum ./my-bert --layer 3 --head 5 --matrix qk --format csv
         """
-        from qkinspect.cli.run import run_analysis
-        from qkinspect.loading import open_model
+        from qkinspect.analysis.request import SPECTRUM_CLI_NAMES
+        from qkinspect.analysis.spectrum import spectrum as one_head
+        from qkinspect.cli.run import shown
 
         check_output(fmt, output)
-        with open_model(model, revision=revision) as m:
-            check_selection(m.info, parse_blocks(block), (layer,), (head,), options=("--layer", "--head"))
-            sel = Selection.parse(layers=str(layer), heads=str(head), blocks=[_one_block(m.info, block)],
-                                  metrics=["symmetry"], precision=precision, device=device, fold_ln=fold_ln,
-                                  fold_qk_norm=fold_qk_norm)
-            spectra = (matrix.value, f"{matrix.value}_eig") if matrix.value in WITH_EIGENVALUES else (matrix.value,)
-            result = run_analysis(m, sel, spectra=spectra)
+        result = shown(lambda p: one_head(model, layer=layer, head=head, matrix=matrix.value, blocks=block,
+                                          fold_ln=fold_ln, fold_qk_norm=fold_qk_norm, precision=precision,
+                                          device=device, revision=revision, progress=p, names=SPECTRUM_CLI_NAMES))
         emit(spectrum_document(result, matrix.value), fmt, output)
-
-
-def _one_block(info, block: list[str] | None) -> str:
-    """The one block the head lives in: --block names it (a kind or a label), or the model has only one."""
-    keys = check_selection(info, parse_blocks(block), None) or tuple(b.key for b in info.blocks)
-    if len(keys) > 1:
-        raise InputError(f"this model has several blocks ({', '.join(keys)}): choose one with --block")
-    return keys[0]
 
 
 def spectrum_document(result, matrix: str) -> Document:

@@ -31,12 +31,9 @@ from qkinspect.cli.options import (
     OutputOpt,
     Precision,
     PrecisionOpt,
-    Selection,
-    check_selection,
 )
 from qkinspect.cli.output import QUIET, Document, note, warn
 from qkinspect.errors import SweepFailed
-from qkinspect.selection import check_fold_qk_norm
 
 SpecsArg = Annotated[list[str], typer.Argument(
     help="Checkpoints: folders, weight files, globs (quote them: 'runs/*/checkpoint-*'), hub ids.",
@@ -69,22 +66,25 @@ def register(app: typer.Typer) -> None:
         Example (Pythia's published steps): qkinspect sweep EleutherAI/pythia-160m --revisions step1000,step2000
         --out pythia/ --scheduler tcp://head-node:8786 -o pythia.csv
         """
+        from qkinspect.analysis.request import check_model
         from qkinspect.sweep import discover
         from qkinspect.sweep.engine import run
         from qkinspect.sweep.names import CLI_NAMES
         from qkinspect.sweep.request import check_request
 
         name = engine_format("sweep", fmt, output)
-        sel = Selection.parse(layers=layers, heads=heads, blocks=block, metrics=metrics, precision=precision,
-                              device=device, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm)
-        options = {k: v for k, v in sel.kwargs().items() if k != "device"} | {"layer_form": layer_form}
-        request = check_request(out, options, scheduler=scheduler, workers=workers, threads=threads,
-                                device=sel.device, names=CLI_NAMES)  # once, before any work
+        # the engine's options, then the analysis's, checked once, in the CLI's names, before any work
+        request = check_request(out, {"metrics": metrics, "precision": precision, "fold_ln": fold_ln,
+                                      "fold_qk_norm": fold_qk_norm, "layer_form": layer_form, "layers": layers,
+                                      "heads": heads, "blocks": block}, scheduler=scheduler, workers=workers,
+                                threads=threads, device=device, names=CLI_NAMES)
         checkpoints = discover(specs, [r.strip() for r in revisions.split(",")] if revisions else None,
                                CLI_NAMES.revisions)
         try:
+            # what analyze would refuse for every checkpoint (the selection, the q/k-norm fold), refused once for the
+            # sweep before any analysis
             outcome = run(request, checkpoints, progress=None if QUIET["on"] else ProgressLine(),
-                          check=lambda info: check_checkpoint(info, sel),
+                          check=lambda info: check_model(request.analysis, info),
                           notice=lambda why: note(f"{why}; computing it again"))
         except KeyboardInterrupt:
             note(f"stopped; the checkpoints done are kept in {out}: run the same command to resume")
@@ -92,18 +92,12 @@ def register(app: typer.Typer) -> None:
         folder = outcome.read()
         note(f"{len(outcome.computed)} computed, {len(outcome.skipped)} already in {out}, "
              f"{len(outcome.failures)} failed; {steps_line(checkpoints)}")
-        write_table(sweep_document(folder, by=by.value, requested=sel.metrics), name, output)
+        write_table(sweep_document(folder, by=by.value, requested=request.analysis.requested), name, output)
         for f in outcome.failures:
             warn(f"failed: {f.name}: {f.error}")
         if outcome.failures:
             raise SweepFailed(f"{len(outcome.failures)} of {len(checkpoints)} checkpoints failed (listed above, and "
                               f"in {out / 'sweep.json'}); run the same command to retry them")
-
-
-def check_checkpoint(info, sel: Selection) -> None:
-    """What `analyze` would refuse for every checkpoint, refused once for the sweep before any analysis."""
-    keys = check_selection(info, sel.blocks, sel.layers, sel.heads)
-    check_fold_qk_norm([b for b in info.blocks if keys is None or b.key in keys], sel.fold_qk_norm, "--fold-qk-norm")
 
 
 def steps_line(checkpoints) -> str:
