@@ -10,25 +10,31 @@ character-sized vocabulary of 85), one torch thread:
   (b) tracking: the seconds of one measurement of every head (qkinspect.callback.Tracker, symmetry and Q/K overlap)
       over 100 of the standard twin's steps: the share of training that `--track-every 100` adds (target <= 5 %).
 
-  (c) with --stacking STEPS: 3 variants (standard, share_qk, symmetric) x 3 seeds of a 2 x 64 twin (context 64,
-      batch 12, characters of the demo text), trained through `qkinspect.twin` four ways, one after another in
-      this run: stacked (the default: the runs shared among the local workers, one stack each), `--stack 1
-      --workers 2` (one run a task on a local cluster of 2), and in this process one stack of 9 (`--workers 0`)
-      against one run after another (`--stack 1 --workers 0`); the wall times, their ratios, and the median step
-      of a run on the cluster against one here (docs/twin.md, "Stacked training").
+  (c) with --stacking STEPS: 3 variants (standard, share_qk, symmetric) x 3 seeds of a 2 x 64 llama twin (2 heads,
+      context 64, batch 12, characters of the demo text, float32), trained through `qkinspect.twin` one way after
+      another in this run: stacked (the default: the runs shared among a local cluster of 2, one stack each)
+      against `--stack 1 --workers 2` (one run a task on a local cluster of 2): the issue's target, wall time;
+      then in this process one stack of 9 (`--workers 0`) against one run after another (`--stack 1 --workers
+      0`); with --stacking-options compile,bf16,threads2 also one stack of 9 in this process compiled, under
+      bfloat16 autocast, or on 2 torch threads. Each way's wall time, a run's median step, and how far its
+      held-out losses lie from the runs' one at a time in this process (the largest difference, nats)
+      (docs/twin.md, "Stacked training").
 
 Usage:
   python bench/twin.py [--arch llama|gpt2] [--layers 4] [--d-model 128] [--heads 4] [--context 64] [--batch 12]
                        [--variants standard,share_qk,...] [--rounds 12] [--json FILE] [--stacking STEPS]
+                       [--stacking-options compile,bf16,threads2] [--target]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -50,8 +56,9 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def stacking(steps: int) -> dict:
-    """(c): wall seconds of the same 9 runs trained stacked, one a task on 2 workers, one after another here."""
+def stacking(steps: int, options: list[str], target: bool = False) -> dict:
+    """(c): wall seconds of the same 9 runs trained stacked and one a task, on 2 workers and in this process
+    (`target`: on 2 workers only, and in this process one run after another for the records' reference)."""
     import statistics as stats
 
     from qkinspect.twin.run import twin
@@ -60,21 +67,35 @@ def stacking(steps: int) -> dict:
               steps=steps, eval_windows=64, threads=1)
     arms = {"stacked": {}, "stack 1, workers 2": {"stack": 1, "workers": 2},
             "stacked, workers 0": {"workers": 0}, "stack 1, workers 0": {"stack": 1, "workers": 0}}
-    out = {}
+    extra = {"compile": {"compile": True}, "bf16": {"precision": "bf16"}, "threads2": {"threads": 2}}
+    arms.update({f"stacked, workers 0, {o}": {"workers": 0, **extra[o]} for o in options})
+    if target:
+        arms = {k: v for k, v in arms.items() if k in ("stacked", "stack 1, workers 2", "stack 1, workers 0")}
+    out, losses, compiled = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for n, (name, extra) in enumerate(arms.items()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{tmp}/inductor"  # compile from cold, as a first run does
+        for n, (name, extra_kw) in enumerate(arms.items()):
             t0 = time.perf_counter()
-            result = twin(f"{tmp}/{n}", **kw, **extra)
+            result = twin(f"{tmp}/{n}", **{**kw, **extra_kw})
             wall = time.perf_counter() - t0
+            losses[name] = {(p.variant, p.seed, p.step): p.val_loss for p in result.points}
+            docs = [json.loads(f.read_text())["run"] for f in Path(f"{tmp}/{n}/runs").iterdir()]
+            compiled[name] = sorted({bool(d.get("stack", {}).get("compile")) for d in docs})
             out[name] = {"wall": wall, "step": stats.median(r.step_seconds for r in result.runs),
                          "runs": len(result.runs)}
-            print(f"  {name:20s} {wall:7.1f} s wall, median step of a run {out[name]['step'] * 1e3:6.1f} ms")
+    ref = losses["stack 1, workers 0"]
+    for name, o in out.items():
+        o["max_val_diff"] = max(abs(losses[name][k] - ref[k]) for k in ref)
+        print(f"  {name:27s} {o['wall']:6.1f} s wall, a run's median step {o['step'] * 1e3:6.1f} ms, "
+              f"held-out losses within {o['max_val_diff']:.1e} nats")
     base = out["stack 1, workers 2"]
-    print(f"  stacked: {base['wall'] / out['stacked']['wall']:.2f}x faster in wall time than --stack 1 --workers 2; "
-          f"{out['stack 1, workers 0']['wall'] / out['stacked']['wall']:.2f}x than --stack 1 --workers 0")
-    here = out["stack 1, workers 0"]["wall"] / out["stacked, workers 0"]["wall"]
-    print(f"  in this process (one stack of 9 against 9 runs one after another): stacked {here:.2f}x faster")
-    print(f"  a run's step on the local cluster / here: {base['step'] / out['stack 1, workers 0']['step']:.2f}")
+    print(f"  stacked: {base['wall'] / out['stacked']['wall']:.2f}x faster in wall time than --stack 1 --workers 2 "
+          "(target 1.5x)")
+    here = out["stack 1, workers 0"]["wall"]
+    print(f"  compiled: {', '.join(f'{k}: {v}' for k, v in compiled.items())}")
+    for name in out:
+        if name.startswith("stacked, workers 0"):
+            print(f"  in this process, {name}: {here / out[name]['wall']:.2f}x faster than 9 runs one after another")
     return out
 
 
@@ -92,11 +113,20 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--stacking", type=int, default=None, metavar="STEPS",
                     help="(c) only: stacked against one run a task, STEPS steps a run")
+    ap.add_argument("--target", action="store_true",
+                    help="(c): only the issue's target (stacked against --stack 1 --workers 2) and the reference")
+    ap.add_argument("--stacking-options", default="", metavar="LIST",
+                    help="(c): also a stack of 9 in this process with each of compile, bf16, threads2")
     args = ap.parse_args()
     torch.set_num_threads(1)
+
     if args.stacking is not None:
+        options = [o for o in args.stacking_options.split(",") if o]
+        bad = sorted(set(options) - {"compile", "bf16", "threads2"})
+        if bad:
+            ap.error(f"--stacking-options: {','.join(bad)} is not one of compile, bf16, threads2")
         print(f"3 variants x 3 seeds of a 2 x 64 llama twin, {args.stacking} steps, one torch thread a task:")
-        out = {"stacking": stacking(args.stacking)}
+        out = {"stacking": stacking(args.stacking, options, args.target)}
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)

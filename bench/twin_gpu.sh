@@ -17,10 +17,13 @@
 # there, `pip install --no-deps wheels/*.whl`, then `pip install --no-deps -e .` (or PYTHONPATH=$PWD).
 #
 # Usage: bash bench/twin_gpu.sh [TEXT]   (TEXT: a file or folder of .txt; default the demo text). Output: $OUT or /tmp.
+# TWIN_GPU_DRY=1 runs every stage on the CPU in float32 at tiny sizes (a check of the script and the CLI, no GPU).
 set -u
 text=${1:-}
 out=${OUT:-/tmp}/twin-gpu
-python - <<'PY' || exit 1
+dry=${TWIN_GPU_DRY:-}
+DRY=$dry python - <<'PY' || exit 1
+import os
 import importlib.util, sys
 need = ["torch", "transformers", "tokenizers", "numpy", "safetensors", "scipy", "typer", "rich", "matplotlib",
         "huggingface_hub"]
@@ -30,18 +33,26 @@ if missing:
           "--no-deps wheels/*.whl", file=sys.stderr)
     sys.exit(1)
 import torch, transformers
-if not torch.cuda.is_available():
+if not torch.cuda.is_available() and not os.environ.get("DRY"):
     print("no CUDA device", file=sys.stderr)
     sys.exit(1)
-print("torch", torch.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name(0),
-      "bf16" if torch.cuda.is_bf16_supported() else "no bf16")
+print("torch", torch.__version__, "transformers", transformers.__version__,
+      *((torch.cuda.get_device_name(0), "bf16" if torch.cuda.is_bf16_supported() else "no bf16")
+        if torch.cuda.is_available() else ("dry run on the CPU",)))
 PY
 common=(--device cuda --precision bf16 --workers 0 --tokenizer char -f json)
 [ -n "$text" ] && common+=(--text "$text")
+tiny=()  # TWIN_GPU_DRY: the CPU, float32, tiny sizes (the last of a repeated option wins)
+[ -n "$dry" ] && tiny=(--device cpu --precision float32 --steps 4 --warmup 1 --eval-every 2 --eval-windows 4
+  --batch 2 --context 8 --seeds 2)
 stage() {  # stage NAME SECONDS ARGS...: one twin command under its own limit
   local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
-  timeout "$limit" python -m qkinspect twin --out "$out/$name" "${common[@]}" "$@" > "$out/$name.json" \
+  local t0=$SECONDS sizes=()
+  if [ -n "$dry" ]; then
+    case $name in ladder) sizes=(--shapes 1x16,2x16 --head-size 8) ;; *) sizes=(--layers 1 --d-model 16 --heads 2) ;; esac
+  fi
+  timeout "$limit" python -m qkinspect twin --out "$out/$name" "${common[@]}" "$@" ${tiny[@]+"${tiny[@]}"} \
+    ${sizes[@]+"${sizes[@]}"} > "$out/$name.json" \
     2> "$out/$name.log" || echo "$name: stopped or failed after $((SECONDS - t0)) s (see $out/$name.log)"
   echo "$name: $((SECONDS - t0)) s"
 }

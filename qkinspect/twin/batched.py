@@ -401,7 +401,7 @@ class Stacked(nn.Module):
             q = k if tied else _mm(n, wq, a.get("bq")).view(R, B, T, H, d)
             v = _mm(n, a["v"], a.get("bv")).view(R, B, T, H, d)
             if self.arch == "llama":
-                turn = self._built("rotary", T, n.device)  # (T, 1, d/2) complex
+                turn = self._built("rotary", T, n.device)  # (T, 1, d/2, 2): cos, sin
                 k = _rotary(k, turn)
                 q = k if tied else _rotary(q, turn)
             if self.attention == "reformer":
@@ -486,7 +486,7 @@ def _once(what: str, T: int, device, H: int, d: int, cfg) -> Tensor:
             getattr(cfg, "rope_theta", None) or 10000.0
         inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
         freqs = torch.arange(T, device=device).float()[:, None] * inv[None, :]
-        return torch.complex(freqs.cos(), freqs.sin()).view(T, 1, d // 2)
+        return torch.stack([freqs.cos(), freqs.sin()], -1).view(T, 1, d // 2, 2)
     mask, _, additive = what.partition(" ")  # "causal", "without_self", or either with " bias"
     allowed = torch.ones(T, T, dtype=torch.bool, device=device).tril()
     if mask == "without_self":  # the Reformer's: causal, without a position's own key unless it sees no other
@@ -498,10 +498,15 @@ def _once(what: str, T: int, device, H: int, d: int, cfg) -> Tensor:
 
 def _rotary(x: Tensor, turn: Tensor) -> Tensor:
     """Rotary positions on x (R, B, T, H, d) whose rotary pairs are side by side: each pair a complex number
-    times its position's turn (x_j cos - x_j' sin, x_j' cos + x_j sin, transformers' rotate_half)."""
+    times its position's turn (cos, sin) (T, 1, d/2, 2): x_j cos - x_j' sin, x_j' cos + x_j sin, transformers'
+    rotate_half. One complex product; under torch.compile the same in real numbers (inductor writes no code
+    for complex ones, and fuses these)."""
     shape = x.shape
-    z = torch.view_as_complex(x.reshape(*shape[:-1], -1, 2))
-    return torch.view_as_real(z * turn).view(shape)
+    pairs = x.reshape(*shape[:-1], -1, 2)
+    if torch.compiler.is_compiling():
+        a, b, c, s = pairs[..., 0], pairs[..., 1], turn[..., 0], turn[..., 1]
+        return torch.stack([a * c - b * s, b * c + a * s], -1).view(shape)
+    return torch.view_as_real(torch.view_as_complex(pairs) * torch.view_as_complex(turn)).view(shape)
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float) -> Tensor:
