@@ -55,12 +55,14 @@ class Tracker:
                  fold_ln: bool = False, fold_qk_norm: bool = False, device: str | None = None,
                  name: str | None = None):
         from qkinspect.metrics.registry import resolve_metrics
+        from qkinspect.sweep.request import check_request
 
-        self.folder = Path(out_dir)
-        self.options = keys.normalized_options({
+        # the options checked as a sweep's are (its request: one check, before any step is measured)
+        request = check_request(out_dir, {
             "layers": layers, "heads": heads, "blocks": blocks,
             "metrics": list(resolve_metrics(list(metrics) if metrics is not None else None)),
-            "precision": precision, "fold_ln": fold_ln, "fold_qk_norm": fold_qk_norm})
+            "precision": precision, "fold_ln": fold_ln, "fold_qk_norm": fold_qk_norm}, device=device or "cpu")
+        self.folder, self.options = request.out, request.options
         self.device = device
         self.name = name
         self.run = uuid.uuid4().hex[:8]

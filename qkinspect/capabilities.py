@@ -83,9 +83,9 @@ ANALYSIS_FIGURES = ("symmetry", "overlap", "spectra", "rank", "distribution", "h
 
 CAPABILITIES: tuple[Capability, ...] = (
     Capability(
-        # its selection is the analysis's, checked against each checkpoint's shapes as it is read (no request
-        # type of its own yet)
-        "sweep", call="qkinspect.sweep:run_sweep",
+        # its request: the engine's options and the analysis's (checked against each checkpoint's shapes once the
+        # first are described, before any analysis)
+        "sweep", request="qkinspect.sweep.request:check_request", call="qkinspect.sweep:run_sweep",
         result="qkinspect.sweep.store:SweepResult", read="qkinspect.sweep.store:read",
         is_saved="qkinspect.sweep.store:is_saved", figures=("trajectory",),
         draw="qkinspect.report.kinds:sweep_figure", pdf="qkinspect.report.sweep.pdf:write_sweep_pdf",
@@ -109,6 +109,8 @@ CAPABILITIES: tuple[Capability, ...] = (
                 "(plot takes --kind learning, gap or trajectory --metric NAME; both take --title)",
         needs="--kind {kind}: draws a twin folder (qkinspect twin --out FOLDER); {model} is not one (it has no "
               "twin.json)"),
+    # its document comes by --experiment, never as the model argument: the list names its reader and no predicate
+    # (experiment/saved.py has `is_saved` too, for a caller's own use)
     Capability(
         "experiment", request="qkinspect.experiment.requests:check_request",
         call="qkinspect.experiment.run:run_experiment", result="qkinspect.experiment.results:ExperimentResult",
@@ -156,12 +158,17 @@ CAPABILITIES: tuple[Capability, ...] = (
               "one (it has no ladder.json)",
         other_kind="--kind {kind}: a ladder folder draws --kind scaling; each shape's twin folder ({model}/LxD) "
                    "draws learning, gap and trajectory"),
+    # its JSON is written (-o FILE.json) and its PDF beside the table; nothing reads a directions document back, so
+    # it has no saved module (no reader, no predicate)
     Capability(
         "directions", request="qkinspect.directions.request:check_request", call="qkinspect.directions.run:directions",
         result="qkinspect.directions.results:DirectionsResult",
         pdf="qkinspect.report.directions.pdf:write_directions_pdf"),
-    # a training run's tracked checkpoints are a sweep folder: read, drawn and reported as the sweep's
-    Capability("tracking", call="qkinspect.callback:track", result="qkinspect.sweep.store:SweepResult"),
+    # a training run's tracked checkpoints are a sweep folder: its options checked as a sweep's (by the sweep's
+    # request, when the Tracker is made: once, before the first step is measured), its folder read, drawn and
+    # reported as the sweep's
+    Capability("tracking", request="qkinspect.sweep.request:check_request", call="qkinspect.callback:track",
+               result="qkinspect.sweep.store:SweepResult"),
     # last: its predicate holds of any .json file
     Capability(
         "analysis", request="qkinspect.analysis.request:check_request", call="qkinspect.analysis.run:analyze",

@@ -146,6 +146,21 @@ def read_json(path: str | Path, *, what: str = "file", limit: int = MAX_JSON_BYT
     return data
 
 
+def declares_kind(spec: object, kind: str, limit: int = 4096) -> bool:
+    """Whether the model argument `spec` names a .json file whose first `limit` bytes say `"kind": "<kind>"` (read
+    no further): a saved document's predicate, "is it one of mine", asked of any model argument for free."""
+    if not isinstance(spec, (str, Path)):
+        return False
+    path = Path(spec)
+    if path.suffix.lower() != ".json":
+        return False
+    try:
+        head = read_bytes(path, limit=limit, prefix=True)
+    except InputError:
+        return False
+    return f'"kind": "{kind}"'.encode() in head or f'"kind":"{kind}"'.encode() in head
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
@@ -163,5 +178,5 @@ def depth(x: Any, stop: int = MAX_DEPTH) -> int:
     return deepest
 
 
-__all__ = ["MAX_DEPTH", "MAX_JSON_BYTES", "MAX_TEXT_BYTES", "depth", "os_reason", "read_bytes", "read_json",
-           "read_text"]
+__all__ = ["MAX_DEPTH", "MAX_JSON_BYTES", "MAX_TEXT_BYTES", "declares_kind", "depth", "os_reason", "read_bytes",
+           "read_json", "read_text"]

@@ -46,6 +46,15 @@ def _experiment(root):
 
 
 def _sweep(root):
+    from tests.cli.test_fold_qk_norm import save_qwen3
+
+    steps = [save_qwen3(root / "runs" / f"checkpoint-{step}", seed=step) for step in (10, 20)]
+    _ok(cli("sweep", *steps, "--out", root / "sweep", "--metrics", "symmetry,overlap_qk", "--workers", "1", "-f",
+            "json"))
+    return root / "sweep"
+
+
+def _tracking(root):
     from transformers import AutoModel
 
     from tests.cli.test_fold_qk_norm import save_qwen3
@@ -87,9 +96,16 @@ def _atlas(root):
 
 
 # How each capability's saved thing is made here (None: it saves nothing of its own to draw or report: directions
-# write their PDF beside the table; tracking writes a sweep folder, walked as the sweep's).
+# write their PDF beside the table). Tracking writes a sweep folder: walked as the sweep's (WALKED_AS).
 SAVE = {"analysis": _analysis, "composition": _composition, "experiment": _experiment, "sweep": _sweep,
-        "twin": _twin, "ladder": _ladder, "atlas": _atlas, "heads": _heads, "directions": None, "tracking": None}
+        "twin": _twin, "ladder": _ladder, "atlas": _atlas, "heads": _heads, "directions": None,
+        "tracking": _tracking}
+WALKED_AS = {"tracking": "sweep"}
+# Results not named after their capability, and why: tracking's folder is a sweep folder.
+RESULT_OF = {"tracking": "SweepResult"}
+# Requests shared with another capability: the ladder is the twin's request with several shapes; tracking's options
+# are a sweep's, checked by its request when the Tracker is made.
+REQUEST_OF = {"ladder": "TwinRequest", "tracking": "SweepRequest"}
 
 
 def test_every_capability_is_walked():
@@ -110,10 +126,60 @@ def test_every_piece_the_contract_names_exists(cap):
         assert getattr(cap, piece) is None or getattr(cap, piece).endswith(f":{verb}"), (cap.name, piece)
 
 
+def _title(name: str) -> str:
+    return name[0].upper() + name[1:]
+
+
+@pytest.mark.parametrize("cap", CAPABILITIES, ids=lambda c: c.name)
+def test_the_same_verbs_and_names_everywhere(cap):
+    """Every capability has a request check returning its `<Capability>Request`; its result is `<Capability>Result`
+    with `document()` (what -o FILE.json writes) and `save()`; the module its reader lives in offers both verbs,
+    `read` and `is_saved` (the experiment's too, though the contract asks only its reader: it comes by --experiment,
+    never as the model argument)."""
+    import importlib
+    import inspect
+
+    assert cap.request is not None, f"{cap.name}: no request check"
+    returned = inspect.signature(cap.get("request")).return_annotation
+    returned = returned if isinstance(returned, str) else returned.__name__
+    assert returned == REQUEST_OF.get(cap.name, f"{_title(cap.name)}Request"), (cap.name, returned)
+    result = cap.get("result")
+    assert result.__name__ == RESULT_OF.get(cap.name, f"{_title(cap.name)}Result"), (cap.name, result)
+    for verb in ("document", "save"):
+        assert callable(getattr(result, verb, None)), (cap.name, verb)
+    if cap.read is not None:
+        saved = importlib.import_module(cap.read.partition(":")[0])
+        assert callable(saved.read) and callable(saved.is_saved), cap.name
+
+
+def test_the_names_published_before_stay_as_aliases():
+    """Deprecated aliases (docs/notebook.md): the old names are the new objects."""
+    from qkinspect.analysis.results import AnalysisResult
+    from qkinspect.atlas.results import AtlasRecord, AtlasRelation, AtlasResult
+    from qkinspect.composition.results import CompositionResult
+    from qkinspect.experiment.requests import ExperimentRequest, Request
+    from qkinspect.heads.results import HeadsResult
+    from qkinspect.sweep import SweepFolder, SweepResult
+    from qkinspect.twin.ladder import Ladder, LadderResult
+    from qkinspect.twin.request import Request as TwinRequestAlias
+    from qkinspect.twin.request import TwinRequest
+    from qkinspect.twin.results import Twin, TwinResult
+
+    assert (SweepFolder, Ladder, Twin, TwinRequestAlias, Request) == (SweepResult, LadderResult, TwinResult,
+                                                                    TwinRequest, ExperimentRequest)
+    for result in (AnalysisResult, CompositionResult, HeadsResult, TwinResult, LadderResult):
+        assert result.to_dict is result.document, result
+    for record in (AtlasRecord, AtlasRelation):
+        assert record.to_dict is record.row, record
+    atlas = AtlasResult(folder=__import__("pathlib").Path("a"), options={}, models=[])
+    doc = atlas.document()
+    assert atlas.to_dict() == {k: v for k, v in doc.items() if k not in ("schema", "kind", "tool")}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n, make in SAVE.items() if make is not None])
 def test_saved_then_plot_then_report(name, tmp_path):
-    cap = capability(name)
+    cap = capability(WALKED_AS.get(name, name))
     saved = SAVE[name](tmp_path)
     holder = saved_by(saved) if cap.is_saved else None
     assert holder is (cap if cap.is_saved else None)
@@ -162,3 +228,24 @@ def test_the_design_notes_cited_in_docstrings_ship():
         assert "DESIGN.md" not in text, path
         for cited in re.findall(r"ARCHITECTURE\.md (§\d+)", text):
             assert cited in sections, (path, cited)
+
+
+@pytest.mark.parametrize("module", ["composition", "heads", "experiment"])
+def test_a_documents_predicate_reads_its_head_only(module, tmp_path):
+    """`is_saved` of a saved document: a .json file whose head names its kind; anything else (another kind, another
+    suffix, a folder, a FIFO that would block a plain open) is not one, and nothing hangs or raises."""
+    import importlib
+    import json
+    import os
+
+    is_saved = importlib.import_module(f"qkinspect.{module}.saved").is_saved
+    mine, other = tmp_path / "mine.json", tmp_path / "other.json"
+    mine.write_text(json.dumps({"schema": "qkinspect/1", "kind": module}, indent=2))
+    other.write_text(json.dumps({"schema": "qkinspect/1", "kind": "analyze"}))
+    (tmp_path / "mine.txt").write_text(mine.read_text())
+    (tmp_path / "folder.json").mkdir()
+    os.mkfifo(tmp_path / "fifo.json")
+    assert is_saved(mine) and is_saved(str(mine))
+    for not_one in (other, tmp_path / "mine.txt", tmp_path / "folder.json", tmp_path / "fifo.json",
+                    tmp_path / "missing.json", None, 3):
+        assert not is_saved(not_one), not_one

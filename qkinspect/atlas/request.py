@@ -19,6 +19,7 @@ from typing import Any
 from qkinspect.errors import InputError
 from qkinspect.names import Names
 from qkinspect.sweep.names import LIBRARY_NAMES
+from qkinspect.sweep.request import SweepRequest, check_engine
 
 __all__ = ["OPTION_NAMES", "AtlasRequest", "atlas_options", "check_request"]
 
@@ -26,17 +27,11 @@ OPTION_NAMES = ("metrics", "precision", "fold_ln", "fold_qk_norm", "behaviour")
 
 
 @dataclass(frozen=True)
-class AtlasRequest:
-    """A checked atlas request: the folder, the analysis options as the sweep's engine takes them (layer form on),
-    the device and the engine's options; `names`: how later errors (the folder, the scheduler's answer) name them."""
-
-    out: Path
-    options: dict[str, Any]
-    device: str = "cpu"
-    scheduler: str | None = None
-    workers: int | None = None
-    threads: int | None = None
-    names: Names = LIBRARY_NAMES
+class AtlasRequest(SweepRequest):
+    """A checked atlas request: a sweep's request (the atlas runs on the sweep's engine) whose options are the
+    atlas's: the folder, the analysis options as the engine takes them (layer form on, the behaviour settings where
+    asked), the device and the engine's options; `names`: how later errors (the folder, the scheduler's answer) name
+    them."""
 
 
 def atlas_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -80,14 +75,7 @@ def check_request(out: str | Path, *, metrics: list[str] | tuple[str, ...] | str
             precision, a device that is not there; sequences, length or seed out of range, or given without
             behaviour.
     """
-    from qkinspect.limits import check_threads, check_workers
-
-    check_threads(threads, names.threads)
-    check_workers(workers, names.workers)
-    if scheduler is not None:
-        from qkinspect.sweep.scheduler import check_address
-
-        check_address(scheduler, names.scheduler)  # run_sweep connects to the address as given
+    check_engine(scheduler, workers, threads, names)
     if metrics is not None and not isinstance(metrics, str):
         metrics = list(dict.fromkeys(n.strip() for m in metrics for n in str(m).split(",") if n.strip()))
         if not metrics:

@@ -1,7 +1,7 @@
 """Building an atlas: the models analysed on the sweep's engine (Dask, resumable, one model per task), the saved
 analyses taken in as they are, the manifest written; the atlas is then read back from the folder.
 
-The engine is the sweep's (`qkinspect.sweep.run_sweep`) with shapes allowed to differ and the layer form always
+The engine is the sweep's (`qkinspect.sweep.engine.run`) with shapes allowed to differ and the layer form always
 measured: each model is one task (`analyze` on that model, in one worker, one model in memory per worker at a
 time), its result written into DIR/models/ as it arrives; a re-run skips the models done; a model that cannot be
 opened or analysed is retried once, then recorded as failed while the others finish.
@@ -59,8 +59,10 @@ def build(request: AtlasRequest, items: list[Checkpoint | SavedEntry], *, progre
             not an atlas's (a sweep folder among them): before any work.
         KeyboardInterrupt after cancelling the pending tasks (what is written is kept: run again to resume).
     """
+    from dataclasses import replace
+
     from qkinspect.atlas import folder as store
-    from qkinspect.sweep import run_sweep
+    from qkinspect.sweep.engine import run
     from qkinspect.sweep.store import check_folder, write_json
 
     folder, options, names = request.out, request.options, request.names
@@ -68,7 +70,7 @@ def build(request: AtlasRequest, items: list[Checkpoint | SavedEntry], *, progre
     if request.scheduler is not None and models:
         from qkinspect.sweep.scheduler import check_address, probe
 
-        # a scheduler that is not one is refused before the folder is made (run_sweep asks again)
+        # a scheduler that is not one is refused before the folder is made (the engine asks again)
         probe(check_address(request.scheduler, names.scheduler), option=names.scheduler)
     check_folder(folder)
     store.check_out(folder, names.out)
@@ -91,10 +93,9 @@ def build(request: AtlasRequest, items: list[Checkpoint | SavedEntry], *, progre
     store.write_manifest(folder, options, manifest)  # what an interrupted atlas leaves to read
     outcome = AtlasOutcome(folder, saved=[e.name for e, _ in saved], entries=[e.name for e in items])
     if models:
-        done = run_sweep(models, options, folder / store.MODELS, scheduler=request.scheduler,
-                         workers=request.workers, threads=request.threads, device=request.device,
-                         progress=progress, notice=notice, same_shapes=False, names=names,
-                         extend=join if options.get("behaviour") else None)
+        # the request is a sweep's (checked whole by check_request), run in the folder's models/
+        done = run(replace(request, out=folder / store.MODELS), models, progress=progress, notice=notice,
+                   same_shapes=False, extend=join if options.get("behaviour") else None)
         outcome.computed, outcome.skipped = done.computed, done.skipped
         outcome.failures, outcome.refused = done.failures, done.refused
     store.write_manifest(folder, options, manifest, outcome.failures)

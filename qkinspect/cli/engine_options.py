@@ -16,7 +16,6 @@ import typer
 from qkinspect.cli.options import RecordFormat
 from qkinspect.cli.output import Document, check_output, check_parquet, emit, write_parquet
 from qkinspect.errors import InputError
-from qkinspect.limits import check_threads, check_workers
 
 SchedulerOpt = Annotated[str | None, typer.Option(
     "--scheduler", metavar="ADDRESS",
@@ -31,23 +30,6 @@ ThreadsOpt = Annotated[int | None, typer.Option(
 RecordFormatOpt = Annotated[RecordFormat | None, typer.Option(
     "--format", "-f", show_default=False, metavar="FORMAT",
     help="Output format; default: from -o's extension (.parquet too), else table on a terminal and json in a pipe.")]
-
-
-def check_engine_options(command: str, fmt: RecordFormat | None, output: Path | None, threads: int | None,
-                         workers: int | None, scheduler: str | None) -> str:
-    """What the sweep engine's commands (sweep, atlas) refuse before any work: Dask missing, an output that
-    cannot be written, thread and worker counts out of range, a scheduler address that is not one. Returns the
-    format to write."""
-    from qkinspect.sweep.names import CLI_NAMES
-
-    name = engine_format(command, fmt, output)
-    check_threads(threads, CLI_NAMES.threads)
-    check_workers(workers, CLI_NAMES.workers)
-    if scheduler is not None:
-        from qkinspect.sweep.scheduler import check_address
-
-        check_address(scheduler, CLI_NAMES.scheduler)
-    return name
 
 
 def engine_format(command: str, fmt: RecordFormat | None, output: Path | None) -> str:

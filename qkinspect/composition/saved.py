@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qkinspect.errors import InputError
-from qkinspect.reading import read_json
+from qkinspect.reading import declares_kind, read_json
 
 if TYPE_CHECKING:
     from qkinspect.composition.results import CompositionResult
@@ -22,15 +22,7 @@ if TYPE_CHECKING:
 
 def is_composition_document(spec: str | Path) -> bool:
     """Whether `spec` names a JSON file whose head says it is a composition document (read no further)."""
-    path = Path(spec)
-    if path.suffix.lower() != ".json" or not path.is_file():
-        return False
-    try:
-        with path.open("rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    return b'"kind": "composition"' in head or b'"kind":"composition"' in head
+    return declares_kind(spec, "composition")
 
 
 def read_composition(path: str | Path) -> CompositionResult:

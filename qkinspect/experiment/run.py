@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from qkinspect.experiment.edits.names import Edit
 from qkinspect.experiment.requests import (
     LIBRARY_NAMES,
+    ExperimentRequest,
     HealOptions,
-    Request,
     check_model,
     check_request,
     check_window,
@@ -114,8 +114,8 @@ def run_experiment(
                     names=names)
 
 
-def _run(model, request: Request, *, scope: str, layers, heads, text, tokens: int, window: int, reference: bool,
-         rotary: str, tokenizer, revision, batch_tokens: int, seed: int, progress, estimate: bool,
+def _run(model, request: ExperimentRequest, *, scope: str, layers, heads, text, tokens: int, window: int,
+         reference: bool, rotary: str, tokenizer, revision, batch_tokens: int, seed: int, progress, estimate: bool,
          probes: int | None, names: Names) -> ExperimentResult:
     """run_experiment once its request is checked."""
     import time

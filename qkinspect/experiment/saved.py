@@ -43,6 +43,7 @@ from qkinspect.experiment.results import (
     Run,
 )
 from qkinspect.layer import ModelInfo
+from qkinspect.reading import declares_kind
 
 MAX_RUNS = 1 << 20  # runs in one document (and healed runs, steps of a training-loss curve, points of a curve)
 MAX_CELLS = 1 << 20  # layers × heads of one edit's heatmap (a 7B model has 1 024; the largest ones ~16 000)
@@ -322,3 +323,10 @@ def _healing(c: Checker, h: Any, layers: int, heads: int) -> Healing | None:
 # The two verbs every capability's saved module offers (qkinspect.capabilities): read one back, and whether a
 # model argument is one of its own. The names above stay, as they were published.
 read = read_experiment
+
+
+def is_saved(spec: object) -> bool:
+    """Whether the model argument `spec` names an experiment document (`qkinspect experiment -o FILE.json`; its
+    first 4 KiB only). `plot` and `report` take one from --experiment, never as the model argument, so the contract
+    names no predicate for it (qkinspect.capabilities): this one is for a caller's own use."""
+    return declares_kind(spec, "experiment")

@@ -15,23 +15,14 @@ from qkinspect.behaviour import SCORES
 from qkinspect.documents import SCHEMA, model_info
 from qkinspect.errors import InputError
 from qkinspect.heads.results import HEADS_KIND, SCOPES, HeadsRecord, HeadsResult, HeadsSettings, RelationRecord
-from qkinspect.reading import read_bytes, read_json
+from qkinspect.reading import declares_kind, read_json
 
 WHAT = "a heads document"
 
 
 def is_heads(spec: Any) -> bool:
     """Whether `spec` names a .json file whose head says it is a heads document (its first 4 KiB only)."""
-    if spec is None:
-        return False
-    path = Path(spec)
-    if path.suffix.lower() != ".json":
-        return False
-    try:
-        head = read_bytes(path, limit=4096, prefix=True)
-    except InputError:
-        return False
-    return b'"kind": "heads"' in head or b'"kind":"heads"' in head
+    return declares_kind(spec, HEADS_KIND)
 
 
 def read(path: str | Path) -> HeadsResult:

@@ -33,12 +33,12 @@ from qkinspect import limits
 from qkinspect.documents import model_info
 from qkinspect.errors import InputError, QkinspectError
 from qkinspect.layer import ModelInfo, shape_differences
-from qkinspect.limits import check_threads, check_workers
 from qkinspect.names import Names
 from qkinspect.sweep import keys, store, task
 from qkinspect.sweep.checkpoints import Checkpoint
 from qkinspect.sweep.keys import Failure
 from qkinspect.sweep.names import LIBRARY_NAMES
+from qkinspect.sweep.request import SweepRequest, check_request
 
 CONNECT_TIMEOUT = "20s"
 # The local cluster's workers keep glibc's malloc as every other process has it. Dask's nanny sets
@@ -86,7 +86,8 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
               check: Callable[[ModelInfo], None] | None = None,
               notice: Callable[[str], None] | None = None, same_shapes: bool = True,
               names: Names = LIBRARY_NAMES, extend: Callable[..., dict[str, Any]] | None = None) -> Outcome:
-    """Analyse every checkpoint with `options` (as `qkinspect.analyze` takes them), one result file each in `folder`.
+    """Analyse every checkpoint with `options` (as `qkinspect.analyze` takes them), one result file each in `folder`:
+    the request checked (`qkinspect.sweep.request.check_request`), then `run`.
 
     Args:
         checkpoints: from `discover`.
@@ -107,18 +108,22 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
             behaviour scores: qkinspect.atlas.behaviour.join); the engine itself runs `analyze` only.
 
     Raises:
-        InputError: the checkpoints' attention shapes differ (with `same_shapes`, before any analysis), the
-            scheduler cannot be reached, or `check` refuses. KeyboardInterrupt after cancelling the pending tasks.
+        InputError: a bad option (`check_request`, before anything else), the checkpoints' attention shapes differ
+            (with `same_shapes`, before any analysis), the scheduler cannot be reached, or `check` refuses.
+            KeyboardInterrupt after cancelling the pending tasks.
     """
-    folder = Path(folder)
-    check_threads(threads, names.threads)
-    check_workers(workers, names.workers)
-    if scheduler is not None:
-        from qkinspect.sweep.scheduler import check_address
+    request = check_request(folder, options, scheduler=scheduler, workers=workers, threads=threads, device=device,
+                            names=names)
+    return run(request, checkpoints, progress=progress, check=check, notice=notice, same_shapes=same_shapes,
+               extend=extend)
 
-        check_address(scheduler, names.scheduler)
+
+def run(request: SweepRequest, checkpoints: list[Checkpoint], *, progress: Callable[[Status], None] | None = None,
+        check: Callable[[ModelInfo], None] | None = None, notice: Callable[[str], None] | None = None,
+        same_shapes: bool = True, extend: Callable[..., dict[str, Any]] | None = None) -> Outcome:
+    """Analyse every checkpoint as `request` (from `check_request`) asks; the other arguments as `run_sweep`'s."""
+    folder, options, device, names = request.out, request.options, request.device, request.names
     store.check_folder(folder)  # created once the checkpoints pass the checks
-    options = keys.normalized_options(options)
     plan = [(ck, key, store.result_path(folder, ck, key)) for ck in checkpoints
             for key in [keys.result_key(ck, options)]]
     stored, refused = _stored(folder, plan, options)
@@ -131,7 +136,8 @@ def run_sweep(checkpoints: list[Checkpoint], options: dict[str, Any], folder: st
     if not todo:
         _check_before_work(checkpoints, infos, check, same_shapes)
     else:
-        with connect(scheduler, workers, threads, len(todo), names) as (client, task_threads):
+        with connect(request.scheduler, request.workers, request.threads, len(todo),
+                     names) as (client, task_threads):
             models = _describe(client, todo, outcome.failures)
             _check_before_work(checkpoints, {**infos, **models}, check, same_shapes)
             store.prepare(folder)
@@ -161,8 +167,8 @@ def _stored(folder: Path, plan, options) -> tuple[dict[str, dict], list[str]]:
 def connect(scheduler: str | None, workers: int | None, threads: int | None,
             n_tasks: int, names: Names = LIBRARY_NAMES) -> Iterator[tuple[Any, int | None]]:
     """A Dask client (to `scheduler`, or to a new LocalCluster) and the torch threads each task should use.
-    `workers` and `threads` come checked (`check_threads`, `check_workers`: `run_sweep` and the twin's request
-    check them once, in the caller's names, before any work)."""
+    `workers` and `threads` come checked (`check_threads`, `check_workers`: the sweep's request, `check_engine`, and
+    the twin's check them once, in the caller's names, before any work)."""
     import dask
     from distributed import Client, LocalCluster
 

@@ -8,4 +8,4 @@ from __future__ import annotations
 from qkinspect.names import Names
 
 LIBRARY_NAMES = Names()
-CLI_NAMES = Names.cli(models="MODEL arguments", from_file="--from")
+CLI_NAMES = Names.cli(models="MODEL arguments", from_file="--from", blocks="--block")

@@ -13,7 +13,7 @@ from qkinspect.cli.engine_options import (
     SchedulerOpt,
     ThreadsOpt,
     WorkersOpt,
-    check_engine_options,
+    engine_format,
     write_table,
 )
 from qkinspect.cli.options import (
@@ -66,31 +66,33 @@ def register(app: typer.Typer) -> None:
         Example (Pythia's published steps): qkinspect sweep EleutherAI/pythia-160m --revisions step1000,step2000
         --out pythia/ --scheduler tcp://head-node:8786 -o pythia.csv
         """
-        from qkinspect.analysis import request as analysis
-        from qkinspect.sweep import discover, run_sweep
+        from qkinspect.analysis.request import check_model
+        from qkinspect.sweep import discover
+        from qkinspect.sweep.engine import run
         from qkinspect.sweep.names import CLI_NAMES
+        from qkinspect.sweep.request import check_request
 
-        name = check_engine_options("sweep", fmt, output, threads, workers, scheduler)
-        request = analysis.check_request(metrics, precision=precision, device=device, fold_ln=fold_ln,
-                                         fold_qk_norm=fold_qk_norm, layer_form=layer_form, names=analysis.CLI_NAMES,
-                                         layers=layers, heads=heads, blocks=block)
+        name = engine_format("sweep", fmt, output)
+        # the engine's options, then the analysis's, checked once, in the CLI's names, before any work
+        request = check_request(out, {"metrics": metrics, "precision": precision, "fold_ln": fold_ln,
+                                      "fold_qk_norm": fold_qk_norm, "layer_form": layer_form, "layers": layers,
+                                      "heads": heads, "blocks": block}, scheduler=scheduler, workers=workers,
+                                threads=threads, device=device, names=CLI_NAMES)
         checkpoints = discover(specs, [r.strip() for r in revisions.split(",")] if revisions else None,
                                CLI_NAMES.revisions)
         try:
             # what analyze would refuse for every checkpoint (the selection, the q/k-norm fold), refused once for the
             # sweep before any analysis
-            outcome = run_sweep(checkpoints, request.options(), out, scheduler=scheduler, workers=workers,
-                                threads=threads, device=request.device,
-                                progress=None if QUIET["on"] else ProgressLine(),
-                                check=lambda info: analysis.check_model(request, info),
-                                notice=lambda why: note(f"{why}; computing it again"), names=CLI_NAMES)
+            outcome = run(request, checkpoints, progress=None if QUIET["on"] else ProgressLine(),
+                          check=lambda info: check_model(request.analysis, info),
+                          notice=lambda why: note(f"{why}; computing it again"))
         except KeyboardInterrupt:
             note(f"stopped; the checkpoints done are kept in {out}: run the same command to resume")
             raise
         folder = outcome.read()
         note(f"{len(outcome.computed)} computed, {len(outcome.skipped)} already in {out}, "
              f"{len(outcome.failures)} failed; {steps_line(checkpoints)}")
-        write_table(sweep_document(folder, by=by.value, requested=request.requested), name, output)
+        write_table(sweep_document(folder, by=by.value, requested=request.analysis.requested), name, output)
         for f in outcome.failures:
             warn(f"failed: {f.name}: {f.error}")
         if outcome.failures:

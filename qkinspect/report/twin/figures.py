@@ -19,7 +19,7 @@ from qkinspect.numbers import signed_alike
 from qkinspect.report.style import HEADS_CMAP, Canvas, colours, human_name, new_figure, style
 from qkinspect.report.titles import suptitle
 from qkinspect.twin.curves import chosen, gap_curves, learning_curves, margin, trajectory_curves
-from qkinspect.twin.results import Twin
+from qkinspect.twin.results import TwinResult
 
 STANDARD = "black"
 BAND_ALPHA = 0.18  # the gap figure's interval (one band per panel)
@@ -33,18 +33,18 @@ DASHES = [(0, (5, 1.5)), (0, (1, 1.2)), (0, (6, 1.5, 1, 1.5)), (0, (3, 1)), (0, 
 MARKERS = ["s", "^", "D", "v", "P", "X", "<", ">", "h", "*"]
 
 
-def twin_name(twin: Twin) -> str:
+def twin_name(twin: TwinResult) -> str:
     """What the figures call the twins: the twin folder's name."""
     return Path(twin.folder).resolve().name or str(twin.folder)
 
 
-def palette(twin: Twin) -> dict[str, object]:
+def palette(twin: TwinResult) -> dict[str, object]:
     """One colour per variant in every figure: standard black, the others tab10 in the summary's order."""
     others = [v for v in chosen(twin) if v != "standard"]
     return {"standard": STANDARD, **dict(zip(others, colours(len(others)), strict=True))}
 
 
-def line_styles(twin: Twin) -> dict[str, dict[str, object]]:
+def line_styles(twin: TwinResult) -> dict[str, dict[str, object]]:
     """The learning figure's line of each variant (with `palette`'s colour): standard solid, wide and under the
     others; the others dashed, each with its own dash pattern and marker, above it."""
     others = [v for v in chosen(twin) if v != "standard"]
@@ -60,7 +60,7 @@ def by_rows(items: list, ncols: int) -> list:
     return [x for j in range(ncols) for x in items[j::ncols]]
 
 
-def _label(twin: Twin, variant: str) -> str:
+def _label(twin: TwinResult, variant: str) -> str:
     lr, _ = chosen(twin)[variant]
     n = next((s.seeds for s in twin.summaries if s.variant == variant), 0)
     return f"{variant} (lr {lr:g}, {n} seed{'s' if n != 1 else ''})"
@@ -70,12 +70,12 @@ def _label(twin: Twin, variant: str) -> str:
 LEGEND_CHARACTERS = 110
 
 
-def _need_runs(twin: Twin) -> None:
+def _need_runs(twin: TwinResult) -> None:
     if not twin.summaries:
         raise InputError(f"{twin.folder}: the twin folder has no finished runs to draw yet")
 
 
-def learning_figure(twin: Twin, *, name: str | None = None, canvas: Canvas = new_figure) -> Figure:
+def learning_figure(twin: TwinResult, *, name: str | None = None, canvas: Canvas = new_figure) -> Figure:
     """Held-out loss against step: per variant the mean over seeds (line) and ±1 s.d. (band); beside it, with
     four or more evaluations, the second half of training on its own scale (where the variants part).
 
@@ -114,7 +114,7 @@ def learning_figure(twin: Twin, *, name: str | None = None, canvas: Canvas = new
     return fig
 
 
-def gap_figure(twin: Twin, *, name: str | None = None, canvas: Canvas = new_figure) -> Figure:
+def gap_figure(twin: TwinResult, *, name: str | None = None, canvas: Canvas = new_figure) -> Figure:
     """variant − standard held-out loss against step, paired by seed: one panel per variant, the mean (line), its
     90 % t-interval (band: the interval of the two one-sided tests at 5 %), zero and the ± margin of those tests."""
     _need_runs(twin)
@@ -169,7 +169,7 @@ CONSTANT_TOLERANCE = 1e-4  # float32 weights: a tied head's symmetry or overlap 
 LAYER_COLOURS = (0.0, 0.8)  # the part of the layer colormap used: viridis' light end (yellow) vanishes on white
 
 
-def constant_variants(twin: Twin, metric: str, curves=None) -> list[str]:
+def constant_variants(twin: TwinResult, metric: str, curves=None) -> list[str]:
     """The variants whose `metric` is fixed by construction (W_K tied to W_Q: symmetry and Q/K overlap 1) and whose
     curves are that value at every layer and step (within CONSTANT_TOLERANCE): the trajectory figure leaves their
     panels out, and its caption names them."""
@@ -185,7 +185,7 @@ def constant_variants(twin: Twin, metric: str, curves=None) -> list[str]:
     return out
 
 
-def model_dims(twin: Twin) -> tuple[int | None, int | None, int | None]:
+def model_dims(twin: TwinResult) -> tuple[int | None, int | None, int | None]:
     """(d_model, heads, d_head) of the twins' model, from its transformers config (llama's names, then gpt2's)."""
     cfg = twin.setup.get("model", {}).get("config", {}) or {}
     width = next((cfg[k] for k in ("hidden_size", "n_embd") if cfg.get(k) is not None), None)
@@ -195,7 +195,7 @@ def model_dims(twin: Twin) -> tuple[int | None, int | None, int | None]:
     return width, heads, d_head
 
 
-def overlap_chance(twin: Twin) -> float | None:
+def overlap_chance(twin: TwinResult) -> float | None:
     """The Q/K subspace overlap of random heads: two uniformly random d_head-dimensional subspaces of the
     d_model-dimensional input have mean cos² of their principal angles d_head / d_model in expectation (the
     analysis' random baseline; docs/metrics.md)."""
@@ -203,7 +203,7 @@ def overlap_chance(twin: Twin) -> float | None:
     return min(1.0, d_head / width) if isinstance(width, int) and isinstance(d_head, int) and width else None
 
 
-def trajectory_figure(twin: Twin, metric: str, *, name: str | None = None, canvas: Canvas = new_figure,
+def trajectory_figure(twin: TwinResult, metric: str, *, name: str | None = None, canvas: Canvas = new_figure,
                       every_panel: bool = False) -> Figure:
     """A tracked head metric against step: one panel per variant, per layer the mean over seeds of the median
     over the layer's heads (line, colour = layer) and ±1 s.d. over seeds (band); for the Q/K overlap, its chance
@@ -293,7 +293,7 @@ def _arrays(points) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 # -- captions --------------------------------------------------------------------------------------------------
 
 
-def learning_caption(twin: Twin) -> str:
+def learning_caption(twin: TwinResult) -> str:
     return ("Held-out loss (mean cross-entropy in nats per token on the fixed held-out windows) against the "
             "training step, each variant at its chosen learning rate. Line: the mean over seeds; band: ±1 "
             "standard deviation over seeds (the spread from seed to seed, not an interval of the mean; the gap "
@@ -303,7 +303,7 @@ def learning_caption(twin: Twin) -> str:
             "initial weights.")
 
 
-def gap_caption(twin: Twin) -> str:
+def gap_caption(twin: TwinResult) -> str:
     m = margin(twin)
     tests = (f"Dashed lines: ± the margin of {m:g} nats of the two one-sided tests; the verdict (panel title, "
              "from the final step) is 'not worse' where a one-sided t-test at the 5 % level puts the mean "
@@ -317,12 +317,12 @@ def gap_caption(twin: Twin) -> str:
             "(absent with one seed). Solid grey line: zero. " + tests)
 
 
-def _tested(twin: Twin) -> int:
+def _tested(twin: TwinResult) -> int:
     """The constrained variants whose tests were run (the Holm family's size)."""
     return sum(s.p_one_sided_better is not None for s in twin.summaries)
 
 
-def trajectory_caption(twin: Twin, metric: str) -> str:
+def trajectory_caption(twin: TwinResult, metric: str) -> str:
     from qkinspect.metrics.registry import METRICS
 
     spec = METRICS.get(metric)

@@ -12,14 +12,14 @@ from typing import IO, Any
 
 from qkinspect.report.style import NUMBER_NOTE, fmt
 from qkinspect.report.tables import Table
-from qkinspect.twin.ladder import Ladder
+from qkinspect.twin.ladder import LadderResult
 
 
-def ladder_name(ladder: Ladder) -> str:
+def ladder_name(ladder: LadderResult) -> str:
     return Path(ladder.folder).resolve().name or str(ladder.folder)
 
 
-def shared_pairs(ladder: Ladder) -> list[tuple[str, str]]:
+def shared_pairs(ladder: LadderResult) -> list[tuple[str, str]]:
     """The setup every shape shares (text, tokenizer, training but its steps, evaluation, seeds, rates, margin),
     from the first shape's twin; the scale and the runs are per shape (the shapes table)."""
     from qkinspect.report.twin.pdf import setup_pairs
@@ -34,7 +34,7 @@ def shared_pairs(ladder: Ladder) -> list[tuple[str, str]]:
                          f"{train.get('optimizer', 'n/a')}; {train.get('device', 'cpu')}"), *pairs]
 
 
-def shapes_table(ladder: Ladder) -> Table:
+def shapes_table(ladder: LadderResult) -> Table:
     rows = []
     for rung, twin in zip(ladder.rungs, ladder.twins, strict=True):
         s = next((x for x in ladder.summaries if x.shape == rung.name), None)
@@ -45,7 +45,7 @@ def shapes_table(ladder: Ladder) -> Table:
                             "tokens per run", "runs"], rows)
 
 
-def ladder_table(ladder: Ladder) -> Table:
+def ladder_table(ladder: LadderResult) -> Table:
     rows = [[s.shape, s.summary.variant, f"{s.non_embedding_params:,}", fmt(s.summary.val_loss),
              *(["—"] * 3 if s.summary.variant == "standard" else
                [fmt(s.summary.diff), fmt(s.summary.ci_low), fmt(s.summary.ci_high)]), s.summary.verdict]
@@ -55,7 +55,7 @@ def ladder_table(ladder: Ladder) -> Table:
                                                           "ci_high", "verdict"], rows)
 
 
-def fit_words(ladder: Ladder) -> list[str]:
+def fit_words(ladder: LadderResult) -> list[str]:
     out = []
     for f in ladder.fits:
         if f.alpha is None:
@@ -72,14 +72,14 @@ def fit_words(ladder: Ladder) -> list[str]:
     return out
 
 
-def caveat(ladder: Ladder) -> str:
+def caveat(ladder: LadderResult) -> str:
     ns = [r.non_embedding_params for r in ladder.rungs if r.non_embedding_params]
     span = f"{min(ns):,} to {max(ns):,} non-embedding parameters" if ns else "these shapes"
     return (f"The fit describes {span} at this budget, on this text and tokenizer; extrapolating it beyond the "
             "shapes measured, or to another budget, is a guess the ladder does not support.")
 
 
-def figure_plan(ladder: Ladder, name: str) -> list[tuple[Any, str]]:
+def figure_plan(ladder: LadderResult, name: str) -> list[tuple[Any, str]]:
     from qkinspect.report.twin.figures import gap_caption, gap_figure
     from qkinspect.report.twin.scaling import scaling_figure
 
@@ -97,7 +97,7 @@ def figure_plan(ladder: Ladder, name: str) -> list[tuple[Any, str]]:
     return plan
 
 
-def write_ladder_pdf(ladder: Ladder, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
+def write_ladder_pdf(ladder: LadderResult, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
                      title: str | None = None) -> int:
     """Write the report of a ladder folder (qkinspect.twin.ladder.read_ladder) as a PDF; returns its pages."""
     from qkinspect.report.pages import figure_page, report_pdf
@@ -127,7 +127,7 @@ def write_ladder_pdf(ladder: Ladder, target: str | Path | IO[bytes], *, date: dt
     return pages.count
 
 
-def render_ladder_html(ladder: Ladder, *, date: dt.datetime | None = None, name: str | None = None) -> str:
+def render_ladder_html(ladder: LadderResult, *, date: dt.datetime | None = None, name: str | None = None) -> str:
     """The ladder's report as one HTML page, as in the PDF."""
     from qkinspect.report.pages import CSS, html_table, svg
     from qkinspect.report.style import new_figure

@@ -24,7 +24,7 @@ from qkinspect.report.twin.figures import (
     twin_name,
 )
 from qkinspect.twin.curves import chosen, margin, seed_sd, tracked_metrics
-from qkinspect.twin.results import Twin
+from qkinspect.twin.results import TwinResult
 
 # transformers' names for the sizes, llama's then gpt2's
 SIZES = {"layers": ("num_hidden_layers", "n_layer"), "kv_heads": ("num_key_value_heads",),
@@ -38,12 +38,12 @@ def _size(config: dict[str, Any], what: str) -> Any:
     return next((config[k] for k in SIZES[what] if config.get(k) is not None), None)
 
 
-def _standard_params(twin: Twin) -> int | None:
+def _standard_params(twin: TwinResult) -> int | None:
     return next((s.params for s in twin.summaries if s.variant == "standard"), None) or \
         next((r.params for r in twin.runs if r.variant == "standard"), None)
 
 
-def scale_words(twin: Twin) -> str:
+def scale_words(twin: TwinResult) -> str:
     """"llama, 2 layers × width 64, 4 heads (d_head 16), context 64; 12,345 parameters (standard twin)"."""
     model = twin.setup.get("model", {})
     cfg = model.get("config", {}) or {}
@@ -57,7 +57,7 @@ def scale_words(twin: Twin) -> str:
             + (f"{params:,} parameters (standard twin)" if params else "parameters n/a"))
 
 
-def setup_pairs(twin: Twin) -> list[tuple[str, str]]:
+def setup_pairs(twin: TwinResult) -> list[tuple[str, str]]:
     """The setup as (name, words): scale, text, how it is held out, tokenizer, training, evaluation, seeds and rates."""
     s = twin.setup
     text, tok, train, ev = s.get("text", {}), s.get("tokenizer", {}), s.get("training", {}), s.get("evaluation", {})
@@ -99,14 +99,14 @@ def setup_pairs(twin: Twin) -> list[tuple[str, str]]:
     ]
 
 
-def planned_runs(twin: Twin) -> int:
+def planned_runs(twin: TwinResult) -> int:
     """How many runs the plan asks for: every variant at every rate on seed 0, then the other seeds at one rate."""
     plan = twin.setup.get("plan", {})
     variants, seeds, lrs = len(plan.get("variants", [])), plan.get("seeds", 0), len(plan.get("lrs", [])) or 1
     return variants * (lrs + seeds - 1) if seeds else 0
 
 
-def scale_caveat(twin: Twin) -> str:
+def scale_caveat(twin: TwinResult) -> str:
     train = twin.setup.get("training", {})
     params = _standard_params(twin)
     return (f"The answer holds at this scale: a model of {params:,} parameters trained {train.get('steps')} steps "
@@ -114,7 +114,7 @@ def scale_caveat(twin: Twin) -> str:
             "other text." if params else "The answer holds at this scale only.")
 
 
-def summary_table(twin: Twin) -> Table:
+def summary_table(twin: TwinResult) -> Table:
     """One row per variant: free parameters, final held-out loss mean ± s.d., the paired difference from standard
     with its 90 % t-interval (the two one-sided tests'), the verdict and the first step at the standard twin's final
     loss."""
@@ -132,7 +132,7 @@ def summary_table(twin: Twin) -> Table:
                                 "steps_to_standard"], rows)
 
 
-def verdict_words(twin: Twin) -> list[str]:
+def verdict_words(twin: TwinResult) -> list[str]:
     """Each constrained variant's answer in one sentence."""
     m = margin(twin)
     out = []
@@ -153,7 +153,7 @@ def verdict_words(twin: Twin) -> list[str]:
     return out
 
 
-def lr_table(twin: Twin) -> Table | None:
+def lr_table(twin: TwinResult) -> Table | None:
     """The learning-rate sweep: seed 0's final held-out loss per variant and rate, the chosen one marked."""
     if not twin.lr_sweep:
         return None
@@ -169,7 +169,7 @@ def lr_table(twin: Twin) -> Table | None:
                  *(f"lr {x:g}" for x in lrs)], rows)
 
 
-def runs_table(twin: Twin) -> Table:
+def runs_table(twin: TwinResult) -> Table:
     rows = [[r.variant, str(r.seed), f"{r.lr:g}", plain(r.val_loss, missing="n/a"),
              plain(r.train_loss, missing="n/a"), f"{r.seconds:.0f}",
              fmt(r.step_seconds), f"{r.violation:.1e}"]
@@ -179,7 +179,7 @@ def runs_table(twin: Twin) -> Table:
                           "violation"], rows)
 
 
-def failures_table(twin: Twin) -> Table | None:
+def failures_table(twin: TwinResult) -> Table | None:
     """The failed runs and their errors (the HTML page's table; the PDF lists them as lines)."""
     if not twin.failures:
         return None
@@ -187,7 +187,7 @@ def failures_table(twin: Twin) -> Table | None:
                  [[f.variant, str(f.seed), f"{f.lr:g}", f.error] for f in twin.failures])
 
 
-def figure_plan(twin: Twin, name: str) -> list[tuple[Any, str]]:
+def figure_plan(twin: TwinResult, name: str) -> list[tuple[Any, str]]:
     """(draw(canvas), caption) for each figure the report shows, in order."""
     plan = [(lambda canvas: learning_figure(twin, name=name, canvas=canvas), learning_caption(twin))]
     if any(s.variant != "standard" for s in twin.summaries) and any(s.variant == "standard" for s in twin.summaries):
@@ -198,7 +198,7 @@ def figure_plan(twin: Twin, name: str) -> list[tuple[Any, str]]:
     return plan
 
 
-def write_twin_pdf(twin: Twin, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
+def write_twin_pdf(twin: TwinResult, target: str | Path | IO[bytes], *, date: dt.datetime | None = None,
                    title: str | None = None) -> int:
     """Write the report of a twin folder (qkinspect.twin.saved.read_twin) as a PDF; returns the number of pages.
     `title` names the twins in the title, footer and figures (default: the folder's name).
@@ -225,7 +225,7 @@ TWIN_INTRO = ("The same small transformer trained from scratch from the same see
               "standard twin's, paired by seed.")
 
 
-def _first_page(pages, twin: Twin, version: str, date: dt.datetime) -> None:
+def _first_page(pages, twin: TwinResult, version: str, date: dt.datetime) -> None:
     """The first page's setup, verdicts and tables, under the title report_pdf sets."""
     pages.pairs(setup_pairs(twin) + [("folder", str(twin.folder)), ("tool", f"qkinspect {version}"),
                                      ("date", date.strftime("%Y-%m-%d %H:%M %Z").strip())], size=9, key_width=1.3)

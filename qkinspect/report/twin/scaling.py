@@ -12,13 +12,13 @@ from matplotlib.figure import Figure
 from qkinspect.errors import InputError
 from qkinspect.report.style import Canvas, colours, new_figure, style
 from qkinspect.report.titles import suptitle
-from qkinspect.twin.ladder import Ladder, per_seed_gaps
+from qkinspect.twin.ladder import LadderResult, per_seed_gaps
 from qkinspect.twin.scaling import band, fit_variant
 
 BAND_ALPHA = 0.18
 
 
-def scaling_figure(ladder: Ladder, *, name: str | None = None, canvas: Canvas = new_figure) -> Figure:
+def scaling_figure(ladder: LadderResult, *, name: str | None = None, canvas: Canvas = new_figure) -> Figure:
     """gap(N) per constrained variant: the mean paired gap at each shape with its interval (the per-shape summary's
     ci_low … ci_high), the fitted a · N^−α with its band, or the reason no power law is drawn.
 
@@ -88,5 +88,5 @@ def _params(n: int) -> str:
     return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}k"
 
 
-def _name(ladder: Ladder) -> str:
+def _name(ladder: LadderResult) -> str:
     return Path(ladder.folder).resolve().name or str(ladder.folder)
