@@ -8,6 +8,17 @@ slope is −α, its intercept log a. `residual`: the weighted residuals' root me
 √(Σ w_k r_k² / (K − 2)) (about 1 where the rungs scatter about the line as their seeds say they should; none with
 two rungs, which the line passes through exactly).
 
+Whether the line describes the rungs at all: `p_fit`, a lack-of-fit p-value from a parametric bootstrap (three
+rungs or more). The statistic is Σ w_k r_k² (the residual's square times K − 2). Under the fitted law each rung's
+seeds are drawn again, `DRAWS` times, from a normal distribution about the line's value at N_k with the rung's own
+per-seed spread, the means, standard errors and weights computed from the drawn seeds as from the data, the line
+refitted and the statistic taken again; `p_fit` is the share of draws whose statistic is at least the data's
+((1 + count) / (1 + draws kept)). Drawing the standard errors again is what makes it fair with three seeds a rung:
+a standard error from three seeds is itself noisy, so a true power law's statistic is far above its χ² value (a
+residual of about 3 is common), and a χ² test would reject true laws. Where `p_fit` < 1 − `LEVEL` the power law is
+rejected (`describes` is False): alpha, its interval and a are still given, but the terminal, the report and the
+figure say that the line does not describe the shapes and the figure draws no curve.
+
 The interval on α (and the band of the curve): a bootstrap over seeds, `DRAWS` draws from a fixed generator: in each
 draw every rung's seeds are drawn with replacement (the rungs' seeds are independent of one another), the means
 taken again, and the line refitted with the weights of the data (a draw of three seeds often repeats one, whose
@@ -51,6 +62,15 @@ class ScalingFit:
     draws: int
     dropped: int
     reason: str | None
+    p_fit: float | None = None
+
+    @property
+    def describes(self) -> bool | None:
+        """Whether the power law describes the rungs: None where none was fitted, True with two rungs (nothing to
+        judge by) or where the lack-of-fit test does not reject it at 1 − level, False where it does."""
+        if self.alpha is None:
+            return None
+        return self.p_fit is None or self.p_fit >= 1 - self.level
 
     def row(self) -> dict[str, object]:
         return asdict(self)
@@ -122,9 +142,44 @@ def fit_power(ns: Sequence[float], gaps: Sequence[Sequence[float]], *, draws: in
         kept.append((cb, -bb))
     boot = np.array(kept).reshape(-1, 2)
     lo, hi = (np.quantile(boot[:, 1], [(1 - level) / 2, (1 + level) / 2]) if len(boot) else (math.nan, math.nan))
+    p_fit = lack_of_fit_p(x, c + b * x, arrays, draws=draws, seed=seed) if k > 2 else None
     fit = ScalingFit(variant, k, -b, float(lo) if len(boot) else None, float(hi) if len(boot) else None,
-                     float(math.exp(c)), residual, level, draws, draws - len(boot), None)
+                     float(math.exp(c)), residual, level, draws, draws - len(boot), None, p_fit)
     return fit, boot
+
+
+def misfit(x: np.ndarray, gaps: Sequence[np.ndarray]) -> float | None:
+    """Σ w_k r_k² of the weighted log-log line through rungs at log N = `x` with per-seed `gaps` (None where a rung's
+    mean is not above zero or its seeds do not vary: no logarithm or no weight)."""
+    means = np.array([g.mean() for g in gaps])
+    ses = np.array([g.std(ddof=1) / math.sqrt(len(g)) for g in gaps])
+    if (means <= 0).any() or (ses <= 0).any():
+        return None
+    w = (means / ses) ** 2
+    c, b = weighted_line(x, np.log(means), w)
+    return float((w * (np.log(means) - c - b * x) ** 2).sum())
+
+
+def lack_of_fit_p(x: np.ndarray, log_line: np.ndarray, gaps: Sequence[np.ndarray], *, draws: int = DRAWS,
+                  seed: int = SEED) -> float | None:
+    """The parametric bootstrap's lack-of-fit p-value (the module's docstring): the data's misfit against the
+    misfits of `draws` ladders drawn under the fitted law (rung k: normal about exp(log_line[k]) with the rung's
+    per-seed standard deviation, as many seeds as it has). None where no draw could be scored."""
+    observed = misfit(x, gaps)
+    if observed is None:
+        return None
+    rng = np.random.default_rng([seed, 1])  # a stream of its own: the α bootstrap's draws stay as they were
+    centres = np.exp(log_line)
+    spreads = [g.std(ddof=1) for g in gaps]
+    beyond = kept = 0
+    for _ in range(draws):
+        drawn = [rng.normal(m, sd, len(g)) for m, sd, g in zip(centres, spreads, gaps, strict=True)]
+        s = misfit(x, drawn)
+        if s is None:
+            continue
+        kept += 1
+        beyond += s >= observed
+    return (1 + beyond) / (1 + kept) if kept else None
 
 
 def band(boot: np.ndarray, ns: Sequence[float], level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:

@@ -199,3 +199,28 @@ def test_a_damaged_ladder_is_one_line_and_no_figure(cli_ladder, tmp_path, damage
                  ["report", str(folder), "-o", str(tmp_path / "x.pdf")]):
         one_error_line(CliRunner().invoke(app, args), *says)
     assert not (tmp_path / "x.png").exists() and not (tmp_path / "x.pdf").exists()
+
+
+def test_a_rejected_power_law_is_said_in_the_terminal_and_the_report(cli_ladder):
+    """A fit the lack-of-fit test rejects keeps its numbers in the records but is called no power law where a reader
+    meets it (the terminal line, the report's words); one it does not reject says its p."""
+    import dataclasses
+
+    from rich.console import Console
+
+    from qkinspect.report.twin.ladder import fit_words
+    from qkinspect.twin.scaling import ScalingFit
+
+    lad = read_ladder(cli_ladder)
+    fit = ScalingFit("share_qk", 4, -0.4, -0.46, -0.35, 0.0011, 11.3, 0.9, 2000, 0, None, 0.001)
+    kept = dataclasses.replace(fit, residual=0.9, p_fit=0.6)
+    assert fit.describes is False and kept.describes is True and fit.row()["p_fit"] == 0.001
+    lad = dataclasses.replace(lad, fits=(fit, dataclasses.replace(kept, variant="symmetric")))
+    console = Console(width=200, record=True, force_terminal=False)
+    lad.render_table(console)
+    text = console.export_text()
+    assert "share_qk: no power law: it does not describe the shapes" in text and "p = 0.001" in text
+    assert "symmetric: gap ≈" in text and "lack of fit p = 0.600" in text
+    words = fit_words(lad)
+    assert "does not describe these shapes" in words[0] and "read the shapes' gaps, not α" in words[0]
+    assert "the law is not rejected" in words[1]

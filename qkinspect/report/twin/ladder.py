@@ -67,6 +67,13 @@ def fit_words(ladder: LadderResult) -> list[str]:
                "line as their seeds say they should)" if f.residual is not None else
                "; two shapes: the line passes through both, no residual to judge it by")
         trend = "closes" if f.alpha > 0 else "widens"
+        if f.describes is False:
+            out.append(f"{f.variant}: a power law does not describe these shapes: the line gap ≈ {f.a:.3g} · N^−α with "
+                       f"α = {f.alpha:.2f}{ci} over {f.rungs} shapes{res}, rejected by the lack-of-fit test (p = "
+                       f"{f.p_fit:.3f}, parametric bootstrap; below {1 - f.level:.2f}): read the shapes' gaps, not α.")
+            continue
+        if f.p_fit is not None:
+            res += f"; lack-of-fit p = {f.p_fit:.3f} (parametric bootstrap: the law is not rejected)"
         out.append(f"{f.variant}: gap ≈ {f.a:.3g} · N^−α with α = {f.alpha:.2f}{ci} over {f.rungs} shapes{res}: "
                    f"in this range the cost {trend} as the model grows.")
     return out

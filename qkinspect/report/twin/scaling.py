@@ -41,6 +41,7 @@ def scaling_figure(ladder: LadderResult, *, name: str | None = None, canvas: Can
         if m:
             for y in (-m, m):
                 ax.axhline(y, color="0.4", linewidth=0.8, linestyle="--")
+        drawn = False
         grid = np.geomspace(min(ns) / 1.3, max(ns) * 1.3, 100) if len(ns) > 1 else None
         for v in variants:
             mine = [s for s in rows if s.summary.variant == v]
@@ -50,7 +51,9 @@ def scaling_figure(ladder: LadderResult, *, name: str | None = None, canvas: Can
             high = np.array([np.nan if s.summary.ci_high is None else s.summary.ci_high for s in mine], dtype=float)
             err = np.vstack([y - low, high - y])
             fit, boot = fit_variant(v, per_seed_gaps(ladder.rungs, ladder.twins, v))
-            if fit.alpha is not None:
+            if fit.describes is False:
+                label = f"{v}: no power law (lack of fit p = {fit.p_fit:.3f})"
+            elif fit.alpha is not None:
                 label = f"{v}: α = {fit.alpha:.2f}"
                 if fit.alpha_low is not None:
                     label += f" [{fit.alpha_low:.2f}, {fit.alpha_high:.2f}]"
@@ -58,7 +61,8 @@ def scaling_figure(ladder: LadderResult, *, name: str | None = None, canvas: Can
                 label = f"{v}: no power law ({_short_reason(fit.reason)})"
             ax.errorbar(x, y, yerr=np.where(np.isfinite(err), err, 0), fmt="o", color=colour[v], markersize=4,
                         capsize=3, linewidth=1.2, label=label, zorder=3)
-            if fit.alpha is not None and grid is not None:
+            if fit.describes and grid is not None:  # a rejected law is not drawn: the points say what there is
+                drawn = True
                 ax.plot(grid, fit.a * grid ** -fit.alpha, color=colour[v], linewidth=1.2, zorder=2)
                 if len(boot):
                     lo, hi = band(boot, grid)
@@ -72,8 +76,9 @@ def scaling_figure(ladder: LadderResult, *, name: str | None = None, canvas: Can
         ax.grid(True, axis="y")
         level = next((f.level for f in ladder.fits), 0.9)
         fig.legend(loc="outside lower center", frameon=False, ncols=1 if len(variants) > 2 else len(variants),
-                   title=f"point: mean gap paired by seed, bar: its interval (the summary's); dashed: ± margin {m:g}\n"
-                         f"line: a · N^−α fitted to the seeds' gaps; band: {level:.0%} bootstrap over seeds",
+                   title=f"point: mean gap paired by seed, bar: its interval (the summary's); dashed: ± margin {m:g}"
+                         + (f"\nline: a · N^−α fitted to the seeds' gaps; band: {level:.0%} bootstrap over seeds"
+                            if drawn else ""),
                    title_fontsize=7.5)
         tpp = f", {ladder.tokens_per_param:g} tokens per parameter" if ladder.tokens_per_param else ""
         suptitle(fig, f"{name or _name(ladder)}: the constraints' cost against model size{tpp}")
