@@ -15,14 +15,15 @@ character-sized vocabulary of 85), one torch thread:
       another in this run: stacked (the default on the CPU: one stack of 9 in this process) against `--stack 1
       --workers 2` (one run a task on a local cluster of 2): the issue's target, wall time; then two stacks on a
       local cluster of 2 (`--workers 2`) and the 9 runs one after another here (`--stack 1 --workers 0`); with
-      --stacking-options compile,bf16,threads2 also the default stack compiled, under bfloat16 autocast, or on 2
-      torch threads. Each way's wall time, a run's median step, and how far its held-out losses lie from the
+      --stacking-options compile,bf16,threads1 also the default stack compiled, under bfloat16 autocast, or on 1
+      torch thread (the default stack uses one thread per core; the ways on workers or one run a task, one a task).
+      Each way's wall time, a run's median step, and how far its held-out losses lie from the
       runs' one at a time in this process (the largest difference, nats) (docs/twin.md, "Stacked training").
 
 Usage:
   python bench/twin.py [--arch llama|gpt2] [--layers 4] [--d-model 128] [--heads 4] [--context 64] [--batch 12]
                        [--variants standard,share_qk,...] [--rounds 12] [--json FILE] [--stacking STEPS]
-                       [--stacking-options compile,bf16,threads2] [--target]
+                       [--stacking-options compile,bf16,threads1] [--target]
 """
 
 from __future__ import annotations
@@ -63,10 +64,10 @@ def stacking(steps: int, options: list[str], target: bool = False) -> dict:
     from qkinspect.twin.run import twin
 
     kw = dict(variants="share_qk,symmetric", seeds=3, layers=2, d_model=64, heads=2, context=64, batch=12,
-              steps=steps, eval_windows=64, threads=1)
+              steps=steps, eval_windows=64)  # threads: each way's default (the default stack: one per core)
     arms = {"stacked": {}, "stack 1, workers 2": {"stack": 1, "workers": 2},
             "stacked, workers 2": {"workers": 2}, "stack 1, workers 0": {"stack": 1, "workers": 0}}
-    extra = {"compile": {"compile": True}, "bf16": {"precision": "bf16"}, "threads2": {"threads": 2}}
+    extra = {"compile": {"compile": True}, "bf16": {"precision": "bf16"}, "threads1": {"threads": 1}}
     arms.update({f"stacked, {o}": extra[o] for o in options})
     if target:
         arms = {k: v for k, v in arms.items() if k in ("stacked", "stack 1, workers 2", "stack 1, workers 0")}
@@ -115,16 +116,16 @@ def main() -> None:
     ap.add_argument("--target", action="store_true",
                     help="(c): only the issue's target (stacked against --stack 1 --workers 2) and the reference")
     ap.add_argument("--stacking-options", default="", metavar="LIST",
-                    help="(c): also a stack of 9 in this process with each of compile, bf16, threads2")
+                    help="(c): also a stack of 9 in this process with each of compile, bf16, threads1")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
     if args.stacking is not None:
         options = [o for o in args.stacking_options.split(",") if o]
-        bad = sorted(set(options) - {"compile", "bf16", "threads2"})
+        bad = sorted(set(options) - {"compile", "bf16", "threads1"})
         if bad:
-            ap.error(f"--stacking-options: {','.join(bad)} is not one of compile, bf16, threads2")
-        print(f"3 variants x 3 seeds of a 2 x 64 llama twin, {args.stacking} steps, one torch thread a task:")
+            ap.error(f"--stacking-options: {','.join(bad)} is not one of compile, bf16, threads1")
+        print(f"3 variants x 3 seeds of a 2 x 64 llama twin, {args.stacking} steps (threads: each way's default):")
         out = {"stacking": stacking(args.stacking, options, args.target)}
         if args.json:
             with open(args.json, "w") as f:

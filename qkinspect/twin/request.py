@@ -74,7 +74,7 @@ class TwinRequest:
     save_checkpoints: bool
     scheduler: str | None
     workers: int | None
-    threads: int
+    threads: int | None  # None: the default (qkinspect.twin.run.task_threads)
     init: str = "draw"
     schedule: str = "cosine"
     stack: int | None = None  # runs of one shape trained together (qkinspect.twin.stacked); None: what fits
@@ -302,7 +302,7 @@ def check_request(out: str | Path, *, variants: str | Sequence[str] = "standard,
         raise InputError(f"{names.said('precision', precision)}: expected one of {', '.join(TRAINING_PRECISIONS)}")
     shape = Shape(arch, layers, d_model, heads, context, cfg)
     return TwinRequest(Path(out), chosen, shape, src, tokenizer, seeds, lrs, steps, warm, batch, every, eval_windows,
-                   track_every, float(margin), device, bool(save_checkpoints), scheduler, workers, threads or 1,
+                   track_every, float(margin), device, bool(save_checkpoints), scheduler, workers, threads,
                    init, schedule, stack, precision, bool(compile))
 
 

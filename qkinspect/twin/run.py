@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,7 +86,8 @@ def twin(out: str | Path, *, variants: str | Sequence[str] = "standard,share_qk"
         margin: the two one-sided tests' margin in nats.
         device: cpu or cuda. save_checkpoints: each twin's final weights as a transformers folder.
         scheduler: a Dask scheduler address (None: a local cluster of `workers` processes; 0 workers: in this
-            process, one run after another). threads: torch threads per run (default 1).
+            process, one run after another). threads: torch threads a task (default: one per core this
+            process may use where the CPU's stacks train here by default; otherwise 1).
         stack: the runs of one shape trained together as one batched model (docs/twin.md, "Stacked
             training"): at most this many a task (None: as many as fit in memory; 1: one run a task).
         precision: float32, or bf16 (bfloat16 autocast, float32 weights; a CPU or GPU with bfloat16).
@@ -200,7 +202,7 @@ def prepare(req: TwinRequest, names: Names) -> tuple[dict[str, Any], dict[str, A
         "training": {"steps": req.steps, "warmup": req.warmup, "batch": req.batch, "context": req.shape.context,
                      "optimizer": "AdamW (no weight decay), linear warm-up, " + (
                          "cosine to lr/10" if req.schedule == "cosine" else "then constant"),
-                     "schedule": req.schedule, "init": req.init, "device": req.device, "threads": req.threads},
+                     "schedule": req.schedule, "init": req.init, "device": req.device, "threads": task_threads(req)},
         "evaluation": {"windows": int(len(starts)), "tokens": int(len(starts)) * req.shape.context,
                        "every": req.eval_every,
                        "what": "evenly spaced, non-overlapping windows of the held-out text, the same for every run"},
@@ -227,7 +229,6 @@ def execute(req: TwinRequest, spec: dict[str, Any], key: str, plan: list[tuple[s
     qkinspect.progress receiver) is told the phase `phase` and ticked after each run, its line as the status."""
     from qkinspect.progress import phase as begin
     from qkinspect.terminal.twin import plural
-    from qkinspect.twin.train import run_twin
 
     todo = [(v, s, x) for v, s, x in plan if done(req.out, v, s, x, key) is None]
     if len(todo) < len(plan):
@@ -255,16 +256,35 @@ def execute(req: TwinRequest, spec: dict[str, Any], key: str, plan: list[tuple[s
         _stacked(req, spec, stacks, folder, finished, say, names)
         return
     if req.workers == 0 and req.scheduler is None:  # in this process, one after another
-        for n, item in enumerate(todo, start=1):
-            say(f"[{n}/{len(todo)}] {run_name(*item)} started")
-            try:
-                result = run_twin(folder, *item, spec, threads=req.threads)
-            except Exception as e:  # noqa: BLE001 - a failed run is recorded; the others go on
-                finished(item, None, " ".join(f"{type(e).__name__}: {e}".split()), n)
-                continue
-            finished(item, result, None, n)
+        with kept_threads():
+            _here(req, spec, todo, folder, finished, say)
         return
     _on_dask(req, spec, todo, folder, finished, say, names)
+
+
+def _here(req: TwinRequest, spec, todo, folder: str, finished, say) -> None:
+    from qkinspect.twin.train import run_twin
+
+    for n, item in enumerate(todo, start=1):
+        say(f"[{n}/{len(todo)}] {run_name(*item)} started")
+        try:
+            result = run_twin(folder, *item, spec, threads=task_threads(req))
+        except Exception as e:  # noqa: BLE001 - a failed run is recorded; the others go on
+            finished(item, None, " ".join(f"{type(e).__name__}: {e}".split()), n)
+            continue
+        finished(item, result, None, n)
+
+
+@contextmanager
+def kept_threads():
+    """torch's intra-op threads as they were before training here (each task sets its own)."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _on_dask(req: TwinRequest, spec, todo, folder: str, finished, say, names: Names) -> None:
@@ -277,7 +297,7 @@ def _on_dask(req: TwinRequest, spec, todo, folder: str, finished, say, names: Na
     from qkinspect.twin.cluster import twin_cluster
     from qkinspect.twin.train import run_twin
 
-    with twin_cluster(req.device, req.scheduler, req.workers, req.threads, len(todo), names) as \
+    with twin_cluster(req.device, req.scheduler, req.workers, req.threads or 1, len(todo), names) as \
             (client, threads, extra):
         futures = {client.submit(run_twin, folder, v, s, x, spec, threads=req.threads or threads, pure=False,
                                  key=f"qkinspect-twin-{run_name(v, s, x)}-{uuid.uuid4().hex[:8]}", **extra): (v, s, x)
@@ -318,11 +338,26 @@ def _stacks(req: TwinRequest, spec: dict[str, Any], todo, say) -> list[list[tupl
     return plan_stacks(todo, req.stack, largest)
 
 
+def task_threads(req: TwinRequest) -> int:
+    """The torch threads of a task that trains in this process: `threads` where given; by default one per core this
+    process may use where the runs train here as stacks (one task holds the machine: on this project's 2 cores the
+    stack of 9 took 13.5-16.0 s on two threads against 26.3-30.6 s on one, quiet machine), one for single runs
+    (`--stack 1`) and on workers. On a machine other work shares, `--threads 1` (two threads behind other work ran
+    5-20x slower): docs/twin.md, "Engine"."""
+    if req.threads is not None:
+        return req.threads
+    if _in_process(req) and req.stack != 1:
+        from qkinspect import limits
+
+        return limits.cores()
+    return 1
+
+
 def _in_process(req: TwinRequest) -> bool:
     """Whether the stacks train in this process, one after another: with 0 workers, and by default on the CPU (no
-    --workers, --stack or --scheduler: each kind's runs one stack, what fits in memory; on this project's 2 shared
-    cores one stack of 9 here was 1.6-2.1x faster in wall time than one run a task on a local cluster of 2, and
-    1.3-1.7x faster than two stacks on it: docs/twin.md, "Stacked training")."""
+    --workers, --stack or --scheduler: each kind's runs one stack, what fits in memory, on one thread per core; on
+    this project's 2 cores one stack of 9 here was 1.5-1.8x faster in wall time than one run a task on a local
+    cluster of 2 on a quiet machine: docs/twin.md, "Stacked training")."""
     if req.scheduler is not None:
         return False
     return req.workers == 0 or (req.workers is None and req.stack is None and req.device == "cpu")
@@ -347,14 +382,15 @@ def _stacked(req: TwinRequest, spec, stacks, folder: str, finished, say, names: 
         return ", ".join(run_name(*it) for it in items)
 
     if _in_process(req) or (req.scheduler is None and len(stacks) == 1):  # a cluster for one task: only its start
-        for k, items in enumerate(stacks, start=1):
-            say(f"stack {k}/{len(stacks)} of {len(items)} runs started: {names_of(items)}")
-            try:
-                results = run_stack(folder, items, spec, threads=req.threads, **options)
-            except Exception as e:  # noqa: BLE001 - a failed stack is recorded; the others go on
-                arrived(items, None, " ".join(f"{type(e).__name__}: {e}".split()))
-                continue
-            arrived(items, results, None)
+        with kept_threads():
+            for k, items in enumerate(stacks, start=1):
+                say(f"stack {k}/{len(stacks)} of {len(items)} runs started: {names_of(items)}")
+                try:
+                    results = run_stack(folder, items, spec, threads=task_threads(req), **options)
+                except Exception as e:  # noqa: BLE001 - a failed stack is recorded; the others go on
+                    arrived(items, None, " ".join(f"{type(e).__name__}: {e}".split()))
+                    continue
+                arrived(items, results, None)
         return
     import uuid
 
@@ -363,7 +399,7 @@ def _stacked(req: TwinRequest, spec, stacks, folder: str, finished, say, names: 
     from qkinspect.sweep.engine import cancelling, error_text
     from qkinspect.twin.cluster import twin_cluster
 
-    with twin_cluster(req.device, req.scheduler, req.workers, req.threads, len(stacks), names) as \
+    with twin_cluster(req.device, req.scheduler, req.workers, req.threads or 1, len(stacks), names) as \
             (client, threads, extra):
         futures = {client.submit(run_stack, folder, items, spec, threads=req.threads or threads or 1,
                                  **options, pure=False, key=f"qkinspect-twin-stack-{uuid.uuid4().hex[:12]}",

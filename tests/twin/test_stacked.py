@@ -351,3 +351,28 @@ def test_by_default_on_the_cpu_the_stacks_train_in_this_process(tmp_path, monkey
         ["stack 1/2 of 4", "stack 2/2 of 2"]
     with pytest.raises(AssertionError, match="local cluster"):
         qkinspect.twin(tmp_path / "cluster", workers=2, **kw)
+
+
+def test_the_default_stack_here_uses_the_cores_and_gives_torch_its_threads_back(tmp_path, monkeypatch):
+    """The CPU's default (stacks trained in this process) uses one torch thread per core this process may use;
+    --threads, --stack 1 and workers keep theirs; torch's thread count is what it was once the twin returns."""
+    import torch
+
+    import qkinspect.limits as limits
+    from qkinspect.twin.request import check_request
+    from qkinspect.twin.run import task_threads
+
+    monkeypatch.setattr(limits, "cores", lambda: 3)
+    text = text_file(tmp_path / "t.txt", 3000)
+    base = dict(out=tmp_path / "x", text=text, variants="share_qk", layers=1, d_model=16, heads=2)
+    assert task_threads(check_request(**base)) == 3
+    assert task_threads(check_request(**base, threads=1)) == 1
+    assert task_threads(check_request(**base, stack=1, workers=0)) == 1
+    assert task_threads(check_request(**base, workers=0)) == 3  # stacks here
+    assert task_threads(check_request(**base, workers=2)) == 1
+    before = torch.get_num_threads()
+    result = qkinspect.twin(tmp_path / "here", text=text, variants="share_qk", layers=1, d_model=16, heads=2,
+                            context=8, batch=4, eval_windows=6, seeds=1, steps=2)
+    assert torch.get_num_threads() == before
+    assert {r.threads for r in result.runs} == {3}
+    assert json.loads((tmp_path / "here" / "twin.json").read_text())["setup"]["training"]["threads"] == 3

@@ -101,7 +101,10 @@ SchedulerOpt = Annotated[str | None, typer.Option(
 WorkersOpt = Annotated[int | None, typer.Option(
     "--workers", metavar="N", help="Local cluster: worker processes (default: one per core, at most one per run; "
                                    "0: in this process).")]
-ThreadsOpt = Annotated[int | None, typer.Option("--threads", metavar="N", help="torch threads per run (default 1).")]
+ThreadsOpt = Annotated[int | None, typer.Option(
+    "--threads", metavar="N",
+    help="torch threads a task (default: one per core for the CPU's default stacks in this process, else 1; 1 on "
+         "a shared machine).")]
 StackOpt = Annotated[int | None, typer.Option(
     "--stack", metavar="N", show_default=False,
     help="Train up to N runs of one shape together as one batched model (default: the runs shared evenly among "
