@@ -178,3 +178,16 @@ def test_the_real_experiment_output_passes(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.stderr
     assert read_experiment(runs).runs
     assert Path(runs).stat().st_size > 0
+
+
+@pytest.mark.parametrize("option", ["--experiment", "--composition"])
+def test_a_section_document_is_refused_with_html(tmp_path, option):
+    """--experiment and --composition add sections to the model's PDF report only: with --html, one line naming the
+    option and its file, exit 2, nothing written."""
+    doc = tmp_path / "doc.json"
+    doc.write_text("{}")
+    r = CliRunner().invoke(app, ["report", option, str(doc), "--html", "-o", str(tmp_path / "r.html")])
+    assert r.exit_code == 2
+    assert one_error_line(r) == (f"error: {option} {doc}: the {option[2:]} section is in a model's PDF report only; "
+                                 "leave out --html")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.json"]

@@ -101,8 +101,8 @@ def register(app: typer.Typer) -> None:
             what = cap.report_noun
             note(f"wrote an HTML {what} report to {output}" if html else f"wrote {pages(n)} {what} report to {output}")
             return
-        runs = read_runs(experiment, html=html)
-        composed = read_composition_option(composition, html=html)
+        runs = read_section(experiment, "--experiment", html=html)
+        composed = read_section(composition, "--composition", html=html)
         refuse_analysis_options(model, layers=layers, block=block, fold_ln=fold_ln, fold_qk_norm=fold_qk_norm,
                                 layer_form=layer_form, precision=precision is not Precision.float32,
                                 device=device is not Device.cpu, revision=revision)
@@ -132,26 +132,18 @@ def check_report_path(output: Path | None, html: bool = False) -> Path:
     return output
 
 
-def read_runs(path: Path | None, *, html: bool = False) -> tuple[ExperimentResult, Path] | None:
-    """The --experiment document's records (qkinspect.experiment.saved) and its path (None without --experiment);
-    InputError where it cannot go."""
+def read_section(path: Path | None, option: str, *, html: bool = False):
+    """The document an --experiment or --composition section reads (None without the option): the experiment's
+    records with its path (qkinspect.experiment.saved), or the composition; InputError where it cannot go."""
     if path is None:
         return None
     if html:
-        raise InputError(f"--experiment {path}: the experiment section is in a model's PDF report only; leave out "
+        raise InputError(f"{option} {path}: the {option[2:]} section is in a model's PDF report only; leave out "
                          "--html")
-    from qkinspect.experiment.saved import read_experiment
+    if option == "--experiment":
+        from qkinspect.experiment.saved import read_experiment
 
-    return read_experiment(path), path
-
-
-def read_composition_option(path: Path | None, *, html: bool = False):
-    """The --composition document (None without it); InputError where it cannot go."""
-    if path is None:
-        return None
-    if html:
-        raise InputError(f"--composition {path}: the composition section is in a model's PDF report only; leave "
-                         "out --html")
+        return read_experiment(path), path
     from qkinspect.composition.saved import read_composition
 
     return read_composition(path)
@@ -161,7 +153,7 @@ def write_report(model: str | None, output: Path, request: AnalysisRequest, *, r
                  experiment: tuple[ExperimentResult, Path] | None = None, title: str | None = None,
                  composition=None) -> int:
     """Analyse `model` for the checked `request` (or read a saved analysis) and write the PDF report atomically to
-    `output`; returns the number of pages. `experiment` (read_runs) adds the experiment section; InputError when it
+    `output`; returns the number of pages. `experiment` (read_section) adds the experiment section; InputError when it
     was run on another model (the demo model's report: `write_report(None, Path("r.pdf"), check_request())`)."""
     from qkinspect.layer import shape_differences
 
