@@ -63,22 +63,35 @@ def test_the_relations_are_over_the_selected_heads(llama):
     assert {r.layer for r in result.relations if r.scope == "layer"} == {1, 2}
 
 
-def test_the_forward_pass_stops_after_the_last_selected_layer(llama):
-    """Hooks only on the selected layers: with layers=0 of 3, layers 1 and 2 never run; the model's own hooks are
-    as they were."""
+def test_the_forward_pass_stops_after_the_last_selected_layer(llama, monkeypatch):
+    """Hooks only on the selected layers: with layers=0 of 3, layers 1 and 2 never run; the hooks heads adds are
+    gone when it returns (a forward afterwards runs none of them: each is counted through the public
+    register_forward_hook), the model's own hooks are kept."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(llama)
     runs = [0, 0, 0]
     handles = [layer.self_attn.register_forward_hook(lambda m, a, out, i=i: runs.__setitem__(i, runs[i] + 1))
                for i, layer in enumerate(model.model.layers)]
+    theirs: list[int] = []  # one entry each time a hook that heads registered runs
+    register = torch.nn.Module.register_forward_hook
+
+    def counted(module, hook, *args, **kwargs):
+        def run(*a, **k):
+            theirs.append(1)
+            return hook(*a, **k)
+
+        return register(module, run, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "register_forward_hook", counted)
     result = qkinspect.heads(model, tokenizer=str(llama), **SMALL, layers=0)
-    assert runs[0] > 0 and runs[1:] == [0, 0]
-    assert [len(layer.self_attn._forward_hooks) for layer in model.model.layers] == [1, 1, 1]
+    assert runs[0] > 0 and runs[1:] == [0, 0] and theirs
+    during, before = len(theirs), list(runs)
+    with torch.no_grad():  # the model still runs whole afterwards, with its own hooks and none of heads'
+        assert model(input_ids=torch.tensor([[5, 6, 7]])).logits.shape[1] == 3
+    assert len(theirs) == during and runs == [b + 1 for b in before]
     for h in handles:
         h.remove()
-    with torch.no_grad():  # the model still runs whole afterwards
-        assert model(input_ids=torch.tensor([[5, 6, 7]])).logits.shape[1] == 3
     assert {r.layer for r in result.records} == {0}
 
 
