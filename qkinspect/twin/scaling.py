@@ -129,8 +129,8 @@ def fit_power(ns: Sequence[float], gaps: Sequence[Sequence[float]], *, draws: in
     w = (means / ses) ** 2
     c, b = weighted_line(x, np.log(means), w)
     k = len(ns)
-    resid = np.log(means) - (c + b * x)
-    residual = float(math.sqrt((w * resid ** 2).sum() / (k - 2))) if k > 2 else None
+    stat = float((w * (np.log(means) - (c + b * x)) ** 2).sum())  # Σ w r²: the residual's and the test's
+    residual = math.sqrt(stat / (k - 2)) if k > 2 else None
     rng = np.random.default_rng(seed)
     kept = []
     arrays = [np.asarray(g, dtype=np.float64) for g in gaps]
@@ -142,7 +142,7 @@ def fit_power(ns: Sequence[float], gaps: Sequence[Sequence[float]], *, draws: in
         kept.append((cb, -bb))
     boot = np.array(kept).reshape(-1, 2)
     lo, hi = (np.quantile(boot[:, 1], [(1 - level) / 2, (1 + level) / 2]) if len(boot) else (math.nan, math.nan))
-    p_fit = lack_of_fit_p(x, c + b * x, arrays, draws=draws, seed=seed) if k > 2 else None
+    p_fit = lack_of_fit_p(x, c + b * x, arrays, stat, draws=draws, seed=seed) if k > 2 else None
     fit = ScalingFit(variant, k, -b, float(lo) if len(boot) else None, float(hi) if len(boot) else None,
                      float(math.exp(c)), residual, level, draws, draws - len(boot), None, p_fit)
     return fit, boot
@@ -151,8 +151,7 @@ def fit_power(ns: Sequence[float], gaps: Sequence[Sequence[float]], *, draws: in
 def misfit(x: np.ndarray, gaps: Sequence[np.ndarray]) -> float | None:
     """Σ w_k r_k² of the weighted log-log line through rungs at log N = `x` with per-seed `gaps` (None where a rung's
     mean is not above zero or its seeds do not vary: no logarithm or no weight)."""
-    means = np.array([g.mean() for g in gaps])
-    ses = np.array([g.std(ddof=1) / math.sqrt(len(g)) for g in gaps])
+    means, ses = _stats(gaps)
     if (means <= 0).any() or (ses <= 0).any():
         return None
     w = (means / ses) ** 2
@@ -160,14 +159,12 @@ def misfit(x: np.ndarray, gaps: Sequence[np.ndarray]) -> float | None:
     return float((w * (np.log(means) - c - b * x) ** 2).sum())
 
 
-def lack_of_fit_p(x: np.ndarray, log_line: np.ndarray, gaps: Sequence[np.ndarray], *, draws: int = DRAWS,
-                  seed: int = SEED) -> float | None:
-    """The parametric bootstrap's lack-of-fit p-value (the module's docstring): the data's misfit against the
-    misfits of `draws` ladders drawn under the fitted law (rung k: normal about exp(log_line[k]) with the rung's
-    per-seed standard deviation, as many seeds as it has). None where no draw could be scored."""
-    observed = misfit(x, gaps)
-    if observed is None:
-        return None
+def lack_of_fit_p(x: np.ndarray, log_line: np.ndarray, gaps: Sequence[np.ndarray], observed: float, *,
+                  draws: int = DRAWS, seed: int = SEED) -> float | None:
+    """The parametric bootstrap's lack-of-fit p-value (the module's docstring): `observed`, the data's misfit (Σ w r²
+    of the fitted line), against the misfits of `draws` ladders drawn under the fitted law (rung k: normal about
+    exp(log_line[k]) with the rung's per-seed standard deviation, as many seeds as it has). None where no draw could
+    be scored."""
     rng = np.random.default_rng([seed, 1])  # a stream of its own: the α bootstrap's draws stay as they were
     centres = np.exp(log_line)
     spreads = [g.std(ddof=1) for g in gaps]
