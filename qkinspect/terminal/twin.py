@@ -104,17 +104,17 @@ def render_ladder(console, ladder) -> None:
                             width=console.width, sections=starts):
             console.print(t)
     for f in ladder.fits:
+        ci = "" if f.alpha_low is None else f" [{f.alpha_low:.2f}, {f.alpha_high:.2f}] ({f.level:.0%} bootstrap)"
         if f.alpha is None:
             line = Text(f"{f.variant}: no power law: {f.reason}", style="yellow")
+        elif f.describes is False:
+            line = Text(f"{f.variant}: no power law: it does not describe the shapes (α would be {f.alpha:.2f}"
+                        f"{ci}; residual {f.residual:.2f}, lack of fit p = {f.p_fit:.3f})", style="yellow")
         else:
-            ci = "" if f.alpha_low is None else f" [{f.alpha_low:.2f}, {f.alpha_high:.2f}] ({f.level:.0%} bootstrap)"
             fit = "" if f.residual is None else f", residual {f.residual:.2f}"
             if f.p_fit is not None:
                 fit += f", lack of fit p = {f.p_fit:.3f}"
             line = Text(f"{f.variant}: gap ≈ {f.a:.3g} · N^−α, α = {f.alpha:.2f}{ci} over {f.rungs} shapes{fit}")
-            if f.describes is False:
-                line = Text(f"{f.variant}: no power law: it does not describe the shapes (α would be {f.alpha:.2f}"
-                            f"{ci}; residual {f.residual:.2f}, lack of fit p = {f.p_fit:.3f})", style="yellow")
         console.print(line, soft_wrap=True)
     for n in ladder.notes:
         console.print(Text(f"* {n}", style="dim"), soft_wrap=True)

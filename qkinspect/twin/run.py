@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -256,7 +255,9 @@ def execute(req: TwinRequest, spec: dict[str, Any], key: str, plan: list[tuple[s
         _stacked(req, spec, stacks, folder, finished, say, names)
         return
     if req.workers == 0 and req.scheduler is None:  # in this process, one after another
-        with kept_threads():
+        from qkinspect.analysis.engine import torch_threads  # torch's threads given back when training here ends
+
+        with torch_threads(task_threads(req)):
             _here(req, spec, todo, folder, finished, say)
         return
     _on_dask(req, spec, todo, folder, finished, say, names)
@@ -273,18 +274,6 @@ def _here(req: TwinRequest, spec, todo, folder: str, finished, say) -> None:
             finished(item, None, " ".join(f"{type(e).__name__}: {e}".split()), n)
             continue
         finished(item, result, None, n)
-
-
-@contextmanager
-def kept_threads():
-    """torch's intra-op threads as they were before training here (each task sets its own)."""
-    import torch
-
-    before = torch.get_num_threads()
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _on_dask(req: TwinRequest, spec, todo, folder: str, finished, say, names: Names) -> None:
@@ -382,7 +371,9 @@ def _stacked(req: TwinRequest, spec, stacks, folder: str, finished, say, names: 
         return ", ".join(run_name(*it) for it in items)
 
     if _in_process(req) or (req.scheduler is None and len(stacks) == 1):  # a cluster for one task: only its start
-        with kept_threads():
+        from qkinspect.analysis.engine import torch_threads
+
+        with torch_threads(task_threads(req)):
             for k, items in enumerate(stacks, start=1):
                 say(f"stack {k}/{len(stacks)} of {len(items)} runs started: {names_of(items)}")
                 try:
